@@ -1,0 +1,73 @@
+# pyctl: the two commands a newcomer needs are `make demo` and `make test`.
+# Everything else here is what they are made of. Slow builds are cached outside the repository:
+#   $(PYCTL_CACHE)/cargo-target        the Rust build (incremental; keyed by Cargo.lock through cargo itself)
+#   $(PYCTL_CACHE)/control-plane/<v>/  the Go-built Kubernetes control plane (see scripts/control-plane)
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON      ?= $(shell command -v python3.11 || command -v python3)
+VENV        := .venv
+VPY         := $(VENV)/bin/python
+PYCTL_CACHE ?= $(HOME)/.cache/pyctl
+export CARGO_TARGET_DIR := $(PYCTL_CACHE)/cargo-target
+export PYO3_PYTHON := $(abspath $(VPY))
+
+.PHONY: help setup system-deps venv build lint rust-test py-test test demo bench clean
+
+help:
+	@echo "make demo   install what is needed, then run pyctl's main job on its embedded default"
+	@echo "make test   install what is needed, then run every check and test (what CI runs)"
+	@echo "make bench  run the benchmarks in bench/ (ratios measured in one run)"
+
+# System packages (Debian) that the tests use; installed only when missing.
+system-deps:
+	@scripts/system-deps
+
+$(VENV)/.deps: requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(VPY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	touch $@
+
+venv: $(VENV)/.deps
+
+# The Kubernetes control plane of the e2e tests (kube-apiserver, -scheduler, -controller-manager, etcd,
+# kwok), built from Go modules into $(PYCTL_CACHE)/control-plane/<versions>/bin; a no-op once built.
+.PHONY: control-plane
+control-plane:
+	PYCTL_CACHE=$(PYCTL_CACHE) scripts/control-plane build
+
+# The Rust core, built in release mode into the venv as pyctl._core (editable install of the package).
+build: venv
+	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH \
+	  $(VENV)/bin/maturin develop --release --quiet >/dev/null 2>$(VENV)/maturin.log \
+	  || { cat $(VENV)/maturin.log; exit 1; }
+	$(VPY) -c "import pyctl._core"
+
+setup: system-deps build
+
+lint: venv
+	$(VENV)/bin/ruff check pyctl tests bench
+	$(VENV)/bin/ruff format --check pyctl tests bench
+	$(VENV)/bin/mypy --strict pyctl
+	cargo fmt --check
+	cargo clippy --all-targets --quiet -- -D warnings
+	cargo clippy --all-targets --features python --quiet -- -D warnings
+
+rust-test:
+	cargo test --quiet
+
+py-test: build
+	$(VENV)/bin/pytest -q tests
+
+test: setup lint rust-test py-test
+
+demo: setup
+	$(VENV)/bin/pyctl demo
+
+bench: build
+	for b in bench/*.py; do echo "== $$b"; $(VPY) $$b; done
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,1 @@
+"""The `pyctl` command line: one module per subcommand."""
