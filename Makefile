@@ -61,7 +61,7 @@ rust-test:
 py-test: build
 	$(VENV)/bin/pytest -q tests
 
-test: setup lint rust-test py-test
+test: setup control-plane lint rust-test py-test
 
 demo: setup
 	$(VENV)/bin/pyctl demo
