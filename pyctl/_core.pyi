@@ -4,6 +4,25 @@ from typing import Any, final
 
 __version__: str
 
+CATEGORY_NAMES: list[str]
+
+def mig_pack(
+    gpu_model: str, counts: Sequence[tuple[str, int]], gpus: int
+) -> list[list[tuple[str, int]]]: ...
+
+class FragmentModel:
+    def __init__(self, columns: dict[str, list[Any]]) -> None: ...
+    @property
+    def node_count(self) -> int: ...
+    def score(self, shapes: Sequence[Mapping[str, Any]]) -> dict[str, Any]: ...
+    def place_delta(
+        self, node: int, task: Mapping[str, Any], shapes: Sequence[Mapping[str, Any]]
+    ) -> dict[str, Any] | None: ...
+    def remove_delta(
+        self, node: int, assignment: dict[str, Any], shapes: Sequence[Mapping[str, Any]]
+    ) -> dict[str, Any]: ...
+    def apply(self, node: int, assignment: dict[str, Any], place: bool) -> None: ...
+
 @final
 class MergeResult:
     @property
@@ -22,3 +41,30 @@ def merge_hints(
     options: Mapping[str, bool | int | str] | None = None,
     distances: Mapping[int | str, Sequence[int]] | None = None,
 ) -> MergeResult: ...
+
+# ---- MIG geometry and planner (rust/src/python/mig.rs) ------------------------------------------
+
+def mig_models() -> list[dict[str, Any]]: ...
+def mig_model(gpu_model: str) -> dict[str, Any]: ...
+def mig_validate(
+    gpu_model: str, instances: Sequence[str], pre_r510: bool = False
+) -> tuple[bool, list[tuple[str, int]], str]: ...
+def mig_profile_name(gpu_model: str, profile: str) -> str: ...
+def mig_layouts(
+    gpu_model: str,
+    profiles: Sequence[str] | None = None,
+    media_extensions: bool = False,
+    pre_r510: bool = False,
+) -> tuple[int, list[list[tuple[str, int]]]]: ...
+def mig_place(
+    gpu_model: str, pinned: Sequence[tuple[str, int]], unpinned: Sequence[str]
+) -> list[int] | None: ...
+def mig_plan(
+    gpu_model: str,
+    gpus: Sequence[Mapping[str, Any]],
+    pending: Sequence[Mapping[str, Any]] | Mapping[str, int],
+    workload: Sequence[Mapping[str, Any]] | None = None,
+    limits: Mapping[str, Any] | None = None,
+) -> dict[str, Any]: ...
+
+# ---- end of MIG ---------------------------------------------------------------------------------

@@ -4,6 +4,8 @@
 
 pub mod bitmask;
 pub mod error;
+pub mod fragment;
+pub mod mig;
 pub mod topology;
 
 #[cfg(feature = "python")]

@@ -2,6 +2,8 @@
 //! and nothing else. Core errors become `ValueError`s carrying the field name.
 
 mod convert;
+mod fragment;
+mod mig;
 mod topology;
 
 use pyo3::prelude::*;
@@ -10,5 +12,7 @@ use pyo3::prelude::*;
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     topology::register(m)?;
+    fragment::register(m)?;
+    mig::register(m)?;
     Ok(())
 }

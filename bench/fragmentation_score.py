@@ -1,0 +1,145 @@
+"""Fragmentation scoring: Rust core vs. the pure-Python reference, measured in one run.
+
+10,000 nodes of 8 GPUs over 2-8 NUMA zones (a fifth with MIG GPUs, mixed Topology Manager
+policies, random usage) scored against 35 task shapes: FGD's typical shapes of the Alibaba default
+trace when `shared/data/alibaba-gpu-2023` is beside the repository, else 35 synthetic ones. The
+reference is timed on a random sample of the nodes (it is slow) and compared per node-shape.
+Also: the delta of placing one task on one node, for 35 shapes.
+Last line: `fragmentation_score: <N> ns per node-shape, speedup <X>x vs python reference`.
+"""
+
+from __future__ import annotations
+
+import csv
+import random
+import sys
+import time
+
+from _common import REPO, best_of
+
+from pyctl.fragmentation import FragmentationModel, derive_workload, shape_dict
+from pyctl.model import Gpu, MigGpu, MigInstance, Node, Shape, Snapshot, Workload, Zone
+from tests.reference import fragmentation as ref
+
+TRACE = REPO.parent / "shared" / "data" / "alibaba-gpu-2023" / "openb_pod_list_default.csv"
+POLICIES = ["none", "best-effort", "restricted", "single-numa-node"]
+MIG_LAYOUTS = [
+    [("3g.20gb", 0, True), ("3g.20gb", 4, False)],
+    [("1g.5gb", s, s % 3 == 0) for s in range(7)],
+    [("2g.10gb", 0, True), ("2g.10gb", 2, False), ("1g.5gb", 4, False), ("1g.5gb", 6, True)],
+    [("4g.20gb", 0, False), ("2g.10gb", 4, True)],
+    [("7g.40gb", 0, False)],
+]
+
+
+def workload() -> tuple[Workload, str]:
+    if TRACE.exists():
+        with TRACE.open() as f:
+            tasks = [
+                Shape(
+                    cpu_milli=int(r["cpu_milli"]),
+                    gpus=int(r["num_gpu"]),
+                    gpu_milli=int(r["gpu_milli"]) if int(r["num_gpu"]) else 0,
+                )
+                for r in csv.DictReader(f)
+            ]
+        w = derive_workload(tasks)
+        if len(w.shapes) >= 35:
+            return Workload(w.shapes[:35]), "FGD typical shapes of the Alibaba default trace"
+    rnd = random.Random(5)
+    shapes = []
+    for i in range(35):
+        kind = i % 5
+        if kind == 0:
+            shapes.append(Shape(cpu_milli=rnd.choice([1000, 4000, 8000]), weight=1))
+        elif kind == 4:
+            shapes.append(
+                Shape(cpu_milli=2000, mig_profile=rnd.choice(["1g.5gb", "3g.20gb"]), weight=1)
+            )
+        else:
+            g = rnd.choice([1, 1, 2, 4, 8])
+            shapes.append(
+                Shape(
+                    cpu_milli=rnd.choice([2000, 6000, 12000, 16500]),
+                    gpus=g,
+                    gpu_milli=1000 if g > 1 else rnd.choice([250, 500, 1000]),
+                    weight=rnd.randint(1, 10),
+                )
+            )
+    return Workload(tuple(shapes)), "35 synthetic shapes"
+
+
+def cluster(n: int, seed: int = 1) -> Snapshot:
+    rnd = random.Random(seed)
+    nodes = []
+    for i in range(n):
+        zcount = rnd.choice([2, 2, 2, 4, 8])
+        mig = rnd.random() < 0.2
+        zones = []
+        gid = 0
+        for z in range(zcount):
+            per = 8 // zcount if z < 8 % zcount or True else 0
+            cpu = 96000 // zcount
+            gpus = []
+            migs = []
+            for _ in range(per):
+                if mig and rnd.random() < 0.5:
+                    lay = rnd.choice(MIG_LAYOUTS)
+                    migs.append(MigGpu(gid, tuple(MigInstance(p, s, u) for p, s, u in lay)))
+                else:
+                    gpus.append(Gpu(gid, rnd.choice([0, 0, 0, 1000, 1000, 500, 250, 750])))
+                gid += 1
+            zones.append(
+                Zone(
+                    z, cpu, rnd.randint(0, cpu // 1000) * 1000, 1 << 18, 0, tuple(gpus), tuple(migs)
+                )
+            )
+        nodes.append(
+            Node(f"node-{i:05d}", "A100-SXM4-40GB", rnd.choice(POLICIES), zones=tuple(zones))  # type: ignore[arg-type]
+        )
+    return Snapshot(tuple(nodes))
+
+
+def main() -> None:
+    n_nodes = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
+    w, source = workload()
+    snap = cluster(n_nodes)
+    t0 = time.perf_counter()
+    model = FragmentationModel(snap)
+    build = time.perf_counter() - t0
+    shapes = [shape_dict(s) for s in w.shapes]
+    t_rust = best_of(lambda: model._core.score(shapes), repeat=5)
+    t_facade = best_of(lambda: model.score(w), repeat=3)
+    res = model.score(w)
+    pairs = n_nodes * len(w.shapes)
+    print(
+        f"workload: {len(w.shapes)} shapes ({source}); "
+        f"cluster: {n_nodes} nodes, built in {build:.2f} s"
+    )
+    print(
+        f"rust core: {t_rust * 1e3:.1f} ms for {pairs} node-shapes, result columns included "
+        f"(one core; the GIL is released while scoring); "
+        f"fragmentation rate {res.fragmentation_rate:.1%}"
+    )
+    print(f"python facade (core + per-node result records): {t_facade * 1e3:.1f} ms")
+    sample = random.Random(2).sample(range(n_nodes), min(300, n_nodes))
+    t0 = time.perf_counter()
+    for i in sample:
+        ref.score_node(snap.nodes[i], w)
+    t_ref = (time.perf_counter() - t0) / len(sample) * n_nodes
+    print(f"python reference: {t_ref:.1f} s for the same (extrapolated from {len(sample)} nodes)")
+    node = snap.nodes[0].name
+    task = Shape(cpu_milli=8000, gpus=1, gpu_milli=1000)
+    t_delta = best_of(lambda: model.place_delta(node, task, w), repeat=5, number=50)
+    print(
+        f"delta of placing one task on one node for {len(w.shapes)} shapes: {t_delta * 1e6:.1f} us"
+    )
+    ns = t_rust / pairs * 1e9
+    print(
+        f"fragmentation_score: {ns:.0f} ns per node-shape, "
+        f"speedup {t_ref / t_rust:.0f}x vs python reference"
+    )
+
+
+if __name__ == "__main__":
+    main()

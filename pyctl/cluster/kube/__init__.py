@@ -1,0 +1,1 @@
+"""The Kubernetes adapter: Kubernetes JSON stops here; beyond it there are only pyctl's records."""

@@ -1,0 +1,320 @@
+"""Kubernetes JSON → pyctl's compact records (the hot path of every watch event).
+
+Raw bytes are decoded with msgspec straight into the `wire` structs (unknown fields skipped),
+then summarised into records: pod requests summed over containers (max with init containers),
+quantities parsed exactly (with a cache, since the same strings repeat), the NVIDIA stack's
+resources and labels picked out.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any, Final, TypeVar
+
+import msgspec
+
+from pyctl.cluster.kube import quantity as q
+from pyctl.cluster.kube import wire
+from pyctl.cluster.records import (
+    Kind,
+    NodeRecord,
+    NrtRecord,
+    PdbRecord,
+    PodRecord,
+    Record,
+    ZoneRecord,
+)
+
+GPU: Final = "nvidia.com/gpu"
+MIG_PREFIX: Final = "nvidia.com/mig-"
+PRODUCT_LABEL: Final = "nvidia.com/gpu.product"
+COUNT_LABEL: Final = "nvidia.com/gpu.count"
+MIG_CONFIG_LABEL: Final = "nvidia.com/mig.config"
+MIG_CONFIG_STATE_LABEL: Final = "nvidia.com/mig.config.state"
+MIG_STRATEGY_LABEL: Final = "nvidia.com/mig.strategy"
+POLICY_LABEL: Final = "pyctl.io/topology-manager-policy"
+GPU_NUMA_LABEL: Final = re.compile(r"^nvidia\.com/gpu-(\d+)-numa$")
+EVICT_ANNOTATIONS: Final = ("pyctl.io/evict", "descheduler.alpha.kubernetes.io/evict")
+MIRROR_ANNOTATION: Final = "kubernetes.io/config.mirror"
+NRT_POLICIES: Final = {
+    "none": "none",
+    "best-effort": "best-effort",
+    "restricted": "restricted",
+    "single-numa-node": "single-numa-node",
+    "SingleNUMANodeContainerLevel": "single-numa-node",
+    "SingleNUMANodePodLevel": "single-numa-node",
+    "Restricted": "restricted",
+    "BestEffort": "best-effort",
+    "None": "none",
+}
+
+
+class DecodeError(ValueError):
+    """An object pyctl cannot understand; the message names it."""
+
+
+@lru_cache(maxsize=8192)
+def _cpu(v: str | int | float) -> int:
+    return q.cpu_milli(v)
+
+
+@lru_cache(maxsize=8192)
+def _mem(v: str | int | float, up: bool = True) -> int:
+    return q.memory_mib(v, round_up=up)
+
+
+@lru_cache(maxsize=8192)
+def _count(v: str | int | float) -> int:
+    return q.count(v)
+
+
+def _where(kind: str, meta: wire.Meta) -> str:
+    return f"{kind} {meta.namespace + '/' if meta.namespace else ''}{meta.name}"
+
+
+def node_record(n: wire.Node) -> NodeRecord:
+    meta = n.metadata
+    labels = meta.labels
+    alloc = n.status.allocatable or n.status.capacity
+    try:
+        mig = tuple(
+            sorted(
+                (k[len(MIG_PREFIX) :], _count(v))
+                for k, v in alloc.items()
+                if k.startswith(MIG_PREFIX)
+            )
+        )
+        count_label = labels.get(COUNT_LABEL, "")
+        rec = NodeRecord(
+            name=meta.name,
+            resource_version=meta.resourceVersion,
+            gpu_model=labels.get(PRODUCT_LABEL, ""),
+            cpu_milli=_cpu(alloc.get("cpu", 0)),
+            memory_mib=_mem(alloc.get("memory", 0), False),
+            gpus=_count(alloc.get(GPU, 0)),
+            mig=mig,
+            gpu_numa=tuple(
+                sorted(
+                    (int(m.group(1)), int(v))
+                    for k, v in labels.items()
+                    if (m := GPU_NUMA_LABEL.match(k)) and v.isdigit()
+                )
+            ),
+            gpu_count_label=int(count_label) if count_label.isdigit() else 0,
+            mig_config=labels.get(MIG_CONFIG_LABEL, ""),
+            mig_config_state=labels.get(MIG_CONFIG_STATE_LABEL, ""),
+            mig_strategy=labels.get(MIG_STRATEGY_LABEL, ""),
+            topology_policy=labels.get(POLICY_LABEL, meta.annotations.get(POLICY_LABEL, "")),
+            unschedulable=n.spec.unschedulable,
+            taints=tuple(t.key for t in n.spec.taints if t.effect in ("NoSchedule", "NoExecute")),
+            ready=all(c.status == "True" for c in n.status.conditions if c.type == "Ready"),
+        )
+    except q.QuantityError as e:
+        raise DecodeError(f"{_where('node', meta)}: {e}") from None
+    return rec
+
+
+@lru_cache(maxsize=16384)
+def _units(resource: str, value: str | int | float) -> int:
+    """A request in the scheduler's units: CPU in millicores and memory in bytes (both rounded
+    up per container, as `MilliValue()`/`Value()` do), extended resources as whole counts."""
+    if resource == "cpu":
+        return q.cpu_milli(value)
+    v = q.parse_quantity(value)
+    if resource in ("memory", "ephemeral-storage") or resource.startswith("hugepages-"):
+        return -(-v.numerator // v.denominator)
+    if v.denominator != 1:
+        raise q.QuantityError(f"expected a whole number, got {value!r}")
+    return int(v)
+
+
+def _sum_requests(containers: list[wire.Container], meta: wire.Meta) -> dict[str, int]:
+    acc: dict[str, int] = {}
+    for c in containers:
+        reqs = c.resources.requests
+        limits = c.resources.limits
+        try:
+            for k, v in reqs.items():
+                acc[k] = acc.get(k, 0) + _units(k, v)
+            # extended resources are often given as limits only (then the request equals them)
+            for k, v in limits.items():
+                if k not in reqs and k not in ("cpu", "memory", "ephemeral-storage"):
+                    acc[k] = acc.get(k, 0) + _units(k, v)
+        except q.QuantityError as e:
+            raise DecodeError(f"{_where('pod', meta)}: container {c.name}: {k}: {e}") from None
+    return acc
+
+
+def pod_record(p: wire.Pod) -> PodRecord:
+    meta = p.metadata
+    spec = p.spec
+    req = _sum_requests(spec.containers, meta)
+    for init in spec.initContainers:
+        for k, v in _sum_requests([init], meta).items():
+            req[k] = max(req.get(k, 0), v)
+    owner = next((o for o in meta.ownerReferences if o.controller), None) or (
+        meta.ownerReferences[0] if meta.ownerReferences else None
+    )
+    sched = next((c for c in p.status.conditions if c.type == "PodScheduled"), None)
+    unsched = sched is not None and sched.status == "False" and sched.reason == "Unschedulable"
+    evict = next((meta.annotations[a] for a in EVICT_ANNOTATIONS if a in meta.annotations), "")
+    return PodRecord(
+        namespace=meta.namespace,
+        name=meta.name,
+        uid=meta.uid,
+        resource_version=meta.resourceVersion,
+        node=spec.nodeName,
+        phase=p.status.phase,
+        cpu_milli=req.get("cpu", 0),
+        memory_mib=-(-req.get("memory", 0) // 2**20),
+        gpus=req.get(GPU, 0),
+        mig=tuple(
+            sorted(
+                (k[len(MIG_PREFIX) :], v) for k, v in req.items() if k.startswith(MIG_PREFIX) and v
+            )
+        ),
+        priority=spec.priority or 0,
+        priority_class=spec.priorityClassName,
+        owner_kind=owner.kind if owner else "",
+        owner_name=owner.name if owner else "",
+        labels=tuple(sorted(meta.labels.items())),
+        unschedulable=unsched,
+        unschedulable_message=(sched.message[:200] if unsched and sched else ""),
+        deleting=meta.deletionTimestamp is not None,
+        mirror=MIRROR_ANNOTATION in meta.annotations,
+        local_storage=any(v.emptyDir is not None or v.hostPath is not None for v in spec.volumes),
+        evict_annotation=evict,
+    )
+
+
+def _int_or_pct(v: int | str | None) -> str:
+    return "" if v is None else str(v)
+
+
+def pdb_record(b: wire.Pdb) -> PdbRecord:
+    meta = b.metadata
+    return PdbRecord(
+        namespace=meta.namespace,
+        name=meta.name,
+        resource_version=meta.resourceVersion,
+        match_labels=tuple(sorted(b.spec.selector.matchLabels.items())),
+        min_available=_int_or_pct(b.spec.minAvailable),
+        max_unavailable=_int_or_pct(b.spec.maxUnavailable),
+        disruptions_allowed=b.status.disruptionsAllowed,
+        current_healthy=b.status.currentHealthy,
+        desired_healthy=b.status.desiredHealthy,
+        expected_pods=b.status.expectedPods,
+    )
+
+
+def _numa_id(name: str, where: str) -> int:
+    m = re.search(r"(\d+)$", name)
+    if not m:
+        raise DecodeError(f"{where}: zone {name!r} has no NUMA id in its name")
+    return int(m.group(1))
+
+
+def nrt_record(t: wire.Nrt) -> NrtRecord:
+    meta = t.metadata
+    where = _where("NodeResourceTopology", meta)
+    policy = ""
+    scope = ""
+    for a in t.attributes:
+        if a.name == "topologyManagerPolicy":
+            policy = NRT_POLICIES.get(a.value, "")
+        elif a.name == "topologyManagerScope":
+            scope = a.value
+    if not policy:
+        policy = next((NRT_POLICIES[p] for p in t.topologyPolicies if p in NRT_POLICIES), "")
+    zones = []
+    for z in t.zones:
+        if z.type != "Node":
+            continue
+        cpu = cpu_av = mem = mem_av = gpus = gpus_av = 0
+        mig = []
+        for r in z.resources:
+            total = r.allocatable if r.allocatable is not None else r.capacity
+            avail = r.available if r.available is not None else total
+            try:
+                if r.name == "cpu":
+                    cpu, cpu_av = _cpu(total), _cpu(avail)
+                elif r.name == "memory":
+                    mem, mem_av = _mem(total, False), _mem(avail, False)
+                elif r.name == GPU:
+                    gpus, gpus_av = _count(total), _count(avail)
+                elif r.name.startswith(MIG_PREFIX):
+                    mig.append((r.name[len(MIG_PREFIX) :], _count(total), _count(avail)))
+            except q.QuantityError as e:
+                raise DecodeError(f"{where}: zone {z.name}: {r.name}: {e}") from None
+        zones.append(
+            ZoneRecord(
+                _numa_id(z.name, where), cpu, cpu_av, mem, mem_av, gpus, gpus_av, tuple(sorted(mig))
+            )
+        )
+    return NrtRecord(meta.name, meta.resourceVersion, policy, scope, tuple(zones))
+
+
+_WIRE: Final[dict[str, type[Any]]] = {
+    "Node": wire.Node,
+    "Pod": wire.Pod,
+    "PodDisruptionBudget": wire.Pdb,
+    "NodeResourceTopology": wire.Nrt,
+}
+_TO_RECORD: Final[dict[str, Any]] = {
+    "Node": node_record,
+    "Pod": pod_record,
+    "PodDisruptionBudget": pdb_record,
+    "NodeResourceTopology": nrt_record,
+}
+_DECODERS: Final = {k: msgspec.json.Decoder(v) for k, v in _WIRE.items()}
+_LINE: Final = msgspec.json.Decoder(wire.WatchLine)
+_STATUS: Final = msgspec.json.Decoder(wire.Status)
+
+T = TypeVar("T")
+
+
+def decode_object(kind: Kind, data: bytes | Mapping[str, Any]) -> Record:
+    """One Kubernetes object (JSON bytes, or an already parsed dict) as a record."""
+    try:
+        if isinstance(data, bytes | bytearray | memoryview):
+            obj = _DECODERS[kind].decode(data)
+        else:
+            obj = msgspec.convert(data, _WIRE[kind], strict=False)
+    except msgspec.ValidationError as e:
+        raise DecodeError(f"{kind}: {e}") from None
+    except msgspec.DecodeError as e:
+        raise DecodeError(f"{kind}: broken JSON: {e}") from None
+    rec: Record = _TO_RECORD[kind](obj)
+    return rec
+
+
+class WatchError(Exception):
+    """An ERROR event of a watch stream (410 Gone: the resourceVersion is too old)."""
+
+    def __init__(self, code: int, reason: str, message: str) -> None:
+        super().__init__(f"{code} {reason}: {message}")
+        self.code = code
+        self.reason = reason
+
+
+def decode_watch_line(kind: Kind, line: bytes) -> tuple[str, Record | None, str]:
+    """One watch stream line: (event type, record or None for BOOKMARK, resourceVersion).
+    An ERROR event raises `WatchError`."""
+    try:
+        ev = _LINE.decode(line)
+    except (msgspec.ValidationError, msgspec.DecodeError) as e:
+        raise DecodeError(f"{kind} watch: broken event: {e}") from None
+    if ev.type == "ERROR":
+        st = _STATUS.decode(ev.object)
+        raise WatchError(st.code, st.reason, st.message)
+    if ev.type == "BOOKMARK":
+        meta = msgspec.json.decode(ev.object, type=_Bookmark)
+        return "BOOKMARK", None, meta.metadata.resourceVersion
+    rec = decode_object(kind, bytes(ev.object))
+    return ev.type, rec, getattr(rec, "resource_version", "")
+
+
+class _Bookmark(msgspec.Struct):
+    metadata: wire.Meta = msgspec.field(default_factory=wire.Meta)

@@ -1,0 +1,149 @@
+"""Records → the core's cluster model: where what the NVIDIA stack shows becomes nodes, NUMA
+zones, GPUs and MIG instances.
+
+- GPUs: `nvidia.com/gpu` allocatable; the model from the GFD label `nvidia.com/gpu.product`.
+- MIG (mixed strategy): `nvidia.com/mig-<profile>` allocatable, one instance per unit. Kubernetes
+  does not show placements, so instances are packed onto the node's MIG GPUs by the exact
+  placement search (a layout mig-parted could have made); pods' requests say which are in use.
+- NUMA: per-zone resources from NodeResourceTopology, with its Topology Manager policy; otherwise
+  the per-GPU labels `nvidia.com/gpu-<i>-numa` (CPU and memory then split evenly over the zones, an
+  approximation); otherwise one zone.
+- Used amounts: the requests of the pods bound to the node that have not terminated.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import cast
+
+from pyctl import _core
+from pyctl.cluster.records import NodeRecord, NrtRecord, PodRecord
+from pyctl.model import TOPOLOGY_POLICIES, Gpu, MigGpu, MigInstance, Node, PolicyName, Shape, Zone
+
+
+class TranslateError(ValueError):
+    """A node whose resources cannot be turned into the model; the message names it."""
+
+
+@dataclass
+class _Draft:
+    numa: int
+    cpu: int = 0
+    cpu_used: int = 0
+    mem: int = 0
+    mem_used: int = 0
+    gpus: int = 0
+    gpus_used: int = 0
+    mig: dict[str, int] = field(default_factory=dict)
+
+
+def pod_shape(p: PodRecord) -> Shape:
+    profile = p.mig[0][0] if p.mig else None
+    return Shape(
+        cpu_milli=p.cpu_milli,
+        memory_mib=p.memory_mib,
+        gpus=p.gpus,
+        gpu_milli=1000 if p.gpus else 0,
+        mig_profile=profile,
+    )
+
+
+def _spread(drafts: list[_Draft], used_cpu: int, used_mem: int, used_gpus: int) -> None:
+    for d in drafts:
+        d.cpu_used = min(d.cpu, used_cpu)
+        d.mem_used = min(d.mem, used_mem)
+        d.gpus_used = min(d.gpus, used_gpus)
+        used_cpu -= d.cpu_used
+        used_mem -= d.mem_used
+        used_gpus -= d.gpus_used
+
+
+def node_from_records(
+    node: NodeRecord, nrt: NrtRecord | None, pods: Iterable[PodRecord], default_policy: str = "none"
+) -> Node:
+    where = f"node {node.name}"
+    live = [p for p in pods if not p.terminated]
+    used_cpu = sum(p.cpu_milli for p in live)
+    used_mem = sum(p.memory_mib for p in live)
+    used_gpus = sum(p.gpus for p in live)
+    used_mig: dict[str, list[str]] = defaultdict(list)
+    for p in live:
+        for prof, n in p.mig:
+            used_mig[prof].extend([p.key] * n)
+    policy = node.topology_policy or default_policy
+    if nrt is not None and nrt.zones:
+        policy = nrt.policy or policy
+        drafts = [
+            _Draft(
+                z.numa,
+                z.cpu_milli,
+                z.cpu_milli - z.cpu_available,
+                z.memory_mib,
+                z.memory_mib - z.memory_available,
+                z.gpus,
+                z.gpus - z.gpus_available,
+                {p: n for p, n, _ in z.mig},
+            )
+            for z in nrt.zones
+        ]
+    else:
+        numa_of = dict(node.gpu_numa)
+        ids = sorted(set(numa_of.values())) or [0]
+        drafts = [_Draft(i) for i in ids]
+        k = len(drafts)
+        for i, d in enumerate(drafts):
+            d.cpu = node.cpu_milli // k + (node.cpu_milli % k if i == 0 else 0)
+            d.mem = node.memory_mib // k + (node.memory_mib % k if i == 0 else 0)
+            d.gpus = sum(1 for n in numa_of.values() if n == d.numa) if numa_of else node.gpus
+        if numa_of and sum(d.gpus for d in drafts) != node.gpus:
+            drafts[0].gpus = max(0, drafts[0].gpus + node.gpus - sum(d.gpus for d in drafts))
+        drafts[0].mig = dict(node.mig)
+        _spread(drafts, used_cpu, used_mem, used_gpus)
+    if policy not in TOPOLOGY_POLICIES:
+        raise TranslateError(f"{where}: unknown Topology Manager policy {policy!r}")
+    mig_gpus = max(0, node.gpu_count_label - node.gpus) if node.mig else 0
+    mig_zones = sum(1 for d in drafts if any(d.mig.values()))
+    zones = []
+    gid = 0
+    for d in sorted(drafts, key=lambda d: d.numa):
+        gpus = []
+        for j in range(max(d.gpus, 0)):
+            gpus.append(Gpu(gid, 1000 if j < d.gpus_used else 0))
+            gid += 1
+        migs = []
+        if any(d.mig.values()):
+            if not node.gpu_model:
+                raise TranslateError(f"{where}: MIG resources but no nvidia.com/gpu.product label")
+            # the node's MIG GPUs, shared out over the zones that have MIG instances
+            per_zone = max(1, -(-mig_gpus // max(1, mig_zones)))
+            try:
+                layouts = _core.mig_pack(node.gpu_model, sorted(d.mig.items()), per_zone)
+            except ValueError as e:
+                raise TranslateError(f"{where}: {e}") from None
+            for layout in layouts:
+                insts = []
+                for prof, start in layout:
+                    users = used_mig.get(prof) or []
+                    pod = users.pop(0) if users else None
+                    insts.append(MigInstance(prof, int(start), pod is not None, pod))
+                migs.append(MigGpu(gid, tuple(insts)))
+                gid += 1
+        zones.append(
+            Zone(
+                d.numa,
+                d.cpu,
+                min(max(d.cpu_used, 0), d.cpu),
+                d.mem,
+                min(max(d.mem_used, 0), d.mem),
+                tuple(gpus),
+                tuple(migs),
+            )
+        )
+    return Node(
+        name=node.name,
+        gpu_model=node.gpu_model,
+        topology_policy=cast(PolicyName, policy),
+        zones=tuple(zones),
+    )

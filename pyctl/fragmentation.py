@@ -1,0 +1,301 @@
+"""Fragmentation scoring: how much idle GPU capacity is stranded, where, and why.
+
+A thin facade over the Rust core (`pyctl._core.FragmentModel`): it flattens a `Snapshot` into
+columns once, then scores it against workloads and answers "what if" questions (the fragment delta
+of placing or removing one task on one node). Definitions: docs/fragmentation.md.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyctl import _core
+from pyctl.model import Shape, Snapshot, Workload
+
+CATEGORIES: tuple[str, ...] = tuple(_core.CATEGORY_NAMES)
+
+
+_COLUMNS = (
+    "node_names",
+    "node_models",
+    "node_policies",
+    "node_cpu_static",
+    "node_memory_static",
+    "zone_numa",
+    "zone_cpu_milli",
+    "zone_cpu_used",
+    "zone_memory_mib",
+    "zone_memory_used",
+    "gpu_ids",
+    "gpu_used_milli",
+    "mig_gpu_ids",
+    "instance_profiles",
+    "instance_starts",
+    "instance_used",
+)
+
+
+def snapshot_columns(s: Snapshot) -> dict[str, list[Any]]:
+    """The flat arrays the core builds its cluster model from."""
+    c: dict[str, list[Any]] = {k: [] for k in _COLUMNS}
+    c["zone_offsets"] = [0]
+    c["gpu_offsets"] = [0]
+    c["mig_offsets"] = [0]
+    c["instance_offsets"] = [0]
+    for n in s.nodes:
+        c["node_names"].append(n.name)
+        c["node_models"].append(n.gpu_model)
+        c["node_policies"].append(n.topology_policy)
+        c["node_cpu_static"].append(n.cpu_manager_policy == "static")
+        c["node_memory_static"].append(n.memory_manager_policy == "static")
+        for z in n.zones:
+            c["zone_numa"].append(z.numa)
+            c["zone_cpu_milli"].append(z.cpu_milli)
+            c["zone_cpu_used"].append(z.cpu_milli_used)
+            c["zone_memory_mib"].append(z.memory_mib)
+            c["zone_memory_used"].append(z.memory_mib_used)
+            for g in z.gpus:
+                c["gpu_ids"].append(g.id)
+                c["gpu_used_milli"].append(g.used_milli)
+            c["gpu_offsets"].append(len(c["gpu_ids"]))
+            for m in z.mig:
+                c["mig_gpu_ids"].append(m.gpu)
+                for i in m.instances:
+                    c["instance_profiles"].append(i.profile)
+                    c["instance_starts"].append(i.start)
+                    c["instance_used"].append(i.used)
+                c["instance_offsets"].append(len(c["instance_profiles"]))
+            c["mig_offsets"].append(len(c["mig_gpu_ids"]))
+        c["zone_offsets"].append(len(c["zone_numa"]))
+    return c
+
+
+def shape_dict(s: Shape) -> dict[str, Any]:
+    return {
+        "cpu_milli": s.cpu_milli,
+        "memory_mib": s.memory_mib,
+        "gpus": s.gpus,
+        "gpu_milli": s.gpu_milli,
+        "mig_profile": s.mig_profile,
+        "gpu_models": list(s.gpu_models),
+        "weight": s.weight,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class ZoneScore:
+    numa: int
+    idle_gpu_milli: float
+    fragment_gpu_milli: float
+    idle_mig_slices: float
+    fragment_mig_slices: float
+
+
+@dataclass(frozen=True, slots=True)
+class NodeScore:
+    name: str
+    idle_gpu_milli: float
+    fragment_gpu_milli: float
+    categories: dict[str, float]
+    idle_mig_slices: float
+    fragment_mig_slices: float
+    mig_categories: dict[str, float]
+    recoverable_mig_slices: float
+    zones: tuple[ZoneScore, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterScore:
+    nodes: tuple[NodeScore, ...]
+    idle_gpu_milli: float = 0.0
+    fragment_gpu_milli: float = 0.0
+    categories: dict[str, float] = field(default_factory=dict)
+    idle_mig_slices: float = 0.0
+    fragment_mig_slices: float = 0.0
+    mig_categories: dict[str, float] = field(default_factory=dict)
+    recoverable_mig_slices: float = 0.0
+
+    @property
+    def fragmentation_rate(self) -> float:
+        """Cluster fragment / cluster idle GPU (0 when nothing is idle)."""
+        return self.fragment_gpu_milli / self.idle_gpu_milli if self.idle_gpu_milli else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        r = 6
+        return {
+            "cluster": {
+                "idle_gpu_milli": round(self.idle_gpu_milli, r),
+                "fragment_gpu_milli": round(self.fragment_gpu_milli, r),
+                "fragmentation_rate": round(self.fragmentation_rate, r),
+                "idle_mig_slices": round(self.idle_mig_slices, r),
+                "fragment_mig_slices": round(self.fragment_mig_slices, r),
+                "recoverable_mig_slices": round(self.recoverable_mig_slices, r),
+                "categories": {k: round(v, r) for k, v in self.categories.items()},
+                "mig_categories": {k: round(v, r) for k, v in self.mig_categories.items()},
+            },
+            "nodes": [
+                {
+                    "name": n.name,
+                    "idle_gpu_milli": round(n.idle_gpu_milli, r),
+                    "fragment_gpu_milli": round(n.fragment_gpu_milli, r),
+                    "categories": {k: round(v, r) for k, v in n.categories.items()},
+                    "idle_mig_slices": round(n.idle_mig_slices, r),
+                    "fragment_mig_slices": round(n.fragment_mig_slices, r),
+                    "mig_categories": {k: round(v, r) for k, v in n.mig_categories.items()},
+                    "recoverable_mig_slices": round(n.recoverable_mig_slices, r),
+                    "zones": [
+                        {
+                            "numa": z.numa,
+                            "idle_gpu_milli": round(z.idle_gpu_milli, r),
+                            "fragment_gpu_milli": round(z.fragment_gpu_milli, r),
+                            "idle_mig_slices": round(z.idle_mig_slices, r),
+                            "fragment_mig_slices": round(z.fragment_mig_slices, r),
+                        }
+                        for z in n.zones
+                    ],
+                }
+                for n in self.nodes
+            ],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """Fragment after minus fragment before (negative: the change reduces fragmentation), and
+    where the task sits (zone positions on the node; see `Assignment` in rust/src/fragment)."""
+
+    fragment_gpu_milli: float
+    fragment_mig_slices: float
+    assignment: dict[str, Any]
+
+
+class FragmentationModel:
+    """A snapshot prepared for scoring: build once, then score and ask for deltas."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+        self._core = _core.FragmentModel(snapshot_columns(snapshot))
+        self._index = {n.name: i for i, n in enumerate(snapshot.nodes)}
+
+    def _node(self, name: str) -> int:
+        try:
+            return self._index[name]
+        except KeyError:
+            raise ValueError(f"node {name!r} is not in the snapshot") from None
+
+    def score(self, workload: Workload) -> ClusterScore:
+        raw = self._core.score([shape_dict(s) for s in workload.shapes])
+        cat_rows = zip(*(raw["categories"][c] for c in CATEGORIES), strict=True)
+        mig_rows = zip(*(raw["mig_categories"][c] for c in CATEGORIES), strict=True)
+        zone_rows = iter(
+            zip(
+                raw["zone_idle_gpu_milli"],
+                raw["zone_fragment_gpu_milli"],
+                raw["zone_idle_mig_slices"],
+                raw["zone_fragment_mig_slices"],
+                strict=True,
+            )
+        )
+        nodes = []
+        for n, idle, frag, cats, imig, fmig, mcats, rec in zip(
+            self.snapshot.nodes,
+            raw["idle_gpu_milli"],
+            raw["fragment_gpu_milli"],
+            cat_rows,
+            raw["idle_mig_slices"],
+            raw["fragment_mig_slices"],
+            mig_rows,
+            raw["recoverable_mig_slices"],
+            strict=True,
+        ):
+            zones = tuple(ZoneScore(z.numa, *next(zone_rows)) for z in n.zones)
+            nodes.append(
+                NodeScore(
+                    n.name,
+                    idle,
+                    frag,
+                    dict(zip(CATEGORIES, cats, strict=True)),
+                    imig,
+                    fmig,
+                    dict(zip(CATEGORIES, mcats, strict=True)),
+                    rec,
+                    zones,
+                )
+            )
+        return ClusterScore(
+            nodes=tuple(nodes),
+            idle_gpu_milli=sum(raw["idle_gpu_milli"]),
+            fragment_gpu_milli=sum(raw["fragment_gpu_milli"]),
+            categories={c: sum(raw["categories"][c]) for c in CATEGORIES},
+            idle_mig_slices=sum(raw["idle_mig_slices"]),
+            fragment_mig_slices=sum(raw["fragment_mig_slices"]),
+            mig_categories={c: sum(raw["mig_categories"][c]) for c in CATEGORIES},
+            recoverable_mig_slices=sum(raw["recoverable_mig_slices"]),
+        )
+
+    def place_delta(self, node: str, task: Shape, workload: Workload) -> Delta | None:
+        """The fragment delta of placing `task` on `node` where it grows fragment least, or None
+        if the node cannot admit it."""
+        shapes = [shape_dict(s) for s in workload.shapes]
+        d = self._core.place_delta(self._node(node), shape_dict(task), shapes)
+        return None if d is None else Delta(**d)
+
+    def remove_delta(self, node: str, assignment: Mapping[str, Any], workload: Workload) -> Delta:
+        shapes = [shape_dict(s) for s in workload.shapes]
+        return Delta(**self._core.remove_delta(self._node(node), dict(assignment), shapes))
+
+    def apply(self, node: str, assignment: Mapping[str, Any], place: bool = True) -> None:
+        """Place (or remove) a task at `assignment` on `node` in this model."""
+        self._core.apply(self._node(node), dict(assignment), place)
+
+
+def score(snapshot: Snapshot, workload: Workload) -> ClusterScore:
+    return FragmentationModel(snapshot).score(workload)
+
+
+def derive_workload(tasks: Iterable[Shape], coverage: float = 0.95) -> Workload:
+    """FGD's target workload from observed tasks: the most frequent shapes (by count, ignoring
+    memory) until they cover at least `coverage` of the tasks, with renormalised weights."""
+    counts: Counter[tuple[Any, ...]] = Counter()
+    first: dict[tuple[Any, ...], Shape] = {}
+    total = 0
+    for t in tasks:
+        k = t.key()
+        counts[k] += 1
+        first.setdefault(k, t)
+        total += 1
+    if total == 0:
+        raise ValueError("cannot derive a workload from no tasks")
+    ordered = sorted(counts.items(), key=lambda kv: (-kv[1], repr(kv[0])))
+    chosen: list[tuple[tuple[Any, ...], int]] = []
+    covered = 0
+    for k, n in ordered:
+        chosen.append((k, n))
+        covered += n
+        if covered >= coverage * total:
+            break
+    return Workload(
+        tuple(
+            Shape(
+                cpu_milli=first[k].cpu_milli,
+                memory_mib=0,
+                gpus=first[k].gpus,
+                gpu_milli=first[k].gpu_milli,
+                mig_profile=first[k].mig_profile,
+                gpu_models=first[k].gpu_models,
+                weight=n / covered,
+            )
+            for k, n in chosen
+        )
+    )
+
+
+def worst_nodes(result: ClusterScore, limit: int | None = None) -> Sequence[NodeScore]:
+    """Nodes by fragment, worst first (then by name)."""
+    ranked = sorted(
+        result.nodes, key=lambda n: (-(n.fragment_gpu_milli + n.fragment_mig_slices), n.name)
+    )
+    return ranked if limit is None else ranked[:limit]

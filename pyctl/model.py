@@ -1,0 +1,100 @@
+"""pyctl's records: the cluster as the core sees it (nodes, NUMA zones, GPUs, MIG instances) and
+the workload (task shapes). Plain, immutable values; parsing and validation live in
+`pyctl.snapshot`, scoring in `pyctl.fragmentation`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final, Literal, TypeAlias
+
+PolicyName: TypeAlias = Literal["none", "best-effort", "restricted", "single-numa-node"]
+ManagerPolicy: TypeAlias = Literal["none", "static"]
+
+TOPOLOGY_POLICIES: Final[tuple[str, ...]] = (
+    "none",
+    "best-effort",
+    "restricted",
+    "single-numa-node",
+)
+MANAGER_POLICIES: Final[tuple[str, ...]] = ("none", "static")
+GPU_MILLI: Final = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """A whole (or shared) GPU: `used_milli` of 1000 is in use."""
+
+    id: int
+    used_milli: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class MigInstance:
+    """A MIG GPU instance of `profile` at memory-slice `start`; `pod` uses it when known."""
+
+    profile: str
+    start: int
+    used: bool = False
+    pod: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MigGpu:
+    gpu: int
+    instances: tuple[MigInstance, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Zone:
+    """One NUMA zone of a node, with its CPU, memory and the GPUs attached to it."""
+
+    numa: int
+    cpu_milli: int = 0
+    cpu_milli_used: int = 0
+    memory_mib: int = 0
+    memory_mib_used: int = 0
+    gpus: tuple[Gpu, ...] = ()
+    mig: tuple[MigGpu, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    gpu_model: str = ""
+    topology_policy: PolicyName = "none"
+    cpu_manager_policy: ManagerPolicy = "static"
+    memory_manager_policy: ManagerPolicy = "none"
+    zones: tuple[Zone, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    nodes: tuple[Node, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """A task shape of the workload M. `gpu_milli` is the per-GPU share (1000 = whole GPU);
+    a MIG shape names `mig_profile` and needs one free instance of exactly that profile."""
+
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    gpus: int = 0
+    gpu_milli: int = 0
+    mig_profile: str | None = None
+    gpu_models: tuple[str, ...] = ()
+    weight: float = 1.0
+
+    @property
+    def is_cpu_only(self) -> bool:
+        return self.gpus == 0 and self.mig_profile is None
+
+    def key(self) -> tuple[int, int, int, str | None, tuple[str, ...]]:
+        """Identity of a shape without its weight (FGD keys shapes by CPU, GPU share, count and
+        type)."""
+        return (self.cpu_milli, self.gpu_milli, self.gpus, self.mig_profile, self.gpu_models)
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    shapes: tuple[Shape, ...] = field(default_factory=tuple)

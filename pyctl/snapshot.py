@@ -1,0 +1,284 @@
+"""The user-facing JSON formats: cluster snapshots and workloads (docs/formats.md).
+
+`load_snapshot` accepts pyctl's own snapshot format, or a `kubectl get nodes,pods -o json` dump
+(optionally with NodeResourceTopology objects), which `pyctl.cluster.kube.dump` translates.
+Every error names the node, zone and field, and is a `SnapshotError` (a `ValueError`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+from pyctl.model import (
+    MANAGER_POLICIES,
+    TOPOLOGY_POLICIES,
+    Gpu,
+    ManagerPolicy,
+    MigGpu,
+    MigInstance,
+    Node,
+    PolicyName,
+    Shape,
+    Snapshot,
+    Workload,
+    Zone,
+)
+
+
+class SnapshotError(ValueError):
+    """Bad snapshot or workload input; the message names where."""
+
+
+def _obj(v: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(v, Mapping):
+        raise SnapshotError(f"{where}: expected an object, got {type(v).__name__}")
+    return v
+
+
+def _list(v: Any, where: str) -> Sequence[Any]:
+    if not isinstance(v, list | tuple):
+        raise SnapshotError(f"{where}: expected a list, got {type(v).__name__}")
+    return v
+
+
+def _int(o: Mapping[str, Any], key: str, where: str, default: int | None = 0) -> int:
+    v = o.get(key, default)
+    if v is None and default is None:
+        raise SnapshotError(f"{where}.{key}: missing")
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise SnapshotError(f"{where}.{key}: expected a number, got {type(v).__name__}")
+    if isinstance(v, float):
+        if not math.isfinite(v) or v != int(v):
+            raise SnapshotError(f"{where}.{key}: expected a whole number, got {v}")
+        v = int(v)
+    if v < 0:
+        raise SnapshotError(f"{where}.{key}: must not be negative, got {v}")
+    return int(v)
+
+
+def _str(o: Mapping[str, Any], key: str, where: str, default: str | None = None) -> str:
+    v = o.get(key, default)
+    if v is None:
+        raise SnapshotError(f"{where}.{key}: missing")
+    if not isinstance(v, str):
+        raise SnapshotError(f"{where}.{key}: expected a string, got {type(v).__name__}")
+    return v
+
+
+def _choice(
+    o: Mapping[str, Any], key: str, where: str, choices: Sequence[str], default: str
+) -> str:
+    v = _str(o, key, where, default)
+    if v not in choices:
+        raise SnapshotError(f"{where}.{key}: {v!r} is not one of {', '.join(choices)}")
+    return v
+
+
+def _known(o: Mapping[str, Any], keys: set[str], where: str) -> None:
+    extra = set(o) - keys
+    if extra:
+        raise SnapshotError(f"{where}: unknown field(s) {', '.join(sorted(extra))}")
+
+
+_ZONE_KEYS = {"numa", "cpu_milli", "cpu_milli_used", "memory_mib", "memory_mib_used", "gpus", "mig"}
+_NODE_KEYS = {
+    "name",
+    "gpu_model",
+    "topology_policy",
+    "cpu_manager_policy",
+    "memory_manager_policy",
+    "zones",
+    "labels",
+}
+
+
+def _zone(raw: Any, node: str, i: int) -> Zone:
+    where0 = f"nodes[{node!r}].zones[{i}]"
+    z = _obj(raw, where0)
+    numa = _int(z, "numa", where0, default=None)
+    where = f"nodes[{node!r}].zones[numa={numa}]"
+    _known(z, _ZONE_KEYS, where)
+    cpu, cpu_used = _int(z, "cpu_milli", where), _int(z, "cpu_milli_used", where)
+    mem, mem_used = _int(z, "memory_mib", where), _int(z, "memory_mib_used", where)
+    if cpu_used > cpu:
+        raise SnapshotError(f"{where}.cpu_milli_used: {cpu_used} is above capacity {cpu}")
+    if mem_used > mem:
+        raise SnapshotError(f"{where}.memory_mib_used: {mem_used} is above capacity {mem}")
+    gpus = []
+    for j, g in enumerate(_list(z.get("gpus", []), f"{where}.gpus")):
+        gw = f"{where}.gpus[{j}]"
+        g = _obj(g, gw)
+        _known(g, {"id", "used_milli"}, gw)
+        gid = _int(g, "id", gw, default=None)
+        used = _int(g, "used_milli", f"{where}.gpus[id={gid}]")
+        if used > 1000:
+            raise SnapshotError(f"{where}.gpus[id={gid}].used_milli: {used} is above 1000")
+        gpus.append(Gpu(gid, used))
+    migs = []
+    for j, m in enumerate(_list(z.get("mig", []), f"{where}.mig")):
+        mw = f"{where}.mig[{j}]"
+        m = _obj(m, mw)
+        _known(m, {"gpu", "instances"}, mw)
+        gid = _int(m, "gpu", mw, default=None)
+        mw = f"{where}.mig[gpu={gid}]"
+        insts = []
+        for k, inst in enumerate(_list(m.get("instances", []), f"{mw}.instances")):
+            iw = f"{mw}.instances[{k}]"
+            inst = _obj(inst, iw)
+            _known(inst, {"profile", "start", "used", "pod"}, iw)
+            used_v = inst.get("used", False)
+            if not isinstance(used_v, bool):
+                raise SnapshotError(f"{iw}.used: expected true or false")
+            pod = inst.get("pod")
+            if pod is not None and not isinstance(pod, str):
+                raise SnapshotError(f"{iw}.pod: expected a string")
+            insts.append(
+                MigInstance(_str(inst, "profile", iw), _int(inst, "start", iw, None), used_v, pod)
+            )
+        migs.append(MigGpu(gid, tuple(insts)))
+    return Zone(numa, cpu, cpu_used, mem, mem_used, tuple(gpus), tuple(migs))
+
+
+def _node(raw: Any, i: int) -> Node:
+    n = _obj(raw, f"nodes[{i}]")
+    name = _str(n, "name", f"nodes[{i}]")
+    where = f"nodes[{name!r}]"
+    _known(n, _NODE_KEYS, where)
+    zones = tuple(
+        _zone(z, name, j) for j, z in enumerate(_list(n.get("zones", []), f"{where}.zones"))
+    )
+    if not zones:
+        raise SnapshotError(f"{where}.zones: a node needs at least one NUMA zone")
+    seen: set[int] = set()
+    gpu_ids: set[int] = set()
+    for z in zones:
+        if z.numa in seen:
+            raise SnapshotError(f"{where}.zones[numa={z.numa}]: duplicate NUMA id")
+        seen.add(z.numa)
+        for gid in [g.id for g in z.gpus] + [m.gpu for m in z.mig]:
+            if gid in gpu_ids:
+                raise SnapshotError(f"{where}.zones[numa={z.numa}]: GPU id {gid} appears twice")
+            gpu_ids.add(gid)
+    return Node(
+        name=name,
+        gpu_model=_str(n, "gpu_model", where, ""),
+        topology_policy=cast(
+            PolicyName, _choice(n, "topology_policy", where, TOPOLOGY_POLICIES, "none")
+        ),
+        cpu_manager_policy=cast(
+            ManagerPolicy, _choice(n, "cpu_manager_policy", where, MANAGER_POLICIES, "static")
+        ),
+        memory_manager_policy=cast(
+            ManagerPolicy, _choice(n, "memory_manager_policy", where, MANAGER_POLICIES, "none")
+        ),
+        zones=zones,
+    )
+
+
+def is_kube_dump(data: Any) -> bool:
+    """A `kubectl get ... -o json` answer: a List of Kubernetes objects."""
+    return isinstance(data, Mapping) and data.get("kind") == "List" and "items" in data
+
+
+def load_snapshot(data: Any) -> Snapshot:
+    """A snapshot from parsed JSON: pyctl's format or a kubectl dump."""
+    if is_kube_dump(data):
+        from pyctl.cluster.kube.dump import snapshot_from_dump
+
+        return snapshot_from_dump(data)
+    d = _obj(data, "snapshot")
+    _known(d, {"nodes"}, "snapshot")
+    nodes = tuple(_node(n, i) for i, n in enumerate(_list(d.get("nodes"), "nodes")))
+    names: set[str] = set()
+    for n in nodes:
+        if n.name in names:
+            raise SnapshotError(f"nodes[{n.name!r}]: duplicate node name")
+        names.add(n.name)
+    return Snapshot(nodes)
+
+
+_SHAPE_KEYS = {
+    "cpu_milli",
+    "memory_mib",
+    "gpus",
+    "gpu_milli",
+    "mig_profile",
+    "gpu_models",
+    "weight",
+}
+
+
+def shape_from_json(raw: Any, where: str, need_weight: bool = True) -> Shape:
+    s = _obj(raw, where)
+    _known(s, _SHAPE_KEYS | {"name"}, where)
+    weight = s.get("weight", None if need_weight else 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, int | float):
+        raise SnapshotError(f"{where}.weight: expected a positive number, got {weight!r}")
+    if not (math.isfinite(weight) and weight > 0):
+        raise SnapshotError(f"{where}.weight: must be positive, got {weight}")
+    mig = s.get("mig_profile")
+    if mig is not None and not isinstance(mig, str):
+        raise SnapshotError(f"{where}.mig_profile: expected a string")
+    models = s.get("gpu_models") or []
+    if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+        raise SnapshotError(f"{where}.gpu_models: expected a list of model names")
+    return Shape(
+        cpu_milli=_int(s, "cpu_milli", where),
+        memory_mib=_int(s, "memory_mib", where),
+        gpus=_int(s, "gpus", where),
+        gpu_milli=_int(s, "gpu_milli", where),
+        mig_profile=mig,
+        gpu_models=tuple(models),
+        weight=float(weight),
+    )
+
+
+def load_workload(data: Any) -> Workload:
+    d = _obj(data, "workload")
+    _known(d, {"shapes"}, "workload")
+    shapes = tuple(
+        shape_from_json(s, f"shapes[{i}]") for i, s in enumerate(_list(d.get("shapes"), "shapes"))
+    )
+    if not shapes:
+        raise SnapshotError("shapes: the workload needs at least one shape")
+    return Workload(shapes)
+
+
+def snapshot_to_json(s: Snapshot) -> dict[str, Any]:
+    """The inverse of `load_snapshot` for pyctl's own format."""
+    return {
+        "nodes": [
+            {
+                "name": n.name,
+                "gpu_model": n.gpu_model,
+                "topology_policy": n.topology_policy,
+                "cpu_manager_policy": n.cpu_manager_policy,
+                "memory_manager_policy": n.memory_manager_policy,
+                "zones": [
+                    {
+                        "numa": z.numa,
+                        "cpu_milli": z.cpu_milli,
+                        "cpu_milli_used": z.cpu_milli_used,
+                        "memory_mib": z.memory_mib,
+                        "memory_mib_used": z.memory_mib_used,
+                        "gpus": [{"id": g.id, "used_milli": g.used_milli} for g in z.gpus],
+                        "mig": [
+                            {
+                                "gpu": m.gpu,
+                                "instances": [
+                                    {"profile": i.profile, "start": i.start, "used": i.used}
+                                    | ({"pod": i.pod} if i.pod else {})
+                                    for i in m.instances
+                                ],
+                            }
+                            for m in z.mig
+                        ],
+                    }
+                    for z in n.zones
+                ],
+            }
+            for n in s.nodes
+        ]
+    }

@@ -1,0 +1,634 @@
+//! Per-NUMA fragmentation scoring: how much idle GPU capacity each task shape of the workload
+//! could not use on each node, under the node's Topology Manager policy, and why.
+//!
+//! The contract is issue 3 (README, "Fragmentation"): FGD's F_n(m) (Weng et al., ATC '23) with
+//! admission decided as the kubelet's Topology Manager would, and MIG instances usable only by a
+//! shape asking for exactly their profile. Under policy `none`, on a node without MIG, the GPU
+//! fragment is exactly FGD's.
+
+use std::collections::HashMap;
+
+use super::model::{Cluster, Node};
+use super::workload::Shape;
+use crate::mig::catalog::{Catalog, GpuModel};
+use crate::mig::placement::place;
+use crate::topology::Policy;
+
+/// Why idle capacity is stranded for a shape (FGD's quadrants plus NUMA and MIG).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Category {
+    /// Neither enough GPUs nor enough CPU/memory on the node (FGD Q1).
+    LackBoth = 0,
+    /// Not enough GPUs with the share the shape needs (FGD Q2).
+    LackGpu = 1,
+    /// Enough GPUs, not enough CPU or memory (FGD Q4, and XR for CPU-only shapes).
+    LackCpu = 2,
+    /// The node's GPU model is not one the shape accepts.
+    NoAccess = 3,
+    /// The shape fits, but this GPU's free share is below what it needs (FGD Q3), or the shape
+    /// uses no GPU at all (FGD XL).
+    Stranded = 4,
+    /// The shape fits node-wide, but the Topology Manager cannot admit it with this GPU
+    /// (no NUMA-aligned placement uses it).
+    NumaSplit = 5,
+    /// MIG capacity of the wrong kind: instances of another profile, unpartitioned slices, or
+    /// whole GPUs for a MIG shape and MIG instances for a whole-GPU shape.
+    MigGeometry = 6,
+}
+
+pub const CATEGORY_COUNT: usize = 7;
+pub const CATEGORY_NAMES: [&str; CATEGORY_COUNT] = [
+    "lack_both",
+    "lack_gpu",
+    "lack_cpu",
+    "no_access",
+    "stranded",
+    "numa_split",
+    "mig_geometry",
+];
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ZoneScore {
+    pub numa: u32,
+    pub idle_gpu_milli: f64,
+    pub fragment_gpu_milli: f64,
+    pub idle_mig_slices: f64,
+    pub fragment_mig_slices: f64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeScore {
+    pub idle_gpu_milli: f64,
+    pub fragment_gpu_milli: f64,
+    /// Weighted fragment milli-GPU by category (sums to `fragment_gpu_milli`).
+    pub categories: [f64; CATEGORY_COUNT],
+    pub idle_mig_slices: f64,
+    pub fragment_mig_slices: f64,
+    /// Weighted fragment MIG compute slices by category (sums to `fragment_mig_slices`).
+    pub mig_categories: [f64; CATEGORY_COUNT],
+    /// Idle compute slices that are fragment now and that re-partitioning only the free slices
+    /// (used instances stay where they are) could turn into instances of profiles M wants.
+    pub recoverable_mig_slices: f64,
+    pub zones: Vec<ZoneScore>,
+}
+
+/// A shape as seen on one node: which MIG profile index (if any) it needs on this node's model.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum MigNeed {
+    /// A whole/shared GPU shape or a CPU-only shape.
+    None,
+    /// A MIG shape whose profile exists on this node's model, at this index.
+    Profile(usize),
+    /// A MIG shape whose profile this node cannot have (no MIG, or another model).
+    Unavailable,
+}
+
+pub fn mig_need(node: &Node, shape: &Shape) -> MigNeed {
+    match &shape.mig_profile {
+        None => MigNeed::None,
+        Some(p) => match node.mig_model {
+            None => MigNeed::Unavailable,
+            Some(mi) => match Catalog::builtin().models()[mi].profile_index(p) {
+                Ok(i) => MigNeed::Profile(i),
+                Err(_) => MigNeed::Unavailable,
+            },
+        },
+    }
+}
+
+/// Capacities of one resource per zone, largest first, as running sums: the narrowest number of
+/// zones that can hold a request by capacity is the first k whose sum reaches it.
+#[derive(Clone, Debug, Default)]
+struct CapacityPrefix(Vec<u64>);
+
+impl CapacityPrefix {
+    fn new(caps: &[u64]) -> Self {
+        let mut sorted = caps.to_vec();
+        sorted.sort_unstable_by(|a, b| b.cmp(a));
+        let mut sum = 0u64;
+        CapacityPrefix(
+            sorted
+                .into_iter()
+                .map(|c| {
+                    sum = sum.saturating_add(c);
+                    sum
+                })
+                .collect(),
+        )
+    }
+
+    fn narrowest(&self, req: u64) -> Option<u32> {
+        self.0.iter().position(|&s| s >= req).map(|k| k as u32 + 1)
+    }
+}
+
+/// Node facts that do not depend on the shape, computed once per node.
+pub struct NodeCtx<'a> {
+    pub node: &'a Node,
+    zones: usize,
+    cpu_free_total: u64,
+    mem_free_total: u64,
+    cpu_free: [u64; 64],
+    mem_free: [u64; 64],
+    gpu_count: [u64; 64],
+    gpu_prefix: CapacityPrefix,
+    cpu_prefix: CapacityPrefix,
+    mem_prefix: CapacityPrefix,
+    zone_idle_gpu: [f64; 64],
+    zone_idle_mig: [f64; 64],
+    model_lc: String,
+}
+
+impl<'a> NodeCtx<'a> {
+    pub fn new(node: &'a Node) -> Self {
+        let zones = node.zones.len().min(64);
+        let mut c = NodeCtx {
+            node,
+            zones,
+            cpu_free_total: 0,
+            mem_free_total: 0,
+            cpu_free: [0; 64],
+            mem_free: [0; 64],
+            gpu_count: [0; 64],
+            gpu_prefix: CapacityPrefix::default(),
+            cpu_prefix: CapacityPrefix::default(),
+            mem_prefix: CapacityPrefix::default(),
+            zone_idle_gpu: [0.0; 64],
+            zone_idle_mig: [0.0; 64],
+            model_lc: node.gpu_model.to_ascii_lowercase(),
+        };
+        let mut cpu_cap = [0u64; 64];
+        let mut mem_cap = [0u64; 64];
+        for (zi, z) in node.zones.iter().take(64).enumerate() {
+            c.cpu_free[zi] = z.cpu_free;
+            c.mem_free[zi] = z.memory_free;
+            c.cpu_free_total += z.cpu_free;
+            c.mem_free_total += z.memory_free;
+            cpu_cap[zi] = z.cpu_milli;
+            mem_cap[zi] = z.memory_mib;
+            c.gpu_count[zi] = z.gpus.len() as u64;
+            c.zone_idle_gpu[zi] = z.gpus.iter().map(|&(_, f)| f as f64).sum();
+            c.zone_idle_mig[zi] = z
+                .mig
+                .iter()
+                .map(|m| {
+                    m.unpartitioned_slices as f64
+                        + m.instances
+                            .iter()
+                            .filter(|i| !i.used)
+                            .map(|i| i.compute_slices as f64)
+                            .sum::<f64>()
+                })
+                .sum();
+        }
+        c.gpu_prefix = CapacityPrefix::new(&c.gpu_count[..zones]);
+        c.cpu_prefix = CapacityPrefix::new(&cpu_cap[..zones]);
+        c.mem_prefix = CapacityPrefix::new(&mem_cap[..zones]);
+        c
+    }
+
+    fn allows(&self, shape: &Shape) -> bool {
+        if shape.gpu_models.is_empty() {
+            return true;
+        }
+        let m = &self.model_lc;
+        shape.gpu_models.iter().any(|g| {
+            let g = g.to_ascii_lowercase();
+            *m == g
+                || (m.len() > g.len()
+                    && m.ends_with(&g)
+                    && m.as_bytes()[m.len() - g.len() - 1] == b'-')
+                || (g.len() > m.len()
+                    && g.ends_with(m.as_str())
+                    && g.as_bytes()[g.len() - m.len() - 1] == b'-')
+        })
+    }
+}
+
+/// Whether and where the Topology Manager could admit a shape on a node.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Admission {
+    /// Why the shape cannot be admitted at all, if it cannot.
+    pub fail: Option<Category>,
+    /// Bit i: the node's i-th zone is part of some admissible placement.
+    pub usable: u64,
+}
+
+/// Per-zone eligible devices for a shape (whole/shared GPUs with enough free share, or free
+/// instances of the MIG profile), and how many devices it needs. Capacities are the zones' GPU
+/// counts, or their instance counts of the profile.
+pub fn device_view(node: &Node, shape: &Shape, need: MigNeed) -> ([u64; 64], [u64; 64], u64) {
+    let mut elig = [0u64; 64];
+    let mut cap = [0u64; 64];
+    let d: u64;
+    match need {
+        MigNeed::None => {
+            d = shape.gpus as u64;
+            for (zi, z) in node.zones.iter().take(64).enumerate() {
+                cap[zi] = z.gpus.len() as u64;
+                elig[zi] = z
+                    .gpus
+                    .iter()
+                    .filter(|&&(_, f)| f >= shape.gpu_milli)
+                    .count() as u64;
+            }
+        }
+        MigNeed::Profile(p) => {
+            d = 1;
+            for (zi, z) in node.zones.iter().take(64).enumerate() {
+                for g in &z.mig {
+                    for i in g.instances.iter().filter(|i| i.profile == p) {
+                        cap[zi] += 1;
+                        elig[zi] += (!i.used) as u64;
+                    }
+                }
+            }
+        }
+        MigNeed::Unavailable => d = 1,
+    }
+    (elig, cap, d)
+}
+
+/// Sum of `free` over the zones of `mask`.
+fn sum_over(free: &[u64; 64], mask: u64) -> u64 {
+    let mut sum = 0u64;
+    let mut m = mask;
+    while m != 0 {
+        sum += free[m.trailing_zeros() as usize];
+        m &= m - 1;
+    }
+    sum
+}
+
+/// Admission of a GPU or MIG shape (not CPU-only, model allowed), given the eligible devices.
+fn admit(
+    ctx: &NodeCtx<'_>,
+    shape: &Shape,
+    need: MigNeed,
+    elig: &[u64; 64],
+    d: u64,
+    cpu_ok: bool,
+) -> Admission {
+    let node = ctx.node;
+    let zones = ctx.zones;
+    let gpu_ok = elig[..zones].iter().sum::<u64>() >= d;
+    let fail = match (gpu_ok, cpu_ok) {
+        (false, false) => Some(Category::LackBoth),
+        (false, true) => Some(Category::LackGpu),
+        (true, false) => Some(Category::LackCpu),
+        (true, true) => None,
+    };
+    let all_zones = if zones >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << zones) - 1
+    };
+    let policy = node.policy;
+    if fail.is_some() {
+        return Admission { fail, usable: 0 };
+    }
+    if matches!(policy, Policy::None | Policy::BestEffort) {
+        return Admission {
+            fail: None,
+            usable: all_zones,
+        };
+    }
+    // Providers: the devices always; CPUs and memory when their manager aligns them.
+    let dev_width = match need {
+        MigNeed::None => ctx.gpu_prefix.narrowest(d),
+        _ => {
+            let (_, cap, _) = device_view(node, shape, need);
+            CapacityPrefix::new(&cap[..zones]).narrowest(d)
+        }
+    };
+    let cpu_provider = node.cpu_static && shape.cpu_milli > 0 && shape.cpu_milli % 1000 == 0;
+    let mem_provider = node.memory_static && shape.memory_mib > 0;
+    let mut width = dev_width;
+    for (on, w) in [
+        (cpu_provider, ctx.cpu_prefix.narrowest(shape.cpu_milli)),
+        (mem_provider, ctx.mem_prefix.narrowest(shape.memory_mib)),
+    ] {
+        if on && w != width {
+            width = None;
+        }
+    }
+    let usable = match width {
+        None => 0,
+        Some(w) if policy == Policy::SingleNumaNode && w != 1 => 0,
+        Some(w) if w as usize > zones => 0,
+        Some(w) => {
+            let fits = |mask: u64| {
+                sum_over(elig, mask) >= d
+                    && (!cpu_provider || sum_over(&ctx.cpu_free, mask) >= shape.cpu_milli)
+                    && (!mem_provider || sum_over(&ctx.mem_free, mask) >= shape.memory_mib)
+            };
+            let mut union = 0u64;
+            let mut mask: u64 = if w >= 64 { u64::MAX } else { (1u64 << w) - 1 };
+            // every mask of `w` bits among the node's zones (Gosper's hack)
+            while mask & !all_zones == 0 {
+                if mask & !union != 0 && fits(mask) {
+                    union |= mask;
+                }
+                let c = mask & mask.wrapping_neg();
+                let r = mask.wrapping_add(c);
+                if r == 0 {
+                    break;
+                }
+                mask = (((r ^ mask) >> 2) / c) | r;
+            }
+            union
+        }
+    };
+    if usable == 0 {
+        Admission {
+            fail: Some(Category::NumaSplit),
+            usable: 0,
+        }
+    } else {
+        Admission { fail: None, usable }
+    }
+}
+
+/// Admission of a shape on a node (for callers outside the scoring loop).
+pub fn admission(node: &Node, shape: &Shape, need: MigNeed, cpu_ok: bool) -> Admission {
+    let ctx = NodeCtx::new(node);
+    let (elig, _, d) = device_view(node, shape, need);
+    admit(&ctx, shape, need, &elig, d, cpu_ok)
+}
+
+/// Accumulates one shape's weighted fragment into a node score.
+struct Acc<'a> {
+    score: &'a mut NodeScore,
+    w: f64,
+}
+
+impl Acc<'_> {
+    fn gpu(&mut self, zone: usize, milli: f64, cat: Category) {
+        let v = self.w * milli;
+        self.score.fragment_gpu_milli += v;
+        self.score.categories[cat as usize] += v;
+        self.score.zones[zone].fragment_gpu_milli += v;
+    }
+    fn mig(&mut self, zone: usize, slices: f64, cat: Category) {
+        let v = self.w * slices;
+        self.score.fragment_mig_slices += v;
+        self.score.mig_categories[cat as usize] += v;
+        self.score.zones[zone].fragment_mig_slices += v;
+    }
+    /// Everything idle on the node is fragment, for one reason.
+    fn all(&mut self, ctx: &NodeCtx<'_>, cat: Category) {
+        for zi in 0..ctx.zones {
+            if ctx.zone_idle_gpu[zi] > 0.0 {
+                self.gpu(zi, ctx.zone_idle_gpu[zi], cat);
+            }
+            if ctx.zone_idle_mig[zi] > 0.0 {
+                self.mig(zi, ctx.zone_idle_mig[zi], cat);
+            }
+        }
+    }
+}
+
+/// Adds `weight` x F_n(shape) to `score` (which must have been initialised for the node).
+pub fn add_shape_fragment(
+    ctx: &NodeCtx<'_>,
+    shape: &Shape,
+    need: MigNeed,
+    weight: f64,
+    score: &mut NodeScore,
+) {
+    let node = ctx.node;
+    let mut acc = Acc { score, w: weight };
+    let cpu_ok = ctx.cpu_free_total >= shape.cpu_milli && ctx.mem_free_total >= shape.memory_mib;
+    if shape.is_cpu_only() {
+        acc.all(
+            ctx,
+            if cpu_ok {
+                Category::Stranded
+            } else {
+                Category::LackCpu
+            },
+        );
+        return;
+    }
+    if !ctx.allows(shape) {
+        acc.all(ctx, Category::NoAccess);
+        return;
+    }
+    let (elig, d) = match need {
+        MigNeed::None => {
+            let mut elig = [0u64; 64];
+            for (zi, z) in node.zones.iter().take(64).enumerate() {
+                elig[zi] = z
+                    .gpus
+                    .iter()
+                    .filter(|&&(_, f)| f >= shape.gpu_milli)
+                    .count() as u64;
+            }
+            (elig, shape.gpus as u64)
+        }
+        _ => {
+            let (elig, _, d) = device_view(node, shape, need);
+            (elig, d)
+        }
+    };
+    let Admission { fail, usable } = admit(ctx, shape, need, &elig, d, cpu_ok);
+    // Idle capacity of the kind the shape cannot use at all.
+    let other = if cpu_ok {
+        Category::MigGeometry
+    } else {
+        fail.unwrap_or(Category::LackCpu)
+    };
+    for (zi, z) in node.zones.iter().take(64).enumerate() {
+        let in_u = usable & (1u64 << zi) != 0;
+        match need {
+            MigNeed::None => {
+                for &(_, f) in &z.gpus {
+                    if f == 0 {
+                        continue;
+                    }
+                    let cat = if let Some(c) = fail {
+                        c
+                    } else if f < shape.gpu_milli {
+                        Category::Stranded
+                    } else if !in_u {
+                        Category::NumaSplit
+                    } else {
+                        continue;
+                    };
+                    acc.gpu(zi, f as f64, cat);
+                }
+                if ctx.zone_idle_mig[zi] > 0.0 {
+                    acc.mig(zi, ctx.zone_idle_mig[zi], other);
+                }
+            }
+            MigNeed::Profile(_) | MigNeed::Unavailable => {
+                if ctx.zone_idle_gpu[zi] > 0.0 {
+                    acc.gpu(zi, ctx.zone_idle_gpu[zi], other);
+                }
+                for g in &z.mig {
+                    if g.unpartitioned_slices > 0 {
+                        acc.mig(zi, g.unpartitioned_slices as f64, other);
+                    }
+                    for i in g.instances.iter().filter(|i| !i.used) {
+                        let cat = if MigNeed::Profile(i.profile) != need {
+                            other
+                        } else if let Some(c) = fail {
+                            c
+                        } else if !in_u {
+                            Category::NumaSplit
+                        } else {
+                            continue;
+                        };
+                        acc.mig(zi, i.compute_slices as f64, cat);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// An empty score for a node: idle amounts filled in, no fragment yet.
+pub fn empty_score(node: &Node) -> NodeScore {
+    let zones: Vec<ZoneScore> = node
+        .zones
+        .iter()
+        .map(|z| ZoneScore {
+            numa: z.numa,
+            idle_gpu_milli: z.gpus.iter().map(|&(_, f)| f as f64).sum(),
+            fragment_gpu_milli: 0.0,
+            idle_mig_slices: z
+                .mig
+                .iter()
+                .map(|m| {
+                    m.unpartitioned_slices as f64
+                        + m.instances
+                            .iter()
+                            .filter(|i| !i.used)
+                            .map(|i| i.compute_slices as f64)
+                            .sum::<f64>()
+                })
+                .sum(),
+            fragment_mig_slices: 0.0,
+        })
+        .collect();
+    NodeScore {
+        idle_gpu_milli: zones.iter().map(|z| z.idle_gpu_milli).sum(),
+        idle_mig_slices: zones.iter().map(|z| z.idle_mig_slices).sum(),
+        zones,
+        ..NodeScore::default()
+    }
+}
+
+/// Memo of the best re-partition coverage per (model, used instances kept, wanted profiles).
+pub type RecoverMemo = HashMap<(usize, Vec<(usize, u8)>, u64), u64>;
+
+/// Largest number of compute slices that instances of `wanted` profiles can cover on a GPU whose
+/// `pinned` (used) instances stay where they are.
+fn best_cover(model: &GpuModel, pinned: &[(usize, u8)], wanted: &[usize]) -> u64 {
+    struct Search<'a> {
+        model: &'a GpuModel,
+        pinned: &'a [(usize, u8)],
+        wanted: &'a [usize],
+        chosen: Vec<usize>,
+        best: u64,
+    }
+    impl Search<'_> {
+        fn dfs(&mut self, from: usize, room: u64, sum: u64) {
+            self.best = self.best.max(sum);
+            for k in from..self.wanted.len() {
+                let p = self.wanted[k];
+                let c = self.model.profiles[p].compute_slices as u64;
+                if c == 0 || c > room {
+                    continue;
+                }
+                self.chosen.push(p);
+                if place(self.model, self.pinned, &self.chosen).is_some() {
+                    self.dfs(k, room - c, sum + c);
+                }
+                self.chosen.pop();
+            }
+        }
+    }
+    let used: u64 = pinned
+        .iter()
+        .map(|&(p, _)| model.profiles[p].compute_slices as u64)
+        .sum();
+    let room = (model.compute_slices as u64).saturating_sub(used);
+    let mut s = Search {
+        model,
+        pinned,
+        wanted,
+        chosen: Vec::new(),
+        best: 0,
+    };
+    s.dfs(0, room, 0);
+    s.best
+}
+
+/// Recoverable MIG slices of a node for the set of wanted profile indices (bit i = profile i).
+pub fn recoverable_slices(node: &Node, wanted_mask: u64, memo: &mut RecoverMemo) -> f64 {
+    let Some(mi) = node.mig_model else { return 0.0 };
+    if wanted_mask == 0 {
+        return 0.0;
+    }
+    let model = &Catalog::builtin().models()[mi];
+    let wanted: Vec<usize> = (0..model.profiles.len())
+        .filter(|&p| p < 64 && wanted_mask & (1 << p) != 0)
+        .collect();
+    let mut total = 0u64;
+    for z in &node.zones {
+        for g in &z.mig {
+            let mut pinned: Vec<(usize, u8)> = g
+                .instances
+                .iter()
+                .filter(|i| i.used)
+                .map(|i| (i.profile, i.start))
+                .collect();
+            pinned.sort_unstable();
+            let usable_now: u64 = g
+                .instances
+                .iter()
+                .filter(|i| !i.used && i.profile < 64 && wanted_mask & (1 << i.profile) != 0)
+                .map(|i| i.compute_slices as u64)
+                .sum();
+            let key = (mi, pinned, wanted_mask);
+            let cover = match memo.get(&key) {
+                Some(&c) => c,
+                None => {
+                    let c = best_cover(model, &key.1, &wanted);
+                    memo.insert(key, c);
+                    c
+                }
+            };
+            total += cover.saturating_sub(usable_now);
+        }
+    }
+    total as f64
+}
+
+/// Scores every node against the workload.
+pub fn score_cluster(cluster: &Cluster, shapes: &[Shape]) -> Vec<NodeScore> {
+    let mut memo = RecoverMemo::new();
+    cluster
+        .nodes
+        .iter()
+        .map(|n| score_node(n, shapes, &mut memo))
+        .collect()
+}
+
+pub fn score_node(node: &Node, shapes: &[Shape], memo: &mut RecoverMemo) -> NodeScore {
+    let ctx = NodeCtx::new(node);
+    let mut score = empty_score(node);
+    let mut wanted = 0u64;
+    for s in shapes {
+        let need = mig_need(node, s);
+        if let MigNeed::Profile(p) = need {
+            if p < 64 && ctx.allows(s) {
+                wanted |= 1 << p;
+            }
+        }
+        add_shape_fragment(&ctx, s, need, s.weight, &mut score);
+    }
+    score.recoverable_mig_slices = recoverable_slices(node, wanted, memo);
+    score
+}

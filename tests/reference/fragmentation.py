@@ -1,0 +1,309 @@
+"""Pure-Python twin of the fragmentation score (issue 3's definitions), written literally:
+zone sets are enumerated with itertools, MIG layouts by brute force. For tests and benchmarks only.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from pyctl.model import MigGpu, Node, Shape, Workload, Zone
+
+CATS = ("lack_both", "lack_gpu", "lack_cpu", "no_access", "stranded", "numa_split", "mig_geometry")
+_DATA = Path(__file__).resolve().parents[2] / "pyctl" / "data" / "mig_profiles.json"
+if not _DATA.exists():  # before the package copy existed
+    _DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "mig_profiles.json"
+
+
+@cache
+def _models() -> dict[str, Any]:
+    return dict(json.loads(_DATA.read_text())["gpus"])
+
+
+def model(name: str) -> dict[str, Any]:
+    lname = name.lower()
+    for key, m in _models().items():
+        names = [key, *m.get("aliases", [])]
+        for n in names:
+            n = n.split(" ")[0].lower()
+            if lname == n or lname.endswith("-" + n):
+                return dict(m)
+    raise KeyError(name)
+
+
+def profile(m: dict[str, Any], name: str) -> dict[str, Any]:
+    for p in m["profiles"]:
+        if p["name"] == name:
+            return dict(p)
+    raise KeyError(name)
+
+
+@dataclass
+class Score:
+    idle_gpu: float = 0.0
+    frag_gpu: float = 0.0
+    cats: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CATS, 0.0))
+    idle_mig: float = 0.0
+    frag_mig: float = 0.0
+    mig_cats: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CATS, 0.0))
+    recoverable: float = 0.0
+    zone_frag_gpu: list[float] = field(default_factory=list)
+    zone_frag_mig: list[float] = field(default_factory=list)
+
+
+def allows(shape: Shape, gpu_model: str) -> bool:
+    if not shape.gpu_models:
+        return True
+    m = gpu_model.lower()
+    return any(
+        m == g.lower() or m.endswith("-" + g.lower()) or g.lower().endswith("-" + m)
+        for g in shape.gpu_models
+    )
+
+
+def _mig_idle(g: MigGpu, gpu_model: str) -> float:
+    m = model(gpu_model)
+    used = sum(profile(m, i.profile)["compute_slices"] for i in g.instances)
+    free = sum(profile(m, i.profile)["compute_slices"] for i in g.instances if not i.used)
+    return float(free + m["compute_slices"] - used)
+
+
+def _narrowest(caps: Sequence[int], req: int) -> int | None:
+    for k in range(1, len(caps) + 1):
+        if any(sum(c) >= req for c in itertools.combinations(caps, k)):
+            return k
+    return None
+
+
+def _preferred(caps: Sequence[int], free: Sequence[int], req: int) -> set[frozenset[int]]:
+    w = _narrowest(caps, req)
+    if w is None:
+        return set()
+    return {
+        frozenset(c)
+        for c in itertools.combinations(range(len(caps)), w)
+        if sum(free[i] for i in c) >= req
+    }
+
+
+def _fragment(node: Node, shape: Shape, w: float, out: Score) -> None:
+    zones = node.zones
+
+    def gpu(zi: int, v: float, cat: str) -> None:
+        out.frag_gpu += w * v
+        out.cats[cat] += w * v
+        out.zone_frag_gpu[zi] += w * v
+
+    def mig(zi: int, v: float, cat: str) -> None:
+        out.frag_mig += w * v
+        out.mig_cats[cat] += w * v
+        out.zone_frag_mig[zi] += w * v
+
+    def everything(cat: str) -> None:
+        for zi, z in enumerate(zones):
+            for g in z.gpus:
+                if g.used_milli < 1000:
+                    gpu(zi, 1000 - g.used_milli, cat)
+            for mg in z.mig:
+                idle = _mig_idle(mg, node.gpu_model)
+                if idle:
+                    mig(zi, idle, cat)
+
+    cpu_ok = (
+        sum(z.cpu_milli - z.cpu_milli_used for z in zones) >= shape.cpu_milli
+        and sum(z.memory_mib - z.memory_mib_used for z in zones) >= shape.memory_mib
+    )
+    if shape.is_cpu_only:
+        everything("stranded" if cpu_ok else "lack_cpu")
+        return
+    if not allows(shape, node.gpu_model):
+        everything("no_access")
+        return
+
+    def is_p(inst_profile: str) -> bool:
+        return shape.mig_profile is not None and inst_profile == shape.mig_profile
+
+    if shape.mig_profile is None:
+        d = shape.gpus
+        elig = [sum(1 for g in z.gpus if 1000 - g.used_milli >= shape.gpu_milli) for z in zones]
+        cap = [len(z.gpus) for z in zones]
+    else:
+        d = 1
+        elig = [
+            sum(1 for m in z.mig for i in m.instances if is_p(i.profile) and not i.used)
+            for z in zones
+        ]
+        cap = [sum(1 for m in z.mig for i in m.instances if is_p(i.profile)) for z in zones]
+    gpu_ok = sum(elig) >= d
+    fail: str | None = {
+        (False, False): "lack_both",
+        (False, True): "lack_gpu",
+        (True, False): "lack_cpu",
+        (True, True): None,
+    }[(gpu_ok, cpu_ok)]
+    usable: set[int] = set()
+    if fail is None:
+        if node.topology_policy in ("none", "best-effort"):
+            usable = set(range(len(zones)))
+        else:
+            providers = [(cap, elig, d)]
+            if (
+                node.cpu_manager_policy == "static"
+                and shape.cpu_milli > 0
+                and shape.cpu_milli % 1000 == 0
+            ):
+                providers.append(
+                    (
+                        [z.cpu_milli for z in zones],
+                        [z.cpu_milli - z.cpu_milli_used for z in zones],
+                        shape.cpu_milli,
+                    )
+                )
+            if node.memory_manager_policy == "static" and shape.memory_mib > 0:
+                providers.append(
+                    (
+                        [z.memory_mib for z in zones],
+                        [z.memory_mib - z.memory_mib_used for z in zones],
+                        shape.memory_mib,
+                    )
+                )
+            sets: set[frozenset[int]] | None = None
+            for p in providers:
+                pref = _preferred(*p)
+                sets = pref if sets is None else sets & pref
+            sets = sets or set()
+            if node.topology_policy == "single-numa-node":
+                sets = {s for s in sets if len(s) == 1}
+            for s in sets:
+                usable |= s
+            if not usable:
+                fail = "numa_split"
+    other = "mig_geometry" if cpu_ok else (fail or "lack_cpu")
+    for zi, z in enumerate(zones):
+        if shape.mig_profile is None:
+            for g in z.gpus:
+                f = 1000 - g.used_milli
+                if f == 0:
+                    continue
+                if fail:
+                    gpu(zi, f, fail)
+                elif f < shape.gpu_milli:
+                    gpu(zi, f, "stranded")
+                elif zi not in usable:
+                    gpu(zi, f, "numa_split")
+            for mg in z.mig:
+                idle = _mig_idle(mg, node.gpu_model)
+                if idle:
+                    mig(zi, idle, other)
+        else:
+            for g in z.gpus:
+                if g.used_milli < 1000:
+                    gpu(zi, 1000 - g.used_milli, other)
+            mm = model(node.gpu_model) if z.mig else None
+            for mg in z.mig:
+                assert mm is not None
+                used = sum(profile(mm, i.profile)["compute_slices"] for i in mg.instances)
+                if mm["compute_slices"] - used:
+                    mig(zi, mm["compute_slices"] - used, other)
+                for i in mg.instances:
+                    if i.used:
+                        continue
+                    c = profile(mm, i.profile)["compute_slices"]
+                    if not is_p(i.profile):
+                        mig(zi, c, other)
+                    elif fail:
+                        mig(zi, c, fail)
+                    elif zi not in usable:
+                        mig(zi, c, "numa_split")
+
+
+def _layouts_cover(
+    m: dict[str, Any], pinned: Iterable[tuple[str, int]], wanted: Sequence[str]
+) -> int:
+    """Brute force: the most compute slices instances of `wanted` can add around `pinned`."""
+    occupied = 0
+    compute = 0
+    counts: dict[str, int] = {}
+    for name, start in pinned:
+        p = profile(m, name)
+        size = next(pl["size"] for pl in p["placements"] if pl["start"] == start)
+        occupied |= ((1 << size) - 1) << start
+        compute += p["compute_slices"]
+        counts[name] = counts.get(name, 0) + 1
+    best = 0
+
+    def go(occ: int, comp: int, cnt: dict[str, int], added: int) -> None:
+        nonlocal best
+        best = max(best, added)
+        for name in wanted:
+            p = profile(m, name)
+            if (
+                comp + p["compute_slices"] > m["compute_slices"]
+                or cnt.get(name, 0) >= p["max_count"]
+            ):
+                continue
+            for pl in p["placements"]:
+                mask = ((1 << pl["size"]) - 1) << pl["start"]
+                if occ & mask:
+                    continue
+                c2 = dict(cnt)
+                c2[name] = c2.get(name, 0) + 1
+                go(occ | mask, comp + p["compute_slices"], c2, added + p["compute_slices"])
+
+    go(occupied, compute, counts, 0)
+    return best
+
+
+def score_node(node: Node, workload: Workload) -> Score:
+    total = sum(s.weight for s in workload.shapes)
+    out = Score()
+    out.zone_frag_gpu = [0.0] * len(node.zones)
+    out.zone_frag_mig = [0.0] * len(node.zones)
+    out.idle_gpu = float(sum(1000 - g.used_milli for z in node.zones for g in z.gpus))
+    out.idle_mig = sum(_mig_idle(mg, node.gpu_model) for z in node.zones for mg in z.mig)
+    for s in workload.shapes:
+        _fragment(node, s, s.weight / total, out)
+    has_mig = any(z.mig for z in node.zones)
+    if has_mig:
+        m = model(node.gpu_model)
+        names = {p["name"] for p in m["profiles"]}
+        wanted = sorted(
+            {
+                s.mig_profile
+                for s in workload.shapes
+                if s.mig_profile in names and allows(s, node.gpu_model)
+            }
+        )
+        if wanted:
+            for z in node.zones:
+                for mg in z.mig:
+                    pinned = [(i.profile, i.start) for i in mg.instances if i.used]
+                    now = sum(
+                        profile(m, i.profile)["compute_slices"]
+                        for i in mg.instances
+                        if not i.used and i.profile in wanted
+                    )
+                    out.recoverable += max(0, _layouts_cover(m, pinned, wanted) - now)
+    return out
+
+
+def fgd_node_fragment(zones: Sequence[Zone], shape: Shape, gpu_model: str = "") -> float:
+    """FGD's F_n(m) as the paper's code defines it (one node, NUMA-blind, no MIG)."""
+    free = [1000 - g.used_milli for z in zones for g in z.gpus]
+    idle = float(sum(free))
+    cpu_free = sum(z.cpu_milli - z.cpu_milli_used for z in zones)
+    if shape.gpus == 0 and shape.mig_profile is None:
+        return idle
+    if not allows(shape, gpu_model):
+        return idle
+    fits = (
+        cpu_free >= shape.cpu_milli and sum(1 for f in free if f >= shape.gpu_milli) >= shape.gpus
+    )
+    if not fits:
+        return idle
+    return float(sum(f for f in free if f < shape.gpu_milli))

@@ -1,0 +1,192 @@
+"""Property tests: the Rust scorer agrees with the pure-Python twin on random snapshots; under
+policy `none` it is FGD's F_n(m); placing then removing a task changes nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pyctl.fragmentation import FragmentationModel, score
+from pyctl.model import Gpu, MigGpu, MigInstance, Node, Shape, Snapshot, Workload, Zone
+from tests.reference import fragmentation as ref
+
+MIG_MODELS = ("A100-SXM4-40GB", "H100-SXM5-80GB", "A30-24GB")
+
+
+def _place_random(draw: st.DrawFn, model: str) -> tuple[MigInstance, ...]:
+    """A random valid MIG layout: profiles placed first-fit at random documented starts."""
+    m = ref.model(model)
+    occupied = 0
+    compute = 0
+    counts: dict[str, int] = {}
+    out = []
+    for _ in range(draw(st.integers(0, 7))):
+        p = draw(st.sampled_from(m["profiles"]))
+        if compute + p["compute_slices"] > m["compute_slices"]:
+            continue
+        if counts.get(p["name"], 0) >= p["max_count"]:
+            continue
+        starts = [
+            pl for pl in p["placements"] if not occupied & (((1 << pl["size"]) - 1) << pl["start"])
+        ]
+        if not starts:
+            continue
+        pl = draw(st.sampled_from(starts))
+        occupied |= ((1 << pl["size"]) - 1) << pl["start"]
+        compute += p["compute_slices"]
+        counts[p["name"]] = counts.get(p["name"], 0) + 1
+        out.append(MigInstance(p["name"], pl["start"], draw(st.booleans())))
+    return tuple(out)
+
+
+@st.composite
+def nodes(draw: st.DrawFn, name: str) -> Node:
+    mig = draw(st.booleans())
+    gpu_model = draw(st.sampled_from(MIG_MODELS)) if mig else draw(st.sampled_from(["V100", "T4"]))
+    zones = []
+    gid = 0
+    for numa in range(draw(st.integers(1, 4))):
+        cpu = draw(st.sampled_from([8000, 16000, 32000]))
+        mem = draw(st.sampled_from([0, 65536, 131072]))
+        gpus = []
+        for _ in range(draw(st.integers(0, 4))):
+            gpus.append(Gpu(gid, draw(st.sampled_from([0, 0, 250, 500, 700, 1000, 1000]))))
+            gid += 1
+        migs = []
+        if mig and draw(st.booleans()):
+            migs.append(MigGpu(gid, _place_random(draw, gpu_model)))
+            gid += 1
+        zones.append(
+            Zone(
+                numa,
+                cpu,
+                draw(st.integers(0, cpu // 1000)) * 1000,
+                mem,
+                draw(st.integers(0, mem)),
+                tuple(gpus),
+                tuple(migs),
+            )
+        )
+    return Node(
+        name=name,
+        gpu_model=gpu_model,
+        topology_policy=draw(
+            st.sampled_from(["none", "best-effort", "restricted", "single-numa-node"])
+        ),
+        cpu_manager_policy=draw(st.sampled_from(["static", "none"])),
+        memory_manager_policy=draw(st.sampled_from(["static", "none"])),
+        zones=tuple(zones),
+    )
+
+
+@st.composite
+def shapes(draw: st.DrawFn, mig_ok: bool = True) -> Shape:
+    kind = draw(
+        st.sampled_from(["cpu", "whole", "shared", "mig"] if mig_ok else ["cpu", "whole", "shared"])
+    )
+    cpu = draw(st.sampled_from([0, 500, 1000, 2500, 4000, 8000, 16000]))
+    mem = draw(st.sampled_from([0, 0, 4096, 65536]))
+    models = draw(
+        st.sampled_from([(), (), ("V100",), ("A100-SXM4-40GB",), ("T4", "H100-SXM5-80GB")])
+    )
+    weight = draw(st.integers(1, 5))
+    if kind == "cpu":
+        return Shape(cpu, mem, weight=weight)
+    if kind == "whole":
+        return Shape(cpu, mem, draw(st.integers(1, 6)), 1000, gpu_models=models, weight=weight)
+    if kind == "shared":
+        return Shape(
+            cpu,
+            mem,
+            1,
+            draw(st.sampled_from([100, 250, 500, 750])),
+            gpu_models=models,
+            weight=weight,
+        )
+    prof = draw(st.sampled_from(["1g.5gb", "2g.10gb", "3g.20gb", "1g.10gb", "3g.40gb", "2g.12gb"]))
+    return Shape(cpu, mem, 0, 0, prof, weight=weight)
+
+
+@st.composite
+def snapshots(draw: st.DrawFn) -> Snapshot:
+    return Snapshot(tuple(draw(nodes(f"n{i}")) for i in range(draw(st.integers(1, 3)))))
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-6 * max(1.0, abs(a), abs(b))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(snapshots(), st.lists(shapes(), min_size=1, max_size=4))
+def test_rust_agrees_with_the_reference(snap: Snapshot, shape_list: list[Shape]) -> None:
+    w = Workload(tuple(shape_list))
+    got = score(snap, w)
+    for n, gn in zip(snap.nodes, got.nodes, strict=True):
+        want = ref.score_node(n, w)
+        assert _close(gn.idle_gpu_milli, want.idle_gpu)
+        assert _close(gn.fragment_gpu_milli, want.frag_gpu), (gn, want)
+        assert _close(gn.idle_mig_slices, want.idle_mig)
+        assert _close(gn.fragment_mig_slices, want.frag_mig), (gn, want)
+        assert _close(gn.recoverable_mig_slices, want.recoverable)
+        for c in ref.CATS:
+            assert _close(gn.categories[c], want.cats[c]), c
+            assert _close(gn.mig_categories[c], want.mig_cats[c]), c
+        for zs, zf, zm in zip(gn.zones, want.zone_frag_gpu, want.zone_frag_mig, strict=True):
+            assert _close(zs.fragment_gpu_milli, zf)
+            assert _close(zs.fragment_mig_slices, zm)
+        assert _close(sum(gn.categories.values()), gn.fragment_gpu_milli)
+
+
+@settings(max_examples=300, deadline=None)
+@given(nodes("n"), shapes(mig_ok=False))
+def test_policy_none_is_fgd(node: Node, shape: Shape) -> None:
+    plain = Node(
+        node.name,
+        node.gpu_model,
+        "none",
+        node.cpu_manager_policy,
+        node.memory_manager_policy,
+        tuple(
+            Zone(z.numa, z.cpu_milli, z.cpu_milli_used, z.memory_mib, z.memory_mib_used, z.gpus)
+            for z in node.zones
+        ),
+    )
+    # FGD ignores memory: compare with a memory-free shape
+    s = Shape(shape.cpu_milli, 0, shape.gpus, shape.gpu_milli, None, shape.gpu_models, 1.0)
+    got = score(Snapshot((plain,)), Workload((s,))).fragment_gpu_milli
+    assert _close(got, ref.fgd_node_fragment(plain.zones, s, plain.gpu_model))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nodes("n"), shapes(), st.lists(shapes(), min_size=1, max_size=3))
+def test_place_then_remove_is_zero(node: Node, task: Shape, shape_list: list[Shape]) -> None:
+    w = Workload(tuple(shape_list))
+    m = FragmentationModel(Snapshot((node,)))
+    before = m.score(w)
+    d = m.place_delta("n", task, w)
+    if d is None:
+        return
+    m.apply("n", d.assignment)
+    after = m.score(w)
+    assert _close(after.fragment_gpu_milli - before.fragment_gpu_milli, d.fragment_gpu_milli)
+    back = m.remove_delta("n", d.assignment, w)
+    assert _close(back.fragment_gpu_milli, -d.fragment_gpu_milli)
+    assert _close(back.fragment_mig_slices, -d.fragment_mig_slices)
+    m.apply("n", d.assignment, place=False)
+    assert m.score(w) == before
+
+
+def test_bad_assignment_is_refused_and_changes_nothing() -> None:
+    node = Node("n", "V100", zones=(Zone(0, 8000, 0, 0, 0, (Gpu(0, 0),)),))
+    m = FragmentationModel(Snapshot((node,)))
+    w = Workload((Shape(1000, 0, 1, 1000),))
+    before = m.score(w)
+    bad: dict[str, Any] = {"cpu": [[0, 1000]], "gpus": [[0, 5, 1000]]}
+    with pytest.raises(ValueError, match="GPU out of range"):
+        m.apply("n", bad)
+    with pytest.raises(ValueError, match="removing more"):
+        m.apply("n", {"gpus": [[0, 0, 1000]]}, place=False)
+    assert m.score(w) == before
