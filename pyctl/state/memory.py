@@ -1,0 +1,86 @@
+"""The in-memory store: the embedded default. Same semantics as the Redis store, in one process
+(records are kept encoded, as Redis keeps them, so both stores are exercised the same way)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from pyctl.cluster.records import (
+    KINDS,
+    Event,
+    Kind,
+    Record,
+    decode_record,
+    encode_record,
+    record_key,
+    record_kind,
+)
+from pyctl.state.store import SCHEMA_VERSION, MemberSummary, StoreError
+
+
+class MemoryStore:
+    """`clock` (seconds, monotonic) is injectable for tests of summary ages."""
+
+    def __init__(
+        self, cluster: str = "default", *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.cluster = cluster
+        self.schema = SCHEMA_VERSION
+        self._clock = clock
+        self._objects: dict[Kind, dict[str, bytes]] = {k: {} for k in KINDS}
+        self._rv: dict[Kind, str] = dict.fromkeys(KINDS, "")
+        #: cluster -> (summary, published at, ttl seconds)
+        self._summaries: dict[str, tuple[bytes, float, int]] = {}
+        self._open = False
+
+    async def open(self) -> None:
+        self._open = True
+
+    async def close(self) -> None:
+        self._open = False
+
+    async def ping(self) -> bool:
+        return self._open
+
+    def _check(self) -> None:
+        if not self._open:
+            raise StoreError("memory store is closed")
+
+    async def apply(self, events: Sequence[Event], resource_versions: Mapping[Kind, str]) -> None:
+        self._check()
+        for ev in events:
+            kind = record_kind(ev.record)
+            key = record_key(ev.record)
+            if ev.type == "DELETED":
+                self._objects[kind].pop(key, None)
+            else:
+                self._objects[kind][key] = encode_record(ev.record)
+        self._rv.update(resource_versions)
+
+    async def replace(self, kind: Kind, records: Sequence[Record], resource_version: str) -> None:
+        self._check()
+        self._objects[kind] = {record_key(r): encode_record(r) for r in records}
+        self._rv[kind] = resource_version
+
+    async def load(self, kind: Kind) -> tuple[dict[str, Record], str]:
+        self._check()
+        return (
+            {k: decode_record(kind, v) for k, v in self._objects[kind].items()},
+            self._rv[kind],
+        )
+
+    async def put_summary(self, summary: bytes, ttl_seconds: int) -> None:
+        self._check()
+        self._summaries[self.cluster] = (summary, self._clock(), ttl_seconds)
+
+    async def get_summaries(self) -> dict[str, bytes]:
+        return {c: m.summary for c, m in (await self.get_members()).items() if not m.stale}
+
+    async def get_members(self) -> dict[str, MemberSummary]:
+        self._check()
+        now = self._clock()
+        return {
+            c: MemberSummary(summary=s, age_seconds=max(0.0, now - t), ttl_seconds=ttl)
+            for c, (s, t, ttl) in self._summaries.items()
+        }
