@@ -64,7 +64,7 @@ py-test: build
 test: setup control-plane lint rust-test py-test
 
 demo: setup
-	$(VENV)/bin/pyctl demo
+	$(VENV)/bin/pyctl run
 
 bench: build
 	for b in bench/*.py; do echo "== $$b"; $(VPY) $$b; done

@@ -1,0 +1,206 @@
+"""The simulated cluster's truth: which pod sits where (zones, GPUs, MIG instances), with a
+NUMA-aware scheduler that binds a pod only where the kubelet would admit it (the core's
+placement), preferring the least allocated node as kube-scheduler's default scoring does.
+Its state is published as the records a real cluster would show (Node, NodeResourceTopology as
+the NFD topology-updater writes it, Pod)."""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyctl.cluster.records import NodeRecord, NrtRecord, PodRecord, ZoneRecord
+from pyctl.fragmentation import FragmentationModel
+from pyctl.model import Node, Shape, Snapshot, Workload
+
+
+@dataclass
+class _ZoneState:
+    numa: int
+    cpu: int
+    cpu_free: int
+    mem: int
+    mem_free: int
+    gpu_free: list[int]
+    #: per MIG GPU: [(profile, used)]
+    mig: list[list[list[Any]]]
+
+
+@dataclass
+class SimPod:
+    name: str
+    shape: Shape
+    node: str = ""
+    assignment: dict[str, Any] | None = None
+    unschedulable: bool = False
+
+
+@dataclass
+class SimCluster:
+    nodes: tuple[Node, ...]
+    workload: Workload
+    namespace: str = "inference"
+    pods: dict[str, SimPod] = field(default_factory=dict)
+    pending: list[str] = field(default_factory=list)
+    _rv: int = 0
+
+    def __post_init__(self) -> None:
+        self.model = FragmentationModel(Snapshot(self.nodes))
+        self.zones: dict[str, list[_ZoneState]] = {
+            n.name: [
+                _ZoneState(
+                    z.numa,
+                    z.cpu_milli,
+                    z.cpu_milli - z.cpu_milli_used,
+                    z.memory_mib,
+                    z.memory_mib - z.memory_mib_used,
+                    [1000 - g.used_milli for g in z.gpus],
+                    [[[i.profile, i.used] for i in m.instances] for m in z.mig],
+                )
+                for z in n.zones
+            ]
+            for n in self.nodes
+        }
+        self.by_name = {n.name: n for n in self.nodes}
+
+    def rv(self) -> str:
+        self._rv += 1
+        return str(self._rv)
+
+    # -- records --------------------------------------------------------------------------
+    def node_record(self, n: Node) -> NodeRecord:
+        mig: dict[str, int] = {}
+        mig_gpus = 0
+        for z in n.zones:
+            for m in z.mig:
+                mig_gpus += 1
+                for i in m.instances:
+                    mig[i.profile] = mig.get(i.profile, 0) + 1
+        gpus = sum(len(z.gpus) for z in n.zones)
+        return NodeRecord(
+            name=n.name,
+            resource_version=self.rv(),
+            gpu_model=n.gpu_model,
+            cpu_milli=sum(z.cpu_milli for z in n.zones),
+            memory_mib=sum(z.memory_mib for z in n.zones),
+            gpus=gpus,
+            mig=tuple(sorted(mig.items())),
+            gpu_count_label=gpus + mig_gpus,
+            mig_strategy="mixed" if mig else "",
+        )
+
+    def nrt_record(self, name: str) -> NrtRecord:
+        zones = []
+        for z in self.zones[name]:
+            mig: dict[str, list[int]] = {}
+            for g in z.mig:
+                for prof, used in g:
+                    a = mig.setdefault(prof, [0, 0])
+                    a[0] += 1
+                    a[1] += 0 if used else 1
+            zones.append(
+                ZoneRecord(
+                    z.numa,
+                    z.cpu,
+                    z.cpu_free,
+                    z.mem,
+                    z.mem_free,
+                    len(z.gpu_free),
+                    sum(1 for f in z.gpu_free if f == 1000),
+                    tuple(sorted((p, a, f) for p, (a, f) in mig.items())),
+                )
+            )
+        return NrtRecord(
+            name, self.rv(), self.by_name[name].topology_policy, "container", tuple(zones)
+        )
+
+    def pod_record(self, p: SimPod) -> PodRecord:
+        s = p.shape
+        return PodRecord(
+            namespace=self.namespace,
+            name=p.name,
+            uid=f"uid-{p.name}",
+            resource_version=self.rv(),
+            node=p.node,
+            phase="Running" if p.node else "Pending",
+            cpu_milli=s.cpu_milli,
+            memory_mib=s.memory_mib,
+            gpus=s.gpus,
+            mig=((s.mig_profile, 1),) if s.mig_profile else (),
+            owner_kind="ReplicaSet",
+            owner_name=p.name.rsplit("-", 1)[0],
+            labels=(("app", p.name.rsplit("-", 1)[0]),),
+            unschedulable=p.unschedulable,
+            unschedulable_message="0/24 nodes are available: no NUMA-aligned placement"
+            if p.unschedulable
+            else "",
+        )
+
+    # -- placement ------------------------------------------------------------------------
+    def _free_score(self, name: str, shape: Shape) -> tuple[float, str]:
+        zs = self.zones[name]
+        if shape.gpus or shape.mig_profile:
+            free = sum(sum(z.gpu_free) for z in zs) / 1000 + sum(
+                1 for z in zs for g in z.mig for _, used in g if not used
+            )
+        else:
+            free = sum(z.cpu_free for z in zs) / 1000
+        return (-free, name)
+
+    def schedule(self, pod: SimPod, only: str | None = None) -> bool:
+        """Bind `pod` to the least allocated node whose kubelet would admit it (or only `only`)."""
+        best: tuple[tuple[float, str], str, dict[str, Any]] | None = None
+        for n in self.nodes if only is None else (self.by_name[only],):
+            d = self.model.place_delta(n.name, pod.shape, self.workload)
+            if d is None:
+                continue
+            key = self._free_score(n.name, pod.shape)
+            if best is None or key < best[0]:
+                best = (key, n.name, d.assignment)
+        if best is None:
+            pod.unschedulable = True
+            return False
+        _, name, assignment = best
+        self._apply(name, assignment, True)
+        pod.node, pod.assignment, pod.unschedulable = name, assignment, False
+        return True
+
+    def _apply(self, name: str, a: dict[str, Any], place: bool) -> None:
+        self.model.apply(name, a, place)
+        sign = -1 if place else 1
+        zs = self.zones[name]
+        for zi, v in a.get("cpu", []):
+            zs[zi].cpu_free += sign * v
+        for zi, v in a.get("memory", []):
+            zs[zi].mem_free += sign * v
+        for zi, gi, v in a.get("gpus", []):
+            zs[zi].gpu_free[gi] += sign * v
+        if a.get("mig"):
+            zi, mi, ii = a["mig"]
+            zs[zi].mig[mi][ii][1] = place
+
+    def remove(self, pod: SimPod) -> str:
+        node = pod.node
+        if pod.assignment is not None:
+            self._apply(node, pod.assignment, False)
+        pod.node, pod.assignment = "", None
+        return node
+
+
+class Clock:
+    """Virtual-time event queue."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, str, str]] = []
+        self._n = 0
+
+    def push(self, t: float, what: str, pod: str) -> None:
+        self._n += 1
+        heapq.heappush(self._heap, (t, self._n, what, pod))
+
+    def pop(self) -> tuple[float, str, str] | None:
+        if not self._heap:
+            return None
+        t, _, what, pod = heapq.heappop(self._heap)
+        return t, what, pod

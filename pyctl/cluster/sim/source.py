@@ -1,0 +1,136 @@
+"""`SimClusterSource`: plays a scenario in (compressed) virtual time and hands the records a real
+cluster would show to the controller, through the same `EventSink` as the Kubernetes adapter."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import anyio
+import anyio.lowlevel
+
+from pyctl.cluster.records import Event, Kind, Record
+from pyctl.cluster.sim.cluster import Clock, SimCluster, SimPod
+from pyctl.cluster.sim.scenario import Scenario
+from pyctl.cluster.source import EventSink
+from pyctl.model import Workload
+
+
+@dataclass
+class SimStats:
+    arrived: int = 0
+    bound: int = 0
+    unschedulable: int = 0
+    departed: int = 0
+    events: int = 0
+    virtual_time: float = 0.0
+    done: bool = False
+
+
+@dataclass
+class SimClusterSource:
+    scenario: Scenario
+    #: virtual seconds per wall second; None plays as fast as possible
+    speed: float | None = None
+    forever: bool = False
+    name: str = "sim"
+    stats: SimStats = field(default_factory=SimStats)
+    on_tick: Callable[[SimStats], None] | None = None
+
+    def __post_init__(self) -> None:
+        w = Workload(tuple(replace(r.shape, weight=r.share) for r in self.scenario.replicas))
+        self.cluster = SimCluster(self.scenario.nodes, w)
+
+    async def run(self, sink: EventSink) -> None:
+        c = self.cluster
+        rv = c.rv
+        await sink.replace("Node", [c.node_record(n) for n in c.nodes], rv())
+        await sink.replace("NodeResourceTopology", [c.nrt_record(n.name) for n in c.nodes], rv())
+        await sink.replace("PodDisruptionBudget", [], rv())
+        await sink.replace("Pod", [], rv())
+        loop = 0
+        while True:
+            await self._play(sink, loop)
+            if not self.forever:
+                break
+            loop += 1
+        self.stats.done = True
+        if self.on_tick:
+            self.on_tick(self.stats)
+
+    async def _play(self, sink: EventSink, loop: int) -> None:
+        c = self.cluster
+        sc = self.scenario
+        clock = Clock()
+        arrivals = {f"{a.pod}-r{loop}" if loop else a.pod: a for a in sc.arrivals}
+        for name, a in arrivals.items():
+            clock.push(a.t, "arrive", name)
+        start_wall = time.monotonic()
+        while (item := clock.pop()) is not None:
+            t, what, name = item
+            if t > sc.duration:
+                break
+            if self.speed:
+                delay = start_wall + t / self.speed - time.monotonic()
+                if delay > 0:
+                    await anyio.sleep(delay)
+            else:
+                await anyio.lowlevel.checkpoint()
+            self.stats.virtual_time = t
+            batch: list[Record] = []
+            deleted: list[Record] = []
+            if what == "arrive":
+                a = arrivals[name]
+                pod = SimPod(name, a.replica.shape)
+                c.pods[name] = pod
+                self.stats.arrived += 1
+                if c.schedule(pod):
+                    self.stats.bound += 1
+                    clock.push(t + a.life, "depart", name)
+                    batch += [c.pod_record(pod), c.nrt_record(pod.node)]
+                else:
+                    self.stats.unschedulable += 1
+                    c.pending.append(name)
+                    batch.append(c.pod_record(pod))
+            else:
+                pod = c.pods.pop(name)
+                node = c.remove(pod)
+                self.stats.departed += 1
+                deleted.append(c.pod_record(pod))
+                batch.append(c.nrt_record(node))
+                # the scheduler retries pending pods where capacity freed up (queueing hints);
+                # a shape that does not fit there now is not tried again in this round
+                failed: set[object] = set()
+                for pname in list(c.pending):
+                    p = c.pods[pname]
+                    if p.shape in failed:
+                        continue
+                    if c.schedule(p, only=node):
+                        c.pending.remove(pname)
+                        self.stats.bound += 1
+                        a = arrivals[pname]
+                        clock.push(t + a.life, "depart", pname)
+                        batch += [c.pod_record(p), c.nrt_record(p.node)]
+                    else:
+                        failed.add(p.shape)
+            events = [Event("DELETED", r, time.monotonic()) for r in deleted]
+            events += [Event("MODIFIED", r, time.monotonic()) for r in batch]
+            self.stats.events += len(events)
+            rvs: dict[Kind, str] = {"Pod": c.rv(), "NodeResourceTopology": c.rv()}
+            await sink.apply(events, rvs)
+            if self.on_tick:
+                self.on_tick(self.stats)
+        # leftover pods leave at the end of a loop
+        for name in list(c.pods):
+            pod = c.pods.pop(name)
+            events = []
+            if pod.node:
+                node = c.remove(pod)
+                events = [Event("DELETED", c.pod_record(pod), time.monotonic())]
+                events.append(Event("MODIFIED", c.nrt_record(node), time.monotonic()))
+            else:
+                events = [Event("DELETED", c.pod_record(pod), time.monotonic())]
+            self.stats.events += len(events)
+            await sink.apply(events, {"Pod": c.rv()})
+        c.pending.clear()

@@ -1,0 +1,69 @@
+"""The ports between a cluster and the controller.
+
+A `ClusterSource` (the Kubernetes adapter, or the simulated cluster) lists and watches objects and
+hands them to an `EventSink` as records: the full content of a kind after a (re)list, then batches
+of events. An `Actuator` is how the controller acts on the cluster (used by the workflows); the
+observe mode plugs in `NullActuator`, which records what it would have done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from pyctl.cluster.records import Event, Kind, Record
+
+
+class EventSink(Protocol):
+    async def replace(self, kind: Kind, records: Sequence[Record], resource_version: str) -> None:
+        """Everything of `kind` that exists now (after a list or a relist on 410 Gone)."""
+
+    async def apply(self, events: Sequence[Event], resource_versions: Mapping[Kind, str]) -> None:
+        """A batch of watch events, and the resourceVersions they bring each kind to."""
+
+    def decode_error(self, kind: Kind, message: str) -> None:
+        """An object the source could not understand (counted, logged once; the rest goes on)."""
+
+
+class ClusterSource(Protocol):
+    name: str
+
+    async def run(self, sink: EventSink) -> None:
+        """List, then watch, until cancelled (or, for a finite scenario, until it ends)."""
+
+
+class Actuator(Protocol):
+    """Mutations of the cluster. Each is idempotent; callers pass the gate (dry-run, lease, rate
+    limits) first."""
+
+    async def cordon(self, node: str, on: bool) -> None: ...
+
+    async def evict(self, namespace: str, pod: str) -> bool:
+        """Eviction API; False when a PodDisruptionBudget refuses it (429)."""
+
+    async def label_node(self, node: str, labels: Mapping[str, str | None]) -> None: ...
+
+    async def event(
+        self, kind: str, namespace: str, name: str, reason: str, message: str
+    ) -> None: ...
+
+
+@dataclass
+class NullActuator:
+    """Observe mode: nothing is mutated; every call is recorded."""
+
+    calls: list[tuple[str, tuple[object, ...]]] = field(default_factory=list)
+
+    async def cordon(self, node: str, on: bool) -> None:
+        self.calls.append(("cordon", (node, on)))
+
+    async def evict(self, namespace: str, pod: str) -> bool:
+        self.calls.append(("evict", (namespace, pod)))
+        return True
+
+    async def label_node(self, node: str, labels: Mapping[str, str | None]) -> None:
+        self.calls.append(("label_node", (node, dict(labels))))
+
+    async def event(self, kind: str, namespace: str, name: str, reason: str, message: str) -> None:
+        self.calls.append(("event", (kind, namespace, name, reason, message)))

@@ -1,0 +1,155 @@
+"""Configuration: defaults, then a file (YAML or JSON), then the environment (`PYCTL_*`), then
+command-line flags; read once at start, validated with a clear error, and passed down."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+MODES = ("observe", "enforce")
+CLUSTER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$")
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; the message names the setting and where it came from."""
+
+
+@dataclass(frozen=True)
+class Config:
+    #: the cluster's name (labels, Redis hash tag, federation member)
+    cluster: str = "default"
+    #: "sim" (the built-in simulated cluster), "kube" (kubeconfig or in-cluster)
+    source: str = "sim"
+    kubeconfig: str = ""
+    in_cluster: bool = False
+    #: redis://... or rediss://...; empty = the in-memory store
+    redis_url: str = ""
+    redis_cluster: bool = False
+    redis_password: str = field(default="", repr=False)
+    mode: str = "observe"
+    metrics_host: str = "127.0.0.1"
+    #: 0 = no HTTP server
+    metrics_port: int = 0
+    summary_interval: float = 1.0
+    #: a workload file ({shapes: [...]}); empty = derived from the observed pods
+    workload_file: str = ""
+    default_topology_policy: str = "none"
+    lease_name: str = "pyctl-leader"
+    lease_namespace: str = "pyctl-system"
+    lease_duration: float = 15.0
+    identity: str = ""
+    log_format: str = "json"
+    log_level: str = "info"
+    #: simulated cluster: virtual seconds per wall second (0 = as fast as possible), loop forever
+    sim_speed: float = 480.0
+    sim_forever: bool = False
+    sim_seed: int = 7
+
+    def validate(self) -> Config:
+        def bad(name: str, why: str) -> ConfigError:
+            return ConfigError(f"config {name}: {why}")
+
+        if not CLUSTER_NAME.match(self.cluster):
+            raise bad("cluster", f"{self.cluster!r} must be a DNS label (a-z, 0-9, '-', '.')")
+        if self.source not in ("sim", "kube"):
+            raise bad("source", f"{self.source!r} is not one of sim, kube")
+        if self.mode not in MODES:
+            raise bad("mode", f"{self.mode!r} is not one of {', '.join(MODES)}")
+        if not 0 <= self.metrics_port <= 65535:
+            raise bad("metrics_port", f"{self.metrics_port} is not a port")
+        if self.summary_interval <= 0:
+            raise bad("summary_interval", "must be positive")
+        if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise bad(
+                "redis_url", f"{self.redis_url!r} must start with redis://, rediss:// or unix://"
+            )
+        if self.log_format not in ("json", "text"):
+            raise bad("log_format", "must be json or text")
+        if self.log_level not in ("debug", "info", "warning", "error"):
+            raise bad("log_level", "must be debug, info, warning or error")
+        if self.default_topology_policy not in (
+            "none",
+            "best-effort",
+            "restricted",
+            "single-numa-node",
+        ):
+            raise bad(
+                "default_topology_policy", f"{self.default_topology_policy!r} is not a policy"
+            )
+        if self.sim_speed < 0:
+            raise bad("sim_speed", "must not be negative")
+        if self.lease_duration < 2:
+            raise bad("lease_duration", "must be at least 2 seconds")
+        return self
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+
+
+def _coerce(name: str, value: Any, where: str) -> Any:
+    kind = type(getattr(Config(), name))
+    try:
+        if kind is bool:
+            if isinstance(value, bool):
+                return value
+            s = str(value).strip().lower()
+            if s in ("1", "true", "yes", "on"):
+                return True
+            if s in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError(value)
+        if kind is int:
+            if isinstance(value, bool):
+                raise ValueError(value)
+            return int(value)
+        if kind is float:
+            if isinstance(value, bool):
+                raise ValueError(value)
+            return float(value)
+        if not isinstance(value, str | int | float):
+            raise ValueError(value)
+        return str(value)
+    except ValueError:
+        raise ConfigError(
+            f"config {name} ({where}): {value!r} is not a valid {kind.__name__}"
+        ) from None
+
+
+def load_config(
+    file: str | None = None,
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> Config:
+    """Merge the sources in order of precedence and validate."""
+    values: dict[str, Any] = {}
+    if file:
+        try:
+            data = yaml.safe_load(Path(file).read_text(encoding="utf-8")) or {}
+        except OSError as e:
+            raise ConfigError(f"config file {file}: {e.strerror or e}") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {file}: not valid YAML/JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {file}: expected a mapping")
+        for k, v in data.items():
+            name = str(k).replace("-", "_")
+            if name not in _FIELDS:
+                raise ConfigError(f"config file {file}: unknown setting {k!r}")
+            values[name] = _coerce(name, v, f"file {file}")
+    for k, v in (env if env is not None else os.environ).items():
+        if k.startswith("PYCTL_") and k != "PYCTL_CACHE":
+            name = k[len("PYCTL_") :].lower()
+            if name not in _FIELDS:
+                raise ConfigError(f"environment {k}: unknown setting")
+            values[name] = _coerce(name, v, f"environment {k}")
+    for k, v in (flags or {}).items():
+        if v is not None:
+            values[k] = _coerce(k, v, f"flag --{k.replace('_', '-')}")
+    return Config(**values).validate()

@@ -1,0 +1,293 @@
+"""The controller: the `EventSink` that watch events flow into, and the loops that turn them into
+state and scores.
+
+  source ─events─▶ cache (+ store writer) ─dirty nodes─▶ work queue ─▶ reconcile (core)
+                                                   summary (bounded rate) ─▶ metrics, federation
+
+The store is written in batches by one task; when it fails the controller keeps serving from
+memory, reports not ready, and re-syncs the whole cache once the store answers again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import msgspec
+
+from pyctl.cluster.records import KINDS, Event, Kind, PodRecord, Record, record_key, record_kind
+from pyctl.cluster.source import ClusterSource
+from pyctl.controller.cache import ClusterCache
+from pyctl.controller.reconcile import Reconciler, Summary
+from pyctl.controller.workqueue import WorkQueue
+from pyctl.metrics import Metrics
+from pyctl.model import Workload
+from pyctl.state.store import StateLostError, StateStore, StoreError
+
+log = logging.getLogger("pyctl.controller")
+
+
+@dataclass
+class ControllerStats:
+    events: int = 0
+    reconciles: int = 0
+    store_writes: int = 0
+    lags: list[float] = field(default_factory=list)
+    keep_lags: bool = False
+
+
+class Controller:
+    def __init__(
+        self,
+        cluster: str,
+        source: ClusterSource,
+        store: StateStore,
+        metrics: Metrics | None = None,
+        workload: Workload | None = None,
+        summary_interval: float = 1.0,
+        default_policy: str = "none",
+        is_leader: Callable[[], bool] = lambda: True,
+        on_summary: Callable[[Summary], None] | None = None,
+        flush_interval: float = 0.005,
+        flush_events: int = 2000,
+    ) -> None:
+        self.cluster = cluster
+        self.source = source
+        self.store = store
+        self.metrics = metrics or Metrics()
+        self.cache = ClusterCache()
+        self.queue = WorkQueue()
+        self.reconciler = Reconciler(self.cache, self.metrics, cluster, workload, default_policy)
+        self.summary_interval = summary_interval
+        self.is_leader = is_leader
+        self.on_summary = on_summary
+        self.flush_interval = flush_interval
+        self.flush_events = flush_events
+        self.stats = ControllerStats()
+        self.synced: set[Kind] = set()
+        self.store_ok = False
+        self._resync = True
+        self._reopen = False
+        self._pending_events: list[Event] = []
+        self._pending_rv: dict[Kind, str] = {}
+        self._pending_replace: dict[Kind, tuple[list[Record], str]] = {}
+        self._store_wakeup = anyio.Event()
+        self._logged_errors: set[str] = set()
+        self.last_summary: Summary | None = None
+        self._counters: dict[tuple[str, str], Any] = {}
+        self._lag = self.metrics.event_lag.labels(cluster)
+
+    # -- EventSink -------------------------------------------------------------------------
+    async def replace(self, kind: Kind, records: Sequence[Record], resource_version: str) -> None:
+        now = time.monotonic()
+        if kind == "Pod":
+            for r in records:
+                self.reconciler.window.observe(self.cache.pods.get(record_key(r)), r, now)  # type: ignore[arg-type]
+        for n in self.cache.replace(kind, records):
+            self.queue.add(n)
+        self.synced.add(kind)
+        self.metrics.relists.labels(self.cluster, kind).inc()
+        self._pending_replace[kind] = (list(records), resource_version)
+        self._pending_events = [e for e in self._pending_events if record_kind(e.record) != kind]
+        self._store_wakeup.set()
+
+    async def apply(self, events: Sequence[Event], resource_versions: Mapping[Kind, str]) -> None:
+        now = time.monotonic()
+        window = self.reconciler.window
+        counts: dict[tuple[str, str], int] = {}
+        pods = self.cache.pods
+        for ev in events:
+            rec = ev.record
+            if isinstance(rec, PodRecord):
+                kind = "Pod"
+                window.observe(pods.get(rec.key), None if ev.type == "DELETED" else rec, now)
+            else:
+                kind = record_kind(rec)
+            counts[(kind, ev.type)] = counts.get((kind, ev.type), 0) + 1
+        for (kind, typ), count in counts.items():
+            self._event_counter(kind, typ).inc(count)
+        for node in self.cache.apply(events):
+            self.queue.add(node)
+        self.stats.events += len(events)
+        self._pending_events.extend(events)
+        self._pending_rv.update(resource_versions)
+        if len(self._pending_events) >= self.flush_events:
+            self._store_wakeup.set()
+
+    def _event_counter(self, kind: str, typ: str) -> Any:
+        c = self._counters.get((kind, typ))
+        if c is None:
+            c = self._counters[(kind, typ)] = self.metrics.watch_events.labels(
+                self.cluster, kind, typ
+            )
+        return c
+
+    def decode_error(self, kind: Kind, message: str) -> None:
+        self.metrics.decode_errors.labels(self.cluster, kind).inc()
+        key = f"{kind}:{message[:80]}"
+        if key not in self._logged_errors:
+            self._logged_errors.add(key)
+            log.warning(
+                "cannot understand an object; skipped", extra={"kind": kind, "error": message}
+            )
+
+    # -- readiness -------------------------------------------------------------------------
+    def ready(self) -> tuple[bool, str]:
+        missing = [k for k in KINDS if k not in self.synced]
+        if missing:
+            return False, f"not synced: {', '.join(missing)}"
+        if not self.store_ok:
+            return False, "state store unavailable"
+        return True, "ok"
+
+    # -- loops -----------------------------------------------------------------------------
+    async def _flush(self) -> None:
+        replaces, self._pending_replace = self._pending_replace, {}
+        events, self._pending_events = self._pending_events, []
+        rvs, self._pending_rv = self._pending_rv, {}
+        if self._resync:
+            # re-sync everything from the cache (at start, and after the store was unreachable)
+            replaces = {}
+            for kind in KINDS:
+                if kind in self.synced:
+                    table = self.cache._table(kind)
+                    replaces[kind] = (list(table.values()), rvs.get(kind, ""))
+            events = []
+        try:
+            if self._reopen:
+                # the store lost its state (e.g. Redis restarted empty): open it again, re-sync
+                await self.store.open()
+                self._reopen = False
+            for kind, (records, rv) in replaces.items():
+                await self.store.replace(kind, records, rv)
+            if events or rvs:
+                await self.store.apply(events, rvs)
+        except StoreError as e:
+            self.metrics.store_errors.labels(self.cluster).inc()
+            if isinstance(e, StateLostError):
+                self._reopen = True
+            if self.store_ok:
+                log.error("state store unavailable; serving from memory", extra={"error": str(e)})
+            self.store_ok = False
+            self.metrics.store_up.labels(self.cluster).set(0)
+            self._resync = True
+            return
+        if self._resync and all(k in self.synced for k in KINDS):
+            self._resync = False
+        if not self.store_ok:
+            log.info("state store available")
+        self.store_ok = True
+        self.metrics.store_up.labels(self.cluster).set(1)
+        self.stats.store_writes += 1
+        now = time.monotonic()
+        lag = self._lag
+        keep = self.stats.lags if self.stats.keep_lags else None
+        for ev in events:
+            if ev.received:
+                lag.observe(now - ev.received)
+                if keep is not None:
+                    keep.append(now - ev.received)
+
+    async def _store_loop(self) -> None:
+        while True:
+            with anyio.move_on_after(self.flush_interval if self.store_ok else 1.0):
+                await self._store_wakeup.wait()
+            self._store_wakeup = anyio.Event()
+            if self._pending_events or self._pending_replace or self._pending_rv or self._resync:
+                await self._flush()
+
+    async def _worker(self, tg: anyio.abc.TaskGroup) -> None:
+        while (key := await self.queue.get()) is not None:
+            try:
+                self.reconciler.reconcile(key)
+                self.stats.reconciles += 1
+                self.queue.forget(key)
+            except Exception:
+                log.exception("reconcile failed; will retry", extra={"node": key})
+                self.metrics.reconcile_errors.labels(self.cluster).inc()
+                tg.start_soon(self.queue.add_rate_limited, key)
+            finally:
+                self.queue.done(key)
+            self.metrics.workqueue_depth.labels(self.cluster).set(len(self.queue))
+            await anyio.lowlevel.checkpoint()
+
+    def summarize(self) -> Summary:
+        if self.reconciler.refresh_workload():
+            for n in self.cache.nodes:
+                self.queue.add(n)
+        s = self.reconciler.summary()
+        self.last_summary = s
+        self.metrics.leader.labels(self.cluster).set(1 if self.is_leader() else 0)
+        return s
+
+    async def _summary_loop(self) -> None:
+        while True:
+            await anyio.sleep(self.summary_interval)
+            s = self.summarize()
+            if self.on_summary:
+                self.on_summary(s)
+            if self.store_ok:
+                try:
+                    await self.store.put_summary(
+                        summary_bytes(s), int(max(10, 10 * self.summary_interval))
+                    )
+                except StoreError:
+                    self.metrics.store_errors.labels(self.cluster).inc()
+
+    async def drain(self) -> None:
+        """Process everything queued now (tests and finite runs)."""
+        while len(self.queue):  # noqa: ASYNC110 - the worker task empties the queue
+            await anyio.sleep(0.001)
+        await self._flush()
+
+    async def run(self, until_source_ends: bool = False) -> None:
+        try:
+            await self.store.open()
+            self.store_ok = True
+            self.metrics.store_up.labels(self.cluster).set(1)
+        except StoreError as e:
+            log.error(
+                "state store unavailable at start; serving from memory", extra={"error": str(e)}
+            )
+            self.metrics.store_up.labels(self.cluster).set(0)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._worker, tg)
+            tg.start_soon(self._store_loop)
+            tg.start_soon(self._summary_loop)
+            await self.source.run(self)
+            if until_source_ends:
+                await self.drain()
+                s = self.summarize()
+                if self.on_summary:
+                    self.on_summary(s)
+                self.queue.shutdown()
+                tg.cancel_scope.cancel()
+            else:
+                await anyio.sleep_forever()
+
+
+def summary_bytes(s: Summary) -> bytes:
+    d: dict[str, Any] = {
+        "cluster": s.cluster,
+        "nodes": s.nodes,
+        "idle_gpu_milli": s.idle_gpu_milli,
+        "fragment_gpu_milli": s.fragment_gpu_milli,
+        "fragmentation_rate": s.fragmentation_rate,
+        "categories": s.categories,
+        "idle_mig_slices": s.idle_mig_slices,
+        "fragment_mig_slices": s.fragment_mig_slices,
+        "recoverable_mig_slices": s.recoverable_mig_slices,
+        "pending": s.pending,
+        "blocked": s.blocked,
+        "scheduling_success": s.scheduling_success,
+        "by_model": {
+            k: {"idle_gpu_milli": v[0], "fragment_gpu_milli": v[1]} for k, v in s.by_model.items()
+        },
+        "heartbeat": time.time(),
+    }
+    return msgspec.json.encode(d)

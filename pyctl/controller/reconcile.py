@@ -1,0 +1,239 @@
+"""Level-triggered reconcile: a dirty node is re-translated from the cache and re-scored by the
+core; the cluster summary (totals, categories, pending pods blocked by fragmentation, the
+scheduling success rate) is recomputed from the per-node scores at a bounded rate.
+
+Nothing here reads watch events or talks to Redis: it reads the cache and writes scores and metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field, replace
+
+from pyctl.cluster.records import PodRecord
+from pyctl.cluster.translate import TranslateError, node_from_records, pod_shape
+from pyctl.controller.cache import ClusterCache
+from pyctl.fragmentation import CATEGORIES, FragmentationModel, NodeScore, derive_workload
+from pyctl.metrics import Metrics
+from pyctl.model import Node, Shape, Snapshot, Workload
+
+GPU = 1000.0
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The cluster at one moment, as the live view, the metrics and federation see it."""
+
+    cluster: str
+    nodes: int
+    idle_gpu_milli: float
+    fragment_gpu_milli: float
+    categories: dict[str, float]
+    idle_mig_slices: float
+    fragment_mig_slices: float
+    recoverable_mig_slices: float
+    pending: int
+    blocked: dict[str, int]
+    scheduling_success: float
+    worst: list[tuple[str, float, float]] = field(default_factory=list)
+    by_model: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    @property
+    def fragmentation_rate(self) -> float:
+        return self.fragment_gpu_milli / self.idle_gpu_milli if self.idle_gpu_milli else 0.0
+
+
+class SchedulingWindow:
+    """Pods bound vs. pods marked Unschedulable over a sliding window (the seed's 95% threshold)."""
+
+    def __init__(self, seconds: float = 300.0) -> None:
+        self.seconds = seconds
+        self._events: deque[tuple[float, bool]] = deque()
+        self._bound: set[str] = set()
+        self._unschedulable: set[str] = set()
+
+    def observe(self, old: PodRecord | None, new: PodRecord | None, now: float) -> None:
+        if new is None:
+            if old is not None:
+                self._bound.discard(old.key)
+                self._unschedulable.discard(old.key)
+            return
+        key = new.key
+        if new.node and key not in self._bound:
+            self._bound.add(key)
+            self._unschedulable.discard(key)
+            self._events.append((now, True))
+        elif not new.node and new.unschedulable and key not in self._unschedulable:
+            self._unschedulable.add(key)
+            self._events.append((now, False))
+
+    def ratio(self, now: float) -> float:
+        while self._events and self._events[0][0] < now - self.seconds:
+            self._events.popleft()
+        total = len(self._events)
+        return sum(1 for _, ok in self._events if ok) / total if total else 1.0
+
+
+class Reconciler:
+    def __init__(
+        self,
+        cache: ClusterCache,
+        metrics: Metrics,
+        cluster: str,
+        workload: Workload | None = None,
+        default_policy: str = "none",
+    ) -> None:
+        self.cache = cache
+        self.metrics = metrics
+        self.cluster = cluster
+        self.fixed_workload = workload
+        self.default_policy = default_policy
+        self.workload = workload or Workload((Shape(cpu_milli=1000, gpus=1, gpu_milli=1000),))
+        self.models: dict[str, Node] = {}
+        self.scores: dict[str, NodeScore] = {}
+        self.bad_nodes: dict[str, str] = {}
+        self.window = SchedulingWindow()
+
+    def refresh_workload(self) -> bool:
+        """Re-derive M from the observed pods (unless it is configured); True if it changed, in
+        which case every node must be re-scored."""
+        if self.fixed_workload is not None:
+            return False
+        # GPU and MIG pods only: a CPU-only shape would count every idle GPU as fragment (FGD's
+        # definition), which says nothing about GPU placement on a mixed pool
+        shapes = [pod_shape(p) for p in self.cache.pods.values() if not p.terminated]
+        shapes = [s for s in shapes if not s.is_cpu_only]
+        if not shapes:
+            return False
+        new = derive_workload(shapes)
+        if new == self.workload:
+            return False
+        self.workload = new
+        return True
+
+    def reconcile(self, name: str) -> None:
+        """Re-translate and re-score one node (raises on a failure, for the queue to retry)."""
+        t0 = time.perf_counter()
+        rec = self.cache.nodes.get(name)
+        m = self.metrics
+        if rec is None:
+            self.models.pop(name, None)
+            old = self.scores.pop(name, None)
+            self.bad_nodes.pop(name, None)
+            if old is not None:
+                m.node_idle.remove(self.cluster, name)
+                m.node_fragment.remove(self.cluster, name)
+                for z in old.zones:
+                    m.zone_idle.remove(self.cluster, name, str(z.numa))
+                    m.zone_fragment.remove(self.cluster, name, str(z.numa))
+            return
+        try:
+            node = node_from_records(
+                rec, self.cache.nrts.get(name), self.cache.pods_on(name), self.default_policy
+            )
+            score = FragmentationModel(Snapshot((node,))).score(self.workload).nodes[0]
+        except (TranslateError, ValueError) as e:
+            # a node pyctl cannot understand: counted once, kept out of the totals
+            if name not in self.bad_nodes:
+                m.decode_errors.labels(self.cluster, "Node").inc()
+            self.bad_nodes[name] = str(e)
+            self.models.pop(name, None)
+            self.scores.pop(name, None)
+            return
+        self.bad_nodes.pop(name, None)
+        self.models[name] = node
+        self.scores[name] = score
+        m.node_idle.labels(self.cluster, name).set(score.idle_gpu_milli / GPU)
+        m.node_fragment.labels(self.cluster, name).set(score.fragment_gpu_milli / GPU)
+        for z in score.zones:
+            m.zone_idle.labels(self.cluster, name, str(z.numa)).set(z.idle_gpu_milli / GPU)
+            m.zone_fragment.labels(self.cluster, name, str(z.numa)).set(z.fragment_gpu_milli / GPU)
+        m.reconcile_duration.labels(self.cluster).observe(time.perf_counter() - t0)
+
+    def _blocked(self, pending: list[PodRecord]) -> dict[str, int]:
+        """Unschedulable pods that the idle capacity could hold in total but no node admits,
+        by the reason that strands the most capacity for their shape."""
+        if not pending or not self.models:
+            return {}
+        snap = Snapshot(tuple(self.models[n] for n in sorted(self.models)))
+        model = FragmentationModel(snap)
+        idle_gpu = sum(s.idle_gpu_milli for s in self.scores.values())
+        idle_mig = sum(s.idle_mig_slices for s in self.scores.values())
+        out: Counter[str] = Counter()
+        by_shape: dict[Shape, str | None] = {}
+        for p in pending:
+            shape = pod_shape(p)
+            if shape.is_cpu_only:
+                continue
+            if shape not in by_shape:
+                need = shape.gpus * shape.gpu_milli
+                if shape.mig_profile is None and need > idle_gpu:
+                    by_shape[shape] = None  # the cluster is full, not fragmented
+                elif shape.mig_profile is not None and idle_mig == 0:
+                    by_shape[shape] = None
+                else:
+                    r = model.score(Workload((replace(shape, weight=1.0),)))
+                    admitted = any(
+                        n.fragment_gpu_milli < n.idle_gpu_milli - 1e-9
+                        or n.fragment_mig_slices < n.idle_mig_slices - 1e-9
+                        for n in r.nodes
+                    )
+                    if admitted:
+                        by_shape[shape] = None  # a node admits it: waiting, not blocked
+                    else:
+                        cats = r.mig_categories if shape.mig_profile else r.categories
+                        by_shape[shape] = max(CATEGORIES, key=lambda c: cats[c])
+            reason = by_shape[shape]
+            if reason is not None:
+                out[reason] += 1
+        return dict(out)
+
+    def summary(self, now: float | None = None) -> Summary:
+        now = time.monotonic() if now is None else now
+        scores = list(self.scores.values())
+        cats = {c: sum(s.categories[c] for s in scores) for c in CATEGORIES}
+        pending = [p for p in self.cache.pending_pods() if p.unschedulable]
+        blocked = self._blocked(pending)
+        by_model: dict[str, tuple[float, float]] = {}
+        for name, s in self.scores.items():
+            model = self.models[name].gpu_model or "unknown"
+            i, f = by_model.get(model, (0.0, 0.0))
+            by_model[model] = (i + s.idle_gpu_milli, f + s.fragment_gpu_milli)
+        worst = sorted(
+            ((s.name, s.idle_gpu_milli, s.fragment_gpu_milli) for s in scores),
+            key=lambda t: (-t[2], t[0]),
+        )[:10]
+        summ = Summary(
+            cluster=self.cluster,
+            nodes=len(scores),
+            idle_gpu_milli=sum(s.idle_gpu_milli for s in scores),
+            fragment_gpu_milli=sum(s.fragment_gpu_milli for s in scores),
+            categories=cats,
+            idle_mig_slices=sum(s.idle_mig_slices for s in scores),
+            fragment_mig_slices=sum(s.fragment_mig_slices for s in scores),
+            recoverable_mig_slices=sum(s.recoverable_mig_slices for s in scores),
+            pending=len(self.cache.pending_pods()),
+            blocked=blocked,
+            scheduling_success=self.window.ratio(now),
+            worst=worst,
+            by_model=by_model,
+        )
+        self._export(summ)
+        return summ
+
+    def _export(self, s: Summary) -> None:
+        m, c = self.metrics, self.cluster
+        m.fragmentation_ratio.labels(c).set(s.fragmentation_rate)
+        m.gpu_idle.labels(c).set(s.idle_gpu_milli / GPU)
+        m.gpu_fragment.labels(c).set(s.fragment_gpu_milli / GPU)
+        for cat, v in s.categories.items():
+            m.gpu_fragment_category.labels(c, cat).set(v / GPU)
+        m.mig_idle.labels(c).set(s.idle_mig_slices)
+        m.mig_fragment.labels(c).set(s.fragment_mig_slices)
+        m.mig_recoverable.labels(c).set(s.recoverable_mig_slices)
+        for cat in CATEGORIES:
+            m.pending_blocked.labels(c, cat).set(s.blocked.get(cat, 0))
+        m.pending.labels(c).set(s.pending)
+        m.scheduling_success.labels(c).set(s.scheduling_success)
+        m.nodes.labels(c).set(s.nodes)

@@ -1,0 +1,110 @@
+"""Prometheus metrics (prometheus-client), named after Prometheus conventions: base units
+(`_gpus`, `_seconds`, `_ratio`), `_total` for counters, labels for cluster, node, NUMA zone and
+category. One `Metrics` object per controller, on its own registry."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        c = ["cluster"]
+        self.fragmentation_ratio = Gauge(
+            "pyctl_fragmentation_ratio",
+            "Fragment GPU / idle GPU under the workload M (FGD's fragmentation rate, NUMA-aware)",
+            c,
+            registry=r,
+        )
+        self.gpu_idle = Gauge("pyctl_gpu_idle_gpus", "Idle GPU capacity, in GPUs", c, registry=r)
+        self.gpu_fragment = Gauge(
+            "pyctl_gpu_fragment_gpus", "Idle GPU capacity M could not use, in GPUs", c, registry=r
+        )
+        self.gpu_fragment_category = Gauge(
+            "pyctl_gpu_fragment_by_category_gpus",
+            "Fragment GPU by reason (lack_gpu, lack_cpu, numa_split, mig_geometry, ...)",
+            [*c, "category"],
+            registry=r,
+        )
+        self.node_idle = Gauge(
+            "pyctl_node_gpu_idle_gpus", "Idle GPU per node", [*c, "node"], registry=r
+        )
+        self.node_fragment = Gauge(
+            "pyctl_node_gpu_fragment_gpus", "Fragment GPU per node", [*c, "node"], registry=r
+        )
+        self.zone_idle = Gauge(
+            "pyctl_zone_gpu_idle_gpus", "Idle GPU per NUMA zone", [*c, "node", "numa"], registry=r
+        )
+        self.zone_fragment = Gauge(
+            "pyctl_zone_gpu_fragment_gpus",
+            "Fragment GPU per NUMA zone",
+            [*c, "node", "numa"],
+            registry=r,
+        )
+        self.mig_idle = Gauge("pyctl_mig_idle_slices", "Idle MIG compute slices", c, registry=r)
+        self.mig_fragment = Gauge(
+            "pyctl_mig_fragment_slices", "Idle MIG compute slices M could not use", c, registry=r
+        )
+        self.mig_recoverable = Gauge(
+            "pyctl_mig_recoverable_slices",
+            "Idle MIG slices a re-partition of free slices would make usable",
+            c,
+            registry=r,
+        )
+        self.pending_blocked = Gauge(
+            "pyctl_pending_pods_blocked_by_fragmentation",
+            "Unschedulable pods that the cluster's idle capacity could hold in total, by reason",
+            [*c, "reason"],
+            registry=r,
+        )
+        self.pending = Gauge("pyctl_pending_pods", "Pods not bound to a node", c, registry=r)
+        self.scheduling_success = Gauge(
+            "pyctl_scheduling_success_ratio",
+            "Pods bound / (bound + marked Unschedulable) over the window",
+            c,
+            registry=r,
+        )
+        self.watch_events = Counter(
+            "pyctl_watch_events_total", "Watch events received", [*c, "kind", "type"], registry=r
+        )
+        self.relists = Counter(
+            "pyctl_watch_relists_total", "Full lists (start and 410 Gone)", [*c, "kind"], registry=r
+        )
+        self.decode_errors = Counter(
+            "pyctl_decode_errors_total",
+            "Objects pyctl could not understand",
+            [*c, "kind"],
+            registry=r,
+        )
+        self.event_lag = Histogram(
+            "pyctl_event_to_state_seconds",
+            "From a watch event's arrival to its state update",
+            c,
+            buckets=_LAG_BUCKETS,
+            registry=r,
+        )
+        self.reconcile_duration = Histogram(
+            "pyctl_reconcile_duration_seconds",
+            "One node's reconcile",
+            c,
+            buckets=_LAG_BUCKETS,
+            registry=r,
+        )
+        self.reconcile_errors = Counter(
+            "pyctl_reconcile_errors_total",
+            "Reconciles that failed and were requeued",
+            c,
+            registry=r,
+        )
+        self.workqueue_depth = Gauge(
+            "pyctl_workqueue_depth", "Nodes waiting to be reconciled", c, registry=r
+        )
+        self.store_errors = Counter(
+            "pyctl_store_errors_total", "State store (Redis) operations that failed", c, registry=r
+        )
+        self.store_up = Gauge("pyctl_store_up", "1 when the state store answers", c, registry=r)
+        self.leader = Gauge("pyctl_leader", "1 on the replica holding the Lease", c, registry=r)
+        self.nodes = Gauge("pyctl_nodes", "Nodes seen", c, registry=r)

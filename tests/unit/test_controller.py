@@ -1,0 +1,217 @@
+"""The controller's parts: work queue, cache, reconcile, configuration, a whole simulated run."""
+
+from __future__ import annotations
+
+import urllib.request
+from typing import Any
+
+import anyio
+import pytest
+
+from pyctl.cluster.records import Event, NodeRecord, PodRecord
+from pyctl.cluster.sim.scenario import inference_day
+from pyctl.cluster.sim.source import SimClusterSource
+from pyctl.config import ConfigError, load_config
+from pyctl.controller.cache import ClusterCache
+from pyctl.controller.controller import Controller
+from pyctl.controller.http import HealthServer
+from pyctl.controller.reconcile import SchedulingWindow
+from pyctl.controller.workqueue import WorkQueue
+from pyctl.state.memory import MemoryStore
+from pyctl.state.store import StoreError
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_workqueue_coalesces_and_redoes() -> None:
+    q = WorkQueue()
+    for _ in range(5):
+        q.add("a")
+    q.add("b")
+    assert len(q) == 2
+    assert q.coalesced == 4
+    k = await q.get()
+    assert k == "a"
+    q.add("a")  # while processing: redo once after
+    q.add("a")
+    assert len(q) == 1
+    q.done("a")
+    assert [await q.get(), await q.get()] == ["b", "a"]
+    q.done("b")
+    q.done("a")
+    assert len(q) == 0
+
+
+@pytest.mark.anyio
+async def test_workqueue_backoff_doubles_until_forget() -> None:
+    q = WorkQueue(base_delay=0.001, max_delay=0.004)
+    delays = []
+    for _ in range(4):
+        delays.append(q.backoff("n"))
+        await q.add_rate_limited("n")
+        assert await q.get() == "n"
+        q.done("n")
+    assert delays == [0.001, 0.002, 0.004, 0.004]
+    q.forget("n")
+    assert q.backoff("n") == 0.001
+    q.shutdown()
+    assert await q.get() is None
+
+
+def test_cache_tracks_pods_by_node_and_dirty_nodes() -> None:
+    c = ClusterCache()
+    dirty = c.apply([Event("ADDED", NodeRecord("n1")), Event("ADDED", NodeRecord("n2"))])
+    assert dirty == {"n1", "n2"}
+    p = PodRecord("ns", "p", node="n1")
+    assert c.apply([Event("ADDED", p)]) == {"n1"}
+    moved = PodRecord("ns", "p", node="n2")
+    assert c.apply([Event("MODIFIED", moved)]) == {"n1", "n2"}
+    assert c.pods_on("n1") == []
+    assert c.pods_on("n2") == [moved]
+    assert c.apply([Event("DELETED", moved)]) == {"n2"}
+    # a relist that lost n1 and kept n2 unchanged dirties only n1
+    assert c.replace("Node", [NodeRecord("n2")]) == {"n1"}
+    assert set(c.nodes) == {"n2"}
+
+
+def test_scheduling_window() -> None:
+    w = SchedulingWindow(seconds=10)
+    pending = PodRecord("ns", "a", unschedulable=True)
+    w.observe(None, pending, 0)
+    w.observe(pending, pending, 1)  # counted once
+    w.observe(pending, PodRecord("ns", "a", node="n"), 2)
+    w.observe(None, PodRecord("ns", "b", node="n"), 3)
+    assert w.ratio(4) == pytest.approx(2 / 3)
+    assert w.ratio(20) == 1.0  # all outside the window
+
+
+def test_config_precedence_and_errors(tmp_path: Any) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("cluster: from-file\nmetrics-port: 9000\nmode: observe\n")
+    cfg = load_config(str(f), {"PYCTL_METRICS_PORT": "9100"}, {"mode": "enforce"})
+    assert (cfg.cluster, cfg.metrics_port, cfg.mode) == ("from-file", 9100, "enforce")
+    f.write_text("colour: blue\n")
+    with pytest.raises(ConfigError, match="unknown setting 'colour'"):
+        load_config(str(f), {})
+    with pytest.raises(
+        ConfigError, match=r"config metrics_port \(environment PYCTL_METRICS_PORT\)"
+    ):
+        load_config(None, {"PYCTL_METRICS_PORT": "ninety"})
+    with pytest.raises(ConfigError, match="config mode: 'yolo' is not one of observe, enforce"):
+        load_config(None, {}, {"mode": "yolo"})
+    with pytest.raises(ConfigError, match="must be a DNS label"):
+        load_config(None, {}, {"cluster": "Bad_Name"})
+    f.write_text("a: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(str(f), {})
+
+
+@pytest.mark.anyio
+async def test_simulated_run_end_to_end() -> None:
+    sc = inference_day()
+    src = SimClusterSource(sc, speed=None)
+    store = MemoryStore()
+    ctl = Controller("sim", src, store, summary_interval=0.05)
+    await ctl.run(until_source_ends=True)
+    st = src.stats
+    assert st.arrived == len(sc.arrivals) > 500
+    assert st.bound > 0
+    assert st.unschedulable > 0
+    assert ctl.stats.events == st.events
+    assert len(ctl.cache.nodes) == len(sc.nodes)
+    # every node was understood and scored
+    assert ctl.reconciler.bad_nodes == {}
+    assert len(ctl.reconciler.scores) == len(sc.nodes)
+    # the store holds what the cache holds
+    nodes, _ = await store.load("Node")
+    pods, _ = await store.load("Pod")
+    assert set(nodes) == set(ctl.cache.nodes)
+    assert set(pods) == set(ctl.cache.pods)
+    assert ctl.ready() == (True, "ok")
+
+
+class FlakyStore(MemoryStore):
+    """A memory store that can be made to fail, like a Redis that goes away."""
+
+    down = False
+
+    async def apply(self, events: Any, resource_versions: Any) -> None:
+        if self.down:
+            raise StoreError("connection refused")
+        await super().apply(events, resource_versions)
+
+    async def replace(self, kind: Any, records: Any, resource_version: str) -> None:
+        if self.down:
+            raise StoreError("connection refused")
+        await super().replace(kind, records, resource_version)
+
+
+@pytest.mark.anyio
+async def test_store_outage_keeps_serving_then_catches_up() -> None:
+    store = FlakyStore()
+    src = SimClusterSource(inference_day(), speed=None)
+    ctl = Controller("sim", src, store, summary_interval=0.05)
+    await store.open()
+    ctl.store_ok = True
+    # list everything, then the store goes away while events keep coming
+    await ctl.replace("Node", [NodeRecord("n1", gpus=8)], "1")
+    for kind in ("Pod", "PodDisruptionBudget", "NodeResourceTopology"):
+        await ctl.replace(kind, [], "1")  # type: ignore[arg-type]
+    await ctl._flush()
+    assert ctl.ready() == (True, "ok")
+    store.down = True
+    await ctl.apply([Event("ADDED", PodRecord("ns", "p", node="n1", gpus=1))], {"Pod": "2"})
+    await ctl._flush()
+    assert ctl.ready() == (False, "state store unavailable")
+    assert ctl.cache.pods_on("n1")  # memory keeps serving
+    await ctl.apply([Event("ADDED", PodRecord("ns", "q", node="n1", gpus=1))], {"Pod": "3"})
+    await ctl._flush()
+    store.down = False
+    await ctl._flush()  # catches up with a full re-sync
+    assert ctl.ready() == (True, "ok")
+    pods, _ = await store.load("Pod")
+    assert set(pods) == {"ns/p", "ns/q"}
+
+
+@pytest.mark.anyio
+async def test_health_endpoints_and_metrics() -> None:
+    src = SimClusterSource(inference_day(), speed=None)
+    ctl = Controller("sim", src, MemoryStore(), summary_interval=0.05)
+    server = HealthServer(ctl.metrics.registry, ctl.ready, "127.0.0.1", 0)
+    port = await server.start()
+
+    def get(path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    try:
+        assert (await anyio.to_thread.run_sync(get, "/healthz"))[0] == 200
+        code, body = await anyio.to_thread.run_sync(get, "/readyz")
+        assert code == 503
+        assert "not synced" in body
+        await ctl.run(until_source_ends=True)
+        assert (await anyio.to_thread.run_sync(get, "/readyz"))[0] == 200
+        code, text = await anyio.to_thread.run_sync(get, "/metrics")
+        assert code == 200
+        for name in (
+            "pyctl_fragmentation_ratio",
+            "pyctl_gpu_idle_gpus",
+            "pyctl_zone_gpu_fragment_gpus",
+            "pyctl_gpu_fragment_by_category_gpus",
+            "pyctl_mig_recoverable_slices",
+            "pyctl_pending_pods_blocked_by_fragmentation",
+            "pyctl_scheduling_success_ratio",
+            "pyctl_watch_events_total",
+            "pyctl_event_to_state_seconds_bucket",
+            "pyctl_reconcile_duration_seconds_bucket",
+        ):
+            assert name in text, name
+    finally:
+        await server.stop()
