@@ -22,6 +22,15 @@ class FragmentModel:
         self, node: int, assignment: dict[str, Any], shapes: Sequence[Mapping[str, Any]]
     ) -> dict[str, Any]: ...
     def apply(self, node: int, assignment: dict[str, Any], place: bool) -> None: ...
+    def plan_compaction(
+        self,
+        movable: Sequence[Mapping[str, Any]],
+        shapes: Sequence[Mapping[str, Any]],
+        max_moves: int = 10,
+        min_gain: float = 1.0,
+        max_moves_per_node: int | None = None,
+    ) -> list[dict[str, Any]]: ...
+    def node_index(self, name: str) -> int | None: ...
 
 @final
 class MergeResult:

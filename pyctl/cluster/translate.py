@@ -147,3 +147,51 @@ def node_from_records(
         topology_policy=cast(PolicyName, policy),
         zones=tuple(zones),
     )
+
+
+def attribute_pods(
+    node: Node, pods: Iterable[PodRecord]
+) -> dict[str, dict[str, list[object] | object]]:
+    """Where each pod sits on `node`, as a core assignment (zone positions, GPU positions, MIG
+    instance). Kubernetes shows per-zone usage (NodeResourceTopology) but not which pod holds which
+    device, so pods are attributed in order: a MIG pod to the instance translate gave it, a GPU pod
+    to the next used GPUs, zone by zone, and its CPU and memory to the zones with used CPU and
+    memory left, its GPUs' zone first. The amounts always add up to the node's usage."""
+    used_gpus = [
+        (zi, gi) for zi, z in enumerate(node.zones) for gi, g in enumerate(z.gpus) if g.used_milli
+    ]
+    cpu_left = [z.cpu_milli_used for z in node.zones]
+    mem_left = [z.memory_mib_used for z in node.zones]
+    mig_of: dict[str, tuple[int, int, int]] = {}
+    for zi, z in enumerate(node.zones):
+        for mi, m in enumerate(z.mig):
+            for ii, inst in enumerate(m.instances):
+                if inst.pod and inst.pod not in mig_of:
+                    mig_of[inst.pod] = (zi, mi, ii)
+    out: dict[str, dict[str, list[object] | object]] = {}
+    for p in sorted((p for p in pods if not p.terminated), key=lambda p: p.key):
+        gpus = [(zi, gi, 1000) for zi, gi in used_gpus[: p.gpus]]
+        used_gpus = used_gpus[p.gpus :]
+        mig = mig_of.get(p.key)
+        home = gpus[0][0] if gpus else (mig[0] if mig else 0)
+        order = [home] + [i for i in range(len(node.zones)) if i != home]
+
+        def take(left: list[int], amount: int, order: list[int] = order) -> list[tuple[int, int]]:
+            taken = []
+            for zi in order:
+                if amount <= 0:
+                    break
+                t = min(left[zi], amount)
+                if t > 0:
+                    taken.append((zi, t))
+                    left[zi] -= t
+                    amount -= t
+            return taken
+
+        out[p.key] = {
+            "cpu": take(cpu_left, p.cpu_milli),
+            "memory": take(mem_left, p.memory_mib),
+            "gpus": gpus,
+            "mig": mig,
+        }
+    return out

@@ -3,6 +3,7 @@
 //! `ValueError`. The Python bindings (feature `python`) live in `python/` and only convert.
 
 pub mod bitmask;
+pub mod compaction;
 pub mod error;
 pub mod fragment;
 pub mod mig;

@@ -10,13 +10,30 @@ from collections.abc import Mapping
 from typing import Any
 
 from pyctl.cluster.kube.decode import DecodeError, decode_object
-from pyctl.cluster.records import KINDS, Kind, NodeRecord, NrtRecord, PodRecord
+from pyctl.cluster.records import KINDS, Kind, NodeRecord, NrtRecord, PdbRecord, PodRecord
 from pyctl.cluster.translate import TranslateError, node_from_records, pod_shape
 from pyctl.model import Shape, Snapshot
 
 
 class DumpError(ValueError):
     """A dump pyctl cannot understand; the message names the object."""
+
+
+def records(
+    data: Mapping[str, Any],
+) -> tuple[list[NodeRecord], list[PodRecord], list[NrtRecord], list[PdbRecord]]:
+    """Every Node, Pod, NodeResourceTopology and PodDisruptionBudget of a dump, as records."""
+    nodes, pods, nrts = _records(data)
+    pdbs = []
+    for i, o in enumerate(data.get("items") or []):
+        if isinstance(o, Mapping) and o.get("kind") == "PodDisruptionBudget":
+            try:
+                r = decode_object("PodDisruptionBudget", o)
+            except DecodeError as e:
+                raise DumpError(f"items[{i}]: {e}") from None
+            if isinstance(r, PdbRecord):
+                pdbs.append(r)
+    return nodes, pods, nrts, pdbs
 
 
 def _records(data: Mapping[str, Any]) -> tuple[list[NodeRecord], list[PodRecord], list[NrtRecord]]:

@@ -351,6 +351,70 @@ impl PyFragmentModel {
         delta_dict(py, &d)
     }
 
+    /// Compaction plan: `movable` is a list of {"node": index, "assignment": ..., "shape": ...};
+    /// returns moves {"pod", "from", "to", "assignment", "remove_delta", "place_delta", "gain"}.
+    #[pyo3(signature = (movable, shapes, max_moves=10, min_gain=1.0, max_moves_per_node=None))]
+    fn plan_compaction<'py>(
+        &self,
+        py: Python<'py>,
+        movable: &Bound<'py, PyAny>,
+        shapes: &Bound<'py, PyAny>,
+        max_moves: usize,
+        min_gain: f64,
+        max_moves_per_node: Option<usize>,
+    ) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let shapes = read_shapes(shapes)?;
+        let mut items = Vec::new();
+        for (i, m) in sequence(movable, || "movable".to_string())?
+            .iter()
+            .enumerate()
+        {
+            let d = m
+                .cast::<PyDict>()
+                .map_err(|_| field_error(&format!("movable[{i}]"), "expected an object"))?;
+            let node = int(&get(d, "node", &format!("movable[{i}]"))?, || {
+                format!("movable[{i}].node")
+            })?;
+            let node = usize::try_from(node)
+                .map_err(|_| field_error(&format!("movable[{i}].node"), "negative"))?;
+            let assignment = read_assignment(&get(d, "assignment", &format!("movable[{i}]"))?)?;
+            let shape = read_task(&get(d, "shape", &format!("movable[{i}]"))?)?;
+            items.push(crate::compaction::Movable {
+                node,
+                assignment,
+                shape,
+            });
+        }
+        let limits = crate::compaction::CompactionLimits {
+            max_moves,
+            min_gain,
+            max_moves_per_node: max_moves_per_node.unwrap_or(usize::MAX),
+        };
+        let cluster = &self.cluster;
+        let moves = py
+            .detach(|| crate::compaction::plan(cluster, &items, &shapes, &limits))
+            .map_err(value_error)?;
+        moves
+            .iter()
+            .map(|mv| {
+                let out = PyDict::new(py);
+                out.set_item("pod", mv.pod)?;
+                out.set_item("from", mv.from)?;
+                out.set_item("to", mv.to)?;
+                out.set_item("assignment", assignment_dict(py, &mv.to_assignment)?)?;
+                out.set_item("remove_delta", mv.remove_delta)?;
+                out.set_item("place_delta", mv.place_delta)?;
+                out.set_item("gain", mv.gain())?;
+                Ok(out)
+            })
+            .collect()
+    }
+
+    /// Index of a node by name, or None.
+    fn node_index(&self, name: &str) -> Option<usize> {
+        self.index_of().get(name).copied()
+    }
+
     /// Places (`place=True`) or removes the task at `assignment` on node `node`, in place.
     fn apply(&mut self, node: usize, assignment: &Bound<'_, PyAny>, place: bool) -> PyResult<()> {
         let a = read_assignment(assignment)?;
@@ -363,6 +427,15 @@ impl PyFragmentModel {
 }
 
 impl PyFragmentModel {
+    fn index_of(&self) -> std::collections::HashMap<&str, usize> {
+        self.cluster
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.name.as_str(), i))
+            .collect()
+    }
+
     fn node(&self, i: usize) -> PyResult<&crate::fragment::Node> {
         self.cluster.nodes.get(i).ok_or_else(|| {
             field_error(

@@ -1,0 +1,90 @@
+"""Replica compaction planning from the controller's view: which pods to evict and where each
+would land, with the expected fragment reduction. The choice is the Rust core's
+(`rust/src/compaction`); this module gathers its inputs (the model of every node, where each
+pod sits, the evictable pods) and names the result."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from pyctl.cluster.records import NodeRecord, NrtRecord, PdbRecord, PodRecord
+from pyctl.cluster.translate import attribute_pods, node_from_records, pod_shape
+from pyctl.fragmentation import FragmentationModel, shape_dict
+from pyctl.model import Node, Shape, Snapshot, Workload
+from pyctl.workflows.evictor import Evictor, EvictorOptions
+
+
+@dataclass(frozen=True)
+class PlannedMove:
+    pod: str
+    from_node: str
+    to_node: str
+    gain_gpu_milli: float
+    assignment: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class CompactionPlan:
+    moves: tuple[PlannedMove, ...]
+    refused: Mapping[str, str]
+    considered: int
+
+    @property
+    def gain_gpu_milli(self) -> float:
+        return sum(m.gain_gpu_milli for m in self.moves)
+
+
+def plan_compaction(
+    nodes: Mapping[str, NodeRecord],
+    nrts: Mapping[str, NrtRecord],
+    pods: Iterable[PodRecord],
+    pdbs: Iterable[PdbRecord],
+    workload: Workload,
+    pending: Sequence[Shape] = (),
+    options: EvictorOptions | None = None,
+    max_moves: int = 10,
+    pending_weight: float = 1.0,
+    default_policy: str = "none",
+) -> CompactionPlan:
+    """Plan up to `max_moves` evictions. Pending shapes join the workload (with `pending_weight`
+    in total) so that moves which make them admissible count."""
+    all_pods = [p for p in pods if not p.terminated]
+    by_node: dict[str, list[PodRecord]] = {}
+    for p in all_pods:
+        if p.node:
+            by_node.setdefault(p.node, []).append(p)
+    names = sorted(nodes)
+    models: list[Node] = []
+    where: dict[str, dict[str, Any]] = {}
+    for name in names:
+        node = node_from_records(nodes[name], nrts.get(name), by_node.get(name, []), default_policy)
+        models.append(node)
+        where.update(attribute_pods(node, by_node.get(name, [])))
+    evictor = Evictor(options or EvictorOptions(), all_pods, pdbs)
+    movable, refused = evictor.movable([p for p in all_pods if p.node in nodes])
+    shapes = list(workload.shapes)
+    if pending:
+        total = sum(s.weight for s in shapes)
+        per = pending_weight * total / len(pending)
+        shapes += [replace(s, weight=per) for s in pending]
+    model = FragmentationModel(Snapshot(tuple(models)))
+    index = {n: i for i, n in enumerate(names)}
+    placed = [p for p in movable if p.key in where]
+    items = [
+        {"node": index[p.node], "assignment": where[p.key], "shape": shape_dict(pod_shape(p))}
+        for p in placed
+    ]
+    raw = model._core.plan_compaction(items, [shape_dict(s) for s in shapes], max_moves)
+    moves = tuple(
+        PlannedMove(
+            pod=placed[m["pod"]].key,
+            from_node=names[m["from"]],
+            to_node=names[m["to"]],
+            gain_gpu_milli=float(m["gain"]),
+            assignment=m["assignment"],
+        )
+        for m in raw
+    )
+    return CompactionPlan(moves, refused, len(items))

@@ -1,0 +1,89 @@
+"""`pyctl plan` on a kubectl dump: prints the compaction it would do; changes nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pyctl.cli.main import main
+
+
+def _node(name: str) -> dict[str, Any]:
+    alloc = {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8"}
+    return {
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
+        "status": {"allocatable": alloc},
+    }
+
+
+def _nrt(name: str, avail: tuple[int, int]) -> dict[str, Any]:
+    return {
+        "kind": "NodeResourceTopology",
+        "metadata": {"name": name},
+        "attributes": [{"name": "topologyManagerPolicy", "value": "single-numa-node"}],
+        "zones": [
+            {
+                "name": f"node-{z}",
+                "type": "Node",
+                "resources": [
+                    {"name": "cpu", "capacity": "32", "available": str(32 - (4 - avail[z]))},
+                    {"name": "nvidia.com/gpu", "capacity": "4", "available": str(avail[z])},
+                ],
+            }
+            for z in range(2)
+        ],
+    }
+
+
+def _pod(name: str, node: str | None, gpus: int = 1) -> dict[str, Any]:
+    return {
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "serving",
+            "labels": {"app": "llm"},
+            "ownerReferences": [{"kind": "ReplicaSet", "name": "llm-x", "controller": True}],
+        },
+        "spec": {
+            **({"nodeName": node} if node else {}),
+            "containers": [
+                {
+                    "name": "c",
+                    "resources": {"requests": {"cpu": str(gpus), "nvidia.com/gpu": str(gpus)}},
+                }
+            ],
+        },
+        "status": {
+            "phase": "Running" if node else "Pending",
+            "conditions": []
+            if node
+            else [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}],
+        },
+    }
+
+
+def test_plan_prints_moves(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    items = [_node("a"), _node("b"), _nrt("a", (3, 3)), _nrt("b", (1, 3))]
+    items += [_pod("a0", "a"), _pod("a1", "a")] + [_pod(f"b{i}", "b") for i in range(4)]
+    items.append(_pod("big", None, gpus=4))
+    f = tmp_path / "dump.json"
+    f.write_text(json.dumps({"kind": "List", "items": items}))
+    assert main(["plan", str(f), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["moves"]
+    assert out["moves"][0]["from"] == "a"
+    assert out["moves"][0]["to"] == "b"
+    assert out["gain_gpu_milli"] > 0
+    assert main(["plan", str(f)]) == 0
+    assert "observe mode: none made" in capsys.readouterr().out
+
+
+def test_plan_needs_a_dump(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "s.json"
+    f.write_text('{"nodes": []}')
+    assert main(["plan", str(f)]) == 2
+    assert "expected a kubectl -o json dump" in capsys.readouterr().err
