@@ -127,7 +127,9 @@ REPLICAS: tuple[Replica, ...] = (
 )
 
 
-def inference_day(seed: int = 7, duration: float = 8 * 3600.0, base_rate: float = 0.014) -> Scenario:
+def inference_day(
+    seed: int = 7, duration: float = 8 * 3600.0, base_rate: float = 0.014
+) -> Scenario:
     """The built-in scenario: arrivals per virtual second follow a day curve peaking mid-run."""
     rnd = random.Random(seed)
     arrivals: list[Arrival] = []
