@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 
+import anyio
 import pytest
 from kubernetes_asyncio import client, config
 
-from .control_plane import Binaries, ControlPlane, ControlPlaneError, ensure_binaries
+from pyctl.cluster.records import Event, Kind, Record, record_key
+from pyctl.controller.cache import ClusterCache
+
+from .control_plane import (
+    Binaries,
+    ControlPlane,
+    ControlPlaneError,
+    ExtraApiserver,
+    ensure_binaries,
+)
 
 _started: list[ControlPlane] = []
 
@@ -64,6 +75,75 @@ async def api(control_plane: ControlPlane) -> AsyncIterator[client.ApiClient]:
     )
     async with api_client:
         yield api_client
+
+
+@pytest.fixture(scope="session")
+def nocache_apiserver(control_plane: ControlPlane) -> Iterator[ExtraApiserver]:
+    """A second kube-apiserver on the same etcd without a watch cache: watches go to etcd, so a
+    compacted resourceVersion gets 410 Gone. Tests may stop it (to drop every watch) and must
+    start it again before they end."""
+    extra = ExtraApiserver(control_plane, "nocache", ["--watch-cache=false"])
+    failure = None
+    try:
+        extra.start()
+    except ControlPlaneError as exc:
+        failure = str(exc)
+    if failure is not None:
+        pytest.fail(failure, pytrace=False)
+    try:
+        yield extra
+    finally:
+        extra.stop()
+
+
+class CacheSink:
+    """An EventSink feeding a `ClusterCache`, recording what it was told (for the kube tests)."""
+
+    def __init__(self) -> None:
+        self.cache = ClusterCache()
+        self.rv: dict[Kind, str] = {}
+        self.replaced: Counter[Kind] = Counter()
+        self.applied: Counter[str] = Counter()
+        self.decode_errors: list[tuple[Kind, str]] = []
+        #: (event type, record key, resourceVersion) of every event, in order
+        self.log: list[tuple[str, str, str]] = []
+        self.changed = anyio.Event()
+
+    def _poke(self) -> None:
+        event, self.changed = self.changed, anyio.Event()
+        event.set()
+
+    async def replace(self, kind: Kind, records: Sequence[Record], resource_version: str) -> None:
+        self.cache.replace(kind, records)
+        self.rv[kind] = resource_version
+        self.replaced[kind] += 1
+        self._poke()
+
+    async def apply(self, events: Sequence[Event], resource_versions: Mapping[Kind, str]) -> None:
+        self.cache.apply(events)
+        self.rv.update(resource_versions)
+        for ev in events:
+            self.applied[ev.type] += 1
+            self.log.append((ev.type, record_key(ev.record), ev.record.resource_version))
+        self._poke()
+
+    def decode_error(self, kind: Kind, message: str) -> None:
+        self.decode_errors.append((kind, message))
+
+
+async def wait_until(
+    check: Callable[[], bool | Awaitable[bool]], what: str, within: float = 15.0
+) -> None:
+    """Poll `check` (every 50 ms) until it is true; fail naming `what` after `within` s."""
+    with anyio.move_on_after(within):
+        while True:
+            got = check()
+            if not isinstance(got, bool):
+                got = await got
+            if got:
+                return
+            await anyio.sleep(0.05)
+    pytest.fail(f"timed out after {within:.0f} s waiting for {what}")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -715,3 +715,96 @@ def running_control_plane(binaries: Binaries, work_dir: Path, **kw: Any) -> Iter
         yield plane
     finally:
         plane.stop()
+
+
+# --------------------------------------------------------------------------------------------------
+# A second kube-apiserver on the same etcd, and etcd compaction (for the watch tests)
+
+
+class ExtraApiserver:
+    """Another kube-apiserver on the control plane's etcd: its own port, kubeconfig and extra
+    flags (e.g. ``--watch-cache=false``). A test may stop and start it again on the same port to
+    drop every connection to it, without disturbing the shared apiserver. Context manager.
+
+    Start it from the main thread: the process gets SIGKILL when the thread that started it
+    exits (``PR_SET_PDEATHSIG``), and worker threads (``anyio.to_thread``) come and go."""
+
+    def __init__(self, plane: ControlPlane, name: str, extra_args: Sequence[str] = ()) -> None:
+        self.plane = plane
+        self.name = f"{APISERVER}-{name}"
+        self.port = free_port()
+        self.server = f"https://127.0.0.1:{self.port}"
+        self.kubeconfig = plane.work_dir / f"{self.name}.kubeconfig"
+        write_kubeconfig(self.kubeconfig, self.server, plane.pki)
+        base = plane._apiserver().argv
+        extra = [
+            f"--secure-port={self.port}",
+            f"--cert-dir={plane.work_dir / self.name}",
+            *extra_args,
+        ]
+        override = {a.partition("=")[0] for a in extra}
+        self.argv = [a for a in base if a.partition("=")[0] not in override] + extra
+        self.component: Component | None = None
+
+    def start(self) -> None:
+        component = Component(self.name, list(self.argv), self.plane.log_dir / f"{self.name}.log")
+        self.component = component
+        component.start()
+
+        def probe() -> str | None:
+            status, body = self.plane._get(f"{self.server}/readyz", self.plane.ssl_context())
+            return None if status == 200 else f"/readyz {status}: {body.strip()[-300:]}"
+
+        try:
+            self.plane._wait(component, "ready", probe)
+        except BaseException:
+            component.stop()
+            raise
+
+    def stop(self) -> None:
+        if self.component is not None:
+            self.component.stop()
+            self.component = None
+
+    def kill(self) -> None:
+        """SIGKILL, as in a crash: every connection drops at once (a SIGTERM'd apiserver waits
+        for its watches for the whole grace period)."""
+        proc = self.component.process if self.component is not None else None
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        self.stop()
+
+    def __enter__(self) -> ExtraApiserver:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _etcd_call(plane: ControlPlane, api: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    """etcd's v3 JSON gateway (no etcdctl needed)."""
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{plane.ports.etcd_client}/v3/{api}",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(req, timeout=10) as resp:
+        result: dict[str, Any] = json.loads(resp.read() or b"{}")
+        return result
+
+
+def etcd_revision(plane: ControlPlane) -> int:
+    """etcd's current revision (a resourceVersion, as the apiserver shows it)."""
+    got = _etcd_call(plane, "kv/range", {"key": base64.b64encode(b"/pyctl-e2e-none").decode()})
+    return int(got["header"]["revision"])
+
+
+def etcd_compact(plane: ControlPlane, revision: int) -> None:
+    """Compact etcd's history up to ``revision``: watches from older resourceVersions that reach
+    etcd (an apiserver without a watch cache) then get 410 Gone."""
+    _etcd_call(plane, "kv/compaction", {"revision": str(revision), "physical": True})

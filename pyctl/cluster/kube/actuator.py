@@ -1,0 +1,219 @@
+"""`KubeActuator`: the `Actuator` of a real cluster. Every mutation is idempotent (a merge patch
+that sets what is already there is not written by the API server; taints are read, changed and
+written back with the resourceVersion read). Callers pass the gate (dry-run, lease, rate limits)
+first; this module does not decide anything.
+
+- cordon / uncordon: `spec.unschedulable` (merge patch)
+- eviction: policy/v1 Eviction; True when the API server accepts it (or the pod is already gone),
+  False on 429 (a PodDisruptionBudget, or a budget still being computed): `try_evict` says why,
+  with the budget named in `details.causes` and any retry-after; other errors raise
+- node labels (None deletes one), taints (for MIG reconfiguration), core/v1 Events
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from pyctl.cluster.kube.client import KubeApiError, KubeClient, Response, path_part
+
+log = logging.getLogger(__name__)
+
+MERGE_PATCH: Final = "application/merge-patch+json"
+_BUDGET: Final = re.compile(r"disruption budget (\S+?)[ .:]")
+_CONFLICT_RETRIES: Final = 5
+
+
+@dataclass(frozen=True)
+class EvictionOutcome:
+    allowed: bool
+    status: int
+    reason: str = ""
+    message: str = ""
+    #: seconds the API server asks to wait (Retry-After header or details.retryAfterSeconds)
+    retry_after: float | None = None
+    #: the PodDisruptionBudget that refused it, when the API server names it
+    budget: str = ""
+    #: (reason, message) of each of `details.causes`
+    causes: tuple[tuple[str, str], ...] = ()
+
+
+def _time(t: datetime) -> str:
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class KubeActuator:
+    def __init__(
+        self,
+        kube: KubeClient,
+        *,
+        component: str = "pyctl",
+        instance: str = "",
+        grace_period_seconds: int | None = None,
+    ) -> None:
+        self.kube = kube
+        self.component = component
+        self.instance = instance
+        #: passed in the Eviction's deleteOptions (None: the pod's own)
+        self.grace_period_seconds = grace_period_seconds
+
+    # -- nodes -------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _node_path(node: str) -> str:
+        return f"/api/v1/nodes/{path_part(node)}"
+
+    async def _patch_node(self, node: str, patch: Mapping[str, Any]) -> Response:
+        resp = await self.kube.request(
+            "PATCH", self._node_path(node), body=patch, content_type=MERGE_PATCH
+        )
+        return resp.check()
+
+    async def cordon(self, node: str, on: bool) -> None:
+        """Mark the node (un)schedulable. Setting what is already set writes nothing."""
+        # None removes the field: an uncordoned node looks like one never cordoned.
+        await self._patch_node(node, {"spec": {"unschedulable": True if on else None}})
+
+    async def label_node(self, node: str, labels: Mapping[str, str | None]) -> None:
+        """Set labels; a None value deletes the label (absent labels: nothing to do)."""
+        if labels:
+            await self._patch_node(node, {"metadata": {"labels": dict(labels)}})
+
+    async def taint(
+        self, node: str, key: str, effect: str = "NoSchedule", *, value: str = "", on: bool = True
+    ) -> bool:
+        """Add (`on`) or remove the taint `key[=value]:effect`; True if the node changed.
+
+        Read-modify-write with the resourceVersion read, retried on conflict (a merge patch
+        replaces the whole `taints` list, so a concurrent writer must not be overwritten)."""
+        if effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
+            raise ValueError(f"taint: unknown effect {effect!r}")
+        for _ in range(_CONFLICT_RETRIES):
+            got = (await self.kube.request("GET", self._node_path(node))).check().json()
+            taints: list[dict[str, Any]] = list((got.get("spec") or {}).get("taints") or [])
+            same = [t for t in taints if t.get("key") == key and t.get("effect") == effect]
+            others = [t for t in taints if t not in same]
+            if on:
+                if len(same) == 1 and (same[0].get("value") or "") == value:
+                    return False
+                new = [
+                    *others,
+                    {"key": key, "effect": effect, **({"value": value} if value else {})},
+                ]
+            else:
+                if not same:
+                    return False
+                new = others
+            patch = {
+                "metadata": {"resourceVersion": got["metadata"]["resourceVersion"]},
+                "spec": {"taints": new or None},
+            }
+            resp = await self.kube.request(
+                "PATCH", self._node_path(node), body=patch, content_type=MERGE_PATCH
+            )
+            if resp.status != 409:
+                resp.check()
+                return True
+        raise KubeApiError(409, "Conflict", f"taint {key} on node {node}: too many conflicts", {})
+
+    # -- eviction ----------------------------------------------------------------------------------
+
+    async def evict(self, namespace: str, pod: str) -> bool:
+        """Eviction API; False when it is refused with 429 (see `try_evict` for why)."""
+        return (await self.try_evict(namespace, pod)).allowed
+
+    async def try_evict(self, namespace: str, pod: str) -> EvictionOutcome:
+        body: dict[str, Any] = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": pod, "namespace": namespace},
+        }
+        if self.grace_period_seconds is not None:
+            body["deleteOptions"] = {"gracePeriodSeconds": self.grace_period_seconds}
+        path = f"/api/v1/namespaces/{path_part(namespace)}/pods/{path_part(pod)}/eviction"
+        resp = await self.kube.request("POST", path, body=body)
+        if resp.ok:
+            return EvictionOutcome(True, resp.status)
+        err = resp.error()
+        if resp.status == 404 and (err.details.get("kind") in ("pods", None)):
+            # Already gone (a retried eviction after a crash): what eviction wanted is done.
+            return EvictionOutcome(True, 404, err.reason, err.message)
+        if resp.status != 429:
+            raise err
+        causes = tuple(
+            (str(c.get("reason", "")), str(c.get("message", "")))
+            for c in err.details.get("causes") or []
+            if isinstance(c, Mapping)
+        )
+        retry_after: float | None = None
+        header = resp.headers.get("Retry-After")
+        if header is not None and header.strip().isdigit():
+            retry_after = float(header)
+        elif isinstance(err.details.get("retryAfterSeconds"), int):
+            retry_after = float(err.details["retryAfterSeconds"])
+        budget = ""
+        for text in [m for r, m in causes if r == "DisruptionBudget"] + [err.message]:
+            if m := _BUDGET.search(text + " "):
+                budget = m.group(1)
+                break
+        return EvictionOutcome(False, 429, err.reason, err.message, retry_after, budget, causes)
+
+    # -- events ------------------------------------------------------------------------------------
+
+    async def event(
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        reason: str,
+        message: str,
+        *,
+        type_: str = "Normal",
+    ) -> None:
+        """A core/v1 Event about a Pod or Node (what `kubectl describe` shows). Events of
+        cluster-scoped objects live in namespace `default`, as client-go's recorder puts them."""
+        if type_ not in ("Normal", "Warning"):
+            raise ValueError(f"event: type must be Normal or Warning, got {type_!r}")
+        involved: dict[str, Any] = {"apiVersion": "v1", "kind": kind, "name": name}
+        if namespace:
+            involved["namespace"] = namespace
+        uid = await self._uid(kind, namespace, name)
+        if uid:
+            involved["uid"] = uid  # kubectl describe matches events by uid too
+        now = datetime.now(UTC)
+        ev_ns = namespace or "default"
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{name}.{time.time_ns():x}", "namespace": ev_ns},
+            "involvedObject": involved,
+            "reason": reason,
+            "message": message[:1024],
+            "type": type_,
+            "count": 1,
+            "firstTimestamp": _time(now),
+            "lastTimestamp": _time(now),
+            "source": {"component": self.component},
+            "reportingComponent": self.component,
+            "reportingInstance": self.instance or self.component,
+        }
+        path = f"/api/v1/namespaces/{path_part(ev_ns)}/events"
+        (await self.kube.request("POST", path, body=body)).check()
+
+    async def _uid(self, kind: str, namespace: str, name: str) -> str:
+        if kind == "Node":
+            path = self._node_path(name)
+        elif kind == "Pod" and namespace:
+            path = f"/api/v1/namespaces/{path_part(namespace)}/pods/{path_part(name)}"
+        else:
+            return ""
+        resp = await self.kube.request("GET", path)
+        if not resp.ok:
+            return ""  # gone already: the event is still worth recording
+        uid = (resp.json().get("metadata") or {}).get("uid", "")
+        return str(uid)
