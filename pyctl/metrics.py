@@ -108,3 +108,48 @@ class Metrics:
         self.store_up = Gauge("pyctl_store_up", "1 when the state store answers", c, registry=r)
         self.leader = Gauge("pyctl_leader", "1 on the replica holding the Lease", c, registry=r)
         self.nodes = Gauge("pyctl_nodes", "Nodes seen", c, registry=r)
+        self.federation_members_stale = Gauge(
+            "pyctl_federation_members_stale",
+            "Federation members (clusters) with no heartbeat within their TTL, seen from here",
+            c,
+            registry=r,
+        )
+        self.workflow = WorkflowMetrics(self)
+
+
+class WorkflowMetrics:
+    """Metrics of the acting side (compaction, evictions, rate limits); registered on the same
+    registry as `Metrics`."""
+
+    def __init__(self, m: Metrics) -> None:
+        r, c = m.registry, ["cluster"]
+        self.planned_moves = Gauge(
+            "pyctl_compaction_planned_moves",
+            "Evictions the compaction planner proposes now",
+            c,
+            registry=r,
+        )
+        self.expected_gain = Gauge(
+            "pyctl_compaction_expected_gain_gpus",
+            "Fragment reduction the proposed evictions would bring, in GPUs",
+            c,
+            registry=r,
+        )
+        self.evictions = Counter(
+            "pyctl_evictions_total",
+            "Evictions by result (evicted, refused, dry-run)",
+            [*c, "result"],
+            registry=r,
+        )
+        self.rate_limited = Counter(
+            "pyctl_rate_limited_total",
+            "Actions held back by a rate limit, by limit",
+            [*c, "limit"],
+            registry=r,
+        )
+        self.workflows = Gauge(
+            "pyctl_workflows",
+            "Workflows in progress, by kind and step",
+            [*c, "kind", "step"],
+            registry=r,
+        )

@@ -92,6 +92,50 @@ def make_store(cfg: Config) -> StateStore:
     )
 
 
+def attach_workflows(ctl: Controller, cfg: Config, source: Any) -> Any:
+    """The compaction loop, with the gate in front of the actuator: in enforce mode on the
+    simulated cluster evictions really happen there (and its scheduler takes pyctl's placement
+    advice); in observe mode they are counted as dry runs."""
+    from pyctl.cluster.sim.actuator import SimActuator
+    from pyctl.cluster.source import NullActuator
+    from pyctl.state.ratelimit import BucketLimit, MemoryRateLimiter, SafetyLimits
+    from pyctl.state.workflows import MemoryWorkflowStore
+    from pyctl.workflows.compactor import Compactor
+    from pyctl.workflows.engine import Context, Engine
+    from pyctl.workflows.gate import Gate
+
+    enforce = cfg.mode == "enforce"
+    actuator: Any = SimActuator(source) if enforce else NullActuator()
+    if enforce:
+        source.cluster.advice = True
+    # limits for a simulated day played in a minute: per wall second, not per hour
+    limits = SafetyLimits(
+        global_bucket=BucketLimit(capacity=5, per_second=2.0),
+        node_bucket=BucketLimit(capacity=2, per_second=0.5),
+        namespace_bucket=None,
+        workload_bucket=BucketLimit(capacity=2, per_second=1.0),
+        node_cooldown_seconds=0.0,
+        disruptions_per_hour=None,
+    )
+    gate = Gate(
+        cfg.mode, ctl.is_leader, MemoryRateLimiter(), limits, actuator, ctl.metrics, cfg.cluster
+    )
+    pods = ctl.cache.pods
+    engine = Engine(MemoryWorkflowStore(), Context(gate, lambda ns, name: pods.get(f"{ns}/{name}")))
+    compactor = Compactor(
+        ctl.cache,
+        ctl.reconciler,
+        engine,
+        ctl.metrics,
+        cfg.cluster,
+        cfg.mode,
+        interval=0.5,
+        max_moves=3,
+    )
+    ctl.background.append(lambda: compactor.run(ctl.is_leader))
+    return compactor
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     workload: Workload | None = (
@@ -130,6 +174,7 @@ async def _run_sim(cfg: Config, workload: Workload | None, live: bool) -> int:
         default_policy=cfg.default_topology_policy,
         on_summary=on_summary,
     )
+    compactor = attach_workflows(ctl, cfg, source)
     server = None
     if cfg.metrics_port:
         server = HealthServer(ctl.metrics.registry, ctl.ready, cfg.metrics_host, cfg.metrics_port)
@@ -177,8 +222,15 @@ async def _run_sim(cfg: Config, workload: Workload | None, live: bool) -> int:
         f"({', '.join(f'{k} {v}' for k, v in tracker.blocked_reasons.items()) or 'none'}); "
         f"lowest scheduling success over the 5-minute window: {tracker.min_success:.1%}."
     )
-    console.print(
-        "Mode observe: nothing was changed. Compaction and MIG re-partitioning (enforce mode) "
-        "are the next workflows to plug in."
-    )
+    if cfg.mode == "enforce":
+        console.print(
+            f"Mode enforce: {source.evicted} replicas evicted by compaction through the gate "
+            "(rate limits, lease); the simulated scheduler took pyctl's placement advice."
+        )
+    else:
+        planned = compactor.last_plan.moves if compactor.last_plan else ()
+        console.print(
+            f"Mode observe: nothing was changed; the last compaction plan proposed {len(planned)} "
+            "evictions (see pyctl_compaction_planned_moves). Run with --mode enforce to act."
+        )
     return 0

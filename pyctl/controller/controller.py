@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +80,8 @@ class Controller:
         self._logged_errors: set[str] = set()
         self.last_summary: Summary | None = None
         self._counters: dict[tuple[str, str], Any] = {}
+        #: more loops to run beside the controller's own (e.g. the compaction loop)
+        self.background: list[Callable[[], Coroutine[Any, Any, None]]] = []
         self._lag = self.metrics.event_lag.labels(cluster)
 
     # -- EventSink -------------------------------------------------------------------------
@@ -259,6 +261,8 @@ class Controller:
             tg.start_soon(self._worker, tg)
             tg.start_soon(self._store_loop)
             tg.start_soon(self._summary_loop)
+            for task in self.background:
+                tg.start_soon(task)
             await self.source.run(self)
             if until_source_ends:
                 await self.drain()

@@ -43,6 +43,8 @@ class SimCluster:
     namespace: str = "inference"
     pods: dict[str, SimPod] = field(default_factory=dict)
     pending: list[str] = field(default_factory=list)
+    #: pyctl's placement advice (scheduler extender): prefer the node whose fragment grows least
+    advice: bool = False
     _rv: int = 0
 
     def __post_init__(self) -> None:
@@ -156,6 +158,8 @@ class SimCluster:
             if d is None:
                 continue
             key = self._free_score(n.name, pod.shape)
+            if self.advice:
+                key = (d.fragment_gpu_milli + d.fragment_mig_slices, *key)  # type: ignore[assignment]
             if best is None or key < best[0]:
                 best = (key, n.name, d.assignment)
         if best is None:

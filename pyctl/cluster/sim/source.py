@@ -41,8 +41,44 @@ class SimClusterSource:
     def __post_init__(self) -> None:
         w = Workload(tuple(replace(r.shape, weight=r.share) for r in self.scenario.replicas))
         self.cluster = SimCluster(self.scenario.nodes, w)
+        self._sink: EventSink | None = None
+        #: original pod name -> the name of its current incarnation (after evictions)
+        self._alias: dict[str, str] = {}
+        self.evicted = 0
+
+    async def evict(self, namespace: str, name: str) -> bool:
+        """The Eviction API on the simulated cluster: the pod goes, its ReplicaSet creates a
+        replacement, and the scheduler places it (with pyctl's placement advice, if on)."""
+        c = self.cluster
+        pod = c.pods.get(name)
+        if self._sink is None or pod is None or not pod.node or namespace != c.namespace:
+            return True  # already gone: eviction is idempotent
+        old_node = c.remove(pod)
+        del c.pods[name]
+        self.evicted += 1
+        root = next((k for k, v in self._alias.items() if v == name), name)
+        new = SimPod(f"{root}-m{self.evicted}", pod.shape)
+        c.pods[new.name] = new
+        self._alias[root] = new.name
+        now = time.monotonic()
+        events = [
+            Event("DELETED", c.pod_record(pod), now),
+            Event("MODIFIED", c.nrt_record(old_node), now),
+        ]
+        if c.schedule(new):
+            events += [
+                Event("ADDED", c.pod_record(new), now),
+                Event("MODIFIED", c.nrt_record(new.node), now),
+            ]
+        else:
+            c.pending.append(new.name)
+            events.append(Event("ADDED", c.pod_record(new), now))
+        self.stats.events += len(events)
+        await self._sink.apply(events, {"Pod": c.rv(), "NodeResourceTopology": c.rv()})
+        return True
 
     async def run(self, sink: EventSink) -> None:
+        self._sink = sink
         c = self.cluster
         rv = c.rv
         await sink.replace("Node", [c.node_record(n) for n in c.nodes], rv())
@@ -94,7 +130,19 @@ class SimClusterSource:
                     c.pending.append(name)
                     batch.append(c.pod_record(pod))
             else:
-                pod = c.pods.pop(name)
+                current = self._alias.pop(name, name)
+                if current not in c.pods:
+                    continue
+                pod = c.pods.pop(current)
+                if not pod.node:
+                    # an evicted replica whose replacement is still pending leaves the queue
+                    if pod.name in c.pending:
+                        c.pending.remove(pod.name)
+                    self.stats.departed += 1
+                    ev = [Event("DELETED", c.pod_record(pod), time.monotonic())]
+                    self.stats.events += 1
+                    await sink.apply(ev, {"Pod": c.rv()})
+                    continue
                 node = c.remove(pod)
                 self.stats.departed += 1
                 deleted.append(c.pod_record(pod))
@@ -109,8 +157,8 @@ class SimClusterSource:
                     if c.schedule(p, only=node):
                         c.pending.remove(pname)
                         self.stats.bound += 1
-                        a = arrivals[pname]
-                        clock.push(t + a.life, "depart", pname)
+                        if pname in arrivals:
+                            clock.push(t + arrivals[pname].life, "depart", pname)
                         batch += [c.pod_record(p), c.nrt_record(p.node)]
                     else:
                         failed.add(p.shape)

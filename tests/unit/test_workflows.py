@@ -1,0 +1,182 @@
+"""Workflows: persisted, idempotent steps behind the gate; a crash between acting and
+persisting never repeats an eviction; two replicas never both act; limits and modes hold."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import anyio
+import pytest
+
+from pyctl.cluster.records import PodRecord
+from pyctl.metrics import Metrics
+from pyctl.state.ratelimit import BucketLimit, MemoryRateLimiter, SafetyLimits
+from pyctl.state.workflows import MemoryWorkflowStore
+from pyctl.workflows.engine import Context, Engine, Workflow
+from pyctl.workflows.gate import Gate
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@dataclass
+class FakeCluster:
+    """Pods the actuator can evict (standing in for the API server in unit tests)."""
+
+    pods: dict[str, PodRecord] = field(default_factory=dict)
+    evictions: list[str] = field(default_factory=list)
+    refuse: bool = False
+
+    async def cordon(self, node: str, on: bool) -> None: ...
+
+    async def evict(self, namespace: str, pod: str) -> bool:
+        if self.refuse:
+            return False
+        self.evictions.append(f"{namespace}/{pod}")
+        self.pods.pop(f"{namespace}/{pod}", None)
+        return True
+
+    async def label_node(self, node: str, labels: Mapping[str, str | None]) -> None: ...
+
+    async def event(
+        self, kind: str, namespace: str, name: str, reason: str, message: str
+    ) -> None: ...
+
+
+LOOSE = SafetyLimits(
+    global_bucket=BucketLimit(100, 100.0),
+    node_bucket=None,
+    namespace_bucket=None,
+    workload_bucket=None,
+    node_cooldown_seconds=0,
+    disruptions_per_hour=None,
+)
+
+
+def setup(
+    mode: str = "enforce", limits: SafetyLimits = LOOSE, store: MemoryWorkflowStore | None = None
+) -> tuple[FakeCluster, Engine, MemoryWorkflowStore]:
+    cluster = FakeCluster(
+        {f"ns/p{i}": PodRecord("ns", f"p{i}", uid=f"u{i}", node="n1") for i in range(3)}
+    )
+    gate = Gate(mode, lambda: True, MemoryRateLimiter(), limits, cluster, Metrics(), "c")
+    store = store or MemoryWorkflowStore()
+    ctx = Context(gate, lambda ns, name: cluster.pods.get(f"{ns}/{name}"))
+    return cluster, Engine(store, ctx), store
+
+
+def move(i: int) -> Workflow:
+    data = {"namespace": "ns", "pod": f"p{i}", "uid": f"u{i}", "workload": "ReplicaSet/x"}
+    return Workflow(f"compaction-u{i}", "compaction", "n1", "evicting", created=0.0, data=data)
+
+
+@pytest.mark.anyio
+async def test_evicts_once_and_finishes() -> None:
+    cluster, engine, _ = setup()
+    assert await engine.start(move(0))
+    assert not await engine.start(move(0))  # idempotent start
+    await engine.advance_all()
+    await engine.advance_all()
+    assert cluster.evictions == ["ns/p0"]
+    wf = await engine.get("compaction-u0")
+    assert wf is not None
+    assert (wf.step, wf.result) == ("done", "evicted")
+
+
+@pytest.mark.anyio
+async def test_a_crash_after_acting_does_not_repeat_the_eviction() -> None:
+    cluster, engine, store = setup()
+    await engine.start(move(1))
+    # the controller evicts and is killed before it writes the next step
+    await cluster.evict("ns", "p1")
+    # a new controller (or leader) resumes from the store
+    _, engine2, _ = setup(store=store)
+    engine2.ctx = Context(engine.ctx.gate, lambda ns, name: cluster.pods.get(f"{ns}/{name}"))
+    await engine2.advance_all()
+    assert cluster.evictions == ["ns/p1"]
+    wf = await engine2.get("compaction-u1")
+    assert wf is not None
+    assert (wf.step, wf.result) == ("done", "pod already gone")
+
+
+@pytest.mark.anyio
+async def test_two_replicas_never_both_act() -> None:
+    cluster, engine_a, store = setup()
+    _, engine_b, _ = setup(store=store)
+    engine_b.ctx = Context(engine_a.ctx.gate, engine_a.ctx.pod)
+    for i in range(3):
+        await engine_a.start(move(i))
+    async with anyio.create_task_group() as tg:
+        for _ in range(3):
+            tg.start_soon(engine_a.advance_all)
+            tg.start_soon(engine_b.advance_all)
+    assert sorted(cluster.evictions) == ["ns/p0", "ns/p1", "ns/p2"]
+
+
+@pytest.mark.anyio
+async def test_rate_limits_hold_actions_back() -> None:
+    tight = SafetyLimits(
+        global_bucket=BucketLimit(capacity=1, per_second=0.001),
+        node_bucket=None,
+        namespace_bucket=None,
+        workload_bucket=None,
+        node_cooldown_seconds=0,
+        disruptions_per_hour=None,
+    )
+    cluster, engine, _ = setup(limits=tight)
+    for i in range(3):
+        await engine.start(move(i))
+    counts = await engine.advance_all()
+    assert len(cluster.evictions) == 1
+    assert counts[("compaction", "evicting")] == 2
+    wf = await engine.get("compaction-u1")
+    assert wf is not None
+    assert wf.not_before > 0
+    assert "limit" in wf.result
+
+
+@pytest.mark.anyio
+async def test_a_pdb_refusal_is_retried_later_never_worked_around() -> None:
+    cluster, engine, _ = setup()
+    cluster.refuse = True
+    await engine.start(move(2))
+    await engine.advance_all()
+    wf = await engine.get("compaction-u2")
+    assert wf is not None
+    assert wf.step == "evicting"
+    assert "PodDisruptionBudget" in wf.result
+    assert cluster.evictions == []
+
+
+@pytest.mark.anyio
+async def test_observe_mode_changes_nothing() -> None:
+    cluster, engine, _ = setup(mode="observe")
+    await engine.start(move(0))
+    await engine.advance_all()
+    wf = await engine.get("compaction-u0")
+    assert wf is not None
+    assert wf.step == "dry-run"
+    assert cluster.evictions == []
+
+
+@pytest.mark.anyio
+async def test_enforce_on_the_simulated_cluster_evicts_through_the_gate() -> None:
+    from pyctl.cli.run import attach_workflows
+    from pyctl.cluster.sim.scenario import inference_day
+    from pyctl.cluster.sim.source import SimClusterSource
+    from pyctl.config import Config
+    from pyctl.controller.controller import Controller
+    from pyctl.state.memory import MemoryStore
+
+    cfg = Config(mode="enforce", sim_speed=3000)
+    src = SimClusterSource(inference_day(), speed=3000)
+    ctl = Controller("sim", src, MemoryStore(), summary_interval=0.2)
+    compactor = attach_workflows(ctl, cfg, src)
+    await ctl.run(until_source_ends=True)
+    calls = compactor.engine.ctx.gate.actuator.calls
+    evicted = [args for name, args in calls if name == "evict"]
+    assert src.evicted > 0
+    assert len(evicted) == len(set(evicted)), "a pod was evicted twice"
