@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from typing import Any
 
@@ -92,24 +91,11 @@ def make_store(cfg: Config) -> StateStore:
     )
 
 
-def attach_workflows(ctl: Controller, cfg: Config, source: Any) -> Any:
-    """The compaction loop, with the gate in front of the actuator: in enforce mode on the
-    simulated cluster evictions really happen there (and its scheduler takes pyctl's placement
-    advice); in observe mode they are counted as dry runs."""
-    from pyctl.cluster.sim.actuator import SimActuator
-    from pyctl.cluster.source import NullActuator
-    from pyctl.state.ratelimit import BucketLimit, MemoryRateLimiter, SafetyLimits
-    from pyctl.state.workflows import MemoryWorkflowStore
-    from pyctl.workflows.compactor import Compactor
-    from pyctl.workflows.engine import Context, Engine
-    from pyctl.workflows.gate import Gate
+def sim_limits() -> Any:
+    """Limits for a simulated day played in about a minute: per wall second, not per hour."""
+    from pyctl.state.ratelimit import BucketLimit, SafetyLimits
 
-    enforce = cfg.mode == "enforce"
-    actuator: Any = SimActuator(source) if enforce else NullActuator()
-    if enforce:
-        source.cluster.advice = True
-    # limits for a simulated day played in a minute: per wall second, not per hour
-    limits = SafetyLimits(
+    return SafetyLimits(
         global_bucket=BucketLimit(capacity=5, per_second=2.0),
         node_bucket=BucketLimit(capacity=2, per_second=0.5),
         namespace_bucket=None,
@@ -117,23 +103,95 @@ def attach_workflows(ctl: Controller, cfg: Config, source: Any) -> Any:
         node_cooldown_seconds=0.0,
         disruptions_per_hour=None,
     )
+
+
+def attach_workflows(
+    ctl: Controller,
+    cfg: Config,
+    source: Any = None,
+    actuator: Any = None,
+    limits: Any = None,
+    interval: float = 0.5,
+) -> Any:
+    """The compaction loop, with the gate in front of the actuator. On the simulated cluster in
+    enforce mode evictions really happen there (and its scheduler takes pyctl's placement
+    advice); in observe mode they are counted as dry runs."""
+    from pyctl.cluster.sim.actuator import SimActuator
+    from pyctl.cluster.source import NullActuator
+    from pyctl.state.ratelimit import MemoryRateLimiter
+    from pyctl.state.workflows import MemoryWorkflowStore
+    from pyctl.workflows.compactor import Compactor
+    from pyctl.workflows.engine import Context, Engine
+    from pyctl.workflows.gate import Gate
+
+    enforce = cfg.mode == "enforce"
+    if actuator is None:
+        actuator = SimActuator(source) if enforce and source is not None else NullActuator()
+    if enforce and source is not None and hasattr(source, "cluster"):
+        source.cluster.advice = True
+    limits = limits if limits is not None else sim_limits()
     gate = Gate(
         cfg.mode, ctl.is_leader, MemoryRateLimiter(), limits, actuator, ctl.metrics, cfg.cluster
     )
     pods = ctl.cache.pods
     engine = Engine(MemoryWorkflowStore(), Context(gate, lambda ns, name: pods.get(f"{ns}/{name}")))
     compactor = Compactor(
-        ctl.cache,
-        ctl.reconciler,
-        engine,
-        ctl.metrics,
-        cfg.cluster,
-        cfg.mode,
-        interval=0.5,
-        max_moves=3,
+        ctl.cache, ctl.reconciler, engine, ctl.metrics, cfg.cluster, cfg.mode, interval, max_moves=3
     )
     ctl.background.append(lambda: compactor.run(ctl.is_leader))
     return compactor
+
+
+async def run_kube(cfg: Config, workload: Workload | None) -> int:
+    """Follow a real cluster until cancelled: reflectors, the Lease (only the leader acts),
+    the state store, metrics and health on `metrics_port`."""
+    import socket
+
+    from pyctl.cluster.kube.actuator import KubeActuator
+    from pyctl.cluster.kube.client import connect
+    from pyctl.cluster.kube.lease import LeaderElector, LeaseConfig
+    from pyctl.cluster.kube.source import KubeClusterSource
+    from pyctl.cluster.source import NullActuator
+    from pyctl.state.ratelimit import SafetyLimits
+
+    kube = await connect(kubeconfig=cfg.kubeconfig or None, in_cluster=cfg.in_cluster)
+    identity = cfg.identity or f"{socket.gethostname()}-{os.getpid()}"
+    d = cfg.lease_duration
+    elector = LeaderElector(
+        kube,
+        LeaseConfig(
+            cfg.lease_namespace,
+            cfg.lease_name,
+            identity,
+            d,
+            renew_deadline=d * 2 / 3,
+            retry_period=d / 6,
+        ),
+    )
+    ctl = Controller(
+        cfg.cluster,
+        KubeClusterSource(kube),
+        make_store(cfg),
+        workload=workload,
+        summary_interval=cfg.summary_interval,
+        default_policy=cfg.default_topology_policy,
+        is_leader=elector.still_leader,
+    )
+    actuator = KubeActuator(kube, instance=identity) if cfg.mode == "enforce" else NullActuator()
+    attach_workflows(ctl, cfg, actuator=actuator, limits=SafetyLimits(), interval=30.0)
+    server = None
+    if cfg.metrics_port:
+        server = HealthServer(ctl.metrics.registry, ctl.ready, cfg.metrics_host, cfg.metrics_port)
+        await server.start()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(elector.run)
+            await ctl.run()
+    finally:
+        if server is not None:
+            await server.stop()
+        await kube.close()
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -141,12 +199,15 @@ def run(args: argparse.Namespace) -> int:
     workload: Workload | None = (
         load_workload(load_json(cfg.workload_file)) if cfg.workload_file else None
     )
-    live = (not args.no_live and sys.stdout.isatty()) or (not args.no_live and cfg.source == "sim")
+    live = not args.no_live and cfg.source == "sim"
     setup_logging(cfg.log_format, "warning" if live else cfg.log_level)
     if cfg.source == "kube":
-        raise UserError(
-            "following a real cluster needs the Kubernetes adapter (pyctl.cluster.kube.source)"
-        )
+        if not (cfg.kubeconfig or cfg.in_cluster):
+            raise UserError("source kube needs --kubeconfig PATH or --in-cluster")
+        try:
+            return anyio.run(run_kube, cfg, workload)
+        except KeyboardInterrupt:
+            return 0
     return anyio.run(_run_sim, cfg, workload, live)
 
 

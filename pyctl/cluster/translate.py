@@ -8,7 +8,9 @@ zones, GPUs and MIG instances.
 - NUMA: per-zone resources from NodeResourceTopology, with its Topology Manager policy; otherwise
   the per-GPU labels `nvidia.com/gpu-<i>-numa` (CPU and memory then split evenly over the zones, an
   approximation); otherwise one zone.
-- Used amounts: the requests of the pods bound to the node that have not terminated.
+- Used amounts: the requests of the pods bound to the node that have not terminated; with
+  NodeResourceTopology, its per-zone usage, topped up with what the pods use and it does not
+  show yet (the agent that writes it lags the scheduler).
 """
 
 from __future__ import annotations
@@ -50,6 +52,22 @@ def pod_shape(p: PodRecord) -> Shape:
     )
 
 
+def _top_up(drafts: list[_Draft], used_cpu: int, used_mem: int, used_gpus: int) -> None:
+    for attr, cap, total in (
+        ("cpu_used", "cpu", used_cpu),
+        ("mem_used", "mem", used_mem),
+        ("gpus_used", "gpus", used_gpus),
+    ):
+        missing = total - sum(getattr(d, attr) for d in drafts)
+        for d in drafts:
+            if missing <= 0:
+                break
+            room = getattr(d, cap) - getattr(d, attr)
+            add = min(max(room, 0), missing)
+            setattr(d, attr, getattr(d, attr) + add)
+            missing -= add
+
+
 def _spread(drafts: list[_Draft], used_cpu: int, used_mem: int, used_gpus: int) -> None:
     for d in drafts:
         d.cpu_used = min(d.cpu, used_cpu)
@@ -88,6 +106,9 @@ def node_from_records(
             )
             for z in nrt.zones
         ]
+        # NodeResourceTopology is written by an agent on the node and can lag the pods bound
+        # there: usage it does not show yet goes to the zones with room, in order
+        _top_up(drafts, used_cpu, used_mem, used_gpus)
     else:
         numa_of = dict(node.gpu_numa)
         ids = sorted(set(numa_of.values())) or [0]
