@@ -77,3 +77,23 @@ def mig_plan(
 ) -> dict[str, Any]: ...
 
 # ---- end of MIG ---------------------------------------------------------------------------------
+
+# ---- trace replay (rust/src/python/replay.rs) ---------------------------------------------------
+
+REPLAY_POLICIES: list[str]
+
+def replay_run(
+    nodes: Mapping[str, Sequence[Any]],
+    tasks: Mapping[str, Sequence[Any]],
+    shapes: Sequence[Mapping[str, Any]],
+    policy: str = "fgd",
+    seed: int = 42,
+    tune: float = 1.3,
+    shuffle: bool = True,
+    numa: bool = False,
+    compaction: Mapping[str, float] | None = None,
+    max_pct: int = 130,
+    placements: bool = False,
+) -> dict[str, Any]: ...
+
+# ---- end of trace replay ------------------------------------------------------------------------

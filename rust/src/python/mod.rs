@@ -4,6 +4,7 @@
 mod convert;
 mod fragment;
 mod mig;
+mod replay;
 mod topology;
 
 use pyo3::prelude::*;
@@ -14,5 +15,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     topology::register(m)?;
     fragment::register(m)?;
     mig::register(m)?;
+    replay::register(m)?;
     Ok(())
 }

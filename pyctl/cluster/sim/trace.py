@@ -1,0 +1,276 @@
+"""Trace replay on the simulated cluster (issue 8): read an Alibaba-2023-style trace (node list +
+pod list CSVs), derive FGD's target workload M, and replay it with the Rust engine under one
+policy and seed (`pyctl._core.replay_run`).
+
+Trace layout (the FGD artifact's): a directory with `openb_node_list_gpu_node.csv`
+(`sn,cpu_milli,memory_mib,gpu,model`) and `openb_pod_list_<workload>.csv`
+(`name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec,...]`). Pods are sorted by name before the
+seeded resample and shuffle, as the artifact does.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyctl import _core
+from pyctl.fragmentation import derive_workload
+from pyctl.model import Shape, Workload
+
+NODE_FILE = "openb_node_list_gpu_node.csv"
+POD_PREFIX = "openb_pod_list_"
+POLICIES: tuple[str, ...] = tuple(_core.REPLAY_POLICIES)
+ARTIFACT_POLICIES: tuple[str, ...] = (
+    "random",
+    "dotprod",
+    "clustering",
+    "packing",
+    "bestfit",
+    "fgd",
+)
+SEEDS: tuple[int, ...] = tuple(range(42, 52))
+NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
+POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
+
+
+class TraceError(ValueError):
+    """A trace file is missing or malformed (the message names the file, row and column)."""
+
+
+@dataclass(frozen=True)
+class Trace:
+    name: str
+    nodes: dict[str, list[Any]]
+    tasks: dict[str, list[Any]]
+    workload: Workload
+
+    @property
+    def node_count(self) -> int:
+        return len(self.nodes["name"])
+
+    @property
+    def task_count(self) -> int:
+        return len(self.tasks["cpu_milli"])
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(self.nodes["gpu"])
+
+
+def _int(value: str, path: Path, row: int, column: str) -> int:
+    try:
+        v = int(value) if value.strip() else 0
+    except ValueError:
+        raise TraceError(
+            f"{path}: row {row}, column {column!r}: not an integer: {value!r}"
+        ) from None
+    if v < 0:
+        raise TraceError(f"{path}: row {row}, column {column!r}: negative value {v}")
+    return v
+
+
+def _rows(path: Path, required: Sequence[str]) -> Iterable[tuple[int, dict[str, str]]]:
+    if not path.is_file():
+        raise TraceError(f"trace file not found: {path}")
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            header = reader.fieldnames or []
+            missing = [c for c in required if c not in header]
+            if missing:
+                raise TraceError(f"{path}: missing column(s) {missing} (header: {header})")
+            rows = list(enumerate(reader, start=2))
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise TraceError(f"{path}: cannot read: {e}") from None
+    return rows
+
+
+def read_nodes(path: Path) -> dict[str, list[Any]]:
+    cols: dict[str, list[Any]] = {
+        "name": [],
+        "cpu_milli": [],
+        "memory_mib": [],
+        "gpu": [],
+        "model": [],
+    }
+    for row, r in _rows(path, NODE_COLUMNS):
+        cols["name"].append(r["sn"])
+        cols["cpu_milli"].append(_int(r["cpu_milli"], path, row, "cpu_milli"))
+        cols["memory_mib"].append(_int(r["memory_mib"], path, row, "memory_mib"))
+        cols["gpu"].append(_int(r["gpu"], path, row, "gpu"))
+        cols["model"].append((r["model"] or "").strip())
+    if not cols["name"]:
+        raise TraceError(f"{path}: no nodes")
+    return cols
+
+
+def read_tasks(path: Path) -> dict[str, list[Any]]:
+    rows = []
+    for row, r in _rows(path, POD_COLUMNS):
+        num = _int(r["num_gpu"], path, row, "num_gpu")
+        milli = _int(r["gpu_milli"], path, row, "gpu_milli")
+        spec = (r.get("gpu_spec") or "").strip()
+        models = tuple(m for m in spec.split("|") if m) if spec else ()
+        rows.append(
+            (
+                r["name"],
+                _int(r["cpu_milli"], path, row, "cpu_milli"),
+                _int(r["memory_mib"], path, row, "memory_mib"),
+                num,
+                milli if num > 0 else 0,
+                models,
+            )
+        )
+    rows.sort(key=lambda x: x[0])
+    return {
+        "name": [x[0] for x in rows],
+        "cpu_milli": [x[1] for x in rows],
+        "memory_mib": [x[2] for x in rows],
+        "num_gpu": [x[3] for x in rows],
+        "gpu_milli": [x[4] for x in rows],
+        "gpu_models": [list(x[5]) for x in rows],
+    }
+
+
+def task_shapes(tasks: Mapping[str, list[Any]]) -> list[Shape]:
+    return [
+        Shape(
+            cpu_milli=c,
+            gpus=n,
+            gpu_milli=m,
+            gpu_models=tuple(g),
+        )
+        for c, n, m, g in zip(
+            tasks["cpu_milli"],
+            tasks["num_gpu"],
+            tasks["gpu_milli"],
+            tasks["gpu_models"],
+            strict=True,
+        )
+    ]
+
+
+def load_trace(directory: str | Path, workload: str = "default") -> Trace:
+    d = Path(directory)
+    if not d.is_dir():
+        raise TraceError(f"trace directory not found: {d}")
+    nodes = read_nodes(d / NODE_FILE)
+    tasks = read_tasks(d / f"{POD_PREFIX}{workload}.csv")
+    if not tasks["name"]:
+        raise TraceError(f"{d / f'{POD_PREFIX}{workload}.csv'}: no pods")
+    return Trace(workload, nodes, tasks, derive_workload(task_shapes(tasks)))
+
+
+def available_workloads(directory: str | Path) -> list[str]:
+    return sorted(p.stem[len(POD_PREFIX) :] for p in Path(directory).glob(f"{POD_PREFIX}*.csv"))
+
+
+def shape_dicts(workload: Workload) -> list[dict[str, Any]]:
+    return [
+        {
+            "cpu_milli": s.cpu_milli,
+            "gpus": s.gpus,
+            "gpu_milli": s.gpu_milli,
+            "gpu_models": list(s.gpu_models),
+            "weight": s.weight,
+        }
+        for s in workload.shapes
+    ]
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """pyctl's compaction as the controller runs it: a round every `every` arrivals, at most
+    `max_moves` moves a round, evictions never above `budget` x arrived pods."""
+
+    every: int = 20
+    budget: float = 0.02
+    max_moves: int = 20
+
+    def as_dict(self) -> dict[str, float]:
+        return {"every": self.every, "budget": self.budget, "max_moves": self.max_moves}
+
+
+@dataclass(frozen=True)
+class RunResult:
+    trace: str
+    policy: str
+    seed: int
+    numa: bool
+    raw: dict[str, Any] = field(repr=False)
+    seconds: float = 0.0
+
+    def _at(self, pct: int) -> dict[str, Any] | None:
+        for c in self.raw["checkpoints"]:
+            if c["arrived_pct"] == pct:
+                return dict(c)
+        return None
+
+    @property
+    def capacity_milli(self) -> int:
+        return int(self.raw["gpu_capacity_milli"])
+
+    def unallocated_pct(self, pct: int = 100) -> float:
+        c = self._at(pct)
+        if c is None:
+            return float("nan")
+        return 100.0 - 100.0 * float(c["allocated_milli"]) / self.capacity_milli
+
+    def frag_rate(self, pct: int = 90) -> float:
+        c = self._at(pct)
+        if c is None or c["idle_milli"] == 0:
+            return float("nan")
+        return 100.0 * float(c["frag_milli"]) / float(c["idle_milli"])
+
+    def frag_amount_pct(self, pct: int = 90) -> float:
+        c = self._at(pct)
+        return float("nan") if c is None else 100.0 * c["frag_milli"] / self.capacity_milli
+
+    def numa_split_gpus(self, pct: int = 100) -> float:
+        c = self._at(pct)
+        return float("nan") if c is None else float(c["numa_split_milli"]) / 1000.0
+
+    def evicted_pct(self) -> float:
+        return 100.0 * float(self.raw["evictions"]) / max(1, int(self.raw["tasks"]))
+
+    def curve(self) -> list[tuple[int, float]]:
+        cap = self.capacity_milli
+        return [
+            (c["arrived_pct"], 100.0 - 100.0 * c["allocated_milli"] / cap)
+            for c in self.raw["checkpoints"]
+        ]
+
+
+def replay(
+    trace: Trace,
+    policy: str,
+    seed: int,
+    *,
+    tune: float = 1.3,
+    numa: bool = False,
+    compaction: Compaction | None = None,
+) -> RunResult:
+    import time
+
+    comp = compaction if compaction is not None else (Compaction() if policy == "pyctl" else None)
+    t0 = time.perf_counter()
+    raw = _core.replay_run(
+        trace.nodes,
+        trace.tasks,
+        shape_dicts(trace.workload),
+        policy=policy,
+        seed=seed,
+        tune=tune,
+        numa=numa,
+        compaction=comp.as_dict() if comp is not None and policy == "pyctl" else None,
+    )
+    return RunResult(trace.name, policy, seed, numa, raw, time.perf_counter() - t0)
+
+
+def median(values: Iterable[float]) -> float:
+    v = [x for x in values if x == x]
+    return statistics.median(v) if v else float("nan")

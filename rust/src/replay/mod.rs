@@ -1,0 +1,596 @@
+//! Trace replay (issue 8): the FGD artifact's arrival-only protocol on a columnar cluster, every
+//! policy's node and GPU choice, and pyctl's compaction. Pure and deterministic: the same input
+//! and seed give the same result; errors are `CoreError`s naming the field.
+//!
+//! Protocol (the caller may pass tasks already ordered and resampled, with `shuffle = false` and
+//! `tune = 0`): resample the tasks to `tune` x the cluster's GPU capacity (random clones or
+//! random removals), shuffle them with the seed, then schedule them one by one; a task that fits
+//! nowhere fails and is not retried. After each arrival the state is sampled at every whole
+//! percent of capacity that the arrived GPU request has reached.
+
+pub mod policy;
+pub mod rng;
+pub mod state;
+
+use crate::error::{CoreError, CoreResult};
+pub use policy::{Policy, POLICY_NAMES};
+use rng::Rng;
+use state::{numa_split, KShape, KTask, Placed, State, MAX_GPUS, TAGS};
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeSpec {
+    pub name: String,
+    pub cpu_milli: i64,
+    pub memory_mib: i64,
+    pub gpus: i64,
+    pub model: String,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct TaskSpec {
+    pub cpu_milli: i64,
+    pub memory_mib: i64,
+    pub num_gpu: i64,
+    pub gpu_milli: i64,
+    /// Allowed GPU models (empty = any).
+    pub models: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ShapeSpec {
+    pub cpu_milli: i64,
+    pub num_gpu: i64,
+    pub gpu_milli: i64,
+    pub models: Vec<String>,
+    pub weight: f64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Compaction {
+    /// Run a compaction round every this many arrivals.
+    pub every: u32,
+    /// Eviction budget: evictions never exceed this fraction of the arrived pods.
+    pub budget: f64,
+    /// Most moves per round.
+    pub max_moves: u32,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub policy: Policy,
+    pub seed: u64,
+    /// Resample to this multiple of GPU capacity (0 = keep the tasks as given).
+    pub tune: f64,
+    pub shuffle: bool,
+    /// Split each node's GPUs over two NUMA zones under `single-numa-node`.
+    pub numa: bool,
+    pub compaction: Option<Compaction>,
+    /// Highest arrived percentage to sample.
+    pub max_pct: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            policy: Policy::Fgd,
+            seed: 42,
+            tune: 1.3,
+            shuffle: true,
+            numa: false,
+            compaction: None,
+            max_pct: 130,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Checkpoint {
+    pub arrived_pct: u32,
+    pub arrived_milli: u64,
+    pub allocated_milli: u64,
+    /// F(M), milli-GPU.
+    pub frag_milli: f64,
+    pub idle_milli: u64,
+    /// Of `frag_milli`, the part that is fragment only because of NUMA split.
+    pub numa_split_milli: f64,
+    pub arrived_tasks: u64,
+    pub failed_tasks: u64,
+    pub evictions: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ReplayResult {
+    pub gpu_capacity_milli: u64,
+    pub tasks: u64,
+    pub placed: u64,
+    pub failed: u64,
+    /// Failed because the kubelet's topology admission refused the scheduler's node.
+    pub failed_admission: u64,
+    pub evictions: u64,
+    pub compaction_rounds: u64,
+    pub checkpoints: Vec<Checkpoint>,
+    /// Node index per replayed task (-1 = failed), in replay order; the task index per slot.
+    pub node_of: Vec<i64>,
+    pub task_of: Vec<u32>,
+}
+
+fn resolve_models(models: &[String], index: &[String]) -> u64 {
+    if models.is_empty() {
+        return u64::MAX;
+    }
+    let mut mask = 0u64;
+    for (j, m) in index.iter().enumerate() {
+        let ml = m.to_ascii_lowercase();
+        if models.iter().any(|x| x.to_ascii_lowercase() == ml) {
+            mask |= 1 << j;
+        }
+    }
+    mask
+}
+
+fn nonneg(v: i64, field: impl FnOnce() -> String) -> CoreResult<i64> {
+    if v < 0 {
+        Err(CoreError::new(
+            field(),
+            format!("must not be negative, got {v}"),
+        ))
+    } else {
+        Ok(v)
+    }
+}
+
+fn gpu_request(num: i64, milli: i64, field: &str) -> CoreResult<(u8, u16)> {
+    if !(0..=MAX_GPUS as i64).contains(&num) {
+        return Err(CoreError::new(
+            format!("{field}.num_gpu"),
+            format!("{num} is outside 0..={MAX_GPUS}"),
+        ));
+    }
+    if num == 0 {
+        return Ok((0, 0));
+    }
+    if !(1..=1000).contains(&milli) {
+        return Err(CoreError::new(
+            format!("{field}.gpu_milli"),
+            format!("{milli} is outside 1..=1000 for a GPU task"),
+        ));
+    }
+    if num > 1 && milli != 1000 {
+        return Err(CoreError::new(
+            format!("{field}.gpu_milli"),
+            format!("a task with {num} GPUs must take whole GPUs (1000), got {milli}"),
+        ));
+    }
+    Ok((num as u8, milli as u16))
+}
+
+/// The resolved replay input.
+pub struct Prepared {
+    pub state: State,
+    pub shapes: Vec<KShape>,
+    pub tasks: Vec<KTask>,
+    pub capacity_milli: u64,
+}
+
+pub fn prepare(
+    nodes: &[NodeSpec],
+    tasks: &[TaskSpec],
+    shapes: &[ShapeSpec],
+    numa: bool,
+) -> CoreResult<Prepared> {
+    if nodes.is_empty() {
+        return Err(CoreError::new("nodes", "the cluster has no nodes"));
+    }
+    let mut models: Vec<String> = Vec::new();
+    for n in nodes {
+        if !models.iter().any(|m| m.eq_ignore_ascii_case(&n.model)) {
+            models.push(n.model.clone());
+        }
+    }
+    if models.len() > 64 {
+        return Err(CoreError::new(
+            "nodes.model",
+            "more than 64 distinct GPU models",
+        ));
+    }
+    let k = nodes.len();
+    let mut st = State {
+        cpu_cap: Vec::with_capacity(k),
+        cpu_left: Vec::with_capacity(k),
+        mem_left: Vec::with_capacity(k),
+        ngpu: Vec::with_capacity(k),
+        split: Vec::with_capacity(k),
+        model_bit: Vec::with_capacity(k),
+        free: Vec::with_capacity(k),
+        frag: vec![0.0; k],
+        frag_blind: vec![0.0; k],
+        idle: vec![0; k],
+        affinity: vec![[0u16; TAGS]; k],
+        pods_on: vec![Vec::new(); k],
+    };
+    let mut capacity = 0u64;
+    for (i, n) in nodes.iter().enumerate() {
+        let f = |x: &str| format!("nodes[{i}] ({}).{x}", n.name);
+        let cpu = nonneg(n.cpu_milli, || f("cpu_milli"))?;
+        let mem = nonneg(n.memory_mib, || f("memory_mib"))?;
+        if !(0..=MAX_GPUS as i64).contains(&n.gpus) {
+            return Err(CoreError::new(
+                f("gpu"),
+                format!("{} GPUs; the replay supports 0..={MAX_GPUS}", n.gpus),
+            ));
+        }
+        let g = n.gpus as u8;
+        capacity += g as u64 * 1000;
+        st.cpu_cap.push(cpu);
+        st.cpu_left.push(cpu);
+        st.mem_left.push(mem);
+        st.ngpu.push(g);
+        st.split.push(if numa && g >= 2 { g / 2 } else { 0 });
+        let j = models
+            .iter()
+            .position(|m| m.eq_ignore_ascii_case(&n.model))
+            .unwrap_or(0);
+        st.model_bit.push(1u64 << j);
+        let mut free = [0u16; MAX_GPUS];
+        for x in free.iter_mut().take(g as usize) {
+            *x = 1000;
+        }
+        st.free.push(free);
+    }
+    let mut ks = Vec::with_capacity(shapes.len());
+    for (i, s) in shapes.iter().enumerate() {
+        let f = format!("shapes[{i}]");
+        let cpu = nonneg(s.cpu_milli, || format!("{f}.cpu_milli"))?;
+        let (num, milli) = gpu_request(s.num_gpu, s.gpu_milli, &f)?;
+        if !(s.weight.is_finite() && s.weight >= 0.0) {
+            return Err(CoreError::new(
+                format!("{f}.weight"),
+                format!("must be a finite non-negative number, got {}", s.weight),
+            ));
+        }
+        ks.push(KShape {
+            cpu,
+            milli,
+            num,
+            mask: resolve_models(&s.models, &models),
+            w: s.weight,
+        });
+    }
+    let total_w: f64 = ks.iter().map(|s| s.w).sum();
+    if !ks.is_empty() && total_w <= 0.0 {
+        return Err(CoreError::new("shapes", "weights sum to zero"));
+    }
+    for s in &mut ks {
+        s.w /= total_w;
+    }
+    let mut kt = Vec::with_capacity(tasks.len());
+    for (i, t) in tasks.iter().enumerate() {
+        let f = format!("tasks[{i}]");
+        let cpu = nonneg(t.cpu_milli, || format!("{f}.cpu_milli"))?;
+        let mem = nonneg(t.memory_mib, || format!("{f}.memory_mib"))?;
+        let (num, milli) = gpu_request(t.num_gpu, t.gpu_milli, &f)?;
+        kt.push(KTask {
+            cpu,
+            mem,
+            num,
+            milli,
+            mask: resolve_models(&t.models, &models),
+        });
+    }
+    for i in 0..k {
+        st.refresh(i, &ks);
+    }
+    Ok(Prepared {
+        state: st,
+        shapes: ks,
+        tasks: kt,
+        capacity_milli: capacity,
+    })
+}
+
+/// The replay order: task indices, resampled to `tune` x capacity and shuffled.
+pub fn replay_order(tasks: &[KTask], capacity: u64, cfg: &Config, rng: &mut Rng) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..tasks.len() as u32).collect();
+    if cfg.tune > 0.0 && !tasks.is_empty() {
+        let target = (cfg.tune * capacity as f64) as u64;
+        let mut total: u64 = tasks.iter().map(|t| t.gpu_milli_total()).sum();
+        let has_gpu = tasks.iter().any(|t| t.num > 0);
+        if has_gpu {
+            while total < target {
+                let j = rng.below(tasks.len() as u64) as u32;
+                order.push(j);
+                total += tasks[j as usize].gpu_milli_total();
+            }
+            while total > target && !order.is_empty() {
+                let p = rng.below(order.len() as u64) as usize;
+                let j = order.swap_remove(p);
+                total -= tasks[j as usize].gpu_milli_total();
+            }
+            order.sort_unstable();
+        }
+    }
+    if cfg.shuffle {
+        rng.shuffle(&mut order);
+    }
+    order
+}
+
+struct Run<'a> {
+    st: State,
+    shapes: &'a [KShape],
+    tasks: &'a [KTask],
+    placed: Vec<Placed>,
+    /// Index into `placed` per node's pod list entries are pod ids (indices into `placed`).
+    evictions: u64,
+    rounds: u64,
+}
+
+impl Run<'_> {
+    fn place(&mut self, task: u32, c: policy::Choice) -> u32 {
+        let t = &self.tasks[task as usize];
+        self.st.take(c.node, t, c.gpus, self.shapes);
+        let id = self.placed.len() as u32;
+        self.placed.push(Placed {
+            task,
+            node: c.node as u32,
+            gpus: c.gpus,
+        });
+        self.st.pods_on[c.node].push(id);
+        id
+    }
+
+    /// fragMultiPod-like compaction: visit the nodes with the most fragment, evict the pod whose
+    /// removal lowers that node's F_n(M) most, re-place it with pyctl's choice elsewhere, and keep
+    /// the move only if the cluster's F(M) strictly drops. Stops at the budget.
+    fn compact(&mut self, c: &Compaction, arrived: u64) {
+        self.rounds += 1;
+        let budget = (c.budget * arrived as f64).floor() as u64;
+        if self.evictions >= budget {
+            return;
+        }
+        let n = self.st.node_count();
+        let mut order: Vec<usize> = (0..n).filter(|&i| self.st.frag[i] > 0.0).collect();
+        order.sort_by(|&a, &b| {
+            self.st.frag[b]
+                .partial_cmp(&self.st.frag[a])
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then(a.cmp(&b))
+        });
+        let mut moves = 0u32;
+        for &src in order.iter().take((c.max_moves as usize) * 4) {
+            if moves >= c.max_moves || self.evictions >= budget {
+                break;
+            }
+            let before = self.st.frag[src];
+            // Best victim on src.
+            let mut best: Option<(f64, usize)> = None;
+            for (k, &pid) in self.st.pods_on[src].iter().enumerate() {
+                let p = self.placed[pid as usize];
+                let t = &self.tasks[p.task as usize];
+                let mut free = self.st.free[src];
+                let mut m = p.gpus;
+                while m != 0 {
+                    let g = m.trailing_zeros() as usize;
+                    free[g] += t.milli;
+                    m &= m - 1;
+                }
+                let ng = self.st.ngpu[src] as usize;
+                let after = state::frag(
+                    self.shapes,
+                    self.st.model_bit[src],
+                    self.st.cpu_left[src] + t.cpu,
+                    &free[..ng],
+                    self.st.split[src] as usize,
+                );
+                let gain = before - after;
+                if gain > 1e-9 && best.is_none_or(|(bg, _)| gain > bg) {
+                    best = Some((gain, k));
+                }
+            }
+            let Some((gain, k)) = best else { continue };
+            let pid = self.st.pods_on[src][k];
+            let p = self.placed[pid as usize];
+            let t = self.tasks[p.task as usize];
+            self.st.give(src, &t, p.gpus, self.shapes);
+            match policy::choose_pyctl(&self.st, self.shapes, &t, Some(src)) {
+                Some((ch, inc)) if inc < gain - 1e-6 => {
+                    self.st.pods_on[src].swap_remove(k);
+                    self.st.take(ch.node, &t, ch.gpus, self.shapes);
+                    self.placed[pid as usize].node = ch.node as u32;
+                    self.placed[pid as usize].gpus = ch.gpus;
+                    self.st.pods_on[ch.node].push(pid);
+                    self.evictions += 1;
+                    moves += 1;
+                }
+                _ => {
+                    self.st.take(src, &t, p.gpus, self.shapes);
+                }
+            }
+        }
+    }
+
+    /// Pending-driven compaction: a task that fits nowhere gets room by moving one pod off a
+    /// node where the task would then fit (the moved pod is re-placed by pyctl's choice on
+    /// another node). Counts against the same eviction budget. Returns the placement.
+    fn rescue(&mut self, t: &KTask, c: &Compaction, arrived: u64) -> Option<policy::Choice> {
+        let budget = (c.budget * arrived as f64).floor() as u64;
+        if self.evictions >= budget || t.num == 0 {
+            return None;
+        }
+        let n = self.st.node_count();
+        let mut tried = 0;
+        for i in 0..n {
+            if t.mask & self.st.model_bit[i] == 0 || tried >= 16 {
+                continue;
+            }
+            for k in 0..self.st.pods_on[i].len() {
+                let pid = self.st.pods_on[i][k];
+                let p = self.placed[pid as usize];
+                let pt = self.tasks[p.task as usize];
+                if pt.gpu_milli_total() >= t.gpu_milli_total() && t.num > 0 {
+                    continue;
+                }
+                self.st.give(i, &pt, p.gpus, self.shapes);
+                if !self.st.fits(i, t, true) {
+                    self.st.take(i, &pt, p.gpus, self.shapes);
+                    continue;
+                }
+                tried += 1;
+                if let Some((dst, _)) = policy::choose_pyctl(&self.st, self.shapes, &pt, Some(i)) {
+                    self.st.take(dst.node, &pt, dst.gpus, self.shapes);
+                    if let Some((ch, _)) = policy::choose_pyctl(&self.st, self.shapes, t, None) {
+                        self.st.pods_on[i].swap_remove(k);
+                        self.placed[pid as usize].node = dst.node as u32;
+                        self.placed[pid as usize].gpus = dst.gpus;
+                        self.st.pods_on[dst.node].push(pid);
+                        self.evictions += 1;
+                        return Some(ch);
+                    }
+                    self.st.give(dst.node, &pt, dst.gpus, self.shapes);
+                }
+                self.st.take(i, &pt, p.gpus, self.shapes);
+                if tried >= 16 {
+                    break;
+                }
+            }
+        }
+        None
+    }
+
+    fn checkpoint(&self, pct: u32, arrived_milli: u64, arrived: u64, failed: u64) -> Checkpoint {
+        let st = &self.st;
+        let n = st.node_count();
+        let idle: u64 = st.idle.iter().map(|&x| x as u64).sum();
+        let cap: u64 = st.ngpu.iter().map(|&g| g as u64 * 1000).sum();
+        let frag: f64 = st.frag.iter().sum();
+        let mut split = 0.0;
+        for i in 0..n {
+            if st.split[i] != 0 {
+                split += numa_split(
+                    self.shapes,
+                    st.model_bit[i],
+                    st.cpu_left[i],
+                    st.gpus(i),
+                    st.split[i] as usize,
+                );
+            }
+        }
+        Checkpoint {
+            arrived_pct: pct,
+            arrived_milli,
+            allocated_milli: cap - idle,
+            frag_milli: frag,
+            idle_milli: idle,
+            numa_split_milli: split,
+            arrived_tasks: arrived,
+            failed_tasks: failed,
+            evictions: self.evictions,
+        }
+    }
+}
+
+/// Runs one replay.
+pub fn run(
+    nodes: &[NodeSpec],
+    tasks: &[TaskSpec],
+    shapes: &[ShapeSpec],
+    cfg: &Config,
+) -> CoreResult<ReplayResult> {
+    if let Some(c) = &cfg.compaction {
+        if c.every == 0 {
+            return Err(CoreError::new("compaction.every", "must be at least 1"));
+        }
+        if !(c.budget.is_finite() && (0.0..=1.0).contains(&c.budget)) {
+            return Err(CoreError::new(
+                "compaction.budget",
+                format!("must be a fraction in 0..=1, got {}", c.budget),
+            ));
+        }
+    }
+    if !(cfg.tune.is_finite() && cfg.tune >= 0.0 && cfg.tune <= 100.0) {
+        return Err(CoreError::new(
+            "tune",
+            format!("must be in 0..=100, got {}", cfg.tune),
+        ));
+    }
+    let prep = prepare(nodes, tasks, shapes, cfg.numa)?;
+    let mut rng = Rng::new(cfg.seed);
+    let order = replay_order(&prep.tasks, prep.capacity_milli, cfg, &mut rng);
+    let cap = prep.capacity_milli;
+    let mut run = Run {
+        st: prep.state,
+        shapes: &prep.shapes,
+        tasks: &prep.tasks,
+        placed: Vec::with_capacity(order.len()),
+        evictions: 0,
+        rounds: 0,
+    };
+    let mut res = ReplayResult {
+        gpu_capacity_milli: cap,
+        tasks: order.len() as u64,
+        ..Default::default()
+    };
+    let mut next_pct = 0u32;
+    let mut arrived_milli = 0u64;
+    let mut arrived = 0u64;
+    if cap > 0 {
+        res.checkpoints.push(run.checkpoint(0, 0, 0, 0));
+        next_pct = 1;
+    }
+    for &ti in &order {
+        let t = prep.tasks[ti as usize];
+        arrived += 1;
+        arrived_milli += t.gpu_milli_total();
+        let mut choice = policy::choose(cfg.policy, &run.st, run.shapes, &t, &mut rng, None);
+        if choice.is_none() && cfg.policy == Policy::Pyctl {
+            if let Some(c) = &cfg.compaction {
+                choice = run.rescue(&t, c, arrived);
+            }
+        }
+        let mut node = -1i64;
+        match choice {
+            Some(mut c) => {
+                // The kubelet's admission on a split node (a blind scheduler may pick a node
+                // whose whole GPUs are not within one zone).
+                let mut ok = true;
+                if run.st.split[c.node] != 0 && t.num > 0 {
+                    if t.is_share() {
+                        ok = true;
+                    } else {
+                        match run.st.admit_whole(c.node, &t, c.gpus) {
+                            Some(g) => c.gpus = g,
+                            None => ok = false,
+                        }
+                    }
+                }
+                if ok {
+                    run.place(ti, c);
+                    res.placed += 1;
+                    node = c.node as i64;
+                } else {
+                    res.failed += 1;
+                    res.failed_admission += 1;
+                }
+            }
+            None => res.failed += 1,
+        }
+        res.node_of.push(node);
+        res.task_of.push(ti);
+        if let Some(c) = &cfg.compaction {
+            if arrived % c.every as u64 == 0 {
+                run.compact(c, arrived);
+            }
+        }
+        while cap > 0 && next_pct <= cfg.max_pct && arrived_milli * 100 >= next_pct as u64 * cap {
+            let cp = run.checkpoint(next_pct, arrived_milli, arrived, res.failed);
+            res.checkpoints.push(cp);
+            next_pct += 1;
+        }
+    }
+    res.evictions = run.evictions;
+    res.compaction_rounds = run.rounds;
+    Ok(res)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,143 @@
+"""Trace replay engine (pyctl._core.replay_run) on small generated traces: each policy's placement
+rule, and the metric (unallocated GPU and fragmentation at arrived-% checkpoints)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pyctl import _core
+
+
+def nodes(*specs: tuple[int, int, str]) -> dict[str, list[Any]]:
+    return {
+        "name": [f"n{i}" for i in range(len(specs))],
+        "cpu_milli": [s[0] for s in specs],
+        "memory_mib": [1 << 20 for _ in specs],
+        "gpu": [s[1] for s in specs],
+        "model": [s[2] for s in specs],
+    }
+
+
+def tasks(*specs: tuple[int, int, int]) -> dict[str, list[Any]]:
+    return {
+        "cpu_milli": [s[0] for s in specs],
+        "memory_mib": [0 for _ in specs],
+        "num_gpu": [s[1] for s in specs],
+        "gpu_milli": [s[2] for s in specs],
+    }
+
+
+WHOLE = [{"cpu_milli": 1000, "gpus": 1, "gpu_milli": 1000, "weight": 1.0}]
+
+
+def play(
+    n: dict[str, list[Any]], t: dict[str, list[Any]], policy: str, **kw: Any
+) -> dict[str, Any]:
+    kw.setdefault("shapes", WHOLE)
+    shapes = kw.pop("shapes")
+    return _core.replay_run(
+        n, t, shapes, policy=policy, tune=0.0, shuffle=False, placements=True, **kw
+    )
+
+
+def test_bestfit_stacks_on_the_fuller_node() -> None:
+    r = play(
+        nodes((32000, 2, "G2"), (32000, 2, "G2")),
+        tasks((1000, 1, 1000), (1000, 1, 1000)),
+        "bestfit",
+    )
+    assert r["node_of"][0] == r["node_of"][1]
+
+
+def test_packing_prefers_a_partly_used_gpu() -> None:
+    r = play(
+        nodes((32000, 2, "G2"), (32000, 2, "G2")), tasks((1000, 1, 500), (1000, 1, 300)), "packing"
+    )
+    assert r["node_of"][0] == r["node_of"][1]
+    assert r["checkpoints"][-1]["allocated_milli"] == 800
+
+
+def test_clustering_groups_tasks_of_the_same_affinity() -> None:
+    n = nodes((32000, 4, "G2"), (32000, 4, "G2"), (32000, 4, "G2"))
+    r = play(n, tasks((1000, 1, 300), (1000, 2, 1000), (1000, 1, 300)), "clustering")
+    assert r["node_of"][0] == r["node_of"][2] != r["node_of"][1]
+
+
+@pytest.mark.parametrize("policy", ["fgd", "pyctl"])
+def test_fgd_fills_the_stranded_half_gpu(policy: str) -> None:
+    shapes = [
+        {"cpu_milli": 1000, "gpus": 1, "gpu_milli": 1000, "weight": 0.5},
+        {"cpu_milli": 1000, "gpus": 1, "gpu_milli": 500, "weight": 0.5},
+    ]
+    n = nodes((32000, 2, "G2"), (32000, 2, "G2"))
+    r = play(n, tasks((1000, 1, 500), (1000, 1, 500)), policy, shapes=shapes)
+    assert r["node_of"][0] == r["node_of"][1]
+    assert r["checkpoints"][-1]["frag_milli"] == pytest.approx(0.0)
+
+
+def test_gpu_model_constraint_is_respected() -> None:
+    t = tasks((1000, 1, 1000))
+    t["gpu_models"] = [["T4"]]
+    for policy in _core.REPLAY_POLICIES:
+        r = play(nodes((32000, 2, "G2"), (32000, 2, "T4")), t, policy)
+        assert r["node_of"] == [1], policy
+
+
+def test_random_and_dotprod_place_what_fits_and_fail_the_rest() -> None:
+    for policy in ("random", "dotprod"):
+        r = play(nodes((32000, 2, "G2")), tasks(*[(1000, 1, 1000)] * 3), policy)
+        assert (r["placed"], r["failed"]) == (2, 1)
+        assert r["node_of"][2] == -1
+
+
+def test_metric_samples_each_arrived_percent() -> None:
+    r = play(nodes((4000, 1, "G2")), tasks((1000, 1, 600), (1000, 1, 600), (1000, 1, 400)), "fgd")
+    at = {c["arrived_pct"]: c for c in r["checkpoints"]}
+    assert at[60]["allocated_milli"] == 600
+    assert at[120]["allocated_milli"] == 600  # the second task failed and is not retried
+    assert at[121]["allocated_milli"] == 1000
+    assert max(at) == 130
+    # one GPU, 400 idle at 60%: the 1-GPU shape cannot use it -> all of it is fragment
+    assert at[60]["frag_milli"] == pytest.approx(400.0)
+    assert at[60]["idle_milli"] == 400
+
+
+def test_numa_split_blind_scheduler_is_refused_by_the_kubelet() -> None:
+    n = nodes((64000, 8, "G2"), (64000, 8, "G2"))
+    t = tasks((1000, 5, 1000), (1000, 4, 1000))
+    blind = play(n, t, "fgd", numa=True)
+    aware = play(n, t, "pyctl", numa=True)
+    assert blind["failed_admission"] == 1
+    assert aware["failed_admission"] == 0
+
+
+def test_compaction_respects_the_budget() -> None:
+    n = nodes((64000, 2, "G2"), (64000, 2, "G2"))
+    t = tasks(*[(1000, 1, 500)] * 3)
+    r = play(n, t, "pyctl", compaction={"every": 1, "budget": 0.0, "max_moves": 4})
+    assert r["evictions"] == 0
+
+
+def test_resampling_is_seeded() -> None:
+    n = nodes(*[(96000, 8, "G2")] * 4)
+    t = tasks(*[(1000, 1, 100 + 50 * i) for i in range(10)])
+    a = _core.replay_run(n, t, WHOLE, policy="bestfit", seed=1, placements=True)
+    b = _core.replay_run(n, t, WHOLE, policy="bestfit", seed=1, placements=True)
+    c = _core.replay_run(n, t, WHOLE, policy="bestfit", seed=2, placements=True)
+    assert a == b
+    assert a["task_of"] != c["task_of"]
+    total = sum(t["num_gpu"][j] * t["gpu_milli"][j] for j in a["task_of"])
+    assert 1.3 * 32000 - 1000 < total <= 1.3 * 32000
+
+
+def test_bad_input_names_the_field() -> None:
+    with pytest.raises(ValueError, match=r"tasks\[0\]\.gpu_milli"):
+        play(nodes((32000, 2, "G2")), tasks((1000, 2, 500)), "fgd")
+    with pytest.raises(ValueError, match="policy"):
+        play(nodes((32000, 2, "G2")), tasks((1000, 1, 500)), "nope")
+    bad = nodes((32000, 2, "G2"))
+    bad["gpu"] = []
+    with pytest.raises(ValueError, match=r"nodes\.gpu"):
+        play(bad, tasks((1000, 1, 500)), "fgd")
