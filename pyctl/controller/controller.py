@@ -55,6 +55,7 @@ class Controller:
         on_summary: Callable[[Summary], None] | None = None,
         flush_interval: float = 0.005,
         flush_events: int = 2000,
+        workload_interval: float = 30.0,
     ) -> None:
         self.cluster = cluster
         self.source = source
@@ -69,6 +70,8 @@ class Controller:
         self.flush_interval = flush_interval
         self.flush_events = flush_events
         self.stats = ControllerStats()
+        self.workload_interval = workload_interval
+        self._workload_at = 0.0
         self.synced: set[Kind] = set()
         self.store_ok = False
         self._resync = True
@@ -219,9 +222,14 @@ class Controller:
             await anyio.lowlevel.checkpoint()
 
     def summarize(self) -> Summary:
-        if self.reconciler.refresh_workload():
-            for n in self.cache.nodes:
-                self.queue.add(n)
+        # M is a slowly varying distribution: re-derive it at a slow rate, since a change means
+        # re-scoring every node
+        now = time.monotonic()
+        if now - self._workload_at >= self.workload_interval or self.reconciler.workload_unset:
+            self._workload_at = now
+            if self.reconciler.refresh_workload():
+                for n in self.cache.nodes:
+                    self.queue.add(n)
         s = self.reconciler.summary()
         self.last_summary = s
         self.metrics.leader.labels(self.cluster).set(1 if self.is_leader() else 0)

@@ -90,6 +90,8 @@ class Reconciler:
         self.fixed_workload = workload
         self.default_policy = default_policy
         self.workload = workload or Workload((Shape(cpu_milli=1000, gpus=1, gpu_milli=1000),))
+        #: True until M has been derived from observed pods (then refreshed at a slow rate)
+        self.workload_unset = workload is None
         self.models: dict[str, Node] = {}
         self.scores: dict[str, NodeScore] = {}
         self.bad_nodes: dict[str, str] = {}
@@ -107,6 +109,7 @@ class Reconciler:
         if not shapes:
             return False
         new = derive_workload(shapes)
+        self.workload_unset = False
         if new == self.workload:
             return False
         self.workload = new

@@ -154,39 +154,67 @@ def pod_record(p: wire.Pod) -> PodRecord:
     for init in spec.initContainers:
         for k, v in _sum_requests([init], meta).items():
             req[k] = max(req.get(k, 0), v)
-    owner = next((o for o in meta.ownerReferences if o.controller), None) or (
-        meta.ownerReferences[0] if meta.ownerReferences else None
-    )
-    sched = next((c for c in p.status.conditions if c.type == "PodScheduled"), None)
-    unsched = sched is not None and sched.status == "False" and sched.reason == "Unschedulable"
-    evict = next((meta.annotations[a] for a in EVICT_ANNOTATIONS if a in meta.annotations), "")
-    return PodRecord(
-        namespace=meta.namespace,
-        name=meta.name,
-        uid=meta.uid,
-        resource_version=meta.resourceVersion,
-        node=spec.nodeName,
-        phase=p.status.phase,
-        cpu_milli=req.get("cpu", 0),
-        memory_mib=-(-req.get("memory", 0) // 2**20),
-        gpus=req.get(GPU, 0),
-        mig=tuple(
+    # plain loops: this runs for every pod event
+    owner = None
+    for o in meta.ownerReferences:
+        if o.controller:
+            owner = o
+            break
+    if owner is None and meta.ownerReferences:
+        owner = meta.ownerReferences[0]
+    unsched = False
+    message = ""
+    for c in p.status.conditions:
+        if c.type == "PodScheduled":
+            if c.status == "False" and c.reason == "Unschedulable":
+                unsched, message = True, c.message[:200]
+            break
+    annotations = meta.annotations
+    evict = ""
+    if annotations:
+        for a in EVICT_ANNOTATIONS:
+            if a in annotations:
+                evict = annotations[a]
+                break
+    mig: tuple[tuple[str, int], ...] = ()
+    if len(req) > 3 or (req and not req.keys() <= _PLAIN):
+        mig = tuple(
             sorted(
                 (k[len(MIG_PREFIX) :], v) for k, v in req.items() if k.startswith(MIG_PREFIX) and v
             )
-        ),
-        priority=spec.priority or 0,
-        priority_class=spec.priorityClassName,
-        owner_kind=owner.kind if owner else "",
-        owner_name=owner.name if owner else "",
-        labels=tuple(sorted(meta.labels.items())),
-        unschedulable=unsched,
-        unschedulable_message=(sched.message[:200] if unsched and sched else ""),
-        deleting=meta.deletionTimestamp is not None,
-        mirror=MIRROR_ANNOTATION in meta.annotations,
-        local_storage=any(v.emptyDir is not None or v.hostPath is not None for v in spec.volumes),
-        evict_annotation=evict,
+        )
+    local = False
+    for vol in spec.volumes:
+        if vol.emptyDir is not None or vol.hostPath is not None:
+            local = True
+            break
+    labels = meta.labels
+    return PodRecord(
+        meta.namespace,
+        meta.name,
+        meta.uid,
+        meta.resourceVersion,
+        spec.nodeName,
+        p.status.phase,
+        req.get("cpu", 0),
+        -(-req.get("memory", 0) // 2**20),
+        req.get(GPU, 0),
+        mig,
+        spec.priority or 0,
+        spec.priorityClassName,
+        owner.kind if owner else "",
+        owner.name if owner else "",
+        tuple(sorted(labels.items())) if labels else (),
+        unsched,
+        message,
+        meta.deletionTimestamp is not None,
+        MIRROR_ANNOTATION in annotations,
+        local,
+        evict,
     )
+
+
+_PLAIN: Final = frozenset(("cpu", "memory", GPU, "ephemeral-storage"))
 
 
 def _int_or_pct(v: int | str | None) -> str:
