@@ -142,6 +142,26 @@ def attach_workflows(
     return compactor
 
 
+async def start_server(ctl: Controller, cfg: Config) -> HealthServer | None:
+    """/metrics, /healthz, /readyz (and /federation with a shared Redis) on `metrics_port`."""
+    if not cfg.metrics_port:
+        return None
+    federation = None
+    if cfg.redis_url:
+        from pyctl.federation import federation_status
+
+        store = ctl.store
+
+        async def federation() -> Any:
+            return await federation_status(store, ctl.metrics, cfg.cluster)
+
+    server = HealthServer(
+        ctl.metrics.registry, ctl.ready, cfg.metrics_host, cfg.metrics_port, federation=federation
+    )
+    await server.start()
+    return server
+
+
 async def run_kube(cfg: Config, workload: Workload | None) -> int:
     """Follow a real cluster until cancelled: reflectors, the Lease (only the leader acts),
     the state store, metrics and health on `metrics_port`."""
@@ -179,10 +199,11 @@ async def run_kube(cfg: Config, workload: Workload | None) -> int:
     )
     actuator = KubeActuator(kube, instance=identity) if cfg.mode == "enforce" else NullActuator()
     attach_workflows(ctl, cfg, actuator=actuator, limits=SafetyLimits(), interval=30.0)
-    server = None
-    if cfg.metrics_port:
-        server = HealthServer(ctl.metrics.registry, ctl.ready, cfg.metrics_host, cfg.metrics_port)
-        await server.start()
+    server = await start_server(ctl, cfg)
+    if cfg.redis_url:
+        from pyctl.federation import watch_members
+
+        ctl.background.append(lambda: watch_members(ctl.store, ctl.metrics, cfg.cluster, 10.0))
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(elector.run)
@@ -236,10 +257,7 @@ async def _run_sim(cfg: Config, workload: Workload | None, live: bool) -> int:
         on_summary=on_summary,
     )
     compactor = attach_workflows(ctl, cfg, source)
-    server = None
-    if cfg.metrics_port:
-        server = HealthServer(ctl.metrics.registry, ctl.ready, cfg.metrics_host, cfg.metrics_port)
-        await server.start()
+    server = await start_server(ctl, cfg)
 
     def view() -> Any:
         now = time.monotonic()

@@ -72,6 +72,9 @@ class Controller:
         self.stats = ControllerStats()
         self.workload_interval = workload_interval
         self._workload_at = 0.0
+        #: seconds between two federation summaries (they hold every node's model)
+        self.federation_interval = 10.0
+        self._published_at = -1e9
         self.synced: set[Kind] = set()
         self.store_ok = False
         self._resync = True
@@ -241,11 +244,15 @@ class Controller:
             s = self.summarize()
             if self.on_summary:
                 self.on_summary(s)
-            if self.store_ok:
+            now = time.monotonic()
+            if self.store_ok and now - self._published_at >= self.federation_interval:
+                # the federation summary carries every node's model: published at a slow rate
+                from pyctl.federation import federation_summary_bytes
+
+                self._published_at = now
+                data = federation_summary_bytes(s, self.reconciler.models, self.reconciler.workload)
                 try:
-                    await self.store.put_summary(
-                        summary_bytes(s), int(max(10, 10 * self.summary_interval))
-                    )
+                    await self.store.put_summary(data, int(max(30, 3 * self.federation_interval)))
                 except StoreError:
                     self.metrics.store_errors.labels(self.cluster).inc()
 

@@ -1,8 +1,11 @@
-"""`/metrics`, `/healthz` and `/readyz` on one port (aiohttp)."""
+"""`/metrics`, `/healthz` and `/readyz` on one port (aiohttp); `/federation` too when given a
+callback (the view across clusters, `pyctl.federation.federation_status`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -15,11 +18,13 @@ class HealthServer:
         ready: Callable[[], tuple[bool, str]],
         host: str = "127.0.0.1",
         port: int = 0,
+        federation: Callable[[], Awaitable[Mapping[str, Any]]] | None = None,
     ) -> None:
         self.registry = registry
         self.ready = ready
         self.host = host
         self.port = port
+        self.federation = federation
         self._runner: web.AppRunner | None = None
 
     async def _metrics(self, _req: web.Request) -> web.Response:
@@ -33,12 +38,25 @@ class HealthServer:
         ok, why = self.ready()
         return web.Response(text=f"{why}\n", status=200 if ok else 503)
 
+    async def _federation(self, _req: web.Request) -> web.Response:
+        if self.federation is None:
+            return web.Response(text="federation is not configured (no shared Redis)\n", status=404)
+        try:
+            view = await self.federation()
+        except Exception as e:  # the store is unreachable, or anything else: say so, stay up
+            body = {"error": f"{type(e).__name__}: {e}"}
+            return web.Response(
+                text=json.dumps(body) + "\n", status=503, content_type="application/json"
+            )
+        return web.Response(text=json.dumps(view) + "\n", content_type="application/json")
+
     async def start(self) -> int:
         """Start serving; returns the bound port (useful with port 0)."""
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/federation", self._federation)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)

@@ -1,0 +1,399 @@
+"""Federation: the view across clusters that share one Redis, and placement of a shape.
+
+Each cluster's controller publishes a summary into the shared Redis (`StateStore.put_summary`,
+under the cluster's own hash tag; `keys.py`). Two formats are read here:
+
+* the basic summary (`pyctl.controller.controller.summary_bytes`): totals, fragment by category,
+  by GPU model, pending and blocked pods, scheduling success, a heartbeat;
+* the rich summary (`federation_summary_bytes` below): the same keys, plus the cluster's node
+  models (`snapshot`, pyctl's snapshot format) and its target workload M (`workload`), so that
+  another cluster can compute the fragment delta of placing a shape on each of its nodes.
+
+`read_members` reads every member (fresh or stale: a member whose heartbeat is older than its
+TTL is marked stale and counted in `pyctl_federation_members_stale`); `place` ranks the fresh
+clusters, then their nodes, for one replica of a shape by fragment delta (FGD: the placement that
+grows fragment least, under each cluster's own workload M). The CLI is `pyctl federation`, the
+HTTP view `GET /federation` (`pyctl.controller.http`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import msgspec
+
+from pyctl.controller.reconcile import Summary
+from pyctl.fragmentation import FragmentationModel, shape_dict
+from pyctl.metrics import Metrics
+from pyctl.model import Node, Shape, Snapshot, Workload
+from pyctl.snapshot import SnapshotError, load_snapshot, shape_from_json, snapshot_to_json
+from pyctl.state.store import MemberSummary, StateStore, StoreError
+
+GPU = 1000.0
+#: the version of the rich summary's extra keys (`format` in the summary)
+RICH_FORMAT = 1
+
+
+# -- publishing ------------------------------------------------------------------------------
+def federation_summary_bytes(
+    summary: Summary,
+    models: Mapping[str, Node],
+    workload: Workload,
+    now: float | None = None,
+) -> bytes:
+    """The rich federation summary: every key of `summary_bytes`, plus the node models and the
+    workload M (what `place` needs to rank this cluster's nodes). Call it where the controller
+    publishes (`Controller._summary_loop`) with `self.reconciler.models` and
+    `self.reconciler.workload` instead of `summary_bytes(s)`."""
+    from pyctl.controller.controller import summary_bytes
+
+    d: dict[str, Any] = msgspec.json.decode(summary_bytes(summary))
+    if now is not None:
+        d["heartbeat"] = now
+    d["format"] = RICH_FORMAT
+    d["workload"] = [shape_dict(s) for s in workload.shapes]
+    d["snapshot"] = snapshot_to_json(Snapshot(tuple(models[n] for n in sorted(models))))
+    return msgspec.json.encode(d)
+
+
+# -- reading ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Member:
+    """One federation member as read from the shared store."""
+
+    cluster: str
+    stale: bool
+    age_seconds: float
+    ttl_seconds: int
+    #: the decoded summary ({} when it did not decode; then `error` says why)
+    summary: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+
+    @property
+    def nodes(self) -> int:
+        return int(self.summary.get("nodes", 0))
+
+    @property
+    def idle_gpus(self) -> float:
+        return float(self.summary.get("idle_gpu_milli", 0.0)) / GPU
+
+    @property
+    def fragment_gpus(self) -> float:
+        return float(self.summary.get("fragment_gpu_milli", 0.0)) / GPU
+
+    @property
+    def fragmentation_rate(self) -> float:
+        return float(self.summary.get("fragmentation_rate", 0.0))
+
+    @property
+    def pending(self) -> int:
+        return int(self.summary.get("pending", 0))
+
+    @property
+    def blocked(self) -> int:
+        b = self.summary.get("blocked") or {}
+        return sum(int(v) for v in b.values()) if isinstance(b, dict) else 0
+
+    @property
+    def scheduling_success(self) -> float:
+        return float(self.summary.get("scheduling_success", 1.0))
+
+    @property
+    def rich(self) -> bool:
+        """Whether the member publishes its node models (can be ranked by `place`)."""
+        return "snapshot" in self.summary and "workload" in self.summary
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cluster": self.cluster,
+            "stale": self.stale,
+            "age_seconds": round(self.age_seconds, 3),
+            "ttl_seconds": self.ttl_seconds,
+            "error": self.error or None,
+            "nodes": self.nodes,
+            "idle_gpus": round(self.idle_gpus, 3),
+            "fragment_gpus": round(self.fragment_gpus, 3),
+            "fragmentation_rate": round(self.fragmentation_rate, 4),
+            "categories_gpus": {
+                k: round(float(v) / GPU, 3)
+                for k, v in (self.summary.get("categories") or {}).items()
+            },
+            "idle_mig_slices": self.summary.get("idle_mig_slices", 0),
+            "fragment_mig_slices": self.summary.get("fragment_mig_slices", 0),
+            "pending": self.pending,
+            "blocked": self.summary.get("blocked") or {},
+            "scheduling_success": self.scheduling_success,
+            "by_model": self.summary.get("by_model") or {},
+            "placeable": self.rich,
+        }
+
+
+def decode_member(cluster: str, m: MemberSummary) -> Member:
+    try:
+        d = msgspec.json.decode(m.summary)
+        if not isinstance(d, dict):
+            raise ValueError("not a JSON object")
+        error = ""
+    except (msgspec.DecodeError, ValueError) as e:
+        d, error = {}, f"summary does not decode: {e}"
+    return Member(cluster, m.stale, m.age_seconds, m.ttl_seconds, d, error)
+
+
+async def read_members(store: StateStore) -> list[Member]:
+    """Every member still known (fresh and stale), sorted by cluster name. Raises `StoreError`."""
+    members = await store.get_members()
+    return [decode_member(c, members[c]) for c in sorted(members)]
+
+
+def export_stale(metrics: Metrics, cluster: str, members: Sequence[Member]) -> int:
+    """Set `pyctl_federation_members_stale` (seen from `cluster`); returns the count."""
+    n = sum(1 for m in members if m.stale)
+    metrics.federation_members_stale.labels(cluster).set(n)
+    return n
+
+
+async def federation_status(
+    store: StateStore, metrics: Metrics | None = None, cluster: str | None = None
+) -> dict[str, Any]:
+    """The view across clusters as JSON (the CLI's `--json` and `GET /federation`); updates the
+    stale-member gauge when `metrics` is given. Raises `StoreError`."""
+    members = await read_members(store)
+    stale = sum(1 for m in members if m.stale)
+    if metrics is not None:
+        export_stale(metrics, cluster or store.cluster, members)
+    return {
+        "observer": cluster or store.cluster,
+        "time": time.time(),
+        "members": [m.to_json() for m in members],
+        "stale": stale,
+        "fresh": len(members) - stale,
+    }
+
+
+async def watch_members(
+    store: StateStore, metrics: Metrics, cluster: str, interval: float = 10.0
+) -> None:
+    """Keep `pyctl_federation_members_stale` current (run it in the controller's task group);
+    a failing store leaves the last value and is retried at the next interval."""
+    while True:
+        try:
+            export_stale(metrics, cluster, await read_members(store))
+        except StoreError:
+            metrics.store_errors.labels(cluster).inc()
+        await anyio.sleep(interval)
+
+
+# -- placement -------------------------------------------------------------------------------
+class ShapeError(ValueError):
+    """A SHAPE argument pyctl cannot read; the message says what is wrong."""
+
+
+_SHAPE_ALIASES = {
+    "cpu": "cpu_milli",
+    "cpu_milli": "cpu_milli",
+    "memory_mib": "memory_mib",
+    "mem": "memory_mib",
+    "memory": "memory_mib",
+    "gpus": "gpus",
+    "gpu": "gpus",
+    "gpu_milli": "gpu_milli",
+    "mig": "mig_profile",
+    "mig_profile": "mig_profile",
+    "gpu_model": "gpu_models",
+    "gpu_models": "gpu_models",
+}
+
+
+def parse_shape(text: str) -> Shape:
+    """A shape from `key=value,...` (cpu_milli, memory_mib, gpus, gpu_milli, mig_profile,
+    gpu_models separated by '|'; `cpu=8` means 8 cores, `mem`/`memory` is MiB, `mig` is
+    mig_profile) or from a JSON object in pyctl's workload shape format. A GPU shape without
+    gpu_milli asks for whole GPUs."""
+    text = text.strip()
+    if not text:
+        raise ShapeError("empty shape")
+    if text.startswith("{"):
+        try:
+            raw = msgspec.json.decode(text)
+            shape = shape_from_json(raw, "shape", need_weight=False)
+        except (msgspec.DecodeError, SnapshotError) as e:
+            raise ShapeError(f"shape {text!r}: {e}") from None
+    else:
+        values: dict[str, Any] = {}
+        for part in text.split(","):
+            key, sep, value = part.partition("=")
+            key, value = key.strip().lower(), value.strip()
+            if not sep or not value:
+                raise ShapeError(f"shape {text!r}: {part!r} is not key=value")
+            name = _SHAPE_ALIASES.get(key)
+            if name is None:
+                known = ", ".join(sorted(_SHAPE_ALIASES))
+                raise ShapeError(f"shape {text!r}: unknown key {key!r} (known: {known})")
+            if name == "mig_profile":
+                values[name] = value
+            elif name == "gpu_models":
+                values[name] = tuple(v for v in value.split("|") if v)
+            else:
+                try:
+                    num = float(value)
+                except ValueError:
+                    raise ShapeError(f"shape {text!r}: {key}={value!r} is not a number") from None
+                if not math.isfinite(num) or num < 0:
+                    raise ShapeError(f"shape {text!r}: {key} must be a non-negative number")
+                values[name] = round(num * 1000) if key == "cpu" else int(num)
+        shape = Shape(**values)
+    if shape.gpus and not shape.gpu_milli and shape.mig_profile is None:
+        shape = Shape(
+            cpu_milli=shape.cpu_milli,
+            memory_mib=shape.memory_mib,
+            gpus=shape.gpus,
+            gpu_milli=1000,
+            gpu_models=shape.gpu_models,
+        )
+    if shape.is_cpu_only:
+        raise ShapeError(f"shape {text!r}: asks for no GPU (gpus or mig_profile)")
+    return shape
+
+
+@dataclass(frozen=True)
+class NodeRank:
+    node: str
+    gpu_model: str
+    #: fragment after minus before, in GPUs (negative: the placement reduces fragmentation)
+    delta_gpus: float
+    delta_mig_slices: float
+    assignment: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ClusterRank:
+    cluster: str
+    #: the best node's delta (the cluster's rank key); None when no node admits the shape
+    delta_gpus: float | None
+    delta_mig_slices: float | None
+    fragmentation_rate: float
+    nodes: list[NodeRank]
+    #: why the cluster is not ranked ("" when it is)
+    skipped: str = ""
+
+
+def _key(delta_gpus: float, delta_mig: float, mig: bool) -> tuple[float, float]:
+    return (delta_mig, delta_gpus) if mig else (delta_gpus, delta_mig)
+
+
+def rank_nodes(
+    snapshot: Snapshot, workload: Workload, shape: Shape, limit: int | None = None
+) -> list[NodeRank]:
+    """The nodes that admit one replica of `shape`, best first: least fragment growth under
+    `workload` (MIG shapes: MIG slices first), then name."""
+    if not snapshot.nodes:
+        return []
+    model = FragmentationModel(snapshot)
+    mig = shape.mig_profile is not None
+    out: list[NodeRank] = []
+    for n in snapshot.nodes:
+        if shape.gpu_models and n.gpu_model not in shape.gpu_models:
+            continue
+        d = model.place_delta(n.name, shape, workload)
+        if d is None:
+            continue
+        out.append(
+            NodeRank(
+                n.name,
+                n.gpu_model,
+                d.fragment_gpu_milli / GPU,
+                d.fragment_mig_slices,
+                d.assignment,
+            )
+        )
+    out.sort(key=lambda r: (*_key(r.delta_gpus, r.delta_mig_slices, mig), r.node))
+    return out[:limit] if limit is not None else out
+
+
+def place(
+    members: Sequence[Member], shape: Shape, nodes_per_cluster: int | None = 5
+) -> list[ClusterRank]:
+    """Rank the clusters, then their nodes, for one replica of `shape`. Ranked clusters come
+    first (by their best node's fragment delta, then lower fragmentation rate, then name);
+    clusters that cannot be ranked follow, each with the reason (stale, no per-node data, no
+    node admits the shape)."""
+    mig = shape.mig_profile is not None
+    ranked: list[ClusterRank] = []
+    skipped: list[ClusterRank] = []
+    for m in members:
+
+        def skip(why: str, m: Member = m) -> None:
+            skipped.append(ClusterRank(m.cluster, None, None, m.fragmentation_rate, [], why))
+
+        if m.error:
+            skip(m.error)
+            continue
+        if m.stale:
+            skip(f"stale (last summary {m.age_seconds:.0f}s old, ttl {m.ttl_seconds}s)")
+            continue
+        if not m.rich:
+            skip("publishes no per-node data (basic summary)")
+            continue
+        try:
+            snap = load_snapshot(m.summary["snapshot"])
+            shapes = tuple(
+                shape_from_json(s, f"workload[{i}]") for i, s in enumerate(m.summary["workload"])
+            )
+        except (SnapshotError, TypeError, KeyError) as e:
+            skip(f"per-node data does not decode: {e}")
+            continue
+        workload = Workload(shapes) if shapes else Workload((shape,))
+        all_nodes = rank_nodes(snap, workload, shape)
+        if not all_nodes:
+            skip("no node admits the shape")
+            continue
+        best = all_nodes[0]
+        ranked.append(
+            ClusterRank(
+                m.cluster,
+                best.delta_gpus,
+                best.delta_mig_slices,
+                m.fragmentation_rate,
+                all_nodes[:nodes_per_cluster] if nodes_per_cluster is not None else all_nodes,
+            )
+        )
+    ranked.sort(
+        key=lambda c: (
+            *_key(c.delta_gpus or 0.0, c.delta_mig_slices or 0.0, mig),
+            c.fragmentation_rate,
+            c.cluster,
+        )
+    )
+    return ranked + sorted(skipped, key=lambda c: c.cluster)
+
+
+def placement_json(shape: Shape, ranks: Sequence[ClusterRank]) -> dict[str, Any]:
+    return {
+        "shape": shape_dict(shape),
+        "clusters": [
+            {
+                "cluster": c.cluster,
+                "rank": i + 1 if not c.skipped else None,
+                "delta_gpus": c.delta_gpus,
+                "delta_mig_slices": c.delta_mig_slices,
+                "fragmentation_rate": c.fragmentation_rate,
+                "skipped": c.skipped or None,
+                "nodes": [
+                    {
+                        "node": n.node,
+                        "gpu_model": n.gpu_model,
+                        "delta_gpus": n.delta_gpus,
+                        "delta_mig_slices": n.delta_mig_slices,
+                        "assignment": n.assignment,
+                    }
+                    for n in c.nodes
+                ],
+            }
+            for i, c in enumerate(ranks)
+        ],
+    }
