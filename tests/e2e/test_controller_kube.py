@@ -5,7 +5,6 @@ the controller not ready without losing anything, and it catches up when Redis r
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -20,7 +19,15 @@ from pyctl.state.redis_client import RedisConfig
 from pyctl.state.redis_store import RedisStore
 from tests.e2e.conftest import wait_until
 from tests.e2e.control_plane import ControlPlane
-from tests.e2e.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body, create_gpu_nodes
+from tests.e2e.gpu_nodes import (
+    NRT_GROUP,
+    NRT_PLURAL,
+    NRT_VERSION,
+    GpuNodeSpec,
+    apply_nrt_crd,
+    body,
+    create_gpu_nodes,
+)
 from tests.integration.redis_servers import RedisServer, find_binaries
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis]
@@ -149,6 +156,7 @@ async def test_controller_follows_the_cluster_into_redis_with_one_leader(
         for s in stores:
             await s.close()
         await core.delete_collection_namespaced_pod("default", label_selector="app=ctl-e2e")
+        custom = client.CustomObjectsApi(api)
         for s in specs:
             await core.delete_node(s.name)
-        _ = Path
+            await custom.delete_cluster_custom_object(NRT_GROUP, NRT_VERSION, NRT_PLURAL, s.name)
