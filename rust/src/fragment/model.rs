@@ -31,6 +31,19 @@ pub struct MigGpu {
     pub unpartitioned_slices: u8,
 }
 
+impl MigGpu {
+    /// Compute slices not in use: free instances plus slices no instance covers.
+    pub fn idle_slices(&self) -> u64 {
+        self.unpartitioned_slices as u64
+            + self
+                .instances
+                .iter()
+                .filter(|i| !i.used)
+                .map(|i| i.compute_slices as u64)
+                .sum::<u64>()
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Zone {
     pub numa: u32,
@@ -41,6 +54,16 @@ pub struct Zone {
     /// Whole or shared GPUs: (id, free milli-GPU).
     pub gpus: Vec<(u32, u32)>,
     pub mig: Vec<MigGpu>,
+}
+
+impl Zone {
+    pub fn idle_gpu_milli(&self) -> u64 {
+        self.gpus.iter().map(|&(_, f)| f as u64).sum()
+    }
+
+    pub fn idle_mig_slices(&self) -> u64 {
+        self.mig.iter().map(MigGpu::idle_slices).sum()
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -57,26 +80,11 @@ pub struct Node {
 
 impl Node {
     pub fn idle_gpu_milli(&self) -> u64 {
-        self.zones
-            .iter()
-            .flat_map(|z| z.gpus.iter())
-            .map(|&(_, f)| f as u64)
-            .sum()
+        self.zones.iter().map(Zone::idle_gpu_milli).sum()
     }
 
     pub fn idle_mig_slices(&self) -> u64 {
-        self.zones
-            .iter()
-            .flat_map(|z| z.mig.iter())
-            .map(|g| {
-                g.unpartitioned_slices as u64
-                    + g.instances
-                        .iter()
-                        .filter(|i| !i.used)
-                        .map(|i| i.compute_slices as u64)
-                        .sum::<u64>()
-            })
-            .sum()
+        self.zones.iter().map(Zone::idle_mig_slices).sum()
     }
 }
 

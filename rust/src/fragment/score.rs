@@ -167,19 +167,8 @@ impl<'a> NodeCtx<'a> {
             cpu_cap[zi] = z.cpu_milli;
             mem_cap[zi] = z.memory_mib;
             c.gpu_count[zi] = z.gpus.len() as u64;
-            c.zone_idle_gpu[zi] = z.gpus.iter().map(|&(_, f)| f as f64).sum();
-            c.zone_idle_mig[zi] = z
-                .mig
-                .iter()
-                .map(|m| {
-                    m.unpartitioned_slices as f64
-                        + m.instances
-                            .iter()
-                            .filter(|i| !i.used)
-                            .map(|i| i.compute_slices as f64)
-                            .sum::<f64>()
-                })
-                .sum();
+            c.zone_idle_gpu[zi] = z.idle_gpu_milli() as f64;
+            c.zone_idle_mig[zi] = z.idle_mig_slices() as f64;
         }
         c.gpu_prefix = CapacityPrefix::new(&c.gpu_count[..zones]);
         c.cpu_prefix = CapacityPrefix::new(&cpu_cap[..zones]);
@@ -494,20 +483,9 @@ pub fn empty_score(node: &Node) -> NodeScore {
         .iter()
         .map(|z| ZoneScore {
             numa: z.numa,
-            idle_gpu_milli: z.gpus.iter().map(|&(_, f)| f as f64).sum(),
+            idle_gpu_milli: z.idle_gpu_milli() as f64,
             fragment_gpu_milli: 0.0,
-            idle_mig_slices: z
-                .mig
-                .iter()
-                .map(|m| {
-                    m.unpartitioned_slices as f64
-                        + m.instances
-                            .iter()
-                            .filter(|i| !i.used)
-                            .map(|i| i.compute_slices as f64)
-                            .sum::<f64>()
-                })
-                .sum(),
+            idle_mig_slices: z.idle_mig_slices() as f64,
             fragment_mig_slices: 0.0,
         })
         .collect();
