@@ -153,3 +153,16 @@ class WorkflowMetrics:
             [*c, "kind", "step"],
             registry=r,
         )
+        # -- MIG reconfiguration (pyctl/workflows/mig_reconfig.py) --
+        self.mig_reconfigurations = Counter(
+            "pyctl_mig_reconfigurations",
+            "Finished MIG reconfigurations by result (succeeded, failed, rolled_back)",
+            [*c, "node", "result"],
+            registry=r,
+        )
+        self.mig_in_progress = Gauge(
+            "pyctl_mig_reconfiguration_in_progress",
+            "1 while a MIG reconfiguration of the node runs (from the slot to the node restored)",
+            [*c, "node"],
+            registry=r,
+        )

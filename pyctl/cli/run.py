@@ -139,11 +139,27 @@ def attach_workflows(
         ctl.cache, ctl.reconciler, engine, ctl.metrics, cfg.cluster, cfg.mode, interval, max_moves=3
     )
     ctl.background.append(lambda: compactor.run(ctl.is_leader))
+    # -- MIG reconfiguration (pyctl/workflows/mig_loop.py, mig_reconfig.py) ---------------------
+    from pyctl.workflows.mig_loop import MigLoop
+    from pyctl.workflows.mig_reconfig import MigContext, MigOptions
+
+    mig_ctx = MigContext(
+        gate,
+        lambda ns, name: pods.get(f"{ns}/{name}"),
+        node=ctl.cache.nodes.get,
+        options=MigOptions(poll=interval),
+    )
+    mig_loop = MigLoop(
+        ctl.cache, Engine(MemoryWorkflowStore(), mig_ctx), ctl.metrics, cfg.cluster, interval
+    )
+    ctl.background.append(lambda: mig_loop.run(ctl.is_leader))
+    # -- end MIG reconfiguration ------------------------------------------------------------------
     return compactor
 
 
 async def start_server(ctl: Controller, cfg: Config) -> HealthServer | None:
-    """/metrics, /healthz, /readyz (and /federation with a shared Redis) on `metrics_port`."""
+    """/metrics, /healthz, /readyz (and /federation with a shared Redis) on `metrics_port`, with
+    the kube-scheduler extender (/scheduler/filter, /scheduler/prioritize)."""
     if not cfg.metrics_port:
         return None
     federation = None
@@ -155,8 +171,17 @@ async def start_server(ctl: Controller, cfg: Config) -> HealthServer | None:
         async def federation() -> Any:
             return await federation_status(store, ctl.metrics, cfg.cluster)
 
+    # placement advice: the kube-scheduler extender on the same port (docs/placement.md)
+    from pyctl.placement import PlacementExtender
+
+    extender = PlacementExtender.for_reconciler(ctl.reconciler)
     server = HealthServer(
-        ctl.metrics.registry, ctl.ready, cfg.metrics_host, cfg.metrics_port, federation=federation
+        ctl.metrics.registry,
+        ctl.ready,
+        cfg.metrics_host,
+        cfg.metrics_port,
+        federation=federation,
+        extender=extender,
     )
     await server.start()
     return server

@@ -48,6 +48,19 @@ class Actuator(Protocol):
         self, kind: str, namespace: str, name: str, reason: str, message: str
     ) -> None: ...
 
+    # -- MIG reconfiguration (pyctl/workflows/mig_reconfig.py) --
+
+    async def taint(
+        self, node: str, key: str, effect: str = "NoSchedule", *, value: str = "", on: bool = True
+    ) -> bool:
+        """Add (`on`) or remove the taint `key[=value]:effect`; True if the node changed."""
+
+    async def read_configmap(self, namespace: str, name: str) -> dict[str, str] | None:
+        """The ConfigMap's `data` (None: no such ConfigMap)."""
+
+    async def apply_configmap(self, namespace: str, name: str, data: Mapping[str, str]) -> None:
+        """Create the ConfigMap, or set these keys of its `data` (other keys are kept)."""
+
 
 @dataclass
 class NullActuator:
@@ -67,3 +80,16 @@ class NullActuator:
 
     async def event(self, kind: str, namespace: str, name: str, reason: str, message: str) -> None:
         self.calls.append(("event", (kind, namespace, name, reason, message)))
+
+    async def taint(
+        self, node: str, key: str, effect: str = "NoSchedule", *, value: str = "", on: bool = True
+    ) -> bool:
+        self.calls.append(("taint", (node, key, effect, value, on)))
+        return True
+
+    async def read_configmap(self, namespace: str, name: str) -> dict[str, str] | None:
+        self.calls.append(("read_configmap", (namespace, name)))
+        return None
+
+    async def apply_configmap(self, namespace: str, name: str, data: Mapping[str, str]) -> None:
+        self.calls.append(("apply_configmap", (namespace, name, dict(data))))

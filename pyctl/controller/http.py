@@ -1,14 +1,20 @@
 """`/metrics`, `/healthz` and `/readyz` on one port (aiohttp); `/federation` too when given a
-callback (the view across clusters, `pyctl.federation.federation_status`)."""
+callback (the view across clusters, `pyctl.federation.federation_status`); the kube-scheduler
+extender (`POST /scheduler/filter`, `POST /scheduler/prioritize`) when given one
+(`pyctl.placement.PlacementExtender`)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+
+class Extender(Protocol):  # placement advice (pyctl.placement.PlacementExtender)
+    def handle(self, verb: str, body: bytes) -> bytes: ...
 
 
 class HealthServer:
@@ -19,12 +25,14 @@ class HealthServer:
         host: str = "127.0.0.1",
         port: int = 0,
         federation: Callable[[], Awaitable[Mapping[str, Any]]] | None = None,
+        extender: Extender | None = None,
     ) -> None:
         self.registry = registry
         self.ready = ready
         self.host = host
         self.port = port
         self.federation = federation
+        self.extender = extender
         self._runner: web.AppRunner | None = None
 
     async def _metrics(self, _req: web.Request) -> web.Response:
@@ -50,6 +58,15 @@ class HealthServer:
             )
         return web.Response(text=json.dumps(view) + "\n", content_type="application/json")
 
+    # -- placement advice (kube-scheduler extender) -------------------------------------------
+    async def _extender(self, req: web.Request) -> web.Response:
+        if self.extender is None:
+            return web.Response(text="scheduler extender is not configured\n", status=404)
+        body = await req.read()
+        out = self.extender.handle(req.match_info["verb"], body)
+        return web.Response(body=out, content_type="application/json")
+
+    # ------------------------------------------------------------------------------------------
     async def start(self) -> int:
         """Start serving; returns the bound port (useful with port 0)."""
         app = web.Application()
@@ -57,6 +74,7 @@ class HealthServer:
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/federation", self._federation)
+        app.router.add_post("/scheduler/{verb:filter|prioritize}", self._extender)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)

@@ -808,3 +808,80 @@ def etcd_compact(plane: ControlPlane, revision: int) -> None:
     """Compact etcd's history up to ``revision``: watches from older resourceVersions that reach
     etcd (an apiserver without a watch cache) then get 410 Gone."""
     _etcd_call(plane, "kv/compaction", {"revision": str(revision), "physical": True})
+
+
+# --------------------------------------------------------------------------------------------------
+# A second kube-scheduler with its own KubeSchedulerConfiguration (e.g. a profile with its own
+# schedulerName and a scheduler extender)
+
+
+class ExtraScheduler:
+    """Another kube-scheduler on the control plane: its own secure port and its own
+    KubeSchedulerConfiguration (``config`` is merged over the client connection and leader
+    election the fixture's scheduler uses). Pods name it by one of its profiles'
+    ``schedulerName``. Context manager; start it from the main thread (see ExtraApiserver)."""
+
+    def __init__(
+        self,
+        plane: ControlPlane,
+        name: str,
+        config: Mapping[str, Any],
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.plane = plane
+        self.name = f"{SCHEDULER}-{name}"
+        self.port = free_port()
+        self.config_path = plane.work_dir / f"{self.name}.yaml"
+        full: dict[str, Any] = {
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {"kubeconfig": str(plane.kubeconfig), "qps": 200, "burst": 400},
+            "leaderElection": {"leaderElect": False},
+            **config,
+        }
+        self.config_path.write_text(json.dumps(full, indent=2))
+        flags = plane._health_flags(self.port, self.name)
+        flags = [f for f in flags if not f.startswith(("--kubeconfig=", "--leader-elect="))]
+        extra = list(extra_args)
+        override = {a.partition("=")[0] for a in extra}
+        base = [f"--config={self.config_path}", *flags]
+        self.argv = [
+            str(plane.binaries.path(SCHEDULER)),
+            *[a for a in base if a.partition("=")[0] not in override],
+            *extra,
+        ]
+        self.component: Component | None = None
+
+    @property
+    def log(self) -> Path:
+        return self.plane.log_dir / f"{self.name}.log"
+
+    def start(self) -> None:
+        component = Component(self.name, list(self.argv), self.log)
+        self.component = component
+        component.start()
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE  # its serving cert is self-signed at start-up
+
+        def probe() -> str | None:
+            status, body = self.plane._get(f"https://127.0.0.1:{self.port}/healthz", insecure)
+            return None if status == 200 else f"/healthz {status}: {body.strip()[-300:]}"
+
+        try:
+            self.plane._wait(component, "healthy", probe)
+        except BaseException:
+            component.stop()
+            raise
+
+    def stop(self) -> None:
+        if self.component is not None:
+            self.component.stop()
+            self.component = None
+
+    def __enter__(self) -> ExtraScheduler:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

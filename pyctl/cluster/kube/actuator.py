@@ -121,6 +121,46 @@ class KubeActuator:
                 return True
         raise KubeApiError(409, "Conflict", f"taint {key} on node {node}: too many conflicts", {})
 
+    # -- ConfigMaps (the mig-parted config of MIG reconfigurations) -------------------------------
+
+    @staticmethod
+    def _configmap_path(namespace: str, name: str = "") -> str:
+        base = f"/api/v1/namespaces/{path_part(namespace)}/configmaps"
+        return f"{base}/{path_part(name)}" if name else base
+
+    async def read_configmap(self, namespace: str, name: str) -> dict[str, str] | None:
+        """The ConfigMap's `data`; None when it does not exist."""
+        resp = await self.kube.request("GET", self._configmap_path(namespace, name))
+        if resp.status == 404:
+            return None
+        data = resp.check().json().get("data") or {}
+        return {str(k): str(v) for k, v in data.items()}
+
+    async def apply_configmap(self, namespace: str, name: str, data: Mapping[str, str]) -> None:
+        """Create the ConfigMap with `data`, or merge-patch these keys into its `data`."""
+        patch = {"data": dict(data)}
+        resp = await self.kube.request(
+            "PATCH", self._configmap_path(namespace, name), body=patch, content_type=MERGE_PATCH
+        )
+        if resp.status != 404:
+            resp.check()
+            return
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": namespace},
+            "data": dict(data),
+        }
+        resp = await self.kube.request("POST", self._configmap_path(namespace), body=body)
+        if resp.status == 409:  # created meanwhile: patch it
+            resp = await self.kube.request(
+                "PATCH",
+                self._configmap_path(namespace, name),
+                body=patch,
+                content_type=MERGE_PATCH,
+            )
+        resp.check()
+
     # -- eviction ----------------------------------------------------------------------------------
 
     async def evict(self, namespace: str, pod: str) -> bool:

@@ -7,7 +7,7 @@ the NFD topology-updater writes it, Pod)."""
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pyctl.cluster.records import NodeRecord, NrtRecord, PodRecord, ZoneRecord
@@ -46,6 +46,11 @@ class SimCluster:
     #: pyctl's placement advice (scheduler extender): prefer the node whose fragment grows least
     advice: bool = False
     _rv: int = 0
+    #: MIG reconfiguration: node -> (nvidia.com/mig.config, nvidia.com/mig.config.state)
+    mig_labels: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: node -> taint keys (NoSchedule); cordoned nodes
+    taints: dict[str, set[str]] = field(default_factory=dict)
+    cordoned: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.model = FragmentationModel(Snapshot(self.nodes))
@@ -65,6 +70,10 @@ class SimCluster:
             for n in self.nodes
         }
         self.by_name = {n.name: n for n in self.nodes}
+        for n in self.nodes:  # MIG nodes start as the GPU Operator's all-1g.5gb
+            profiles = {i.profile for z in n.zones for m in z.mig for i in m.instances}
+            if profiles == {"1g.5gb"}:
+                self.mig_labels.setdefault(n.name, ("all-1g.5gb", "success"))
 
     def rv(self) -> str:
         self._rv += 1
@@ -90,6 +99,10 @@ class SimCluster:
             mig=tuple(sorted(mig.items())),
             gpu_count_label=gpus + mig_gpus,
             mig_strategy="mixed" if mig else "",
+            mig_config=self.mig_labels.get(n.name, ("", ""))[0],
+            mig_config_state=self.mig_labels.get(n.name, ("", ""))[1],
+            unschedulable=n.name in self.cordoned,
+            taints=tuple(sorted(self.taints.get(n.name, ()))),
         )
 
     def nrt_record(self, name: str) -> NrtRecord:
@@ -154,6 +167,8 @@ class SimCluster:
         """Bind `pod` to the least allocated node whose kubelet would admit it (or only `only`)."""
         best: tuple[tuple[float, str], str, dict[str, Any]] | None = None
         for n in self.nodes if only is None else (self.by_name[only],):
+            if n.name in self.cordoned or self.taints.get(n.name):
+                continue
             d = self.model.place_delta(n.name, pod.shape, self.workload)
             if d is None:
                 continue
@@ -190,6 +205,52 @@ class SimCluster:
             self._apply(node, pod.assignment, False)
         pod.node, pod.assignment = "", None
         return node
+
+    # -- MIG reconfiguration (mig-parted apply, as the simulated mig-manager does it) -----------
+    def reconfigure_mig(self, name: str, layouts: list[dict[str, int] | None]) -> bool:
+        """Re-partition the node's MIG GPUs (in zone order; None: unchanged). A GPU whose layout
+        changes is destroyed and re-created (mig-parted is not incremental): False, and nothing
+        changes, if an instance of it is in use ("In use by another client") or the layout does
+        not fit."""
+        from pyctl import mig as mig_mod
+        from pyctl.model import MigGpu, MigInstance
+
+        n = self.by_name[name]
+        zs = self.zones[name]
+        k = 0
+        new_zones = []
+        changes: list[tuple[int, int, list[list[Any]]]] = []
+        for zi, z in enumerate(n.zones):
+            migs = []
+            for mi, m in enumerate(z.mig):
+                want = layouts[k] if k < len(layouts) else None
+                k += 1
+                have: dict[str, int] = {}
+                for i in m.instances:
+                    have[i.profile] = have.get(i.profile, 0) + 1
+                if want is None or {p: c for p, c in want.items() if c} == have:
+                    migs.append(m)
+                    continue
+                if any(used for _, used in zs[zi].mig[mi]):
+                    return False
+                profiles = [p for p, c in sorted(want.items()) for _ in range(c)]
+                starts = mig_mod.place(n.gpu_model, [], profiles)
+                if starts is None:
+                    return False
+                insts = tuple(MigInstance(p, st) for p, st in zip(profiles, starts, strict=True))
+                migs.append(MigGpu(m.gpu, insts))
+                changes.append((zi, mi, [[p, False] for p in profiles]))
+            new_zones.append(replace(z, mig=tuple(migs)))
+        node = replace(n, zones=tuple(new_zones))
+        self.nodes = tuple(node if x.name == name else x for x in self.nodes)
+        self.by_name[name] = node
+        for zi, mi, state in changes:
+            zs[zi].mig[mi] = state
+        self.model = FragmentationModel(Snapshot(self.nodes))
+        for p in self.pods.values():
+            if p.node and p.assignment is not None:
+                self.model.apply(p.node, p.assignment, True)
+        return True
 
 
 class Clock:

@@ -182,3 +182,57 @@ class SimClusterSource:
             self.stats.events += len(events)
             await sink.apply(events, {"Pod": c.rv()})
         c.pending.clear()
+
+    # -- node isolation and MIG reconfiguration (driven by SimActuator) --------------------------
+
+    async def _publish(self, name: str, records: list[Record]) -> None:
+        if self._sink is None:
+            return
+        c = self.cluster
+        now = time.monotonic()
+        events = [Event("MODIFIED", c.node_record(c.by_name[name]), now)]
+        events += [Event("MODIFIED", r, now) for r in records]
+        self.stats.events += len(events)
+        rvs: dict[Kind, str] = {"Node": c.rv(), "Pod": c.rv(), "NodeResourceTopology": c.rv()}
+        await self._sink.apply(events, rvs)
+
+    def _retry_pending(self, name: str) -> list[Record]:
+        """The scheduler retries pending pods on a node that changed (queueing hints)."""
+        c = self.cluster
+        out: list[Record] = []
+        for pname in list(c.pending):
+            p = c.pods[pname]
+            if c.schedule(p, only=name):
+                c.pending.remove(pname)
+                self.stats.bound += 1
+                out += [c.pod_record(p), c.nrt_record(name)]
+        return out
+
+    async def isolate(
+        self, name: str, *, taint: str = "", cordon: bool | None = None, on: bool = True
+    ) -> None:
+        """Add/remove a NoSchedule taint, or (un)cordon; pending pods are retried after."""
+        c = self.cluster
+        if name not in c.by_name:
+            return
+        if taint:
+            keys = c.taints.setdefault(name, set())
+            keys.add(taint) if on else keys.discard(taint)
+        if cordon is not None:
+            c.cordoned.add(name) if cordon else c.cordoned.discard(name)
+        await self._publish(name, self._retry_pending(name))
+
+    async def mig_config(
+        self, name: str, config: str, layouts: list[dict[str, int] | None] | None
+    ) -> None:
+        """The simulated mig-manager: acts only when the config name changes; `pending`, then
+        the layouts applied (`success`) or `failed` (None: unknown config; a changed GPU in
+        use). Then the device plugin's new capacity shows in the node record."""
+        c = self.cluster
+        if name not in c.by_name or c.mig_labels.get(name, ("", ""))[0] == config:
+            return
+        c.mig_labels[name] = (config, "pending")
+        await self._publish(name, [])
+        ok = layouts is not None and c.reconfigure_mig(name, layouts)
+        c.mig_labels[name] = (config, "success" if ok else "failed")
+        await self._publish(name, [c.nrt_record(name), *self._retry_pending(name)])

@@ -1,0 +1,197 @@
+"""The MIG loop: decides when to re-partition. From the controller's view, the pending pods that
+ask for `nvidia.com/mig-<profile>` and were marked Unschedulable (blocked by the MIG geometry:
+the cluster may have the slices, not in that shape) become the MIG planner's demand; each node
+plan that serves some of it by changing GPUs becomes a `mig-reconfigure` workflow (at most one
+per node at a time; the MIG slot of the rate limits bounds how many run at once). Then the
+workflows are advanced through the gate.
+
+It also clears orphaned taints: a node carrying `pyctl.io/mig-reconfiguration` with no workflow
+of its own in the store (the store was lost, e.g. an in-memory one with the controller) is made
+schedulable again."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import anyio
+import msgspec
+
+from pyctl import mig
+from pyctl.cluster.records import PodRecord
+from pyctl.cluster.translate import node_from_records
+from pyctl.controller.cache import ClusterCache
+from pyctl.metrics import Metrics
+from pyctl.model import Snapshot
+from pyctl.workflows.engine import Engine, Workflow
+from pyctl.workflows.mig_reconfig import KIND, STEPS, TAINT_KEY, workflow_for
+
+log = logging.getLogger("pyctl.mig_loop")
+
+
+@dataclass(frozen=True)
+class MigLoopOptions:
+    #: used MIG instances one node's plan may destroy (their pods are evicted); 0: only free
+    #: slices are re-partitioned
+    max_used_destroyed: int = 0
+    #: new workflows started per tick
+    max_starts: int = 1
+    default_policy: str = "none"
+    #: only these nodes are re-partitioned (None: every MIG node)
+    nodes: tuple[str, ...] | None = None
+
+
+def pending_demand(cache: ClusterCache) -> Counter[str]:
+    """Profile -> count of pending, Unschedulable pods asking for MIG instances."""
+    want: Counter[str] = Counter()
+    for p in cache.pending_pods():
+        if p.unschedulable and p.mig:
+            for prof, n in p.mig:
+                want[prof] += n
+    return want
+
+
+def plan_nodes(
+    cache: ClusterCache,
+    demand: Counter[str],
+    exclude: Sequence[str] = (),
+    options: MigLoopOptions | None = None,
+) -> list[mig.NodePlan]:
+    """Node plans (mig-parted executor) that serve some of `demand` by changing GPUs, one GPU
+    model after another (each model gets the profiles it has; what one serves is taken off)."""
+    opt = options or MigLoopOptions()
+    by_node: dict[str, list[PodRecord]] = {}
+    for p in cache.pods.values():
+        if p.node and not p.terminated:
+            by_node.setdefault(p.node, []).append(p)
+    eligible = {
+        n.name: n
+        for n in cache.nodes.values()
+        if n.mig
+        and n.gpu_model
+        and n.name not in exclude
+        and (opt.nodes is None or n.name in opt.nodes)
+        and not n.unschedulable
+        and TAINT_KEY not in n.taints
+        and n.mig_config_state != "pending"
+    }
+    left = Counter(demand)
+    out: list[mig.NodePlan] = []
+    for model_name in sorted({n.gpu_model for n in eligible.values()}):
+        try:
+            m = mig.model(model_name)
+        except ValueError:
+            continue
+        pending = []
+        for prof, count in sorted(left.items()):
+            if count <= 0:
+                continue
+            try:
+                pending.append(mig.Pending(mig.profile_name(m.name, prof), count, m.name))
+            except ValueError:
+                continue
+        if not pending:
+            continue
+        nodes = []
+        for name in sorted(eligible):
+            rec = eligible[name]
+            if rec.gpu_model != model_name:
+                continue
+            try:
+                nodes.append(
+                    node_from_records(
+                        rec,
+                        cache.nrts.get(name),
+                        by_node.get(name, []),
+                        opt.default_policy,
+                    )
+                )
+            except ValueError as e:
+                log.warning("MIG loop: node skipped", extra={"node": name, "error": str(e)})
+        demand_ = mig.Demand(
+            tuple(pending),
+            limits=mig.Limits(max_used_destroyed=opt.max_used_destroyed, executor="mig-parted"),
+        )
+        try:
+            plans = mig.plan_snapshot(Snapshot(tuple(nodes)), demand_)
+        except ValueError as e:
+            log.warning("MIG loop: planner refused", extra={"error": str(e)})
+            continue
+        for np_ in plans:
+            result = np_.plan
+            served = {
+                d["profile"]: d["served_after"] - d["served_before"] for d in result["demand"]
+            }
+            if result["changed_gpus"] and sum(served.values()) > 0:
+                out.append(np_)
+                for prof, n in served.items():
+                    left[prof] -= max(n, 0)
+    return out
+
+
+class MigLoop:
+    def __init__(
+        self,
+        cache: ClusterCache,
+        engine: Engine,
+        metrics: Metrics,
+        cluster: str,
+        interval: float = 10.0,
+        options: MigLoopOptions | None = None,
+        still_leader: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.cache = cache
+        self.engine = engine
+        self.metrics = metrics
+        self.cluster = cluster
+        self.interval = interval
+        self.options = options or MigLoopOptions()
+        self.still_leader = still_leader
+        self.last_plans: list[mig.NodePlan] = []
+
+    async def _workflows(self) -> list[Workflow]:
+        return [
+            msgspec.json.decode(r.data, type=Workflow)
+            for r in (await self.engine.store.list()).values()
+        ]
+
+    async def _clear_orphans(self, active: set[str]) -> None:
+        gate = self.engine.ctx.gate
+        if gate.mode != "enforce":
+            return
+        for n in list(self.cache.nodes.values()):
+            if TAINT_KEY in n.taints and n.name not in active and gate.still_leader():
+                log.warning("removing an orphaned MIG taint", extra={"node": n.name})
+                await gate.actuator.taint(n.name, TAINT_KEY, "NoSchedule", on=False)
+
+    async def tick(self, leader: bool) -> None:
+        wfs = await self._workflows()
+        active = {w.node for w in wfs if w.kind == KIND and not w.finished}
+        # a node whose last attempt ended is left alone until the engine forgets it
+        recent = {w.node for w in wfs if w.kind == KIND}
+        demand = pending_demand(self.cache)
+        plans = plan_nodes(self.cache, demand, sorted(recent), self.options) if demand else []
+        self.last_plans = plans
+        if not leader:
+            return
+        await self._clear_orphans(active)
+        now = time.time()
+        for np_ in plans[: self.options.max_starts]:
+            await self.engine.start(workflow_for(np_, self.cache.pods, now))
+        counts = await self.engine.advance_all()
+        g = self.metrics.workflow.workflows
+        for step in (*STEPS, "done", "failed", "abandoned", "dry-run"):
+            g.labels(self.cluster, KIND, step).set(0)
+        for (kind, step), n in counts.items():
+            g.labels(self.cluster, kind, step).set(n)
+
+    async def run(self, leader: Callable[[], bool]) -> None:
+        while True:
+            await anyio.sleep(self.interval)
+            try:
+                await self.tick(leader())
+            except Exception:
+                log.exception("MIG loop tick failed; will retry")

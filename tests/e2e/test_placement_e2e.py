@@ -1,0 +1,387 @@
+"""Placement advice with the REAL kube-scheduler: a second kube-scheduler whose profile
+(``schedulerName: pyctl-e2e``) calls pyctl's extender (served by an in-process controller on
+127.0.0.1) for `filter` and `prioritize`.
+
+NodeResourceTopology is static in the e2e cluster (no topology-updater runs there), so the test
+plays NFD's topology-updater itself (`TopologyUpdater`): each bound pod is given the first NUMA
+zone that fits it, as the kubelet's Topology Manager does under ``single-numa-node`` (the narrowest
+hint, lowest NUMA id first), and the node's NRT ``available`` is rewritten from that. pyctl then
+sees exact per-zone usage instead of its in-order top-up."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import anyio
+import pytest
+import yaml
+from kubernetes_asyncio import client
+
+from pyctl.cluster.kube.client import connect
+from pyctl.cluster.kube.source import KubeClusterSource
+from pyctl.controller.controller import Controller
+from pyctl.controller.http import HealthServer
+from pyctl.model import Shape, Workload
+from pyctl.placement import PlacementExtender
+from pyctl.state.memory import MemoryStore
+from tests.e2e.conftest import wait_until
+from tests.e2e.control_plane import REPO, ControlPlane, ExtraScheduler
+from tests.e2e.gpu_nodes import (
+    GPU,
+    NRT_GROUP,
+    NRT_PLURAL,
+    NRT_VERSION,
+    GpuNodeSpec,
+    apply_nrt_crd,
+    body,
+    node_manifest,
+    nrt_manifest,
+    wait_nodes_ready,
+)
+
+pytestmark = [pytest.mark.e2e]
+
+SCHEDULER_NAME = "pyctl-e2e"
+EXTENDER_CONFIG = REPO / "deploy" / "scheduler" / "extender-config.yaml"
+#: M for these tests: single GPUs and 4-GPU (one whole NUMA zone) replicas, half and half
+WORKLOAD = Workload(
+    (
+        Shape(cpu_milli=1000, gpus=1, gpu_milli=1000, weight=0.5),
+        Shape(cpu_milli=1000, gpus=4, gpu_milli=1000, weight=0.5),
+    )
+)
+
+
+def extender_config(url: str, scheduler_name: str = SCHEDULER_NAME) -> dict[str, Any]:
+    """The shipped KubeSchedulerConfiguration (deploy/scheduler/extender-config.yaml, see
+    docs/placement.md) for a test scheduler: its extender at `url`, its own schedulerName, no
+    leader election, and extender errors not ignored (so a broken extender fails the test)."""
+    shipped = yaml.safe_load(EXTENDER_CONFIG.read_text())
+    shipped.pop("leaderElection", None)
+    shipped.pop("apiVersion", None)
+    shipped.pop("kind", None)
+    shipped["profiles"] = [{"schedulerName": scheduler_name}]
+    (ext,) = shipped["extenders"]
+    ext["urlPrefix"] = url
+    ext["ignorable"] = False
+    ext["httpTimeout"] = "5s"
+    config: dict[str, Any] = shipped
+    return config
+
+
+def gpu_pod(
+    name: str,
+    gpus: int,
+    *,
+    label: str,
+    node: str | None = None,
+    cpu: int = 1,
+    selector: Mapping[str, str] | None = None,
+    scheduler: str = SCHEDULER_NAME,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "schedulerName": scheduler,
+        "terminationGracePeriodSeconds": 0,
+        "containers": [
+            {
+                "name": "c",
+                "image": "registry.example/llm:1",
+                "resources": {
+                    "requests": {"cpu": str(cpu), "memory": "1Gi", GPU: str(gpus)},
+                    "limits": {GPU: str(gpus)},
+                },
+            }
+        ],
+    }
+    if node:
+        spec["nodeName"] = node
+    if selector:
+        spec["nodeSelector"] = dict(selector)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": {"app": label}},
+        "spec": spec,
+    }
+
+
+def pod_gpus(p: Any) -> int:
+    total = 0
+    for c in p.spec.containers:
+        req = (c.resources.requests or {}) if c.resources else {}
+        total += int(req.get(GPU, 0))
+    return total
+
+
+def pod_cpu(p: Any) -> int:
+    total = 0
+    for c in p.spec.containers:
+        req = (c.resources.requests or {}) if c.resources else {}
+        total += int(str(req.get("cpu", "0")))
+    return total
+
+
+class TopologyUpdater:
+    """Plays NFD's topology-updater for the test nodes: per node and NUMA zone, the GPUs and CPUs
+    of the pods bound there, written to the node's NodeResourceTopology ``available``. A pod gets
+    the first zone whose free GPUs (and CPUs) fit it, as the kubelet's Topology Manager would under
+    ``single-numa-node``; pods pinned to a zone by the test keep it."""
+
+    def __init__(self, api: client.ApiClient, specs: list[GpuNodeSpec], label: str) -> None:
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.specs = {s.name: s for s in specs}
+        self.label = label
+        #: pod key -> (node, zone, gpus, cpus)
+        self.where: dict[str, tuple[str, int, int, int]] = {}
+        self.pinned: dict[str, int] = {}
+        #: pod name prefix -> zones the next pods with that prefix get (the history that
+        #: fragmented a node), consumed in order
+        self.hints: dict[str, list[int]] = {}
+        self.misaligned: list[str] = []
+
+    def used(self, node: str) -> dict[int, dict[str, int]]:
+        out: dict[int, dict[str, int]] = {
+            z: {GPU: 0, "cpu": 0} for z in range(self.specs[node].numa_zones)
+        }
+        for n, z, g, c in self.where.values():
+            if n == node:
+                out[z][GPU] += g
+                out[z]["cpu"] += c
+        return out
+
+    def gpus_used(self, node: str) -> list[int]:
+        return [u[GPU] for _, u in sorted(self.used(node).items())]
+
+    async def write(self, node: str) -> None:
+        spec = self.specs[node]
+        manifest = nrt_manifest(spec, self.used(node))
+        cur = await self.custom.get_cluster_custom_object(NRT_GROUP, NRT_VERSION, NRT_PLURAL, node)
+        cur["zones"] = manifest["zones"]
+        await self.custom.replace_cluster_custom_object(
+            NRT_GROUP, NRT_VERSION, NRT_PLURAL, node, body(cur)
+        )
+
+    async def sync(self) -> bool:
+        """Account for pods bound or gone since the last call; True if anything changed."""
+        pods = await self.core.list_namespaced_pod("default", label_selector=f"app={self.label}")
+        live = {}
+        for p in pods.items:
+            if p.spec.node_name in self.specs and p.status.phase not in ("Succeeded", "Failed"):
+                live[f"default/{p.metadata.name}"] = p
+        dirty: set[str] = set()
+        for key in [k for k in self.where if k not in live]:
+            dirty.add(self.where.pop(key)[0])
+        for key, p in sorted(live.items(), key=lambda kv: kv[1].metadata.creation_timestamp):
+            if key in self.where:
+                continue
+            node = p.spec.node_name
+            gpus, cpus = pod_gpus(p), pod_cpu(p)
+            used = self.used(node)
+            spec = self.specs[node]
+            zone = self.pinned.get(key)
+            for prefix, zones in self.hints.items():
+                if zone is None and zones and p.metadata.name.startswith(prefix):
+                    zone = zones.pop(0)
+            if zone is None:
+                fits = [
+                    z
+                    for z in range(spec.numa_zones)
+                    if spec.gpus_per_zone - used[z][GPU] >= gpus
+                    and spec.cpus_per_zone - used[z]["cpu"] >= cpus
+                ]
+                if not fits:  # the kubelet would reject it (TopologyAffinityError)
+                    self.misaligned.append(key)
+                    fits = [0]
+                zone = fits[0]
+            self.where[key] = (node, zone, gpus, cpus)
+            dirty.add(node)
+        for node in sorted(dirty):
+            await self.write(node)
+        return bool(dirty)
+
+    async def run(self, period: float = 0.2) -> None:
+        while True:
+            await self.sync()
+            await anyio.sleep(period)
+
+
+def model_gpus_used(ctl: Controller, node: str) -> list[int] | None:
+    m = ctl.reconciler.models.get(node)
+    if m is None:
+        return None
+    return [sum(1 for g in z.gpus if g.used_milli) for z in m.zones]
+
+
+async def create_nodes(
+    api: client.ApiClient, specs: list[GpuNodeSpec], within: float = 60.0
+) -> None:
+    core = client.CoreV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    for s in specs:
+        await core.create_node(body(node_manifest(s)))
+        await custom.create_cluster_custom_object(
+            NRT_GROUP, NRT_VERSION, NRT_PLURAL, body(nrt_manifest(s))
+        )
+    await wait_nodes_ready(api, [s.name for s in specs], within=within)
+
+
+async def delete_nodes(api: client.ApiClient, specs: list[GpuNodeSpec]) -> None:
+    core = client.CoreV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    for s in specs:
+        for call in (
+            core.delete_node(s.name),
+            custom.delete_cluster_custom_object(NRT_GROUP, NRT_VERSION, NRT_PLURAL, s.name),
+        ):
+            try:
+                await call
+            except client.ApiException as exc:
+                if exc.status != 404:
+                    raise
+
+
+async def pod_node(core: client.CoreV1Api, name: str) -> str:
+    p = await core.read_namespaced_pod(name, "default")
+    return str(p.spec.node_name or "")
+
+
+@pytest.fixture
+async def kube(control_plane: ControlPlane) -> AsyncIterator[Any]:
+    k = await connect(kubeconfig=control_plane.kubeconfig)
+    yield k
+    await k.close()
+
+
+@pytest.mark.anyio
+async def test_real_scheduler_with_the_extender_aligns_and_packs(
+    control_plane: ControlPlane, api: client.ApiClient, kube: Any
+) -> None:
+    label = "pl-e2e"
+    sel = {"pyctl.e2e/placement": "true"}
+    specs = [GpuNodeSpec(f"pl-{x}", labels=sel) for x in ("split", "three", "empty")]
+    core = client.CoreV1Api(api)
+    await apply_nrt_crd(api)
+    await create_nodes(api, specs)
+    updater = TopologyUpdater(api, specs, label)
+    # pl-split: 2 + 2 GPUs used (4 free, no whole zone); pl-three: 3 + 0 (zone 1 free) and most
+    # of its CPU taken, so the scheduler's own LeastAllocated scoring would prefer the others
+    pinned = [
+        ("pin-split-0", "pl-split", 2, 0, 1),
+        ("pin-split-1", "pl-split", 2, 1, 1),
+        ("pin-three-0", "pl-three", 3, 0, 40),
+    ]
+    for name, node, gpus, zone, cpu in pinned:
+        updater.pinned[f"default/{name}"] = zone
+        await core.create_namespaced_pod(
+            "default", body(gpu_pod(name, gpus, label=label, node=node, cpu=cpu))
+        )
+    ctl = Controller(
+        "e2e-placement",
+        KubeClusterSource(kube),
+        MemoryStore("e2e-placement"),
+        workload=WORKLOAD,
+        summary_interval=0.5,
+    )
+    ext = PlacementExtender.for_reconciler(ctl.reconciler)
+    server = HealthServer(ctl.metrics.registry, ctl.ready, "127.0.0.1", 0, extender=ext)
+    port = await server.start()
+    sched = ExtraScheduler(
+        control_plane, "pyctl-e2e", extender_config(f"http://127.0.0.1:{port}/scheduler")
+    )
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ctl.run)
+            tg.start_soon(updater.run)
+
+            def model_is(want: Mapping[str, list[int]]) -> bool:
+                return all(model_gpus_used(ctl, n) == u for n, u in want.items())
+
+            def model_current() -> bool:
+                return model_is({s.name: updater.gpus_used(s.name) for s in specs})
+
+            await wait_until(
+                lambda: model_is({"pl-split": [2, 2], "pl-three": [3, 0], "pl-empty": [0, 0]}),
+                "the controller's models of the test nodes",
+                within=30,
+            )
+            sched.start()
+
+            # 1. a 4-GPU pod: only nodes with a whole free zone; never the 2 + 2 node
+            aligned = {"pl-three", "pl-empty"}
+            await core.create_namespaced_pod(
+                "default", body(gpu_pod("big-1", 4, label=label, selector=sel))
+            )
+            await wait_until(lambda: _bound(core, "big-1"), "big-1 scheduled", within=30)
+            got = await pod_node(core, "big-1")
+            assert got in aligned, f"big-1 went to {got}"
+            await wait_until(
+                lambda: updater.where.get("default/big-1") is not None and model_current(),
+                "the controller to see big-1",
+                within=30,
+            )
+
+            # 2. a 4-GPU pod that only fits 4 free GPUs split over two zones stays pending, with
+            # the extender's reason in the scheduler's message
+            await core.create_namespaced_pod(
+                "default",
+                body(
+                    gpu_pod(
+                        "big-split",
+                        4,
+                        label=label,
+                        selector={"kubernetes.io/hostname": "pl-split"},
+                    )
+                ),
+            )
+
+            async def rejected() -> bool:
+                p = await core.read_namespaced_pod("big-split", "default")
+                for c in p.status.conditions or []:
+                    if c.type == "PodScheduled" and c.status == "False":
+                        return "pyctl" in (c.message or "")
+                return False
+
+            await wait_until(rejected, "big-split unschedulable by the extender", within=30)
+            assert await pod_node(core, "big-split") == ""
+            await core.delete_namespaced_pod("big-split", "default", grace_period_seconds=0)
+            # 3. single GPUs, one at a time: each goes where the fragment grows least
+            for i in range(3):
+                names = tuple(s.name for s in specs)
+                args = {
+                    "Pod": gpu_pod(f"one-{i}", 1, label=label, selector=sel),
+                    "NodeNames": list(names),
+                }
+                scores = {h["Host"]: h["Score"] for h in ext.prioritize(args)}
+                best = {n for n, s in scores.items() if s == max(scores.values())}
+                await core.create_namespaced_pod(
+                    "default", body(gpu_pod(f"one-{i}", 1, label=label, selector=sel))
+                )
+                await wait_until(lambda i=i: _bound(core, f"one-{i}"), f"one-{i} bound", 30)
+                got = await pod_node(core, f"one-{i}")
+                assert got in best, f"one-{i} went to {got}; extender scores {scores}"
+                if i == 0:
+                    # the first single GPU fills a stranded GPU, not the emptiest node
+                    assert got != "pl-empty", scores
+                await wait_until(
+                    lambda i=i: (
+                        updater.where.get(f"default/one-{i}") is not None and model_current()
+                    ),
+                    f"the controller to see one-{i}",
+                    within=30,
+                )
+
+            assert updater.misaligned == []  # no pod would have failed kubelet admission
+            tg.cancel_scope.cancel()
+    finally:
+        sched.stop()
+        await server.stop()
+        await core.delete_collection_namespaced_pod(
+            "default", label_selector=f"app={label}", grace_period_seconds=0
+        )
+        await delete_nodes(api, specs)
+
+
+async def _bound(core: client.CoreV1Api, name: str) -> bool:
+    return bool(await pod_node(core, name))

@@ -1,0 +1,235 @@
+"""The kube-scheduler extender: wire format (k8s.io/kube-scheduler/extender/v1) and decisions."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client import CollectorRegistry
+
+from pyctl.controller.http import HealthServer
+from pyctl.model import Gpu, Node, Shape, Workload, Zone
+from pyctl.placement import MAX_EXTENDER_PRIORITY, PlacementExtender, parse_args, scores
+
+W = Workload(
+    (
+        Shape(cpu_milli=1000, gpus=1, gpu_milli=1000, weight=0.5),
+        Shape(cpu_milli=1000, gpus=4, gpu_milli=1000, weight=0.5),
+    )
+)
+
+
+def node(name: str, used0: int, used1: int, policy: str = "single-numa-node") -> Node:
+    zones = []
+    gid = 0
+    for z, used in ((0, used0), (1, used1)):
+        gpus = []
+        for j in range(4):
+            gpus.append(Gpu(gid, 1000 if j < used else 0))
+            gid += 1
+        zones.append(Zone(z, 64000, 0, 512 * 1024, 0, tuple(gpus), ()))
+    return Node(name=name, gpu_model="A100", topology_policy=policy, zones=tuple(zones))  # type: ignore[arg-type]
+
+
+def pod(gpus: int, name: str = "p", cpu: str = "1") -> dict[str, Any]:
+    req: dict[str, str] = {"cpu": cpu}
+    if gpus:
+        req["nvidia.com/gpu"] = str(gpus)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "uid": "u-1"},
+        "spec": {
+            "schedulerName": "pyctl",
+            "containers": [{"name": "c", "image": "x", "resources": {"requests": req}}],
+        },
+        "status": {"phase": "Pending"},
+    }
+
+
+@pytest.fixture
+def ext() -> PlacementExtender:
+    models = {
+        "empty": node("empty", 0, 0),
+        "three": node("three", 3, 0),  # one free GPU in zone 0, zone 1 free
+        "split": node("split", 2, 2),  # 4 free GPUs, but 2 + 2: no aligned zone for 4
+        "loose": node("loose", 2, 2, policy="none"),  # same, but no alignment needed
+    }
+    return PlacementExtender(models, lambda: W)
+
+
+def args(p: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    return {"Pod": p, "Nodes": None, "NodeNames": names}
+
+
+def test_filter_removes_nodes_without_an_aligned_zone(ext: PlacementExtender) -> None:
+    names = ["empty", "three", "split", "loose", "unknown"]
+    got = ext.filter(json.dumps(args(pod(4), names)).encode())
+    assert got["Error"] == ""
+    assert got["NodeNames"] == ["empty", "three", "loose", "unknown"]
+    assert set(got["FailedNodes"]) == {"split"}
+    assert "single-numa-node" in got["FailedNodes"]["split"]
+    assert got["FailedAndUnresolvableNodes"] == {}
+    assert got["Nodes"] is None
+    # the wire keys are the Go field names of ExtenderFilterResult
+    assert set(got) == {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
+
+
+def test_filter_keeps_everything_a_one_gpu_or_cpu_pod_fits(ext: PlacementExtender) -> None:
+    names = ["empty", "three", "split", "loose"]
+    assert ext.filter(args(pod(1), names))["NodeNames"] == names
+    assert ext.filter(args(pod(0, cpu="100"), names))["NodeNames"] == names  # CPU-only: no opinion
+
+
+def test_filter_with_whole_nodes_answers_a_node_list(ext: PlacementExtender) -> None:
+    items = [{"metadata": {"name": n}, "status": {}} for n in ("empty", "split")]
+    req = {"Pod": pod(4), "Nodes": {"kind": "NodeList", "items": items}, "NodeNames": None}
+    got = ext.filter(req)
+    assert got["NodeNames"] is None
+    assert [i["metadata"]["name"] for i in got["Nodes"]["items"]] == ["empty"]
+    assert set(got["FailedNodes"]) == {"split"}
+
+
+def test_prioritize_prefers_least_fragment_growth(ext: PlacementExtender) -> None:
+    got = ext.prioritize(args(pod(1), ["empty", "three", "unknown"]))
+    by = {h["Host"]: h["Score"] for h in got}
+    assert set(got[0]) == {"Host", "Score"}
+    # one GPU on the emptiest node breaks a zone a 4-GPU pod could use; on "three" it fills the
+    # stranded GPU
+    assert by == {"empty": 1, "three": MAX_EXTENDER_PRIORITY, "unknown": 0}
+    four = {h["Host"]: h["Score"] for h in ext.prioritize(args(pod(4), ["empty", "split"]))}
+    assert four["split"] == 0  # not admitted
+    assert four["empty"] == MAX_EXTENDER_PRIORITY
+
+
+def test_equal_growth_goes_to_the_fuller_node() -> None:
+    # the node a replica was just evicted from (1 + 1 GPUs used) and a fuller one (3 + 3): one
+    # GPU grows the fragment equally on both; the fuller node wins, so no bounce-back
+    e = PlacementExtender({"left": node("left", 1, 1), "full": node("full", 3, 3)}, lambda: W)
+    by = {h["Host"]: h["Score"] for h in e.prioritize(args(pod(1), ["left", "full"]))}
+    assert by == {"left": 1, "full": MAX_EXTENDER_PRIORITY}
+
+
+def test_scores_scale_linearly() -> None:
+    got = scores(("a", "b", "c", "d"), {"a": -500.0, "b": 250.0, "c": 1000.0})
+    assert got == {"a": 10, "b": 5, "c": 1, "d": 0}  # 1 + round(4.5)
+    assert scores(("a", "b"), {"a": 3.0, "b": 3.0}) == {"a": 10, "b": 10}
+    assert scores(("a",), {}) == {"a": 0}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json",
+        b"[]",
+        b"{}",
+        json.dumps({"Pod": {"metadata": {"name": "p"}}}).encode(),  # no nodes
+        json.dumps({"Pod": "x", "NodeNames": []}).encode(),
+        json.dumps({"Pod": {"metadata": {"name": "p"}}, "NodeNames": [1]}).encode(),
+        json.dumps({"Pod": {"metadata": {"name": 5}}, "NodeNames": ["a"]}).encode(),
+        json.dumps({"Pod": pod(1), "Nodes": {"items": [{"metadata": {}}]}}).encode(),
+        b"\xff\xfe",
+    ],
+)
+def test_bad_input_is_an_error_answer_not_a_crash(ext: PlacementExtender, body: bytes) -> None:
+    got = ext.filter(body)
+    assert got["Error"].startswith("pyctl: ")
+    assert got["NodeNames"] is None
+    assert ext.prioritize(body) == []
+    assert json.loads(ext.handle("filter", body))["Error"]
+
+
+def test_parse_accepts_other_casings() -> None:
+    a = parse_args({"pod": pod(2, "x"), "nodenames": ["n"]})
+    assert a.pod.name == "x"
+    assert a.pod.gpus == 2
+    assert a.names == ("n",)
+
+
+def test_models_are_rebuilt_only_when_a_node_changes() -> None:
+    models = {"n": node("n", 0, 0)}
+    e = PlacementExtender(models, lambda: W)
+    m1 = e._model("n")
+    assert e._model("n") is m1
+    models["n"] = node("n", 4, 0)
+    m2 = e._model("n")
+    assert m2 is not m1
+    assert e.filter(args(pod(4), ["n"]))["NodeNames"] == ["n"]  # zone 1 is still free
+    models["n"] = node("n", 4, 1)
+    assert e.filter(args(pod(4), ["n"]))["NodeNames"] == []
+    del models["n"]
+    assert e.filter(args(pod(4), ["n"]))["NodeNames"] == ["n"]  # unknown: passes
+
+
+@pytest.mark.anyio
+async def test_served_by_the_health_server(ext: PlacementExtender) -> None:
+    server = HealthServer(CollectorRegistry(), lambda: (True, "ok"), extender=ext)
+    port = await server.start()
+    try:
+        base = f"http://127.0.0.1:{port}/scheduler"
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"{base}/filter", json=args(pod(4), ["split", "empty"])) as r:
+                assert r.status == 200
+                got = await r.json()
+            assert got["NodeNames"] == ["empty"]
+            async with s.post(f"{base}/prioritize", json=args(pod(1), ["empty", "three"])) as r:
+                assert r.status == 200
+                assert await r.json() == [
+                    {"Host": "empty", "Score": 1},
+                    {"Host": "three", "Score": 10},
+                ]
+            async with s.post(f"{base}/filter", data=b"{") as r:
+                assert r.status == 200
+                assert (await r.json())["Error"]
+            async with s.post(f"{base}/bind", data=b"{}") as r:
+                assert r.status in (404, 405)
+    finally:
+        await server.stop()
+    plain = HealthServer(CollectorRegistry(), lambda: (True, "ok"))
+    port = await plain.start()
+    try:
+        async with aiohttp.ClientSession() as s:
+            url = f"http://127.0.0.1:{port}/scheduler/filter"
+            async with s.post(url, data=b"{}") as r:
+                assert r.status == 404
+    finally:
+        await plain.stop()
+
+
+@pytest.mark.anyio
+async def test_pyctl_run_serves_the_extender_from_the_controllers_models() -> None:
+    import socket
+
+    from pyctl.cli.run import start_server
+    from pyctl.cluster.sim.scenario import inference_day
+    from pyctl.cluster.sim.source import SimClusterSource
+    from pyctl.config import Config
+    from pyctl.controller.controller import Controller
+    from pyctl.state.memory import MemoryStore
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = int(s.getsockname()[1])
+    ctl = Controller("sim", SimClusterSource(inference_day(), speed=None), MemoryStore())
+    server = await start_server(ctl, Config(metrics_port=free))
+    assert server is not None
+    try:
+        await ctl.run(until_source_ends=True)
+        names = sorted(ctl.reconciler.models)
+        assert names
+        async with aiohttp.ClientSession() as s:
+            url = f"http://127.0.0.1:{free}/scheduler/filter"
+            async with s.post(url, json=args(pod(1), [*names, "not-a-node"])) as r:
+                got = await r.json()
+            url = f"http://127.0.0.1:{free}/scheduler/prioritize"
+            async with s.post(url, json=args(pod(1), names)) as r:
+                ranked = await r.json()
+    finally:
+        await server.stop()
+    assert got["Error"] == ""
+    assert "not-a-node" in got["NodeNames"]
+    assert set(got["NodeNames"]) | set(got["FailedNodes"]) == {*names, "not-a-node"}
+    assert [h["Host"] for h in ranked] == names
+    assert all(0 <= h["Score"] <= MAX_EXTENDER_PRIORITY for h in ranked)
