@@ -1,0 +1,94 @@
+"""The seed article's deployment case (pyctl/cluster/sim/seed_case.py)."""
+
+from __future__ import annotations
+
+from pyctl import mig
+from pyctl.cli.main import main
+from pyctl.cluster.sim import seed_case as sc
+
+
+def test_exclusive_mode_gives_every_replica_a_whole_gpu() -> None:
+    c = sc.Case()
+    r = sc.run_exclusive(c, 42)
+    gpus = c.gpu_nodes * c.gpus_per_node
+    assert r.requested == 100
+    assert r.placed == gpus == 40  # one replica per GPU, the rest fail
+    assert r.per_node == [8] * 5
+    assert sum(r.failed.values()) == 60
+    assert r.success_pct == 40.0
+    assert r.compute_alloc_pct == 100.0
+    # utilisation = the placed replicas' own needs over all GPUs
+    assert 0 < r.compute_util_pct < 100
+    assert r.compute_util_pct == r.compute_util_busy_pct
+
+
+def _layouts_valid(cl: sc.MigCluster) -> None:
+    for node in cl.gpus:
+        for g in node:
+            names = [f"{i.profile}@{i.start}" for i in g]
+            assert mig.validate(sc.GPU_MODEL, names), names
+
+
+def test_mig_mode_repartitions_and_places_everything() -> None:
+    c = sc.Case()
+    r = sc.run_mig(c, 42)
+    assert r.placed == r.requested == 100
+    assert not r.failed
+    assert r.repartitions > 0  # the initial 7 x 1g.5gb serves no ResNet/GPT-2 replica
+    assert sum(r.per_node) == 100
+    # MIG instances are never shared: allocated slices = 1*BERT + 2*ResNet + 7*GPT-2
+    assert r.compute_alloc_slices == 50 * 1 + 30 * 2 + 20 * 7
+
+
+def test_mig_state_stays_valid_and_consistent() -> None:
+    c = sc.Case()
+    cl = sc.MigCluster(c)
+    for pod, k in sc.arrivals(c, 43):
+        if not cl.place(pod, k):
+            assert cl.repartition(k.profile, 0)[0]
+            assert cl.place(pod, k)
+    _layouts_valid(cl)
+    pods = [i.pod for node in cl.gpus for g in node for i in g if i.pod]
+    assert sorted(pods) == sorted(cl.where)
+
+
+def test_compaction_moves_replicas_to_free_a_whole_gpu() -> None:
+    # One node, 2 GPUs of 7 x 1g.5gb; BERT replicas spread over both GPUs (as another scheduler
+    # would leave them): a GPT-2 replica needs a whole GPU, which only moving replicas frees.
+    c = sc.Case(gpu_nodes=1, gpus_per_node=2, cpu_nodes=0, move_budget=2)
+    bert = c.kinds[0]
+    cl = sc.MigCluster(c)
+    for g, s in ((0, 0), (1, 0), (1, 3)):
+        pod = f"bert-{g}-{s}"
+        cl.gpus[0][g][s].pod = pod
+        cl.where[pod] = (0, bert)
+        cl.host.take(0, bert)
+    assert cl.repartition(sc.WHOLE, 0) == (False, 0, 0)  # no free whole GPU without moves
+    served, applied, evicted = cl.repartition(sc.WHOLE, 2)
+    assert served
+    assert applied == 1
+    assert evicted == 1
+    assert cl.place("gpt-2-0", c.kinds[2])
+    _layouts_valid(cl)
+    assert len(cl.where) == 4
+    assert {n for n, _ in cl.where.values()} == {0}
+
+
+def test_table_has_the_article_rows() -> None:
+    rows = sc.run(sc.Case(), [42, 43])
+    labels = [r.label for r in rows]
+    for want in (
+        "GPU compute utilisation",
+        "GPU memory utilisation",
+        "replicas per GPU node",
+        "scheduling success rate",
+    ):
+        assert want in labels
+    util = rows[0]
+    assert util.article == ("47%", "85%")
+    ex, mg = (float(v.rstrip("%")) for v in (util.exclusive, util.mig))
+    assert mg > ex
+
+
+def test_cli_seed_case(capsys: object) -> None:
+    assert main(["simulate", "--seed-case", "--seeds", "42"]) == 0
