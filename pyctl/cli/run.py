@@ -105,6 +105,26 @@ def sim_limits() -> Any:
     )
 
 
+def workflow_backends(cfg: Config) -> tuple[Any, Any]:
+    """Where workflows and rate limits live: in the shared Redis when one is configured (so a
+    restarted controller or a new leader resumes the workflows, and replicas and clusters
+    sharing the Redis share the limits), else in memory."""
+    if not cfg.redis_url:
+        from pyctl.state.ratelimit import MemoryRateLimiter
+        from pyctl.state.workflows import MemoryWorkflowStore
+
+        return MemoryWorkflowStore(), MemoryRateLimiter()
+    from pyctl.state.redis_client import RedisConfig, connect
+    from pyctl.state.redis_ratelimit import RedisRateLimiter
+    from pyctl.state.redis_workflows import RedisWorkflowStore
+
+    rc = RedisConfig(
+        url=cfg.redis_url, cluster=cfg.redis_cluster, password=cfg.redis_password or None
+    )
+    client = connect(rc)
+    return RedisWorkflowStore(client, rc, cfg.cluster), RedisRateLimiter(client, rc, cfg.cluster)
+
+
 def attach_workflows(
     ctl: Controller,
     cfg: Config,
@@ -118,8 +138,6 @@ def attach_workflows(
     advice); in observe mode they are counted as dry runs."""
     from pyctl.cluster.sim.actuator import SimActuator
     from pyctl.cluster.source import NullActuator
-    from pyctl.state.ratelimit import MemoryRateLimiter
-    from pyctl.state.workflows import MemoryWorkflowStore
     from pyctl.workflows.compactor import Compactor
     from pyctl.workflows.engine import Context, Engine
     from pyctl.workflows.gate import Gate
@@ -130,17 +148,21 @@ def attach_workflows(
     if enforce and source is not None and hasattr(source, "cluster"):
         source.cluster.advice = True
     limits = limits if limits is not None else sim_limits()
-    gate = Gate(
-        cfg.mode, ctl.is_leader, MemoryRateLimiter(), limits, actuator, ctl.metrics, cfg.cluster
-    )
+    workflows, limiter = workflow_backends(cfg)
+    gate = Gate(cfg.mode, ctl.is_leader, limiter, limits, actuator, ctl.metrics, cfg.cluster)
     pods = ctl.cache.pods
-    engine = Engine(MemoryWorkflowStore(), Context(gate, lambda ns, name: pods.get(f"{ns}/{name}")))
+    engine = Engine(
+        workflows,
+        Context(gate, lambda ns, name: pods.get(f"{ns}/{name}")),
+        kinds=("compaction",),
+    )
     compactor = Compactor(
         ctl.cache, ctl.reconciler, engine, ctl.metrics, cfg.cluster, cfg.mode, interval, max_moves=3
     )
     ctl.background.append(lambda: compactor.run(ctl.is_leader))
     # -- MIG reconfiguration (pyctl/workflows/mig_loop.py, mig_reconfig.py) ---------------------
     from pyctl.workflows.mig_loop import MigLoop
+    from pyctl.workflows.mig_reconfig import KIND as MIG_KIND
     from pyctl.workflows.mig_reconfig import MigContext, MigOptions
 
     mig_ctx = MigContext(
@@ -150,7 +172,11 @@ def attach_workflows(
         options=MigOptions(poll=interval),
     )
     mig_loop = MigLoop(
-        ctl.cache, Engine(MemoryWorkflowStore(), mig_ctx), ctl.metrics, cfg.cluster, interval
+        ctl.cache,
+        Engine(workflows, mig_ctx, kinds=(MIG_KIND,)),
+        ctl.metrics,
+        cfg.cluster,
+        interval,
     )
     ctl.background.append(lambda: mig_loop.run(ctl.is_leader))
     # -- end MIG reconfiguration ------------------------------------------------------------------

@@ -87,11 +87,17 @@ HANDLERS: dict[tuple[str, str], Handler] = {
 
 class Engine:
     def __init__(
-        self, store: WorkflowStore, ctx: Context, retention_seconds: float = 600.0
+        self,
+        store: WorkflowStore,
+        ctx: Context,
+        retention_seconds: float = 600.0,
+        kinds: tuple[str, ...] | None = None,
     ) -> None:
         self.store = store
         self.ctx = ctx
         self.retention = retention_seconds
+        #: the workflow kinds this engine advances (several engines may share one store)
+        self.kinds = kinds
 
     async def start(self, wf: Workflow) -> bool:
         """Create the workflow unless one with its id exists (then False: idempotent)."""
@@ -109,6 +115,8 @@ class Engine:
         counts: Counter[tuple[str, str]] = Counter()
         for wid, rec in sorted((await self.store.list()).items()):
             wf = _DEC.decode(rec.data)
+            if self.kinds is not None and wf.kind not in self.kinds:
+                continue
             if wf.finished:
                 if now - wf.updated > self.retention:
                     with contextlib.suppress(ConflictError):
