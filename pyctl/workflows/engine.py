@@ -39,6 +39,9 @@ class Workflow(msgspec.Struct):
     not_before: float = 0.0
     data: dict[str, str] = {}
     result: str = ""
+    #: a replica is running this step until then (others leave it alone; a crashed replica's
+    #: claim expires and the idempotent step is run again)
+    claimed_until: float = 0.0
 
     @property
     def finished(self) -> bool:
@@ -92,12 +95,15 @@ class Engine:
         ctx: Context,
         retention_seconds: float = 600.0,
         kinds: tuple[str, ...] | None = None,
+        claim_ttl: float = 60.0,
     ) -> None:
         self.store = store
         self.ctx = ctx
         self.retention = retention_seconds
         #: the workflow kinds this engine advances (several engines may share one store)
         self.kinds = kinds
+        #: how long a claimed step is left to the replica that claimed it
+        self.claim_ttl = claim_ttl
 
     async def start(self, wf: Workflow) -> bool:
         """Create the workflow unless one with its id exists (then False: idempotent)."""
@@ -122,18 +128,24 @@ class Engine:
                     with contextlib.suppress(ConflictError):
                         await self.store.delete(wid, rec.version)
                     continue
-            elif wf.not_before <= now:
+            elif wf.not_before <= now and wf.claimed_until <= now:
                 handler = HANDLERS.get((wf.kind, wf.step))
+                # claim the step first (compare-and-set): only the replica whose claim is
+                # written acts, so two replicas never both run a step
+                claim = msgspec.structs.replace(wf, claimed_until=now + self.claim_ttl)
+                try:
+                    version = await self.store.put(wid, _ENC.encode(claim), rec.version)
+                except ConflictError:
+                    continue
                 if handler is None:
                     new = msgspec.structs.replace(wf, step="failed", result=f"no step {wf.step!r}")
                 else:
-                    new = await handler(self.ctx, wf)
-                new = msgspec.structs.replace(new, updated=self.ctx.clock())
+                    new = await handler(self.ctx, claim)
+                new = msgspec.structs.replace(new, updated=self.ctx.clock(), claimed_until=0.0)
                 try:
-                    await self.store.put(wid, _ENC.encode(new), rec.version)
+                    await self.store.put(wid, _ENC.encode(new), version)
                     wf = new
                 except ConflictError:
-                    # another replica advanced it meanwhile: its write stands
                     continue
                 if wf.finished:
                     log.info("workflow finished", extra={"workflow": wid, "result": wf.result})
