@@ -51,6 +51,22 @@ class Config:
     sim_speed: float = 480.0
     sim_forever: bool = False
     sim_seed: int = 7
+    #: seconds between two compaction/MIG planning rounds on a real cluster
+    workflow_interval: float = 30.0
+    #: safety limits of the acting workflows (shared through Redis by replicas and clusters):
+    #: token buckets (burst, refill per minute) globally, per node, per namespace, per workload;
+    #: a cooldown per node; concurrent MIG reconfigurations; disruptions per hour (0: no limit)
+    limit_global_burst: int = 10
+    limit_global_per_minute: float = 1.0
+    limit_node_burst: int = 2
+    limit_node_per_minute: float = 0.2
+    limit_namespace_burst: int = 5
+    limit_namespace_per_minute: float = 0.5
+    limit_workload_burst: int = 1
+    limit_workload_per_minute: float = 0.5
+    node_cooldown_seconds: float = 300.0
+    mig_concurrency: int = 1
+    disruptions_per_hour: int = 20
 
     def validate(self) -> Config:
         def bad(name: str, why: str) -> ConfigError:
@@ -87,6 +103,28 @@ class Config:
             raise bad("sim_speed", "must not be negative")
         if self.lease_duration < 2:
             raise bad("lease_duration", "must be at least 2 seconds")
+        if self.workflow_interval <= 0:
+            raise bad("workflow_interval", "must be positive")
+        for name in (
+            "limit_global_burst",
+            "limit_node_burst",
+            "limit_namespace_burst",
+            "limit_workload_burst",
+            "mig_concurrency",
+        ):
+            if getattr(self, name) < 1:
+                raise bad(name, "must be at least 1")
+        for name in (
+            "limit_global_per_minute",
+            "limit_node_per_minute",
+            "limit_namespace_per_minute",
+            "limit_workload_per_minute",
+            "node_cooldown_seconds",
+        ):
+            if getattr(self, name) < 0:
+                raise bad(name, "must not be negative")
+        if self.disruptions_per_hour < 0:
+            raise bad("disruptions_per_hour", "must not be negative (0: no limit)")
         return self
 
 

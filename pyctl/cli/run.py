@@ -91,6 +91,24 @@ def make_store(cfg: Config) -> StateStore:
     )
 
 
+def safety_limits(cfg: Config) -> Any:
+    """The configured safety limits (`pyctl/config.py`, `limit_*` and friends)."""
+    from pyctl.state.ratelimit import BucketLimit, SafetyLimits
+
+    def bucket(burst: int, per_minute: float) -> BucketLimit:
+        return BucketLimit(capacity=burst, per_second=per_minute / 60.0)
+
+    return SafetyLimits(
+        global_bucket=bucket(cfg.limit_global_burst, cfg.limit_global_per_minute),
+        node_bucket=bucket(cfg.limit_node_burst, cfg.limit_node_per_minute),
+        namespace_bucket=bucket(cfg.limit_namespace_burst, cfg.limit_namespace_per_minute),
+        workload_bucket=bucket(cfg.limit_workload_burst, cfg.limit_workload_per_minute),
+        node_cooldown_seconds=cfg.node_cooldown_seconds,
+        mig_concurrency=cfg.mig_concurrency,
+        disruptions_per_hour=cfg.disruptions_per_hour or None,
+    )
+
+
 def sim_limits() -> Any:
     """Limits for a simulated day played in about a minute: per wall second, not per hour."""
     from pyctl.state.ratelimit import BucketLimit, SafetyLimits
@@ -223,7 +241,6 @@ async def run_kube(cfg: Config, workload: Workload | None) -> int:
     from pyctl.cluster.kube.lease import LeaderElector, LeaseConfig
     from pyctl.cluster.kube.source import KubeClusterSource
     from pyctl.cluster.source import NullActuator
-    from pyctl.state.ratelimit import SafetyLimits
 
     kube = await connect(kubeconfig=cfg.kubeconfig or None, in_cluster=cfg.in_cluster)
     identity = cfg.identity or f"{socket.gethostname()}-{os.getpid()}"
@@ -249,7 +266,9 @@ async def run_kube(cfg: Config, workload: Workload | None) -> int:
         is_leader=elector.still_leader,
     )
     actuator = KubeActuator(kube, instance=identity) if cfg.mode == "enforce" else NullActuator()
-    attach_workflows(ctl, cfg, actuator=actuator, limits=SafetyLimits(), interval=30.0)
+    attach_workflows(
+        ctl, cfg, actuator=actuator, limits=safety_limits(cfg), interval=cfg.workflow_interval
+    )
     server = await start_server(ctl, cfg)
     if cfg.redis_url:
         from pyctl.federation import watch_members

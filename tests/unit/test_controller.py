@@ -215,3 +215,22 @@ async def test_health_endpoints_and_metrics() -> None:
             assert name in text, name
     finally:
         await server.stop()
+
+
+def test_safety_limits_are_configuration() -> None:
+    from pyctl.cli.run import safety_limits
+
+    cfg = load_config(
+        None,
+        {"PYCTL_LIMIT_GLOBAL_BURST": "3", "PYCTL_DISRUPTIONS_PER_HOUR": "0"},
+        {"limit_node_per_minute": 6.0, "mig_concurrency": 2},
+    )
+    limits = safety_limits(cfg)
+    assert limits.global_bucket is not None
+    assert limits.global_bucket.capacity == 3
+    assert limits.node_bucket is not None
+    assert limits.node_bucket.per_second == pytest.approx(0.1)
+    assert limits.mig_concurrency == 2
+    assert limits.disruptions_per_hour is None
+    with pytest.raises(ConfigError, match="limit_node_burst: must be at least 1"):
+        load_config(None, {"PYCTL_LIMIT_NODE_BURST": "0"})
