@@ -263,18 +263,38 @@ class LeaderElector:
         self._renewed_at = -math.inf
         if not was_leader or lease is None:
             return False
-        now = micro_time(datetime.now(UTC))
-        spec = lease.setdefault("spec", {})
-        spec.update(holderIdentity="", leaseDurationSeconds=1, renewTime=now, acquireTime=now)
-        try:
-            resp = await self.kube.request(
-                "PUT", self.config.path, body=lease, client_timeout=self._timeout()
-            )
-        except (*CONNECTION_ERRORS, KubeApiError) as e:
-            log.warning("lease %s: release failed: %s", self.config.name, e)
-            return False
-        if not resp.ok:  # 409: someone else wrote it meanwhile; it is theirs
-            log.warning("lease %s: release: %s", self.config.name, resp.error())
+        for _ in range(3):
+            now = micro_time(datetime.now(UTC))
+            spec = lease.setdefault("spec", {})
+            spec.update(holderIdentity="", leaseDurationSeconds=1, renewTime=now, acquireTime=now)
+            try:
+                resp = await self.kube.request(
+                    "PUT", self.config.path, body=lease, client_timeout=self._timeout()
+                )
+            except (*CONNECTION_ERRORS, KubeApiError) as e:
+                log.warning("lease %s: release failed: %s", self.config.name, e)
+                return False
+            if resp.ok:
+                break
+            if resp.status != 409:
+                log.warning("lease %s: release: %s", self.config.name, resp.error())
+                return False
+            # 409: our copy is stale (e.g. a renewal that was cancelled after the server applied
+            # it). Re-read: if the Lease is still ours, release that version; else it is theirs.
+            try:
+                current = await self.kube.request(
+                    "GET", self.config.path, client_timeout=self._timeout()
+                )
+            except (*CONNECTION_ERRORS, KubeApiError) as e:
+                log.warning("lease %s: release failed: %s", self.config.name, e)
+                return False
+            if not current.ok:
+                return False
+            lease = json.loads(current.data)
+            if (lease.get("spec") or {}).get("holderIdentity") != self.config.identity:
+                return False
+        else:
+            log.warning("lease %s: release: still conflicting after retries", self.config.name)
             return False
         self._lease = json.loads(resp.data)
         log.info("lease %s/%s released", self.config.namespace, self.config.name)
