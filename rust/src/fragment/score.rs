@@ -177,20 +177,7 @@ impl<'a> NodeCtx<'a> {
     }
 
     fn allows(&self, shape: &Shape) -> bool {
-        if shape.gpu_models.is_empty() {
-            return true;
-        }
-        let m = &self.model_lc;
-        shape.gpu_models.iter().any(|g| {
-            let g = g.to_ascii_lowercase();
-            *m == g
-                || (m.len() > g.len()
-                    && m.ends_with(&g)
-                    && m.as_bytes()[m.len() - g.len() - 1] == b'-')
-                || (g.len() > m.len()
-                    && g.ends_with(m.as_str())
-                    && g.as_bytes()[g.len() - m.len() - 1] == b'-')
-        })
+        shape.allows_lowercase_model(&self.model_lc)
     }
 }
 

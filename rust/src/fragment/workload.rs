@@ -29,15 +29,29 @@ impl Shape {
     /// case-insensitively, and a name matches a model it is a suffix of
     /// ("A100-SXM4-40GB" matches "NVIDIA-A100-SXM4-40GB").
     pub fn allows_model(&self, model: &str) -> bool {
-        if self.gpu_models.is_empty() {
-            return true;
-        }
-        let m = model.to_ascii_lowercase();
-        self.gpu_models.iter().any(|g| {
-            let g = g.to_ascii_lowercase();
-            m == g || m.ends_with(&format!("-{g}")) || g.ends_with(&format!("-{m}"))
-        })
+        self.gpu_models.is_empty() || self.allows_lowercase_model(&model.to_ascii_lowercase())
     }
+
+    /// `allows_model` for a model name already in lower case (callers that check many shapes
+    /// against one node lower-case its model once).
+    pub fn allows_lowercase_model(&self, model_lc: &str) -> bool {
+        self.gpu_models.is_empty()
+            || self
+                .gpu_models
+                .iter()
+                .any(|g| model_matches(model_lc, &g.to_ascii_lowercase()))
+    }
+}
+
+/// Whether two lower-case model names name the same model: equal, or one is the other with a
+/// vendor prefix ("nvidia-a100-sxm4-40gb" and "a100-sxm4-40gb").
+fn model_matches(a: &str, b: &str) -> bool {
+    let suffix = |long: &str, short: &str| {
+        long.len() > short.len()
+            && long.ends_with(short)
+            && long.as_bytes()[long.len() - short.len() - 1] == b'-'
+    };
+    a == b || suffix(a, b) || suffix(b, a)
 }
 
 /// Validates shapes: non-negative amounts, a sane GPU request, a known MIG profile, weights that are

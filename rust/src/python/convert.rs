@@ -99,3 +99,28 @@ pub fn required<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     member(obj, key)?.ok_or_else(|| field_error(&field(), format!("missing {:?}", key.to_string())))
 }
+
+/// A Python str.
+pub fn string(obj: &Bound<'_, PyAny>, field: impl Field) -> PyResult<String> {
+    obj.cast::<PyString>().map(|s| s.to_string()).map_err(|_| {
+        field_error(
+            &field(),
+            format!("expected a string, got {}", type_name(obj)),
+        )
+    })
+}
+
+pub fn string_list(obj: &Bound<'_, PyAny>, field: impl Field) -> PyResult<Vec<String>> {
+    let items = sequence(obj, &field)?;
+    let mut out = Vec::with_capacity(items.len());
+    for (i, x) in items.iter().enumerate() {
+        out.push(string(x, || format!("{}[{i}]", field()))?);
+    }
+    Ok(out)
+}
+
+/// `d[key]` of a dict that must have it; the error names `field`.
+pub fn item<'py>(d: &Bound<'py, PyDict>, key: &str, field: &str) -> PyResult<Bound<'py, PyAny>> {
+    d.get_item(key)?
+        .ok_or_else(|| field_error(field, format!("missing {key:?}")))
+}

@@ -5,24 +5,15 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
 
-use super::convert::{field_error, int, sequence, type_name, value_error};
+use super::convert::{
+    field_error, int, int_list, item, sequence, string, string_list, type_name, value_error,
+};
 use crate::fragment::delta::{apply, place_delta, remove_delta, Assignment, Delta};
 use crate::fragment::score::{score_node, RecoverMemo};
 use crate::fragment::{validate_shapes, Cluster, ClusterColumns, Shape, CATEGORY_NAMES};
 
-fn get<'py>(d: &Bound<'py, PyDict>, key: &str, field: &str) -> PyResult<Bound<'py, PyAny>> {
-    d.get_item(key)?
-        .ok_or_else(|| field_error(field, format!("missing {key:?}")))
-}
-
 fn ints(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Vec<i64>> {
-    let v = get(d, key, "columns")?;
-    let items = sequence(&v, || key.to_string())?;
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, x)| int(x, || format!("{key}[{i}]")))
-        .collect()
+    int_list(&item(d, key, "columns")?, || key.to_string())
 }
 
 fn offsets(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Vec<usize>> {
@@ -33,24 +24,11 @@ fn offsets(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Vec<usize>> {
 }
 
 fn strings(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Vec<String>> {
-    let v = get(d, key, "columns")?;
-    sequence(&v, || key.to_string())?
-        .iter()
-        .enumerate()
-        .map(|(i, x)| {
-            x.cast::<PyString>().map(|s| s.to_string()).map_err(|_| {
-                field_error(
-                    &format!("{key}[{i}]"),
-                    format!("expected a string, got {}", type_name(x)),
-                )
-            })
-        })
-        .collect()
+    string_list(&item(d, key, "columns")?, || key.to_string())
 }
 
 fn bools(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Vec<bool>> {
-    let v = get(d, key, "columns")?;
-    sequence(&v, || key.to_string())?
+    sequence(&item(d, key, "columns")?, || key.to_string())?
         .iter()
         .map(|x| x.is_truthy())
         .collect()
@@ -81,25 +59,12 @@ fn read_shape(obj: &Bound<'_, PyAny>, prefix: &str) -> PyResult<Shape> {
     let gpu_milli =
         u32::try_from(gpu_milli).map_err(|_| field_error(&f("gpu_milli"), "too large"))?;
     let mig_profile = match d.get_item(intern!(py, "mig_profile"))? {
-        None => None,
-        Some(v) if v.is_none() => None,
-        Some(v) => Some(
-            v.cast::<PyString>()
-                .map_err(|_| field_error(&f("mig_profile"), "expected a string"))?
-                .to_string(),
-        ),
+        Some(v) if !v.is_none() => Some(string(&v, || f("mig_profile"))?),
+        _ => None,
     };
     let gpu_models = match d.get_item(intern!(py, "gpu_models"))? {
-        None => Vec::new(),
-        Some(v) if v.is_none() => Vec::new(),
-        Some(v) => sequence(&v, || f("gpu_models"))?
-            .iter()
-            .map(|x| {
-                x.cast::<PyString>()
-                    .map(|s| s.to_string())
-                    .map_err(|_| field_error(&f("gpu_models"), "expected strings"))
-            })
-            .collect::<PyResult<Vec<_>>>()?,
+        Some(v) if !v.is_none() => string_list(&v, || f("gpu_models"))?,
+        _ => Vec::new(),
     };
     let weight: f64 = match d.get_item(intern!(py, "weight"))? {
         None => return Err(field_error(&f("weight"), "missing")),
@@ -149,14 +114,10 @@ fn read_task(obj: &Bound<'_, PyAny>) -> PyResult<Shape> {
     Ok(one.remove(0))
 }
 
-fn pairs(v: &[(usize, u64)]) -> Vec<(usize, u64)> {
-    v.to_vec()
-}
-
 fn assignment_dict<'py>(py: Python<'py>, a: &Assignment) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    d.set_item("cpu", pairs(&a.cpu))?;
-    d.set_item("memory", pairs(&a.memory))?;
+    d.set_item("cpu", a.cpu.clone())?;
+    d.set_item("memory", a.memory.clone())?;
     d.set_item("gpus", a.gpus.clone())?;
     d.set_item("mig", a.mig)?;
     Ok(d)
@@ -372,13 +333,13 @@ impl PyFragmentModel {
             let d = m
                 .cast::<PyDict>()
                 .map_err(|_| field_error(&format!("movable[{i}]"), "expected an object"))?;
-            let node = int(&get(d, "node", &format!("movable[{i}]"))?, || {
+            let node = int(&item(d, "node", &format!("movable[{i}]"))?, || {
                 format!("movable[{i}].node")
             })?;
             let node = usize::try_from(node)
                 .map_err(|_| field_error(&format!("movable[{i}].node"), "negative"))?;
-            let assignment = read_assignment(&get(d, "assignment", &format!("movable[{i}]"))?)?;
-            let shape = read_task(&get(d, "shape", &format!("movable[{i}]"))?)?;
+            let assignment = read_assignment(&item(d, "assignment", &format!("movable[{i}]"))?)?;
+            let shape = read_task(&item(d, "shape", &format!("movable[{i}]"))?)?;
             items.push(crate::compaction::Movable {
                 node,
                 assignment,

@@ -5,7 +5,9 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyFloat, PyInt, PyList, PyString};
 
-use super::convert::{boolean, field_error, int, member, required, sequence, value_error, Field};
+use super::convert::{
+    boolean, field_error, int, member, required, sequence, string, value_error, Field,
+};
 use crate::mig::planner::{Demand, Executor, GpuInstance, Limits, MigGpu, Plan};
 use crate::mig::{self, Catalog, GpuModel, Rules};
 
@@ -15,18 +17,6 @@ fn model_of(name: &Bound<'_, PyAny>) -> PyResult<&'static GpuModel> {
         .map_err(|_| field_error("gpu_model", "expected a GPU model name"))?
         .to_string();
     Catalog::builtin().model(&name).map_err(value_error)
-}
-
-fn string(obj: &Bound<'_, PyAny>, field: impl Field) -> PyResult<String> {
-    Ok(obj
-        .cast::<PyString>()
-        .map_err(|_| {
-            field_error(
-                &field(),
-                format!("expected a string, got {}", super::convert::type_name(obj)),
-            )
-        })?
-        .to_string())
 }
 
 fn profile_of(model: &GpuModel, obj: &Bound<'_, PyAny>, field: impl Field) -> PyResult<usize> {

@@ -2,14 +2,13 @@
 //! a dict of results out. Conversion only; the engine is `crate::replay`.
 
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyString};
+use pyo3::types::{PyDict, PyList};
 
-use super::convert::{field_error, int_list, sequence, value_error};
+use super::convert::{field_error, int_list, item, sequence, string_list, value_error};
 use crate::replay::{run, Compaction, Config, NodeSpec, Policy, ShapeSpec, TaskSpec, POLICY_NAMES};
 
 fn column<'py>(d: &Bound<'py, PyDict>, key: &str, what: &str) -> PyResult<Bound<'py, PyAny>> {
-    d.get_item(key)?
-        .ok_or_else(|| field_error(&format!("{what}.{key}"), "missing column"))
+    item(d, key, what)
 }
 
 fn ints(d: &Bound<'_, PyDict>, key: &str, what: &str) -> PyResult<Vec<i64>> {
@@ -17,15 +16,7 @@ fn ints(d: &Bound<'_, PyDict>, key: &str, what: &str) -> PyResult<Vec<i64>> {
 }
 
 fn strs(obj: &Bound<'_, PyAny>, field: &str) -> PyResult<Vec<String>> {
-    sequence(obj, || field.to_string())?
-        .iter()
-        .enumerate()
-        .map(|(i, x)| {
-            x.cast::<PyString>()
-                .map(|s| s.to_string())
-                .map_err(|_| field_error(&format!("{field}[{i}]"), "expected a string"))
-        })
-        .collect()
+    string_list(obj, || field.to_string())
 }
 
 fn model_lists(
