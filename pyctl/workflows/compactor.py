@@ -8,14 +8,13 @@ import logging
 import time
 from collections.abc import Callable
 
-import anyio
-
 from pyctl.controller.cache import ClusterCache
 from pyctl.controller.reconcile import Reconciler
 from pyctl.metrics import Metrics
 from pyctl.workflows.compaction import CompactionPlan, plan_compaction
 from pyctl.workflows.engine import Engine, Workflow
 from pyctl.workflows.evictor import EvictorOptions
+from pyctl.workflows.loop import WorkflowGauge, run_every
 
 log = logging.getLogger("pyctl.compaction")
 
@@ -43,6 +42,7 @@ class Compactor:
         self.max_moves = max_moves
         self.options = options or EvictorOptions()
         self.last_plan: CompactionPlan | None = None
+        self.gauge = WorkflowGauge(metrics, cluster)
 
     def plan(self) -> CompactionPlan:
         from pyctl.cluster.translate import pod_shape
@@ -91,15 +91,7 @@ class Compactor:
                         },
                     )
                 )
-            counts = await self.engine.advance_all()
-            g = self.metrics.workflow.workflows
-            for (kind, step), n in counts.items():
-                g.labels(self.cluster, kind, step).set(n)
+            self.gauge.export(await self.engine.advance_all())
 
     async def run(self, leader: Callable[[], bool]) -> None:
-        while True:
-            await anyio.sleep(self.interval)
-            try:
-                await self.tick(leader())
-            except Exception:
-                log.exception("compaction tick failed; will retry")
+        await run_every(self.interval, self.tick, leader, "compaction")

@@ -17,7 +17,6 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import anyio
 import msgspec
 
 from pyctl import mig
@@ -27,6 +26,7 @@ from pyctl.controller.cache import ClusterCache
 from pyctl.metrics import Metrics
 from pyctl.model import Snapshot
 from pyctl.workflows.engine import Engine, Workflow
+from pyctl.workflows.loop import WorkflowGauge, run_every
 from pyctl.workflows.mig_reconfig import KIND, STEPS, TAINT_KEY, workflow_for
 
 log = logging.getLogger("pyctl.mig_loop")
@@ -151,6 +151,8 @@ class MigLoop:
         self.options = options or MigLoopOptions()
         self.still_leader = still_leader
         self.last_plans: list[mig.NodePlan] = []
+        steps = (*STEPS, "done", "failed", "abandoned", "dry-run")
+        self.gauge = WorkflowGauge(metrics, cluster, [(KIND, s) for s in steps])
 
     async def _workflows(self) -> list[Workflow]:
         return [
@@ -181,17 +183,7 @@ class MigLoop:
         now = time.time()
         for np_ in plans[: self.options.max_starts]:
             await self.engine.start(workflow_for(np_, self.cache.pods, now))
-        counts = await self.engine.advance_all()
-        g = self.metrics.workflow.workflows
-        for step in (*STEPS, "done", "failed", "abandoned", "dry-run"):
-            g.labels(self.cluster, KIND, step).set(0)
-        for (kind, step), n in counts.items():
-            g.labels(self.cluster, kind, step).set(n)
+        self.gauge.export(await self.engine.advance_all())
 
     async def run(self, leader: Callable[[], bool]) -> None:
-        while True:
-            await anyio.sleep(self.interval)
-            try:
-                await self.tick(leader())
-            except Exception:
-                log.exception("MIG loop tick failed; will retry")
+        await run_every(self.interval, self.tick, leader, "MIG loop")

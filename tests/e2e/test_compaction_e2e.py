@@ -50,6 +50,7 @@ from tests.e2e.test_placement_e2e import (
     create_nodes,
     delete_nodes,
     extender_config,
+    gpu_deployment,
     gpu_pod,
     kube,
     model_gpus_used,
@@ -65,18 +66,7 @@ CLUSTER = "e2e-compaction"
 
 
 def deployment(name: str, replicas: int, gpus: int, tier: str) -> dict[str, Any]:
-    pod = gpu_pod("x", gpus, label=LABEL, selector=SEL)
-    pod["metadata"] = {"labels": {"app": LABEL, "tier": tier}}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": "default", "labels": {"app": LABEL}},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": LABEL, "tier": tier}},
-            "template": {"metadata": pod["metadata"], "spec": pod["spec"]},
-        },
-    }
+    return gpu_deployment(name, replicas, gpus, tier, label=LABEL, selector=SEL)
 
 
 async def tier_pods(core: client.CoreV1Api, tier: str) -> list[Any]:

@@ -106,6 +106,24 @@ def gpu_pod(
     }
 
 
+def gpu_deployment(
+    name: str, replicas: int, gpus: int, tier: str, *, label: str, selector: Mapping[str, str]
+) -> dict[str, Any]:
+    """A Deployment of `gpu_pod`s (the replicas the controller-manager recreates after eviction)."""
+    pod = gpu_pod("x", gpus, label=label, selector=selector)
+    pod["metadata"] = {"labels": {"app": label, "tier": tier}}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": "default", "labels": {"app": label}},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": label, "tier": tier}},
+            "template": {"metadata": pod["metadata"], "spec": pod["spec"]},
+        },
+    }
+
+
 def pod_gpus(p: Any) -> int:
     total = 0
     for c in p.spec.containers:
