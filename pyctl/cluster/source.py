@@ -33,6 +33,23 @@ class ClusterSource(Protocol):
         """List, then watch, until cancelled (or, for a finite scenario, until it ends)."""
 
 
+@dataclass(frozen=True)
+class EvictionOutcome:
+    """What the Eviction API answered."""
+
+    #: accepted, or the pod is already gone
+    allowed: bool
+    status: int
+    reason: str = ""
+    message: str = ""
+    #: seconds the API server asks to wait (Retry-After header or details.retryAfterSeconds)
+    retry_after: float | None = None
+    #: the PodDisruptionBudget that refused it, when the API server names it
+    budget: str = ""
+    #: (reason, message) of each of `details.causes`
+    causes: tuple[tuple[str, str], ...] = ()
+
+
 class Actuator(Protocol):
     """Mutations of the cluster. Each is idempotent; callers pass the gate (dry-run, lease, rate
     limits) first."""
@@ -42,11 +59,16 @@ class Actuator(Protocol):
     async def evict(self, namespace: str, pod: str) -> bool:
         """Eviction API; False when a PodDisruptionBudget refuses it (429)."""
 
+    async def try_evict(self, namespace: str, pod: str) -> EvictionOutcome:
+        """Eviction API, with why it was refused and how long the API server asks to wait."""
+
     async def label_node(self, node: str, labels: Mapping[str, str | None]) -> None: ...
 
     async def event(
-        self, kind: str, namespace: str, name: str, reason: str, message: str
-    ) -> None: ...
+        self, kind: str, namespace: str, name: str, reason: str, message: str, *, uid: str = ""
+    ) -> None:
+        """A core/v1 Event about the object; `uid` when the caller knows it (an evicted pod may
+        be gone before the Event is written)."""
 
     # -- MIG reconfiguration (pyctl/workflows/mig_reconfig.py) --
 
@@ -72,13 +94,18 @@ class NullActuator:
         self.calls.append(("cordon", (node, on)))
 
     async def evict(self, namespace: str, pod: str) -> bool:
+        return (await self.try_evict(namespace, pod)).allowed
+
+    async def try_evict(self, namespace: str, pod: str) -> EvictionOutcome:
         self.calls.append(("evict", (namespace, pod)))
-        return True
+        return EvictionOutcome(True, 201)
 
     async def label_node(self, node: str, labels: Mapping[str, str | None]) -> None:
         self.calls.append(("label_node", (node, dict(labels))))
 
-    async def event(self, kind: str, namespace: str, name: str, reason: str, message: str) -> None:
+    async def event(
+        self, kind: str, namespace: str, name: str, reason: str, message: str, *, uid: str = ""
+    ) -> None:
         self.calls.append(("event", (kind, namespace, name, reason, message)))
 
     async def taint(

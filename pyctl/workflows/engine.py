@@ -69,7 +69,7 @@ async def _compaction_evicting(ctx: Context, wf: Workflow) -> Workflow:
     if pod is None or pod.uid != uid or pod.deleting or pod.node != wf.node:
         # the eviction already happened (or the pod moved on by itself): never evict twice
         return msgspec.structs.replace(wf, step="done", result="pod already gone")
-    r = await ctx.gate.evict(wf.node, ns, name, wf.data.get("workload", ""))
+    r = await ctx.gate.evict(wf.node, ns, name, wf.data.get("workload", ""), uid)
     now = ctx.clock()
     if r.outcome == "done":
         return msgspec.structs.replace(wf, step="done", result="evicted")

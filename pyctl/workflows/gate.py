@@ -8,13 +8,29 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from pyctl.cluster.source import Actuator
+from pyctl.cluster.source import Actuator, EvictionOutcome
 from pyctl.metrics import Metrics
 from pyctl.state.ratelimit import RateLimiter, SafetyLimits
 
 log = logging.getLogger("pyctl.gate")
 
 Outcome = Literal["done", "dry-run", "not-leader", "rate-limited", "refused"]
+
+#: wait after a 429 that names no Retry-After (a PodDisruptionBudget with no disruption allowed)
+REFUSED_WAIT = 30.0
+#: bounds on the wait a 429's Retry-After sets (a zero is not a reason to hammer the API server,
+#: and a huge one must not park a workflow for hours)
+REFUSED_WAIT_MIN, REFUSED_WAIT_MAX = 1.0, 300.0
+
+
+def refusal(outcome: EvictionOutcome, what: str) -> tuple[float, str]:
+    """How long to wait after a refused eviction, and why it was refused (for the workflow's
+    result): the API server's Retry-After when it gives one, else `REFUSED_WAIT`."""
+    wait = REFUSED_WAIT if outcome.retry_after is None else outcome.retry_after
+    wait = min(max(wait, REFUSED_WAIT_MIN), REFUSED_WAIT_MAX)
+    who = f"PodDisruptionBudget {outcome.budget}" if outcome.budget else "the API server"
+    detail = f": {outcome.message}" if outcome.message else ""
+    return wait, f"{who} refused the eviction of {what} ({outcome.status}){detail}"
 
 
 @dataclass(frozen=True)
@@ -44,7 +60,9 @@ class Gate:
         self.metrics = metrics
         self.cluster = cluster
 
-    async def evict(self, node: str, namespace: str, pod: str, workload: str) -> GateResult:
+    async def evict(
+        self, node: str, namespace: str, pod: str, workload: str, uid: str = ""
+    ) -> GateResult:
         m = self.metrics.workflow
         if self.mode != "enforce":
             m.evictions.labels(self.cluster, "dry-run").inc()
@@ -60,10 +78,11 @@ class Gate:
             return GateResult("rate-limited", decision.retry_after, f"limit {decision.limit} binds")
         if not self.still_leader():  # the acquire awaited: check again right before acting
             return GateResult("not-leader", reason="lost the Lease")
-        ok = await self.actuator.evict(namespace, pod)
-        if not ok:
+        outcome = await self.actuator.try_evict(namespace, pod)
+        if not outcome.allowed:
             m.evictions.labels(self.cluster, "refused").inc()
-            return GateResult("refused", 30.0, "a PodDisruptionBudget refused the eviction (429)")
+            wait, why = refusal(outcome, f"{namespace}/{pod}")
+            return GateResult("refused", wait, why)
         m.evictions.labels(self.cluster, "evicted").inc()
         await self.actuator.event(
             "Pod",
@@ -71,5 +90,6 @@ class Gate:
             pod,
             "PyctlCompaction",
             f"evicted from {node} to reduce GPU fragmentation",
+            uid=uid,
         )
         return GateResult("done")

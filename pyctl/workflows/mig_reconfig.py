@@ -46,6 +46,7 @@ from pyctl.mig import (
 from pyctl.state.ratelimit import Slot
 from pyctl.workflows import engine
 from pyctl.workflows.engine import Context, Workflow
+from pyctl.workflows.gate import refusal
 
 log = logging.getLogger("pyctl.mig_reconfig")
 
@@ -281,13 +282,20 @@ async def _evicting(ctx: MigContext, wf: Workflow) -> Workflow:
         if not gate.still_leader():
             return _later(wf, ctx, opt.poll, "not the leader")
         m = _metrics(ctx)
-        if not await gate.actuator.evict(ns, name):
+        outcome = await gate.actuator.try_evict(ns, name)
+        if not outcome.allowed:
             m.evictions.labels(gate.cluster, "refused").inc()
-            return _later(wf, ctx, 30.0, f"eviction of {key} refused (429): waiting")
+            wait, why = refusal(outcome, key)
+            return _later(wf, ctx, wait, f"{why}: waiting")
         m.evictions.labels(gate.cluster, "evicted").inc()
         try:
             await gate.actuator.event(
-                "Pod", ns, name, REASON, f"evicted: its MIG GPU on {wf.node} is re-partitioned"
+                "Pod",
+                ns,
+                name,
+                REASON,
+                f"evicted: its MIG GPU on {wf.node} is re-partitioned",
+                uid=uid,
             )
         except Exception:
             log.warning("could not record an Event", exc_info=True)

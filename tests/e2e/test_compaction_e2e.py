@@ -265,8 +265,12 @@ async def test_compaction_frees_a_zone_for_the_pending_replica_respecting_the_pd
             events = await core.list_namespaced_event(
                 "default", field_selector="reason=PyctlCompaction"
             )
-            # one Event per eviction, on the evicted pod
+            # one Event per eviction, on the evicted pod, named by its uid (the pod is gone by
+            # the time the Event is written: the uid comes from the workflow, not a read)
             assert {e.involved_object.name for e in events.items} & set(original.values())
+            uids = {e.involved_object.uid for e in events.items}
+            assert uids, "no PyctlCompaction Event"
+            assert uids <= set(original), (uids, original)
             tg.cancel_scope.cancel()
     finally:
         sched.stop()

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 import anyio
 
 from pyctl.cluster.records import PodRecord
+from pyctl.cluster.source import EvictionOutcome
 from pyctl.metrics import Metrics
 from pyctl.state.ratelimit import BucketLimit, SafetyLimits
 from pyctl.state.redis_client import RedisConfig, connect
@@ -43,16 +44,19 @@ class RedisCluster:
     async def cordon(self, node: str, on: bool) -> None: ...
 
     async def evict(self, namespace: str, pod: str) -> bool:
+        return (await self.try_evict(namespace, pod)).allowed
+
+    async def try_evict(self, namespace: str, pod: str) -> EvictionOutcome:
         async with self.client.pipeline(transaction=True) as p:  # type: ignore[attr-defined]
             p.hdel(PODS, pod)
             p.rpush(LOG, pod)
             await p.execute()
-        return True
+        return EvictionOutcome(True, 201)
 
     async def label_node(self, node: str, labels: Mapping[str, str | None]) -> None: ...
 
     async def event(
-        self, kind: str, namespace: str, name: str, reason: str, message: str
+        self, kind: str, namespace: str, name: str, reason: str, message: str, *, uid: str = ""
     ) -> None: ...
 
 

@@ -17,6 +17,7 @@ import msgspec
 import pytest
 
 from pyctl.cluster.records import PodRecord
+from pyctl.cluster.source import EvictionOutcome
 from pyctl.metrics import Metrics
 from pyctl.state.ratelimit import BucketLimit, SafetyLimits
 from pyctl.state.redis_client import RedisConfig, close_client, connect
@@ -105,13 +106,16 @@ class _Recorder:
     async def cordon(self, node: str, on: bool) -> None: ...
 
     async def evict(self, namespace: str, pod: str) -> bool:
+        return (await self.try_evict(namespace, pod)).allowed
+
+    async def try_evict(self, namespace: str, pod: str) -> EvictionOutcome:
         self.evicted.append(pod)
-        return True
+        return EvictionOutcome(True, 201)
 
     async def label_node(self, node: str, labels: Mapping[str, str | None]) -> None: ...
 
     async def event(
-        self, kind: str, namespace: str, name: str, reason: str, message: str
+        self, kind: str, namespace: str, name: str, reason: str, message: str, *, uid: str = ""
     ) -> None: ...
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from pyctl import mig
 from pyctl.cluster.records import NodeRecord, PodRecord
+from pyctl.cluster.source import EvictionOutcome
 from pyctl.controller.cache import ClusterCache
 from pyctl.metrics import Metrics
 from pyctl.state.ratelimit import BucketLimit, MemoryRateLimiter, SafetyLimits
@@ -67,6 +68,7 @@ class FakeMigCluster:
     actions: list[str] = field(default_factory=list)
     manager: str = "success"
     refuse: int = 0
+    retry_after: float | None = None
     #: raise Killed after the n-th action (0-based); None: never
     kill_at: int | None = None
     applied: dict[str, str] = field(default_factory=dict)
@@ -98,15 +100,18 @@ class FakeMigCluster:
         return taints != before
 
     async def evict(self, namespace: str, pod: str) -> bool:
+        return (await self.try_evict(namespace, pod)).allowed
+
+    async def try_evict(self, namespace: str, pod: str) -> EvictionOutcome:
         if self.refuse > 0:
             self.refuse -= 1
-            return False
+            return EvictionOutcome(False, 429, retry_after=self.retry_after)
         key = f"{namespace}/{pod}"
         self.evictions.append(key)
         if key in self.pods:
             self.pods[key] = msgspec.structs.replace(self.pods[key], deleting=True)
         self._act(f"evict {key}")
-        return True
+        return EvictionOutcome(True, 201)
 
     async def label_node(self, node: str, labels: Mapping[str, str | None]) -> None:
         if mig.MIG_CONFIG_LABEL in labels:
@@ -121,7 +126,9 @@ class FakeMigCluster:
         self.configmaps.setdefault((namespace, name), {}).update(data)
         self._act(f"configmap {namespace}/{name}")
 
-    async def event(self, kind: str, namespace: str, name: str, reason: str, message: str) -> None:
+    async def event(
+        self, kind: str, namespace: str, name: str, reason: str, message: str, *, uid: str = ""
+    ) -> None:
         self.events.append((kind, name, reason))
 
     def settle(self) -> None:
@@ -363,6 +370,22 @@ async def test_pdb_refusals_wait_then_proceed() -> None:
     assert "429" in wf.result
     assert wf.not_before > h.clock()
     h.clock.t += 31
+    wf = await h.run()
+    assert wf.step == "done"
+    assert c.evictions == ["ns/b"]
+
+
+@pytest.mark.anyio
+async def test_a_refusal_waits_as_long_as_the_api_server_asks() -> None:
+    c = a_cluster()
+    c.refuse, c.retry_after = 1, 5.0
+    h = Harness(c, options=MigOptions(apply_timeout=60.0, drain_timeout=300.0, poll=1.0))
+    await started(h)
+    for _ in range(3):  # acquiring, isolating, evicting: 429
+        await h.engine.advance_all()
+    wf = await h.wf()
+    assert (wf.step, wf.not_before) == ("evicting", pytest.approx(h.clock() + 5.0)), wf
+    h.clock.t += 5
     wf = await h.run()
     assert wf.step == "done"
     assert c.evictions == ["ns/b"]

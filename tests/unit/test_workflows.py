@@ -10,6 +10,7 @@ import anyio
 import pytest
 
 from pyctl.cluster.records import PodRecord
+from pyctl.cluster.source import EvictionOutcome
 from pyctl.metrics import Metrics
 from pyctl.state.ratelimit import BucketLimit, MemoryRateLimiter, SafetyLimits
 from pyctl.state.workflows import MemoryWorkflowStore
@@ -29,21 +30,27 @@ class FakeCluster:
     pods: dict[str, PodRecord] = field(default_factory=dict)
     evictions: list[str] = field(default_factory=list)
     refuse: bool = False
+    retry_after: float | None = None
+    events: list[tuple[str, str]] = field(default_factory=list)
 
     async def cordon(self, node: str, on: bool) -> None: ...
 
     async def evict(self, namespace: str, pod: str) -> bool:
+        return (await self.try_evict(namespace, pod)).allowed
+
+    async def try_evict(self, namespace: str, pod: str) -> EvictionOutcome:
         if self.refuse:
-            return False
+            return EvictionOutcome(False, 429, "TooManyRequests", "no", self.retry_after, "pdb")
         self.evictions.append(f"{namespace}/{pod}")
         self.pods.pop(f"{namespace}/{pod}", None)
-        return True
+        return EvictionOutcome(True, 201)
 
     async def label_node(self, node: str, labels: Mapping[str, str | None]) -> None: ...
 
     async def event(
-        self, kind: str, namespace: str, name: str, reason: str, message: str
-    ) -> None: ...
+        self, kind: str, namespace: str, name: str, reason: str, message: str, *, uid: str = ""
+    ) -> None:
+        self.events.append((f"{namespace}/{name}", uid))
 
 
 LOOSE = SafetyLimits(
@@ -147,8 +154,32 @@ async def test_a_pdb_refusal_is_retried_later_never_worked_around() -> None:
     wf = await engine.get("compaction-u2")
     assert wf is not None
     assert wf.step == "evicting"
-    assert "PodDisruptionBudget" in wf.result
+    assert "PodDisruptionBudget pdb refused the eviction of ns/p2 (429)" in wf.result
     assert cluster.evictions == []
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("asked", "waits"), [(None, 30.0), (7.0, 7.0), (0.0, 1.0), (1e6, 300.0)])
+async def test_a_refusal_waits_as_long_as_the_api_server_asks(
+    asked: float | None, waits: float
+) -> None:
+    cluster, engine, _ = setup()
+    now = 1000.0
+    engine.ctx = Context(engine.ctx.gate, engine.ctx.pod, clock=lambda: now)
+    cluster.refuse, cluster.retry_after = True, asked
+    await engine.start(move(1))
+    await engine.advance_all()
+    wf = await engine.get("compaction-u1")
+    assert wf is not None
+    assert wf.not_before == pytest.approx(now + waits)
+
+
+@pytest.mark.anyio
+async def test_the_eviction_event_names_the_pod_uid() -> None:
+    cluster, engine, _ = setup()
+    await engine.start(move(2))
+    await engine.advance_all()
+    assert cluster.events == [("ns/p2", "u2")]
 
 
 @pytest.mark.anyio

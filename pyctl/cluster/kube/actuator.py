@@ -16,31 +16,17 @@ import logging
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
 from pyctl.cluster.kube.client import KubeApiError, KubeClient, Response, path_part
+from pyctl.cluster.source import EvictionOutcome
 
 log = logging.getLogger(__name__)
 
 MERGE_PATCH: Final = "application/merge-patch+json"
 _BUDGET: Final = re.compile(r"disruption budget (\S+?)[ .:]")
 _CONFLICT_RETRIES: Final = 5
-
-
-@dataclass(frozen=True)
-class EvictionOutcome:
-    allowed: bool
-    status: int
-    reason: str = ""
-    message: str = ""
-    #: seconds the API server asks to wait (Retry-After header or details.retryAfterSeconds)
-    retry_after: float | None = None
-    #: the PodDisruptionBudget that refused it, when the API server names it
-    budget: str = ""
-    #: (reason, message) of each of `details.causes`
-    causes: tuple[tuple[str, str], ...] = ()
 
 
 def _time(t: datetime) -> str:
@@ -213,6 +199,7 @@ class KubeActuator:
         reason: str,
         message: str,
         *,
+        uid: str = "",
         type_: str = "Normal",
     ) -> None:
         """A core/v1 Event about a Pod or Node (what `kubectl describe` shows). Events of
@@ -222,7 +209,7 @@ class KubeActuator:
         involved: dict[str, Any] = {"apiVersion": "v1", "kind": kind, "name": name}
         if namespace:
             involved["namespace"] = namespace
-        uid = await self._uid(kind, namespace, name)
+        uid = uid or await self._uid(kind, namespace, name)
         if uid:
             involved["uid"] = uid  # kubectl describe matches events by uid too
         now = datetime.now(UTC)

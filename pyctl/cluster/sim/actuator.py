@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from pyctl.cluster.sim.source import SimClusterSource
+from pyctl.cluster.source import EvictionOutcome
 from pyctl.mig import MIG_CONFIG_LABEL, parse_mig_parted, to_yaml
 
 #: the mig-parted config file of the simulated GPU Operator (MigOptions' default location)
@@ -31,8 +32,13 @@ class SimActuator:
         await self.source.isolate(node, cordon=on)
 
     async def evict(self, namespace: str, pod: str) -> bool:
+        return (await self.try_evict(namespace, pod)).allowed
+
+    async def try_evict(self, namespace: str, pod: str) -> EvictionOutcome:
+        """The simulated cluster has no PodDisruptionBudgets: every eviction is accepted."""
         self.calls.append(("evict", (namespace, pod)))
-        return await self.source.evict(namespace, pod)
+        ok = await self.source.evict(namespace, pod)
+        return EvictionOutcome(ok, 201 if ok else 429)
 
     async def label_node(self, node: str, labels: Mapping[str, str | None]) -> None:
         self.calls.append(("label_node", (node, dict(labels))))
@@ -81,5 +87,7 @@ class SimActuator:
         self.calls.append(("apply_configmap", (namespace, name)))
         self.configmaps.setdefault((namespace, name), {}).update(data)
 
-    async def event(self, kind: str, namespace: str, name: str, reason: str, message: str) -> None:
+    async def event(
+        self, kind: str, namespace: str, name: str, reason: str, message: str, *, uid: str = ""
+    ) -> None:
         self.calls.append(("event", (kind, namespace, name, reason, message)))
