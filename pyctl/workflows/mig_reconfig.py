@@ -15,6 +15,10 @@ Steps (each an engine handler, persisted by the engine after it returns; each id
 ``waiting``       until `nvidia.com/mig.config.state=success` (and the node reports the new
                   `nvidia.com/mig-*` capacity), or `failed`, or the deadline.
 ``rolling-back``  the label back to the previous config name.
+``confirming-rollback``  until mig-manager reports the previous config applied again
+                  (`success` with the capacity the node had before), so the node is not made
+                  schedulable while its GPUs change; `failed` or the deadline restore it anyway,
+                  with outcome failed.
 ``restoring``     the taint removed (or the node uncordoned, unless it was cordoned before), the
                   slot released, the result counted and announced; then ``done`` (succeeded) or
                   ``failed`` (failed, rolled_back).
@@ -58,7 +62,14 @@ SLOT: Final = "mig-reconfiguration"
 #: results counted in pyctl_mig_reconfigurations_total
 SUCCEEDED, FAILED, ROLLED_BACK = "succeeded", "failed", "rolled_back"
 #: steps after which the node may carry the taint/cordon (restoring is owed)
-ISOLATED_STEPS: Final = ("isolating", "evicting", "publishing", "waiting", "rolling-back")
+ISOLATED_STEPS: Final = (
+    "isolating",
+    "evicting",
+    "publishing",
+    "waiting",
+    "rolling-back",
+    "confirming-rollback",
+)
 
 
 @dataclass(frozen=True)
@@ -383,7 +394,47 @@ async def _rolling_back(ctx: MigContext, wf: Workflow) -> Workflow:
             f"nvidia.com/mig.config rolled back to {wf.data['previous']}",
             warning=True,
         )
+        node = ctx.node(wf.node)
+        return _set(
+            wf,
+            "confirming-rollback",
+            rollback_state_before=wf.data.get(
+                "rollback_state_before", node.mig_config_state if node is not None else ""
+            ),
+            rollback_deadline=wf.data.get(
+                "rollback_deadline", str(ctx.clock() + opt.apply_timeout)
+            ),
+        )
     return _set(wf, "restoring")
+
+
+async def _confirming_rollback(ctx: MigContext, wf: Workflow) -> Workflow:
+    opt = ctx.options
+    node = ctx.node(wf.node)
+    if node is None:
+        return _set(wf, "restoring")
+    await ctx.gate.limiter.renew_slot(_slot(ctx, wf))
+    previous = wf.data["previous"]
+    if node.mig_config == previous:
+        state = node.mig_config_state
+        seen = wf.data.get("rollback_seen_pending") == "1"
+        if state == "pending" and not seen:
+            wf = _set(wf, rollback_seen_pending="1")
+            return _later(wf, ctx, opt.poll, "mig-manager re-applying the previous config")
+        # the capacity the node had before: the previous layout is back (or never left)
+        if state == "success" and _mig(node) == json.loads(wf.data.get("capacity_before", "{}")):
+            return _set(wf, "restoring")
+        # a `failed` left over from the forward attempt is not the rollback's
+        if state == "failed" and (seen or wf.data.get("rollback_state_before") != "failed"):
+            why = f"{wf.data.get('reason', '')}; rollback to {previous} failed too (mig-manager)"
+            return _set(wf, "restoring", outcome=FAILED, reason=why)
+    if ctx.clock() > float(wf.data["rollback_deadline"]):
+        why = (
+            f"{wf.data.get('reason', '')}; rollback to {previous} not confirmed within "
+            f"{opt.apply_timeout:.0f} s (state {node.mig_config_state!r})"
+        )
+        return _set(wf, "restoring", outcome=FAILED, reason=why)
+    return _later(wf, ctx, opt.poll, f"waiting for the rollback ({node.mig_config_state})")
 
 
 async def _restoring(ctx: MigContext, wf: Workflow) -> Workflow:
@@ -417,6 +468,7 @@ _STEPS: dict[str, Callable[[MigContext, Workflow], Awaitable[Workflow]]] = {
     "publishing": _publishing,
     "waiting": _waiting,
     "rolling-back": _rolling_back,
+    "confirming-rollback": _confirming_rollback,
     "restoring": _restoring,
 }
 
@@ -433,7 +485,7 @@ def _give_up(wf: Workflow, error: str) -> Workflow:
         return _finish_to(wf, FAILED, error)
     if wf.step in ("publishing", "waiting"):
         return _set(wf, "rolling-back", outcome=ROLLED_BACK, reason=error)
-    if wf.step == "rolling-back":
+    if wf.step in ("rolling-back", "confirming-rollback"):
         return _set(wf, "restoring")
     return wf  # restoring: keep trying (PyctlMigReconfigurationStuck fires)
 

@@ -57,8 +57,9 @@ class Clock:
 class FakeMigCluster:
     """The API server (nodes, pods, ConfigMaps, evictions) and a mig-manager that follows the
     label protocol: on a new `nvidia.com/mig.config`, `pending`, then the config applied (the
-    node's MIG capacity changes) and `success`; or `failed` (mode "fail", or an unknown config);
-    or nothing at all (mode "silent")."""
+    node's MIG capacity changes) and `success`; or `failed` (mode "fail": any config but the
+    node's first, which re-applies fine; mode "fail-all": every config, the rollback's too; or an
+    unknown config); or nothing at all (mode "silent")."""
 
     nodes: dict[str, NodeRecord]
     pods: dict[str, PodRecord]
@@ -72,6 +73,10 @@ class FakeMigCluster:
     #: raise Killed after the n-th action (0-based); None: never
     kill_at: int | None = None
     applied: dict[str, str] = field(default_factory=dict)
+    initial: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.initial = {name: n.mig_config for name, n in self.nodes.items()}
 
     def _act(self, what: str) -> None:
         self.actions.append(what)
@@ -144,7 +149,10 @@ class FakeMigCluster:
                 continue
             text = (self.configmaps.get((NS, CM)) or {}).get(KEY, "")
             configs = mig.parse_mig_parted(text) if text else {}
-            if self.manager == "fail" or want not in configs:
+            fails = self.manager == "fail-all" or (
+                self.manager == "fail" and want != self.initial.get(name)
+            )
+            if fails or want not in configs:
                 self._node(name, mig_config_state="failed")
             else:
                 cap = expected_capacity(configs[want], gpus=2)
@@ -497,7 +505,48 @@ async def test_restart_at_every_step_boundary(manager: str) -> None:
     assert seen_steps[-1] == ("done" if manager == "success" else "failed")
     if manager != "success":
         assert "rolling-back" in seen_steps
+        assert "confirming-rollback" in seen_steps
         assert c.nodes["n1"].mig_config == "all-1g.5gb"
+
+
+@pytest.mark.anyio
+async def test_the_node_stays_isolated_until_the_rollback_is_applied() -> None:
+    c = a_cluster()
+    c.manager = "fail"
+    h = Harness(c)
+    await started(h)
+    states = []
+    for _ in range(200):
+        await h.engine.advance_all()
+        wf = await h.wf()
+        n = c.nodes["n1"]
+        states.append((wf.step, n.mig_config, n.mig_config_state, TAINT_KEY in n.taints))
+        if wf.finished:
+            break
+        c.settle()
+        h.clock.t += 1.0
+    assert wf.result.startswith("rolled_back"), wf
+    # the taint comes off only after mig-manager reported the previous config applied
+    tainted = next(i for i, s in enumerate(states) if s[3])
+    untainted = next(i for i in range(tainted, len(states)) if not states[i][3])
+    assert states[untainted][0] == "failed", states
+    assert states[untainted - 1][:3] == ("restoring", "all-1g.5gb", "success"), states
+    assert any(s[0] == "confirming-rollback" and s[2] == "pending" for s in states), states
+    assert_restored(c)
+
+
+@pytest.mark.anyio
+async def test_a_rollback_that_fails_too_restores_the_node_as_failed() -> None:
+    c = a_cluster()
+    c.manager = "fail-all"
+    h = Harness(c)
+    await started(h)
+    wf = await h.run()
+    assert wf.step == "failed", wf
+    assert wf.result.startswith("failed: mig-manager: failed; rollback to all-1g.5gb failed"), wf
+    assert c.nodes["n1"].mig_config == "all-1g.5gb"
+    assert_restored(c)
+    assert (h.count("rolled_back"), h.count("failed")) == (0, 1)
 
 
 @pytest.mark.anyio
