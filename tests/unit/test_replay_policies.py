@@ -77,6 +77,37 @@ def test_fgd_fills_the_stranded_half_gpu(policy: str) -> None:
     assert r["checkpoints"][-1]["frag_milli"] == pytest.approx(0.0)
 
 
+def test_pyctl_keeps_each_node_cpu_share_at_least_its_gpu_share() -> None:
+    # A 1-GPU task with 40 cores: on the 8-GPU/96-core node it would leave 58% of the CPU for
+    # 88% of the GPUs (the rest would strand for want of CPU); the 2-GPU/104-core node keeps
+    # 62% of the CPU for 50% of the GPUs. FGD sees no fragment either way and takes the first.
+    n = nodes((96000, 8, "G2"), (104000, 2, "G2"))
+    t = tasks((40000, 1, 1000))
+    assert play(n, t, "fgd")["node_of"] == [0]
+    assert play(n, t, "pyctl")["node_of"] == [1]
+    # A light task strands nothing: both keep the packing bias (first node).
+    light = tasks((4000, 1, 1000))
+    assert play(n, light, "pyctl")["node_of"] == [0]
+
+
+def test_pyctl_puts_cpu_only_tasks_where_the_gpus_are_used_up() -> None:
+    n = nodes((96000, 2, "G2"), (96000, 2, "T4"))
+    t = tasks((1000, 2, 1000), (8000, 0, 0))
+    t["gpu_models"] = [["T4"], []]
+    assert play(n, t, "fgd")["node_of"] == [1, 0]
+    assert play(n, t, "pyctl")["node_of"] == [1, 1]
+
+
+def test_pyctl_shares_the_gpu_that_fits_best() -> None:
+    # GPUs with 550 and 400 milli free: a 300 task goes on the 400 one (FGD's score ties and
+    # it takes the first GPU), so the 550 task that follows still fits.
+    n = nodes((96000, 2, "G2"))
+    t = tasks((1000, 1, 450), (1000, 1, 600), (1000, 1, 300), (1000, 1, 550))
+    shapes = [{"cpu_milli": 1000, "gpus": 1, "gpu_milli": 100, "weight": 1.0}]
+    assert play(n, t, "fgd", shapes=shapes)["node_of"] == [0, 0, 0, -1]
+    assert play(n, t, "pyctl", shapes=shapes)["node_of"] == [0, 0, 0, 0]
+
+
 def test_gpu_model_constraint_is_respected() -> None:
     t = tasks((1000, 1, 1000))
     t["gpu_models"] = [["T4"]]
