@@ -77,7 +77,7 @@ def test_fgd_fills_the_stranded_half_gpu(policy: str) -> None:
     assert r["checkpoints"][-1]["frag_milli"] == pytest.approx(0.0)
 
 
-def test_pyctl_keeps_each_node_cpu_share_at_least_its_gpu_share() -> None:
+def test_pyctl_avoids_making_a_node_cpu_short() -> None:
     # A 1-GPU task with 40 cores: on the 8-GPU/96-core node it would leave 58% of the CPU for
     # 88% of the GPUs (the rest would strand for want of CPU); the 2-GPU/104-core node keeps
     # 62% of the CPU for 50% of the GPUs. FGD sees no fragment either way and takes the first.

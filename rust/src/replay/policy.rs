@@ -312,23 +312,27 @@ fn fgd_score(
     }
 }
 
-/// Whether node `i` would keep a smaller share of its CPU than of its GPU after taking `t` on
-/// GPUs `gpus`: its idle GPUs would then be the first to be stranded for want of CPU.
+/// Whether taking `t` on GPUs `gpus` would make node `i` CPU-short: leave it a smaller share of
+/// its CPU than of its GPU, when it was not before (its idle GPUs would then be the first to be
+/// stranded for want of CPU). A node already CPU-short is not held against a placement: using its
+/// GPUs is what it needs.
 #[inline]
-fn strands_gpu(st: &State, i: usize, t: &KTask, gpus: u16) -> bool {
-    let gpu_cap = st.ngpu[i] as i64 * 1000;
+fn makes_cpu_short(st: &State, i: usize, t: &KTask, gpus: u16) -> bool {
+    let gpu_cap = st.ngpu[i] as i128 * 1000;
     if gpu_cap == 0 {
         return false;
     }
-    let idle_after = st.idle[i] as i64 - gpus.count_ones() as i64 * t.milli as i64;
-    let cpu_after = st.cpu_left[i] - t.cpu;
-    (cpu_after as i128) * (gpu_cap as i128) < (idle_after as i128) * (st.cpu_cap[i] as i128)
+    let cpu_cap = st.cpu_cap[i] as i128;
+    let short = |cpu: i64, idle: i64| (cpu as i128) * gpu_cap < (idle as i128) * cpu_cap;
+    let idle = st.idle[i] as i64;
+    let idle_after = idle - gpus.count_ones() as i64 * t.milli as i64;
+    !short(st.cpu_left[i], idle) && short(st.cpu_left[i] - t.cpu, idle_after)
 }
 
 /// pyctl's ranking of one placement, smallest first. For a GPU task: FGD's quantised score,
-/// then placements that keep the node's CPU share at least its GPU share (F_n(M) sees CPU only
-/// once a shape no longer fits; by then the GPUs are stranded), then the GPU left with the least
-/// free share (best fit). For a CPU-only task: the node with the least idle GPU first (GPU tasks
+/// then placements that do not make the node CPU-short (`makes_cpu_short`; F_n(M) sees CPU only
+/// once a shape no longer fits, and by then the GPUs are stranded), then the GPU left with the
+/// least free share (best fit). For a CPU-only task: the node with the least idle GPU first (GPU tasks
 /// do not need its CPU), then FGD's score. Ties go to the first node in node order, a packing
 /// bias that measurably helps. Measured (default trace, 10 seeds, docs/simulator.md): FGD's
 /// score alone 4.59% unallocated, with these tie-breaks 4.14%.
@@ -361,7 +365,7 @@ pub fn choose_pyctl(
                 } else {
                     0
                 };
-                (q, strands_gpu(st, i, t, gpus) as i64, left as i64)
+                (q, makes_cpu_short(st, i, t, gpus) as i64, left as i64)
             };
             if best.is_none_or(|(b, _, _)| rank < b) {
                 *best = Some((rank, i, gpus));
@@ -405,4 +409,37 @@ pub fn choose_pyctl(
         let t_inc = frag_after(st, shapes, node, t, gpus, split) - st.frag[node];
         (Choice { node, gpus }, t_inc)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replay::{prepare, NodeSpec};
+
+    #[test]
+    fn cpu_short_counts_only_the_placement_that_makes_the_node_short() {
+        let nodes = vec![NodeSpec {
+            name: "a".into(),
+            cpu_milli: 96000,
+            memory_mib: 1 << 20,
+            gpus: 8,
+            model: "G2".into(),
+        }];
+        let mut st = prepare(&nodes, &[], &[], false).unwrap().state;
+        let heavy = KTask {
+            cpu: 40000,
+            mem: 0,
+            num: 1,
+            milli: 1000,
+            mask: u64::MAX,
+        };
+        let even = KTask {
+            cpu: 12000,
+            ..heavy
+        };
+        assert!(makes_cpu_short(&st, 0, &heavy, 1)); // 56/96 of the CPU for 7/8 of the GPU
+        assert!(!makes_cpu_short(&st, 0, &even, 1)); // 84/96 for 7/8: not short
+        st.cpu_left[0] = 30000; // already short (30/96 for 8/8): not held against anyone
+        assert!(!makes_cpu_short(&st, 0, &even, 1));
+    }
 }
