@@ -332,10 +332,10 @@ fn makes_cpu_short(st: &State, i: usize, t: &KTask, gpus: u16) -> bool {
 /// pyctl's ranking of one placement, smallest first. For a GPU task: FGD's quantised score,
 /// then placements that do not make the node CPU-short (`makes_cpu_short`; F_n(M) sees CPU only
 /// once a shape no longer fits, and by then the GPUs are stranded), then the GPU left with the
-/// least free share (best fit). For a CPU-only task: the node with the least idle GPU first (GPU tasks
-/// do not need its CPU), then FGD's score. Ties go to the first node in node order, a packing
-/// bias that measurably helps. Measured (default trace, 10 seeds, docs/simulator.md): FGD's
-/// score alone 4.59% unallocated, with these tie-breaks 4.14%.
+/// least free share (best fit). For a CPU-only task: the node with the least idle GPU first (GPU
+/// tasks do not need its CPU), then FGD's score. Ties go to the first node in node order, a
+/// packing bias that measurably helps. Measured (default trace, 10 seeds, docs/simulator.md):
+/// FGD's score alone 4.59% unallocated, with these tie-breaks 4.14%.
 type Rank = (i64, i64, i64);
 
 /// pyctl's choice and its exact fragment delta (increase of F_n(M) on the chosen node).
