@@ -56,11 +56,9 @@ class Actuator(Protocol):
 
     async def cordon(self, node: str, on: bool) -> None: ...
 
-    async def evict(self, namespace: str, pod: str) -> bool:
-        """Eviction API; False when a PodDisruptionBudget refuses it (429)."""
-
     async def try_evict(self, namespace: str, pod: str) -> EvictionOutcome:
-        """Eviction API, with why it was refused and how long the API server asks to wait."""
+        """Eviction API: accepted (or the pod is already gone), or refused with 429 (a
+        PodDisruptionBudget), with why and how long the API server asks to wait."""
 
     async def label_node(self, node: str, labels: Mapping[str, str | None]) -> None: ...
 
@@ -92,9 +90,6 @@ class NullActuator:
 
     async def cordon(self, node: str, on: bool) -> None:
         self.calls.append(("cordon", (node, on)))
-
-    async def evict(self, namespace: str, pod: str) -> bool:
-        return (await self.try_evict(namespace, pod)).allowed
 
     async def try_evict(self, namespace: str, pod: str) -> EvictionOutcome:
         self.calls.append(("evict", (namespace, pod)))

@@ -133,19 +133,19 @@ async def test_eviction_respects_a_pdb_and_events_are_recorded(
     assert (refused.allowed, refused.status) == (False, 429), refused
     assert refused.budget == "infer-pdb", refused
     assert any(reason == "DisruptionBudget" for reason, _ in refused.causes), refused
-    assert await act.evict(ns, "p0") is False
+    assert not (await act.try_evict(ns, "p0")).allowed
 
     await policy.patch_namespaced_pod_disruption_budget(
         "infer-pdb", ns, {"spec": {"minAvailable": 1}}
     )
     await wait_until(lambda: budget(1), "the budget to allow one disruption")
-    assert await act.evict(ns, "p0") is True
+    assert (await act.try_evict(ns, "p0")).allowed
 
     async def gone() -> bool:
         return [p.metadata.name for p in (await core.list_namespaced_pod(ns)).items] == ["p1"]
 
     await wait_until(gone, "the evicted pod to go")
-    assert await act.evict(ns, "p0") is True  # already gone: done, not an error
+    assert (await act.try_evict(ns, "p0")).allowed  # already gone: done, not an error
 
     await act.event("Pod", ns, "p1", "PyctlCompaction", "would move p1", type_="Warning")
     await act.event("Node", "", node, "PyctlMigReconfigure", "would re-partition")

@@ -4,8 +4,8 @@ written back with the resourceVersion read). Callers pass the gate (dry-run, lea
 first; this module does not decide anything.
 
 - cordon / uncordon: `spec.unschedulable` (merge patch)
-- eviction: policy/v1 Eviction; True when the API server accepts it (or the pod is already gone),
-  False on 429 (a PodDisruptionBudget, or a budget still being computed): `try_evict` says why,
+- eviction: policy/v1 Eviction (`try_evict`); allowed when the API server accepts it (or the pod
+  is already gone), refused on 429 (a PodDisruptionBudget, or a budget still being computed),
   with the budget named in `details.causes` and any retry-after; other errors raise
 - node labels (None deletes one), taints (for MIG reconfiguration), core/v1 Events
 """
@@ -148,10 +148,6 @@ class KubeActuator:
         resp.check()
 
     # -- eviction ----------------------------------------------------------------------------------
-
-    async def evict(self, namespace: str, pod: str) -> bool:
-        """Eviction API; False when it is refused with 429 (see `try_evict` for why)."""
-        return (await self.try_evict(namespace, pod)).allowed
 
     async def try_evict(self, namespace: str, pod: str) -> EvictionOutcome:
         body: dict[str, Any] = {

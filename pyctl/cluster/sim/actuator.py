@@ -31,9 +31,6 @@ class SimActuator:
         self.calls.append(("cordon", (node, on)))
         await self.source.isolate(node, cordon=on)
 
-    async def evict(self, namespace: str, pod: str) -> bool:
-        return (await self.try_evict(namespace, pod)).allowed
-
     async def try_evict(self, namespace: str, pod: str) -> EvictionOutcome:
         """The simulated cluster has no PodDisruptionBudgets: every eviction is accepted."""
         self.calls.append(("evict", (namespace, pod)))

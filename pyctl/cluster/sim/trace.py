@@ -24,14 +24,6 @@ from pyctl.model import Shape, Workload
 NODE_FILE = "openb_node_list_gpu_node.csv"
 POD_PREFIX = "openb_pod_list_"
 POLICIES: tuple[str, ...] = tuple(_core.REPLAY_POLICIES)
-ARTIFACT_POLICIES: tuple[str, ...] = (
-    "random",
-    "dotprod",
-    "clustering",
-    "packing",
-    "bestfit",
-    "fgd",
-)
 SEEDS: tuple[int, ...] = tuple(range(42, 52))
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
