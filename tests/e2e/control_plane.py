@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Self
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "scripts" / "control-plane"
@@ -721,7 +721,47 @@ def running_control_plane(binaries: Binaries, work_dir: Path, **kw: Any) -> Iter
 # A second kube-apiserver on the same etcd, and etcd compaction (for the watch tests)
 
 
-class ExtraApiserver:
+class _ExtraComponent:
+    """A further control-plane process a test starts and stops on its own (see ExtraApiserver and
+    ExtraScheduler): launched, then waited for until `probe` reports it ready; stopped if it
+    never is. Context manager."""
+
+    plane: ControlPlane
+    name: str
+    argv: list[str]
+    component: Component | None = None
+
+    @property
+    def log(self) -> Path:
+        return self.plane.log_dir / f"{self.name}.log"
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def _launch(self, what: str, probe: Callable[[], str | None]) -> None:
+        component = Component(self.name, list(self.argv), self.log)
+        self.component = component
+        component.start()
+        try:
+            self.plane._wait(component, what, probe)
+        except BaseException:
+            component.stop()
+            raise
+
+    def stop(self) -> None:
+        if self.component is not None:
+            self.component.stop()
+            self.component = None
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class ExtraApiserver(_ExtraComponent):
     """Another kube-apiserver on the control plane's etcd: its own port, kubeconfig and extra
     flags (e.g. ``--watch-cache=false``). A test may stop and start it again on the same port to
     drop every connection to it, without disturbing the shared apiserver. Context manager.
@@ -744,27 +784,13 @@ class ExtraApiserver:
         ]
         override = {a.partition("=")[0] for a in extra}
         self.argv = [a for a in base if a.partition("=")[0] not in override] + extra
-        self.component: Component | None = None
 
     def start(self) -> None:
-        component = Component(self.name, list(self.argv), self.plane.log_dir / f"{self.name}.log")
-        self.component = component
-        component.start()
-
         def probe() -> str | None:
             status, body = self.plane._get(f"{self.server}/readyz", self.plane.ssl_context())
             return None if status == 200 else f"/readyz {status}: {body.strip()[-300:]}"
 
-        try:
-            self.plane._wait(component, "ready", probe)
-        except BaseException:
-            component.stop()
-            raise
-
-    def stop(self) -> None:
-        if self.component is not None:
-            self.component.stop()
-            self.component = None
+        self._launch("ready", probe)
 
     def kill(self) -> None:
         """SIGKILL, as in a crash: every connection drops at once (a SIGTERM'd apiserver waits
@@ -774,13 +800,6 @@ class ExtraApiserver:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
-        self.stop()
-
-    def __enter__(self) -> ExtraApiserver:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
@@ -815,7 +834,7 @@ def etcd_compact(plane: ControlPlane, revision: int) -> None:
 # schedulerName and a scheduler extender)
 
 
-class ExtraScheduler:
+class ExtraScheduler(_ExtraComponent):
     """Another kube-scheduler on the control plane: its own secure port and its own
     KubeSchedulerConfiguration (``config`` is merged over the client connection and leader
     election the fixture's scheduler uses). Pods name it by one of its profiles'
@@ -850,16 +869,8 @@ class ExtraScheduler:
             *[a for a in base if a.partition("=")[0] not in override],
             *extra,
         ]
-        self.component: Component | None = None
-
-    @property
-    def log(self) -> Path:
-        return self.plane.log_dir / f"{self.name}.log"
 
     def start(self) -> None:
-        component = Component(self.name, list(self.argv), self.log)
-        self.component = component
-        component.start()
         insecure = ssl.create_default_context()
         insecure.check_hostname = False
         insecure.verify_mode = ssl.CERT_NONE  # its serving cert is self-signed at start-up
@@ -868,20 +879,4 @@ class ExtraScheduler:
             status, body = self.plane._get(f"https://127.0.0.1:{self.port}/healthz", insecure)
             return None if status == 200 else f"/healthz {status}: {body.strip()[-300:]}"
 
-        try:
-            self.plane._wait(component, "healthy", probe)
-        except BaseException:
-            component.stop()
-            raise
-
-    def stop(self) -> None:
-        if self.component is not None:
-            self.component.stop()
-            self.component = None
-
-    def __enter__(self) -> ExtraScheduler:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        self._launch("healthy", probe)

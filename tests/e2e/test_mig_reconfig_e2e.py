@@ -21,12 +21,13 @@ from pyctl.cluster.kube.actuator import KubeActuator
 from pyctl.cluster.kube.client import connect
 from pyctl.cluster.kube.source import KubeClusterSource
 from pyctl.metrics import Metrics
-from pyctl.state.ratelimit import BucketLimit, MemoryRateLimiter, SafetyLimits
+from pyctl.state.ratelimit import MemoryRateLimiter
 from pyctl.state.workflows import MemoryWorkflowStore
 from pyctl.workflows.engine import Engine
 from pyctl.workflows.gate import Gate
 from pyctl.workflows.mig_loop import MigLoop, MigLoopOptions
 from pyctl.workflows.mig_reconfig import TAINT_KEY, MigContext, MigOptions
+from tests.limits import global_only
 
 from .conftest import CacheSink, wait_until
 from .control_plane import ControlPlane
@@ -37,14 +38,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.anyio, pytest.mark.timeout(180, func_
 
 GPU_NS = "gpu-operator"
 BASE = {"all-1g.5gb": [{"devices": "all", "mig-enabled": True, "mig-devices": {"1g.5gb": 7}}]}
-LIMITS = SafetyLimits(
-    global_bucket=BucketLimit(100, 100.0),
-    node_bucket=None,
-    namespace_bucket=None,
-    workload_bucket=None,
-    node_cooldown_seconds=0,
-    disruptions_per_hour=None,
-)
+LIMITS = global_only(100, 100.0)
 
 
 def pod(name: str, node: str, profile: str) -> dict[str, Any]:

@@ -17,12 +17,12 @@ import anyio
 from pyctl.cluster.records import PodRecord
 from pyctl.cluster.source import EvictionOutcome
 from pyctl.metrics import Metrics
-from pyctl.state.ratelimit import BucketLimit, SafetyLimits
 from pyctl.state.redis_client import RedisConfig, connect
 from pyctl.state.redis_ratelimit import RedisRateLimiter
 from pyctl.state.redis_workflows import RedisWorkflowStore
 from pyctl.workflows.engine import Context, Engine
 from pyctl.workflows.gate import Gate
+from tests.limits import global_only
 
 CLUSTER = "crash"
 PODS = "test:{crash}:pods"
@@ -43,9 +43,6 @@ class RedisCluster:
 
     async def cordon(self, node: str, on: bool) -> None: ...
 
-    async def evict(self, namespace: str, pod: str) -> bool:
-        return (await self.try_evict(namespace, pod)).allowed
-
     async def try_evict(self, namespace: str, pod: str) -> EvictionOutcome:
         async with self.client.pipeline(transaction=True) as p:  # type: ignore[attr-defined]
             p.hdel(PODS, pod)
@@ -64,14 +61,7 @@ async def main(url: str) -> None:
     rc = RedisConfig(url=url)
     client = connect(rc)
     cluster = RedisCluster(client)
-    limits = SafetyLimits(
-        global_bucket=BucketLimit(1000, 1000.0),
-        node_bucket=None,
-        namespace_bucket=None,
-        workload_bucket=None,
-        node_cooldown_seconds=0,
-        disruptions_per_hour=None,
-    )
+    limits = global_only(1000, 1000.0)
     gate = Gate(
         "enforce",
         lambda: True,

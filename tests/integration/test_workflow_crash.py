@@ -19,13 +19,13 @@ import pytest
 from pyctl.cluster.records import PodRecord
 from pyctl.cluster.source import EvictionOutcome
 from pyctl.metrics import Metrics
-from pyctl.state.ratelimit import BucketLimit, SafetyLimits
 from pyctl.state.redis_client import RedisConfig, close_client, connect
 from pyctl.state.redis_ratelimit import RedisRateLimiter
 from pyctl.state.redis_workflows import RedisWorkflowStore
 from pyctl.workflows.engine import Context, Engine, Workflow
 from pyctl.workflows.gate import Gate
 from tests.integration.crash_worker import CLUSTER, LOG, PODS
+from tests.limits import global_only
 
 pytestmark = pytest.mark.redis
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -105,9 +105,6 @@ class _Recorder:
 
     async def cordon(self, node: str, on: bool) -> None: ...
 
-    async def evict(self, namespace: str, pod: str) -> bool:
-        return (await self.try_evict(namespace, pod)).allowed
-
     async def try_evict(self, namespace: str, pod: str) -> EvictionOutcome:
         self.evicted.append(pod)
         return EvictionOutcome(True, 201)
@@ -126,14 +123,7 @@ async def test_two_replicas_sharing_redis_share_the_limits(redis_server: object)
     setup = connect(rc)
     await setup.flushall()
     await close_client(setup)
-    limits = SafetyLimits(
-        global_bucket=BucketLimit(capacity=5, per_second=0.0001),
-        node_bucket=None,
-        namespace_bucket=None,
-        workload_bucket=None,
-        node_cooldown_seconds=0,
-        disruptions_per_hour=None,
-    )
+    limits = global_only(5, 0.0001)
     pods = {f"ns/p{i}": PodRecord("ns", f"p{i}", uid=f"u-p{i}", node="n1") for i in range(20)}
     recorders = [_Recorder(), _Recorder()]
     clients = [connect(rc), connect(rc)]

@@ -18,7 +18,7 @@ from pyctl.cluster.records import NodeRecord, PodRecord
 from pyctl.cluster.source import EvictionOutcome
 from pyctl.controller.cache import ClusterCache
 from pyctl.metrics import Metrics
-from pyctl.state.ratelimit import BucketLimit, MemoryRateLimiter, SafetyLimits
+from pyctl.state.ratelimit import MemoryRateLimiter
 from pyctl.state.workflows import MemoryWorkflowStore
 from pyctl.workflows.engine import Engine, Workflow
 from pyctl.workflows.gate import Gate
@@ -31,6 +31,7 @@ from pyctl.workflows.mig_reconfig import (
     expected_capacity,
     workflow_for,
 )
+from tests.limits import global_only
 
 MODEL = "A100-SXM4-40GB"
 NS, CM, KEY = "gpu-operator", "pyctl-mig-parted-config", "config.yaml"
@@ -104,9 +105,6 @@ class FakeMigCluster:
         self._act(f"taint {node} {key} {on}")
         return taints != before
 
-    async def evict(self, namespace: str, pod: str) -> bool:
-        return (await self.try_evict(namespace, pod)).allowed
-
     async def try_evict(self, namespace: str, pod: str) -> EvictionOutcome:
         if self.refuse > 0:
             self.refuse -= 1
@@ -160,14 +158,7 @@ class FakeMigCluster:
             self.applied[name] = want
 
 
-LOOSE = SafetyLimits(
-    global_bucket=BucketLimit(100, 100.0),
-    node_bucket=None,
-    namespace_bucket=None,
-    workload_bucket=None,
-    node_cooldown_seconds=0,
-    disruptions_per_hour=None,
-)
+LOOSE = global_only(100, 100.0)
 
 
 def a_plan() -> mig.NodePlan:

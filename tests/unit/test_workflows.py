@@ -12,10 +12,11 @@ import pytest
 from pyctl.cluster.records import PodRecord
 from pyctl.cluster.source import EvictionOutcome
 from pyctl.metrics import Metrics
-from pyctl.state.ratelimit import BucketLimit, MemoryRateLimiter, SafetyLimits
+from pyctl.state.ratelimit import MemoryRateLimiter, SafetyLimits
 from pyctl.state.workflows import MemoryWorkflowStore
 from pyctl.workflows.engine import Context, Engine, Workflow
 from pyctl.workflows.gate import Gate
+from tests.limits import global_only
 
 
 @pytest.fixture
@@ -35,9 +36,6 @@ class FakeCluster:
 
     async def cordon(self, node: str, on: bool) -> None: ...
 
-    async def evict(self, namespace: str, pod: str) -> bool:
-        return (await self.try_evict(namespace, pod)).allowed
-
     async def try_evict(self, namespace: str, pod: str) -> EvictionOutcome:
         if self.refuse:
             return EvictionOutcome(False, 429, "TooManyRequests", "no", self.retry_after, "pdb")
@@ -53,14 +51,7 @@ class FakeCluster:
         self.events.append((f"{namespace}/{name}", uid))
 
 
-LOOSE = SafetyLimits(
-    global_bucket=BucketLimit(100, 100.0),
-    node_bucket=None,
-    namespace_bucket=None,
-    workload_bucket=None,
-    node_cooldown_seconds=0,
-    disruptions_per_hour=None,
-)
+LOOSE = global_only(100, 100.0)
 
 
 def setup(
@@ -98,7 +89,7 @@ async def test_a_crash_after_acting_does_not_repeat_the_eviction() -> None:
     cluster, engine, store = setup()
     await engine.start(move(1))
     # the controller evicts and is killed before it writes the next step
-    await cluster.evict("ns", "p1")
+    await cluster.try_evict("ns", "p1")
     # a new controller (or leader) resumes from the store
     _, engine2, _ = setup(store=store)
     engine2.ctx = Context(engine.ctx.gate, lambda ns, name: cluster.pods.get(f"{ns}/{name}"))
@@ -125,14 +116,7 @@ async def test_two_replicas_never_both_act() -> None:
 
 @pytest.mark.anyio
 async def test_rate_limits_hold_actions_back() -> None:
-    tight = SafetyLimits(
-        global_bucket=BucketLimit(capacity=1, per_second=0.001),
-        node_bucket=None,
-        namespace_bucket=None,
-        workload_bucket=None,
-        node_cooldown_seconds=0,
-        disruptions_per_hour=None,
-    )
+    tight = global_only(1, 0.001)
     cluster, engine, _ = setup(limits=tight)
     for i in range(3):
         await engine.start(move(i))
