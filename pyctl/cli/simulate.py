@@ -177,7 +177,7 @@ def print_report(
         t.add_column(f"unalloc GPU % @{k}%", justify="right")
     t.add_column("frag rate @90%", justify="right")
     t.add_column("NUMA-split GPUs @100%", justify="right")
-    t.add_column("evicted %", justify="right")
+    t.add_column("evicted % @100%", justify="right")
     t.add_column("s/run", justify="right")
     for r in rows:
         t.add_row(
@@ -268,7 +268,7 @@ def write_outputs(
         "",
         "| policy | "
         + " | ".join(f"unalloc @{k}%" for k in CHECKPOINTS)
-        + " | frag rate @90% | NUMA-split GPUs @100% | evicted % |",
+        + " | frag rate @90% | NUMA-split GPUs @100% | evicted % @100% |",
         "|---|" + "---:|" * (len(CHECKPOINTS) + 3),
     ]
     for row in rows:

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from pyctl import _core
+from pyctl.cluster.sim.trace import RunResult
 
 
 def nodes(*specs: tuple[int, int, str]) -> dict[str, list[Any]]:
@@ -149,6 +150,30 @@ def test_compaction_respects_the_budget() -> None:
     t = tasks(*[(1000, 1, 500)] * 3)
     r = play(n, t, "pyctl", compaction={"every": 1, "budget": 0.0, "max_moves": 4})
     assert r["evictions"] == 0
+
+
+def test_compaction_makes_a_move_that_pays_off_only_across_two_nodes() -> None:
+    # 0.47 then 0.32 share node 0's GPU (0.21 left); 0.65 takes node 1 (0.35 left). Moving the
+    # 0.32 beside the 0.65 raises node 0's fragment (0.53 left, too small for a whole GPU) and
+    # lowers the cluster's: 472.5 -> 295 milli-GPU.
+    shapes = [
+        {"cpu_milli": 1000, "gpus": 1, "gpu_milli": m, "weight": w}
+        for m, w in ((1000, 0.5), (470, 0.25), (320, 0.25))
+    ]
+    n = nodes(*[(64000, 1, "G2")] * 3)
+    t = tasks((1000, 1, 470), (1000, 1, 320), (1000, 1, 650))
+    still = play(n, t, "pyctl", shapes=shapes)
+    moved = play(n, t, "pyctl", shapes=shapes, compaction={"every": 3, "budget": 1.0})
+    assert still["node_of"] == moved["node_of"] == [0, 0, 1]
+    assert (still["evictions"], moved["evictions"]) == (0, 1)
+    assert still["checkpoints"][-1]["frag_milli"] == pytest.approx(472.5)
+    assert moved["checkpoints"][-1]["frag_milli"] == pytest.approx(295.0)
+    run = RunResult(trace="t", policy="pyctl", seed=0, numa=False, raw=moved)
+    assert moved["checkpoints"][-1]["arrived_pct"] == 48
+    assert run.evicted_pct(48) == pytest.approx(100 / 3)  # by 48% arrived: 1 of 3 pods
+    assert run.evicted_pct(100) == run.evicted_pct(None)  # never reached: the whole run
+    with pytest.raises(ValueError, match=r"compaction\.reserve"):
+        play(n, t, "pyctl", compaction={"reserve": 2.0})
 
 
 def test_resampling_is_seeded() -> None:

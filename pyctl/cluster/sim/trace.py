@@ -177,14 +177,25 @@ def shape_dicts(workload: Workload) -> list[dict[str, Any]]:
 @dataclass(frozen=True)
 class Compaction:
     """pyctl's compaction as the controller runs it: a round every `every` arrivals, at most
-    `max_moves` moves a round, evictions never above `budget` x arrived pods."""
+    `max_moves` moves a round, each the move that lowers F(M) most and by more than `min_gain`
+    milli-GPU (the controller's planner); evictions never above `budget` x arrived pods, of
+    which periodic rounds use at most `1 - reserve` (the rest is kept for pods that would
+    otherwise fail, once a task has failed)."""
 
     every: int = 20
     budget: float = 0.02
     max_moves: int = 20
+    min_gain: float = 1.0
+    reserve: float = 0.25
 
     def as_dict(self) -> dict[str, float]:
-        return {"every": self.every, "budget": self.budget, "max_moves": self.max_moves}
+        return {
+            "every": self.every,
+            "budget": self.budget,
+            "max_moves": self.max_moves,
+            "min_gain": self.min_gain,
+            "reserve": self.reserve,
+        }
 
 
 @dataclass(frozen=True)
@@ -226,8 +237,14 @@ class RunResult:
         c = self._at(pct)
         return float("nan") if c is None else float(c["numa_split_milli"]) / 1000.0
 
-    def evicted_pct(self) -> float:
-        return 100.0 * float(self.raw["evictions"]) / max(1, int(self.raw["tasks"]))
+    def evicted_pct(self, pct: int | None = 100) -> float:
+        """Evictions as a % of the pods arrived: by the time the arrived GPU request reaches
+        `pct`% of capacity (where the headline metric is read), or over the whole run (None, or
+        a run that never gets there)."""
+        c = None if pct is None else self._at(pct)
+        if c is None:
+            return 100.0 * float(self.raw["evictions"]) / max(1, int(self.raw["tasks"]))
+        return 100.0 * float(c["evictions"]) / max(1, int(c["arrived_tasks"]))
 
     def curve(self) -> list[tuple[int, float]]:
         cap = self.capacity_milli

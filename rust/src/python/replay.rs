@@ -171,18 +171,21 @@ fn replay_run<'py>(
                         .map_err(|_| field_error(&format!("compaction.{k}"), "expected a number")),
                 }
             };
-            let every = get("every", 50.0)?;
-            let max_moves = get("max_moves", 8.0)?;
+            let every = get("every", 20.0)?;
+            let max_moves = get("max_moves", 20.0)?;
             if !(1.0..=1e9).contains(&every) || !(0.0..=1e9).contains(&max_moves) {
                 return Err(field_error(
                     "compaction",
                     "every must be >= 1 and max_moves >= 0",
                 ));
             }
+            let d = Compaction::default();
             Some(Compaction {
                 every: every as u32,
-                budget: get("budget", 0.02)?,
+                budget: get("budget", d.budget)?,
                 max_moves: max_moves as u32,
+                min_gain: get("min_gain", d.min_gain)?,
+                reserve: get("reserve", d.reserve)?,
             })
         }
     };

@@ -12,6 +12,8 @@ pub mod policy;
 pub mod rng;
 pub mod state;
 
+use std::collections::HashMap;
+
 use crate::error::{CoreError, CoreResult};
 pub use policy::{Policy, POLICY_NAMES};
 use rng::Rng;
@@ -53,6 +55,24 @@ pub struct Compaction {
     pub budget: f64,
     /// Most moves per round.
     pub max_moves: u32,
+    /// Smallest fall of F(M), milli-GPU, a periodic move must bring (the controller's planner
+    /// uses 1.0).
+    pub min_gain: f64,
+    /// Fraction of the budget periodic compaction leaves to pending-driven moves once a task
+    /// has failed.
+    pub reserve: f64,
+}
+
+impl Default for Compaction {
+    fn default() -> Self {
+        Compaction {
+            every: 20,
+            budget: 0.02,
+            max_moves: 20,
+            min_gain: 1.0,
+            reserve: 0.25,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -323,6 +343,8 @@ struct Run<'a> {
     /// Index into `placed` per node's pod list entries are pod ids (indices into `placed`).
     evictions: u64,
     rounds: u64,
+    /// Tasks that found no place so far.
+    failed: u64,
 }
 
 impl Run<'_> {
@@ -339,42 +361,63 @@ impl Run<'_> {
         id
     }
 
-    /// fragMultiPod-like compaction: visit the nodes with the most fragment, evict the pod whose
-    /// removal lowers that node's F_n(M) most, re-place it with pyctl's choice elsewhere, and keep
-    /// the move only if the cluster's F(M) strictly drops. Stops at the budget.
+    /// Periodic compaction, choosing moves as the controller's planner does
+    /// (`crate::compaction::plan`): over every movable pod, the move whose eviction and
+    /// re-placement lower the cluster's F(M) the most (the fall on the source plus the rise on
+    /// the destination), as long as it falls by more than `min_gain`; up to `max_moves` a round.
+    /// A move needs no gain on its source alone: taking a 0.32 share off a GPU it shares with a
+    /// 0.47 to the 0.35 left beside a 0.65 raises the source's F_n(M) and lowers F(M).
+    /// The destination is where pyctl's placement puts the pod with its own node excluded (what
+    /// the scheduler does with the replacement), so the move predicted is the move made.
+    /// Movable (the simulator's evictor filter): pods on one GPU or a share of one; multi-GPU
+    /// replicas and CPU-only pods stay. Once a task has failed (pods pending for capacity),
+    /// periodic moves stop at `1 - reserve` of the eviction budget; the rest is kept for
+    /// pending-driven moves (`rescue`), which place a task that would otherwise fail.
     fn compact(&mut self, c: &Compaction, arrived: u64) {
         self.rounds += 1;
-        let budget = (c.budget * arrived as f64).floor() as u64;
-        if self.evictions >= budget {
-            return;
-        }
-        let n = self.st.node_count();
-        let mut order: Vec<usize> = (0..n).filter(|&i| self.st.frag[i] > 0.0).collect();
-        order.sort_by(|&a, &b| {
-            self.st.frag[b]
-                .partial_cmp(&self.st.frag[a])
-                .unwrap_or(std::cmp::Ordering::Equal)
-                .then(a.cmp(&b))
-        });
+        let share = if self.failed > 0 {
+            1.0 - c.reserve
+        } else {
+            1.0
+        };
+        let budget = (c.budget * share * arrived as f64).floor() as u64;
         let mut moves = 0u32;
-        for &src in order.iter().take((c.max_moves as usize) * 4) {
-            if moves >= c.max_moves || self.evictions >= budget {
+        while moves < c.max_moves && self.evictions < budget {
+            let Some((src, k, to)) = self.best_move(c.min_gain) else {
                 break;
-            }
+            };
+            let pid = self.st.pods_on[src].swap_remove(k);
+            let p = self.placed[pid as usize];
+            let t = self.tasks[p.task as usize];
+            self.st.give(src, &t, p.gpus, self.shapes);
+            self.st.take(to.node, &t, to.gpus, self.shapes);
+            self.placed[pid as usize].node = to.node as u32;
+            self.placed[pid as usize].gpus = to.gpus;
+            self.st.pods_on[to.node].push(pid);
+            self.evictions += 1;
+            moves += 1;
+        }
+    }
+
+    /// The best single move (source node, index in its pod list, destination), if F(M) falls by
+    /// more than `min_gain` milli-GPU.
+    fn best_move(&self, min_gain: f64) -> Option<(usize, usize, policy::Choice)> {
+        type Dest = Option<(policy::Choice, f64)>;
+        // pyctl's choice on the whole cluster, per task shape: the pods of one shape share it
+        // unless it is their own node.
+        let mut dest: HashMap<(i64, i64, u16, u64), Dest> = HashMap::new();
+        let mut best: Option<(f64, usize, usize, policy::Choice)> = None;
+        for src in 0..self.st.node_count() {
             let before = self.st.frag[src];
-            // Best victim on src.
-            let mut best: Option<(f64, usize)> = None;
+            let ng = self.st.ngpu[src] as usize;
             for (k, &pid) in self.st.pods_on[src].iter().enumerate() {
                 let p = self.placed[pid as usize];
                 let t = &self.tasks[p.task as usize];
-                let mut free = self.st.free[src];
-                let mut m = p.gpus;
-                while m != 0 {
-                    let g = m.trailing_zeros() as usize;
-                    free[g] += t.milli;
-                    m &= m - 1;
+                if t.num != 1 {
+                    continue;
                 }
-                let ng = self.st.ngpu[src] as usize;
+                let mut free = self.st.free[src];
+                free[p.gpus.trailing_zeros() as usize] += t.milli;
                 let after = state::frag(
                     self.shapes,
                     self.st.model_bit[src],
@@ -382,31 +425,21 @@ impl Run<'_> {
                     &free[..ng],
                     self.st.split[src] as usize,
                 );
-                let gain = before - after;
-                if gain > 1e-9 && best.is_none_or(|(bg, _)| gain > bg) {
-                    best = Some((gain, k));
+                let key = (t.cpu, t.mem, t.milli, t.mask);
+                let mut d = *dest
+                    .entry(key)
+                    .or_insert_with(|| policy::choose_pyctl(&self.st, self.shapes, t, None));
+                if d.is_some_and(|(ch, _)| ch.node == src) {
+                    d = policy::choose_pyctl(&self.st, self.shapes, t, Some(src));
                 }
-            }
-            let Some((gain, k)) = best else { continue };
-            let pid = self.st.pods_on[src][k];
-            let p = self.placed[pid as usize];
-            let t = self.tasks[p.task as usize];
-            self.st.give(src, &t, p.gpus, self.shapes);
-            match policy::choose_pyctl(&self.st, self.shapes, &t, Some(src)) {
-                Some((ch, inc)) if inc < gain - 1e-6 => {
-                    self.st.pods_on[src].swap_remove(k);
-                    self.st.take(ch.node, &t, ch.gpus, self.shapes);
-                    self.placed[pid as usize].node = ch.node as u32;
-                    self.placed[pid as usize].gpus = ch.gpus;
-                    self.st.pods_on[ch.node].push(pid);
-                    self.evictions += 1;
-                    moves += 1;
-                }
-                _ => {
-                    self.st.take(src, &t, p.gpus, self.shapes);
+                let Some((to, rise)) = d else { continue };
+                let change = rise - (before - after);
+                if change < -min_gain && best.is_none_or(|(b, ..)| change < b) {
+                    best = Some((change, src, k, to));
                 }
             }
         }
+        best.map(|(_, src, k, to)| (src, k, to))
     }
 
     /// Pending-driven compaction: a task that fits nowhere gets room by moving one pod off a
@@ -500,10 +533,18 @@ pub fn run(
         if c.every == 0 {
             return Err(CoreError::new("compaction.every", "must be at least 1"));
         }
-        if !(c.budget.is_finite() && (0.0..=1.0).contains(&c.budget)) {
+        for (name, v) in [("budget", c.budget), ("reserve", c.reserve)] {
+            if !(v.is_finite() && (0.0..=1.0).contains(&v)) {
+                return Err(CoreError::new(
+                    format!("compaction.{name}"),
+                    format!("must be a fraction in 0..=1, got {v}"),
+                ));
+            }
+        }
+        if !(c.min_gain.is_finite() && c.min_gain >= 0.0) {
             return Err(CoreError::new(
-                "compaction.budget",
-                format!("must be a fraction in 0..=1, got {}", c.budget),
+                "compaction.min_gain",
+                format!("must be a finite number >= 0, got {}", c.min_gain),
             ));
         }
     }
@@ -524,6 +565,7 @@ pub fn run(
         placed: Vec::with_capacity(order.len()),
         evictions: 0,
         rounds: 0,
+        failed: 0,
     };
     let mut res = ReplayResult {
         gpu_capacity_milli: cap,
@@ -574,6 +616,7 @@ pub fn run(
             }
             None => res.failed += 1,
         }
+        run.failed = res.failed;
         res.node_of.push(node);
         res.task_of.push(ti);
         if let Some(c) = &cfg.compaction {

@@ -196,6 +196,7 @@ fn compaction_moves_only_when_fragment_drops_and_respects_budget() {
         every: 1,
         budget: 1.0,
         max_moves: 4,
+        ..Default::default()
     });
     let r = run(&nodes, &tasks, &shapes, &c).unwrap();
     let last = r.checkpoints.last().unwrap();
@@ -204,9 +205,70 @@ fn compaction_moves_only_when_fragment_drops_and_respects_budget() {
         every: 1,
         budget: 0.0,
         max_moves: 4,
+        ..Default::default()
     });
     let r = run(&nodes, &tasks, &shapes, &c).unwrap();
     assert_eq!(r.evictions, 0);
+}
+
+/// a: 0.47 + 0.32 on its one GPU (0.21 left), b: 0.65 (0.35 left), c: empty.
+fn repairable(shapes: &[ShapeSpec]) -> Prepared {
+    let nodes = vec![
+        node("a", 64000, 1),
+        node("b", 64000, 1),
+        node("c", 64000, 1),
+    ];
+    let tasks = vec![task(1000, 1, 470), task(1000, 1, 320), task(1000, 1, 650)];
+    prepare(&nodes, &tasks, shapes, false).unwrap()
+}
+
+#[test]
+fn compaction_takes_a_move_that_only_pays_off_across_two_nodes() {
+    let shapes = [
+        shape(1000, 1, 1000, 0.5),
+        shape(1000, 1, 470, 0.25),
+        shape(1000, 1, 320, 0.25),
+    ];
+    let prep = repairable(&shapes);
+    let mut run = Run {
+        st: prep.state,
+        shapes: &prep.shapes,
+        tasks: &prep.tasks,
+        placed: Vec::new(),
+        evictions: 0,
+        rounds: 0,
+        failed: 0,
+    };
+    let one = |node| policy::Choice { node, gpus: 1 };
+    for (task, node) in [(0, 0), (1, 0), (2, 1)] {
+        run.place(task, one(node));
+    }
+    let total = |run: &Run| run.st.frag.iter().sum::<f64>();
+    // F: a's 0.21 is fragment for every shape (210), b's 0.35 for the two larger (262.5).
+    assert!((total(&run) - 472.5).abs() < 1e-6, "{}", total(&run));
+    // Taking the 0.32 off a alone raises a's F_n(M) (0.53 left, fragment for whole GPUs).
+    let reserve_all = Compaction {
+        every: 1,
+        budget: 1.0,
+        max_moves: 4,
+        min_gain: 1.0,
+        reserve: 1.0,
+    };
+    run.failed = 1;
+    run.compact(&reserve_all, 3);
+    assert_eq!(
+        run.evictions, 0,
+        "with a task pending, a full reserve stops periodic moves"
+    );
+    run.failed = 0;
+    run.compact(&reserve_all, 3);
+    assert_eq!(run.evictions, 1, "the reserve holds only while tasks fail");
+    assert_eq!(run.placed[1].node, 1, "the 0.32 joins the 0.65 on b");
+    // a: 0.53 for whole GPUs (265); b: 0.03 for every shape (30).
+    assert!((total(&run) - 295.0).abs() < 1e-6, "{}", total(&run));
+    // No further move lowers F(M).
+    run.compact(&reserve_all, 3);
+    assert_eq!(run.evictions, 1);
 }
 
 #[test]
@@ -218,4 +280,32 @@ fn bad_input_is_an_error_naming_the_field() {
     assert_eq!(e.field, "nodes");
     let e = run(&[node("a", -1, 1)], &[], &[], &cfg(Policy::Fgd)).unwrap_err();
     assert!(e.field.contains("cpu_milli"));
+    let mut c = cfg(Policy::Pyctl);
+    for (bad, field) in [
+        (
+            Compaction {
+                reserve: 1.5,
+                ..Default::default()
+            },
+            "compaction.reserve",
+        ),
+        (
+            Compaction {
+                min_gain: f64::NAN,
+                ..Default::default()
+            },
+            "compaction.min_gain",
+        ),
+        (
+            Compaction {
+                budget: -0.1,
+                ..Default::default()
+            },
+            "compaction.budget",
+        ),
+    ] {
+        c.compaction = Some(bad);
+        let e = run(&[node("a", 1000, 1)], &[], &[], &c).unwrap_err();
+        assert_eq!(e.field, field);
+    }
 }
