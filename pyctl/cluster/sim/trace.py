@@ -5,7 +5,9 @@ policy and seed (`pyctl._core.replay_run`).
 Trace layout (the FGD artifact's): a directory with `openb_node_list_gpu_node.csv`
 (`sn,cpu_milli,memory_mib,gpu,model`) and `openb_pod_list_<workload>.csv`
 (`name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec,...]`). Pods are sorted by name before the
-seeded resample and shuffle, as the artifact does.
+seeded resample and shuffle, as the artifact does; ties between nodes follow a seeded random node
+order, as the artifact's renamed nodes and its scheduler fork make them (see `node_order` in
+`rust/src/replay/mod.rs`).
 """
 
 from __future__ import annotations

@@ -4,9 +4,10 @@
 //!
 //! Protocol (the caller may pass tasks already ordered and resampled, with `shuffle = false` and
 //! `tune = 0`): resample the tasks to `tune` x the cluster's GPU capacity (random clones or
-//! random removals), shuffle them with the seed, then schedule them one by one; a task that fits
-//! nowhere fails and is not retried. After each arrival the state is sampled at every whole
-//! percent of capacity that the arrived GPU request has reached.
+//! random removals), shuffle them and the nodes' tie order with the seed (`node_order`), then
+//! schedule them one by one; a task that fits nowhere fails and is not retried. After each
+//! arrival the state is sampled at every whole percent of capacity that the arrived GPU request
+//! has reached.
 
 pub mod policy;
 pub mod rng;
@@ -81,6 +82,7 @@ pub struct Config {
     pub seed: u64,
     /// Resample to this multiple of GPU capacity (0 = keep the tasks as given).
     pub tune: f64,
+    /// Shuffle the task order and the nodes' tie order (`node_order`) with the seed.
     pub shuffle: bool,
     /// Split each node's GPUs over two NUMA zones under `single-numa-node`.
     pub numa: bool,
@@ -129,7 +131,8 @@ pub struct ReplayResult {
     pub evictions: u64,
     pub compaction_rounds: u64,
     pub checkpoints: Vec<Checkpoint>,
-    /// Node index per replayed task (-1 = failed), in replay order; the task index per slot.
+    /// The caller's node index per replayed task (-1 = failed), in replay order; the task index
+    /// per slot.
     pub node_of: Vec<i64>,
     pub task_of: Vec<u32>,
 }
@@ -198,6 +201,19 @@ pub fn prepare(
     shapes: &[ShapeSpec],
     numa: bool,
 ) -> CoreResult<Prepared> {
+    let order: Vec<usize> = (0..nodes.len()).collect();
+    prepare_in_order(nodes, &order, tasks, shapes, numa)
+}
+
+/// `prepare` with the cluster's node k being `nodes[order[k]]` (errors name the caller's index).
+pub fn prepare_in_order(
+    nodes: &[NodeSpec],
+    order: &[usize],
+    tasks: &[TaskSpec],
+    shapes: &[ShapeSpec],
+    numa: bool,
+) -> CoreResult<Prepared> {
+    debug_assert_eq!(order.len(), nodes.len());
     if nodes.is_empty() {
         return Err(CoreError::new("nodes", "the cluster has no nodes"));
     }
@@ -229,7 +245,8 @@ pub fn prepare(
         pods_on: vec![Vec::new(); k],
     };
     let mut capacity = 0u64;
-    for (i, n) in nodes.iter().enumerate() {
+    for &i in order {
+        let n = &nodes[i];
         let f = |x: &str| format!("nodes[{i}] ({}).{x}", n.name);
         let cpu = nonneg(n.cpu_milli, || f("cpu_milli"))?;
         let mem = nonneg(n.memory_mib, || f("memory_mib"))?;
@@ -306,6 +323,20 @@ pub fn prepare(
         tasks: kt,
         capacity_milli: capacity,
     })
+}
+
+/// The order in which ties between nodes are broken: the caller's, or with `shuffle` a seeded
+/// permutation. The artifact renames every node `<perm[i]:04>-<name>` with a seeded permutation
+/// before creating it (`syncClusterResourceList` in its `pkg/simulator/simulator.go`), and its
+/// kube-scheduler fork (`github.com/mental2008/kubernetes v1.20.5-minor`, `selectHost`) gives a
+/// tie to the smallest node name: ties go to the first node of a random order fixed per seed.
+pub fn node_order(n: usize, cfg: &Config) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    if cfg.shuffle {
+        // Its own stream, so the task order does not depend on the cluster's size.
+        Rng::new(cfg.seed ^ 0x4E4F_4445_5F4F_5244).shuffle(&mut order);
+    }
+    order
 }
 
 /// The replay order: task indices, resampled to `tune` x capacity and shuffled.
@@ -554,7 +585,8 @@ pub fn run(
             format!("must be in 0..=100, got {}", cfg.tune),
         ));
     }
-    let prep = prepare(nodes, tasks, shapes, cfg.numa)?;
+    let node_ids = node_order(nodes.len(), cfg);
+    let prep = prepare_in_order(nodes, &node_ids, tasks, shapes, cfg.numa)?;
     let mut rng = Rng::new(cfg.seed);
     let order = replay_order(&prep.tasks, prep.capacity_milli, cfg, &mut rng);
     let cap = prep.capacity_milli;
@@ -608,7 +640,7 @@ pub fn run(
                 if ok {
                     run.place(ti, c);
                     res.placed += 1;
-                    node = c.node as i64;
+                    node = node_ids[c.node] as i64;
                 } else {
                     res.failed += 1;
                     res.failed_admission += 1;

@@ -272,6 +272,35 @@ fn compaction_takes_a_move_that_only_pays_off_across_two_nodes() {
 }
 
 #[test]
+fn shuffle_breaks_ties_in_a_seeded_node_order_and_reports_the_callers_index() {
+    let nodes: Vec<NodeSpec> = (0..16).map(|i| node(&format!("n{i}"), 32000, 2)).collect();
+    let tasks = vec![task(1000, 1, 1000)];
+    let shapes = [shape(1000, 1, 1000, 1.0)];
+    let mut c = cfg(Policy::BestFit);
+    assert_eq!(run(&nodes, &tasks, &shapes, &c).unwrap().node_of, vec![0]);
+    c.shuffle = true;
+    let order = node_order(nodes.len(), &c);
+    assert_ne!(
+        order,
+        (0..16).collect::<Vec<_>>(),
+        "seed 42 permutes 16 nodes"
+    );
+    let r = run(&nodes, &tasks, &shapes, &c).unwrap();
+    assert_eq!(
+        r.node_of,
+        vec![order[0] as i64],
+        "all tie: the first of the seeded order"
+    );
+    c.seed = 43;
+    assert_ne!(node_order(nodes.len(), &c), order);
+    // Errors still name the caller's index.
+    let mut bad = nodes.clone();
+    bad[5].cpu_milli = -1;
+    let e = run(&bad, &tasks, &shapes, &c).unwrap_err();
+    assert!(e.field.starts_with("nodes[5] (n5)"), "{e}");
+}
+
+#[test]
 fn bad_input_is_an_error_naming_the_field() {
     let nodes = vec![node("a", 64000, 2)];
     let e = run(&nodes, &[task(1000, 2, 500)], &[], &cfg(Policy::Fgd)).unwrap_err();
