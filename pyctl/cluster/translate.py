@@ -8,6 +8,8 @@ zones, GPUs and MIG instances.
 - NUMA: per-zone resources from NodeResourceTopology, with its Topology Manager policy; otherwise
   the per-GPU labels `nvidia.com/gpu-<i>-numa` (CPU and memory then split evenly over the zones, an
   approximation); otherwise one zone.
+  When NodeResourceTopology's MIG counts differ from the node's allocatable (the agent lags a
+  re-partition), the allocatable's are taken.
 - Used amounts: the requests of the pods bound to the node that have not terminated; with
   NodeResourceTopology, its per-zone usage, topped up with what the pods use and it does not
   show yet (the agent that writes it lags the scheduler).
@@ -15,7 +17,7 @@ zones, GPUs and MIG instances.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import cast
@@ -78,6 +80,24 @@ def _spread(drafts: list[_Draft], used_cpu: int, used_mem: int, used_gpus: int) 
         used_gpus -= d.gpus_used
 
 
+def _mig_from_allocatable(drafts: list[_Draft], node: NodeRecord) -> None:
+    """After a re-partition the node's allocatable (the device plugin, via the kubelet) shows
+    the new MIG instances before the topology agent rewrites NodeResourceTopology. The scheduler
+    goes by the allocatable, so when the two disagree the allocatable's counts are taken, on the
+    first zone that had MIG instances (the split over zones is unknown until the agent catches
+    up)."""
+    counts = Counter[str]()
+    for d in drafts:
+        counts.update({p: n for p, n in d.mig.items() if n > 0})
+    want = {p: n for p, n in node.mig if n > 0}
+    if dict(counts) == want:
+        return
+    home = next((d for d in drafts if any(d.mig.values())), drafts[0])
+    for d in drafts:
+        d.mig = {}
+    home.mig = dict(want)
+
+
 def node_from_records(
     node: NodeRecord, nrt: NrtRecord | None, pods: Iterable[PodRecord], default_policy: str = "none"
 ) -> Node:
@@ -109,6 +129,7 @@ def node_from_records(
         # NodeResourceTopology is written by an agent on the node and can lag the pods bound
         # there: usage it does not show yet goes to the zones with room, in order
         _top_up(drafts, used_cpu, used_mem, used_gpus)
+        _mig_from_allocatable(drafts, node)
     else:
         numa_of = dict(node.gpu_numa)
         ids = sorted(set(numa_of.values())) or [0]
