@@ -67,6 +67,8 @@ class Config:
     node_cooldown_seconds: float = 300.0
     mig_concurrency: int = 1
     disruptions_per_hour: int = 20
+    #: after a node's MIG reconfiguration ends, seconds before it is re-partitioned again
+    mig_node_holdoff_seconds: float = 600.0
 
     def validate(self) -> Config:
         def bad(name: str, why: str) -> ConfigError:
@@ -120,6 +122,7 @@ class Config:
             "limit_namespace_per_minute",
             "limit_workload_per_minute",
             "node_cooldown_seconds",
+            "mig_node_holdoff_seconds",
         ):
             if getattr(self, name) < 0:
                 raise bad(name, "must not be negative")

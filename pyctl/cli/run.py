@@ -179,7 +179,7 @@ def attach_workflows(
     )
     ctl.background.append(lambda: compactor.run(ctl.is_leader))
     # -- MIG reconfiguration (pyctl/workflows/mig_loop.py, mig_reconfig.py) ---------------------
-    from pyctl.workflows.mig_loop import MigLoop
+    from pyctl.workflows.mig_loop import MigLoop, MigLoopOptions
     from pyctl.workflows.mig_reconfig import KIND as MIG_KIND
     from pyctl.workflows.mig_reconfig import MigContext, MigOptions
 
@@ -189,12 +189,15 @@ def attach_workflows(
         node=ctl.cache.nodes.get,
         options=MigOptions(poll=interval),
     )
+    holdoff = cfg.mig_node_holdoff_seconds
     mig_loop = MigLoop(
         ctl.cache,
-        Engine(workflows, mig_ctx, kinds=(MIG_KIND,)),
+        # finished records are kept at least as long as the hold-off reads them
+        Engine(workflows, mig_ctx, kinds=(MIG_KIND,), retention_seconds=max(600.0, holdoff)),
         ctl.metrics,
         cfg.cluster,
         interval,
+        options=MigLoopOptions(holdoff=holdoff),
     )
     ctl.background.append(lambda: mig_loop.run(ctl.is_leader))
     # -- end MIG reconfiguration ------------------------------------------------------------------

@@ -12,7 +12,6 @@ schedulable again."""
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -42,6 +41,10 @@ class MigLoopOptions:
     default_policy: str = "none"
     #: only these nodes are re-partitioned (None: every MIG node)
     nodes: tuple[str, ...] | None = None
+    #: seconds after a node's reconfiguration ended before the loop plans that node again (a
+    #: failed one is not retried at once, a served one is not re-partitioned back and forth);
+    #: the engine must keep finished records at least this long
+    holdoff: float = 600.0
 
 
 def pending_demand(cache: ClusterCache) -> Counter[str]:
@@ -132,6 +135,18 @@ def plan_nodes(
     return out
 
 
+def fresh_id(base: str, taken: set[str]) -> str:
+    """The id of a new workflow: `base` (node and config), or `base-2`, `base-3`... when the node
+    went through the same reconfiguration before and its finished record is still kept. The
+    same for every replica reading the same store, so two that start it at once make one."""
+    if base not in taken:
+        return base
+    n = 2
+    while f"{base}-{n}" in taken:
+        n += 1
+    return f"{base}-{n}"
+
+
 class MigLoop:
     def __init__(
         self,
@@ -171,18 +186,24 @@ class MigLoop:
 
     async def tick(self, leader: bool) -> None:
         wfs = await self._workflows()
+        now = self.engine.ctx.clock()
         active = {w.node for w in wfs if w.kind == KIND and not w.finished}
-        # a node whose last attempt ended is left alone until the engine forgets it
-        recent = {w.node for w in wfs if w.kind == KIND}
+        # a node whose last attempt ended less than `holdoff` ago is left alone
+        recent = {
+            w.node
+            for w in wfs
+            if w.kind == KIND and (not w.finished or now - w.updated < self.options.holdoff)
+        }
         demand = pending_demand(self.cache)
         plans = plan_nodes(self.cache, demand, sorted(recent), self.options) if demand else []
         self.last_plans = plans
         if not leader:
             return
         await self._clear_orphans(active)
-        now = time.time()
+        taken = {w.id for w in wfs}
         for np_ in plans[: self.options.max_starts]:
-            await self.engine.start(workflow_for(np_, self.cache.pods, now))
+            wf = workflow_for(np_, self.cache.pods, now)
+            await self.engine.start(msgspec.structs.replace(wf, id=fresh_id(wf.id, taken)))
         self.gauge.export(await self.engine.advance_all())
 
     async def run(self, leader: Callable[[], bool]) -> None:

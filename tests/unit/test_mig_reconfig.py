@@ -22,7 +22,7 @@ from pyctl.state.ratelimit import MemoryRateLimiter
 from pyctl.state.workflows import MemoryWorkflowStore
 from pyctl.workflows.engine import Engine, Workflow
 from pyctl.workflows.gate import Gate
-from pyctl.workflows.mig_loop import MigLoop, pending_demand
+from pyctl.workflows.mig_loop import MigLoop, MigLoopOptions, fresh_id, pending_demand
 from pyctl.workflows.mig_reconfig import (
     KIND,
     TAINT_KEY,
@@ -622,6 +622,36 @@ async def test_loop_starts_a_reconfiguration_for_blocked_mig_pods() -> None:
     assert c.evictions == []  # max_used_destroyed=0: only free slices
     assert dict(c.nodes["n1"].mig) == {"1g.5gb": 7, "3g.20gb": 2}
     assert_restored(c)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("holdoff", "starts"), [(600.0, False), (5.0, True)])
+async def test_loop_holds_a_node_off_after_its_last_reconfiguration(
+    holdoff: float, starts: bool
+) -> None:
+    c = a_cluster()
+    del c.pods["ns/b"]
+    for i in range(2):
+        c.pods[f"ns/big{i}"] = PodRecord(
+            "ns", f"big{i}", uid=f"ub{i}", mig=(("3g.20gb", 1),), unschedulable=True
+        )
+    h = Harness(c)
+    cache = ClusterCache()
+    loop = MigLoop(cache, h.engine, h.metrics, "c", options=MigLoopOptions(holdoff=holdoff))
+    sync(cache, c)
+    # n1's previous reconfiguration ended 10 s ago
+    done = Workflow("mig-old", KIND, "n1", "done", created=h.clock.t - 60, updated=h.clock.t - 10)
+    await h.store.put(done.id, msgspec.json.encode(done), 0)
+    await loop.tick(leader=True)
+    started = [w for w in (await h.store.list()) if w != done.id]
+    assert bool(started) == starts, started
+    assert bool(loop.last_plans) == starts
+
+
+def test_a_repeated_reconfiguration_gets_a_new_id() -> None:
+    assert fresh_id("mig-reconfigure-n1-pyctl-ab", set()) == "mig-reconfigure-n1-pyctl-ab"
+    taken = {"mig-reconfigure-n1-pyctl-ab", "mig-reconfigure-n1-pyctl-ab-2"}
+    assert fresh_id("mig-reconfigure-n1-pyctl-ab", taken) == "mig-reconfigure-n1-pyctl-ab-3"
 
 
 @pytest.mark.anyio
