@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 
 import anyio
 import pytest
@@ -12,6 +13,7 @@ from kubernetes_asyncio import client, config
 
 from pyctl.cluster.records import Event, Kind, Record, record_key
 from pyctl.controller.cache import ClusterCache
+from tests.integration.redis_servers import RedisServer, RedisServerError, find_binaries
 
 from .control_plane import (
     Binaries,
@@ -75,6 +77,20 @@ async def api(control_plane: ControlPlane) -> AsyncIterator[client.ApiClient]:
     )
     async with api_client:
         yield api_client
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A fresh redis-server for one test (the crash tests' workflow store and limits)."""
+    try:
+        server = RedisServer(find_binaries(), tmp_path, name="crash")
+        server.start()
+    except RedisServerError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")

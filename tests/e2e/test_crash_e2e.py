@@ -29,7 +29,6 @@ import sys
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +52,7 @@ from tests.e2e.test_placement_e2e import (
     gpu_deployment,
     gpu_pod,
 )
-from tests.integration.redis_servers import RedisServer, RedisServerError, find_binaries
+from tests.integration.redis_servers import RedisServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis]
 
@@ -75,7 +74,14 @@ def deployment(name: str, replicas: int, gpus: int, tier: str) -> dict[str, Any]
 class ControllerProcess:
     """`pyctl run` as deployed, one process at a time; SIGKILLed, never stopped gracefully."""
 
-    def __init__(self, kubeconfig: Path, redis_url: str, port: int, logs: Path) -> None:
+    def __init__(
+        self,
+        kubeconfig: Path,
+        redis_url: str,
+        port: int,
+        logs: Path,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         self.port = port
         self.logs = logs
         self.argv = [
@@ -114,6 +120,7 @@ class ControllerProcess:
             PYCTL_DISRUPTIONS_PER_HOUR="0",
             PYCTL_LOG_LEVEL="info",
         )
+        env.update(extra_env or {})
         no_proxy = ",".join(filter(None, [env.get("NO_PROXY"), "127.0.0.1,localhost"]))
         env["NO_PROXY"] = env["no_proxy"] = no_proxy
         self.env = env
@@ -281,19 +288,6 @@ class Scenario:
                     for c in (p.status.conditions if p.status else None) or []:
                         if c.type == "DisruptionTarget" and c.reason == "EvictionByEvictionAPI":
                             self.evicted[p.metadata.uid] = p.metadata.name
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    try:
-        server = RedisServer(find_binaries(), tmp_path, name="crash")
-        server.start()
-    except RedisServerError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 async def workflows(store: RedisWorkflowStore) -> list[Workflow]:

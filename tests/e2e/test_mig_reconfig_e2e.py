@@ -33,6 +33,7 @@ from .conftest import CacheSink, wait_until
 from .control_plane import ControlPlane
 from .gpu_nodes import GpuNodeSpec, apply_nrt_crd, body, create_gpu_nodes
 from .mig_manager_sim import STATE_LABEL, MigManagerSim
+from .test_placement_e2e import delete_nodes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio, pytest.mark.timeout(180, func_only=True)]
 
@@ -162,7 +163,7 @@ async def setup(control_plane: ControlPlane, api: client.ApiClient) -> AsyncIter
                 tg.cancel_scope.cancel()
     await core.delete_namespace(ns)
     await core.delete_namespaced_config_map(cm, GPU_NS)
-    await core.delete_node(node)
+    await delete_nodes(api, [spec])  # the node and its NodeResourceTopology
 
 
 async def pending_big(s: Setup) -> list[str]:
