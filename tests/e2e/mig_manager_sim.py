@@ -35,14 +35,80 @@ from typing import Any
 
 from kubernetes_asyncio import client, watch
 
-from pyctl.mig import MIG_CONFIG_LABEL, parse_mig_parted
+from pyctl.mig import MIG_CONFIG_LABEL, parse_mig_parted, to_yaml
 
-from .gpu_nodes import E2E_NODE_LABEL, GPU, GpuNodeSpec, mig_resource
+from .gpu_nodes import (
+    E2E_NODE_LABEL,
+    GPU,
+    GpuNodeSpec,
+    apply_nrt_crd,
+    body,
+    create_gpu_nodes,
+    mig_resource,
+)
 
 log = logging.getLogger("tests.mig_manager_sim")
 
 STATE_LABEL = "nvidia.com/mig.config.state"
 MERGE = "application/merge-patch+json"
+#: the mig-parted config the test nodes start from (the operator's `all-1g.5gb`)
+BASE_CONFIGS = {
+    "all-1g.5gb": [{"devices": "all", "mig-enabled": True, "mig-devices": {"1g.5gb": 7}}]
+}
+
+
+def a100_all_1g(name: str) -> GpuNodeSpec:
+    """A kwok node with two A100-40GB GPUs in MIG mode, each 7 x `1g.5gb` (`all-1g.5gb`)."""
+    return GpuNodeSpec(
+        name,
+        product="NVIDIA-A100-SXM4-40GB",
+        gpu_memory_mib=40960,
+        numa_zones=1,
+        gpus_per_zone=2,
+        mig={0: {"1g.5gb": 7}, 1: {"1g.5gb": 7}},
+        mig_config="all-1g.5gb",
+        labels={"nvidia.com/gpu.count": "2"},
+    )
+
+
+async def create_mig_node(
+    api: client.ApiClient, spec: GpuNodeSpec, configmap: str, namespace: str = "gpu-operator"
+) -> None:
+    """The node (and its NodeResourceTopology), the GPU Operator's namespace, and the mig-parted
+    ConfigMap mig-manager reads, holding `BASE_CONFIGS`."""
+    core = client.CoreV1Api(api)
+    await apply_nrt_crd(api)
+    await create_gpu_nodes(api, [spec])
+    try:
+        await core.create_namespace(body({"metadata": {"name": namespace}}))
+    except client.ApiException as exc:
+        if exc.status != 409:
+            raise
+    text = to_yaml({"version": "v1", "mig-configs": BASE_CONFIGS})
+    await core.create_namespaced_config_map(
+        namespace, body({"metadata": {"name": configmap}, "data": {"config.yaml": text}})
+    )
+
+
+def mig_pod(name: str, node: str, profile: str, app: str) -> dict[str, Any]:
+    """A pod asking for one `nvidia.com/mig-<profile>` instance on `node`."""
+    res = {f"nvidia.com/mig-{profile}": "1"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": app}},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "registry.invalid/infer:1",
+                    "resources": {"requests": res, "limits": res},
+                }
+            ],
+        },
+    }
+
 
 #: per GPU index: {profile: count} (MIG on) or None (a whole GPU)
 Gpus = dict[int, dict[str, int] | None]

@@ -295,6 +295,34 @@ async def workflows(store: RedisWorkflowStore) -> list[Workflow]:
     return [msgspec.json.decode(r.data, type=Workflow) for r in recs.values()]
 
 
+async def kill_at_a_random_point(
+    pyctl: ControllerProcess,
+    store: RedisWorkflowStore,
+    rng: random.Random,
+    i: int,
+    linger: float,
+) -> tuple[str, list[Workflow], float]:
+    """One round of a crash loop: start pyctl (a restart, or the other replica), wait until it
+    leads, then SIGKILL it after a random delay, or as soon as Redis shows an unfinished workflow
+    and up to `linger` s more (bounded). Returns how, the workflows in flight, and when."""
+    pyctl.start(rng.choice(["pyctl-a", "pyctl-b"]))
+    await wait_until(pyctl.is_leader, f"pyctl leader (round {i})", within=30)
+    how = rng.choice(["delay", "in-flight"])
+    delay = rng.uniform(0.0, 3.0)
+    if how == "in-flight":
+        with anyio.move_on_after(delay + 3.0):
+            while not [w for w in await workflows(store) if not w.finished]:  # noqa: ASYNC110
+                await anyio.sleep(0.005)
+            await anyio.sleep(rng.uniform(0.0, linger))
+    else:
+        await anyio.sleep(delay)
+    open_ = [w for w in await workflows(store) if not w.finished]
+    now = time.time()
+    early = pyctl.kill()
+    assert early is None, f"pyctl exited by itself ({early}) in round {i}: see {pyctl.logs}"
+    return how, open_, now
+
+
 @pytest.mark.anyio
 async def test_sigkill_at_random_points_always_converges(
     control_plane: ControlPlane,
@@ -357,22 +385,7 @@ async def test_sigkill_at_random_points_always_converges(
 
             # -- the crash loop -----------------------------------------------------------------
             for i in range(ROUNDS):
-                identity = rng.choice(["pyctl-a", "pyctl-b"])  # a restart, or the other pod
-                pyctl.start(identity)
-                await wait_until(pyctl.is_leader, f"pyctl leader (round {i})", within=30)
-                how = rng.choice(["delay", "in-flight"])
-                delay = rng.uniform(0.0, 3.0)
-                if how == "in-flight":  # as soon as a workflow is in flight (bounded)
-                    with anyio.move_on_after(delay + 3.0):
-                        while not [w for w in await workflows(store) if not w.finished]:  # noqa: ASYNC110
-                            await anyio.sleep(0.005)
-                        await anyio.sleep(rng.uniform(0.0, 0.03))
-                else:
-                    await anyio.sleep(delay)
-                open_ = [w for w in await workflows(store) if not w.finished]
-                now = time.time()
-                early = pyctl.kill()
-                assert early is None, f"pyctl exited by itself ({early}) in round {i}: see {logs}"
+                how, open_, now = await kill_at_a_random_point(pyctl, store, rng, i, linger=0.03)
                 kills.append(
                     {
                         "round": i,

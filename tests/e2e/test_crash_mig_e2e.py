@@ -31,9 +31,21 @@ from pyctl.state.redis_workflows import RedisWorkflowStore
 from pyctl.workflows.mig_reconfig import TAINT_KEY, MigOptions
 from tests.e2e.conftest import wait_until
 from tests.e2e.control_plane import ControlPlane, free_port
-from tests.e2e.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body, create_gpu_nodes
-from tests.e2e.mig_manager_sim import STATE_LABEL, MigManagerSim
-from tests.e2e.test_crash_e2e import CLAIM_TTL, CLUSTER, ControllerProcess, workflows
+from tests.e2e.gpu_nodes import body
+from tests.e2e.mig_manager_sim import (
+    STATE_LABEL,
+    MigManagerSim,
+    a100_all_1g,
+    create_mig_node,
+    mig_pod,
+)
+from tests.e2e.test_crash_e2e import (
+    CLAIM_TTL,
+    CLUSTER,
+    ControllerProcess,
+    kill_at_a_random_point,
+    workflows,
+)
 from tests.e2e.test_placement_e2e import delete_nodes
 from tests.integration.redis_servers import RedisServer
 
@@ -43,31 +55,12 @@ ROUNDS = 15
 SEED = 20241129
 NS = "crash-mig"
 NODE = "crash-mig-a100"
+APP = "crash-mig"
 #: where the deployed controller publishes its mig-parted configs (MigOptions' defaults)
 GPU_NS = MigOptions().configmap_namespace
 CONFIGMAP = MigOptions().configmap_name
-BASE = {"all-1g.5gb": [{"devices": "all", "mig-enabled": True, "mig-devices": {"1g.5gb": 7}}]}
 #: profile -> pods of one demand: the whole node in that profile
 DEMANDS = (("3g.20gb", 4), ("1g.5gb", 14))
-
-
-def pod(name: str, profile: str) -> dict[str, Any]:
-    res = {f"nvidia.com/mig-{profile}": "1"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": {"app": "crash-mig"}},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": NODE},
-            "containers": [
-                {
-                    "name": "c",
-                    "image": "registry.invalid/infer:1",
-                    "resources": {"requests": res, "limits": res},
-                }
-            ],
-        },
-    }
 
 
 class MigDemand:
@@ -80,7 +73,7 @@ class MigDemand:
         self.current: list[str] = []
 
     async def pods(self) -> list[Any]:
-        got = await self.core.list_namespaced_pod(NS, label_selector="app=crash-mig")
+        got = await self.core.list_namespaced_pod(NS, label_selector=f"app={APP}")
         return list(got.items)
 
     async def bound(self) -> bool:
@@ -94,7 +87,7 @@ class MigDemand:
         short = profile.split(".")[0]
         self.current = [f"d{self.round}-{short}-{i}" for i in range(count)]
         for name in self.current:
-            await self.core.create_namespaced_pod(NS, body(pod(name, profile)))
+            await self.core.create_namespaced_pod(NS, body(mig_pod(name, NODE, profile, APP)))
 
     async def clear(self) -> None:
         for name in self.current:
@@ -125,16 +118,7 @@ async def test_sigkill_during_mig_reconfiguration_always_converges(
 ) -> None:
     rng = random.Random(SEED)
     core = client.CoreV1Api(api)
-    spec = GpuNodeSpec(
-        NODE,
-        product="NVIDIA-A100-SXM4-40GB",
-        gpu_memory_mib=40960,
-        numa_zones=1,
-        gpus_per_zone=2,
-        mig={0: {"1g.5gb": 7}, 1: {"1g.5gb": 7}},
-        mig_config="all-1g.5gb",
-        labels={"nvidia.com/gpu.count": "2"},
-    )
+    spec = a100_all_1g(NODE)
     port = free_port()
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -154,18 +138,8 @@ async def test_sigkill_during_mig_reconfiguration_always_converges(
     kills: list[dict[str, Any]] = []
     started = time.monotonic()
     try:
-        await apply_nrt_crd(api)
-        await create_gpu_nodes(api, [spec])
-        for ns in (NS, GPU_NS):
-            try:
-                await core.create_namespace(body({"metadata": {"name": ns}}))
-            except client.ApiException as exc:
-                if exc.status != 409:
-                    raise
-        text = mig.to_yaml({"version": "v1", "mig-configs": BASE})
-        await core.create_namespaced_config_map(
-            GPU_NS, body({"metadata": {"name": CONFIGMAP}, "data": {"config.yaml": text}})
-        )
+        await create_mig_node(api, spec, CONFIGMAP, GPU_NS)
+        await core.create_namespace(body({"metadata": {"name": NS}}))
         async with anyio.create_task_group() as tg:
             tg.start_soon(mgr.run)
             await mgr.ready.wait()
@@ -178,21 +152,7 @@ async def test_sigkill_during_mig_reconfiguration_always_converges(
             tg.start_soon(drive)
             # -- the crash loop ---------------------------------------------------------------
             for i in range(ROUNDS):
-                identity = rng.choice(["pyctl-a", "pyctl-b"])
-                pyctl.start(identity)
-                await wait_until(pyctl.is_leader, f"pyctl leader (round {i})", within=30)
-                how = rng.choice(["delay", "in-flight"])
-                delay = rng.uniform(0.0, 3.0)
-                if how == "in-flight":
-                    with anyio.move_on_after(delay + 3.0):
-                        while not [w for w in await workflows(store) if not w.finished]:  # noqa: ASYNC110
-                            await anyio.sleep(0.005)
-                        await anyio.sleep(rng.uniform(0.0, 1.0))
-                else:
-                    await anyio.sleep(delay)
-                open_ = [w for w in await workflows(store) if not w.finished]
-                early = pyctl.kill()
-                assert early is None, f"pyctl exited by itself ({early}) in round {i}: see {logs}"
+                how, open_, _ = await kill_at_a_random_point(pyctl, store, rng, i, linger=1.0)
                 kills.append({"round": i, "how": how, "steps": [w.step for w in open_]})
 
             # -- the last start: convergence --------------------------------------------------

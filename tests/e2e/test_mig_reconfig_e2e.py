@@ -31,34 +31,18 @@ from tests.limits import global_only
 
 from .conftest import CacheSink, wait_until
 from .control_plane import ControlPlane
-from .gpu_nodes import GpuNodeSpec, apply_nrt_crd, body, create_gpu_nodes
-from .mig_manager_sim import STATE_LABEL, MigManagerSim
+from .gpu_nodes import body
+from .mig_manager_sim import STATE_LABEL, MigManagerSim, a100_all_1g, create_mig_node, mig_pod
 from .test_placement_e2e import delete_nodes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio, pytest.mark.timeout(180, func_only=True)]
 
 GPU_NS = "gpu-operator"
-BASE = {"all-1g.5gb": [{"devices": "all", "mig-enabled": True, "mig-devices": {"1g.5gb": 7}}]}
 LIMITS = global_only(100, 100.0)
 
 
 def pod(name: str, node: str, profile: str) -> dict[str, Any]:
-    res = {f"nvidia.com/mig-{profile}": "1"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": {"app": name.rsplit("-", 1)[0]}},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "containers": [
-                {
-                    "name": "c",
-                    "image": "registry.invalid/infer:1",
-                    "resources": {"requests": res, "limits": res},
-                }
-            ],
-        },
-    }
+    return mig_pod(name, node, profile, app=name.rsplit("-", 1)[0])
 
 
 @dataclass
@@ -92,28 +76,9 @@ async def setup(control_plane: ControlPlane, api: client.ApiClient) -> AsyncIter
     core = client.CoreV1Api(api)
     tag = uuid.uuid4().hex[:6]
     ns, node, cm = f"mig-{tag}", f"mig-a100-{tag}", f"pyctl-mig-{tag}"
-    spec = GpuNodeSpec(
-        node,
-        product="NVIDIA-A100-SXM4-40GB",
-        gpu_memory_mib=40960,
-        numa_zones=1,
-        gpus_per_zone=2,
-        mig={0: {"1g.5gb": 7}, 1: {"1g.5gb": 7}},
-        mig_config="all-1g.5gb",
-        labels={"nvidia.com/gpu.count": "2"},
-    )
-    await apply_nrt_crd(api)
-    await create_gpu_nodes(api, [spec])
+    spec = a100_all_1g(node)
+    await create_mig_node(api, spec, cm, GPU_NS)
     await core.create_namespace(body({"metadata": {"name": ns}}))
-    try:
-        await core.create_namespace(body({"metadata": {"name": GPU_NS}}))
-    except client.ApiException as exc:
-        if exc.status != 409:
-            raise
-    text = mig.to_yaml({"version": "v1", "mig-configs": BASE})
-    await core.create_namespaced_config_map(
-        GPU_NS, body({"metadata": {"name": cm}, "data": {"config.yaml": text}})
-    )
     # two running 1g.5gb pods: some instances are in use
     for i in range(2):
         await core.create_namespaced_pod(ns, body(pod(f"small-{i}", node, "1g.5gb")))
