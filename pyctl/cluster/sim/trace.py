@@ -13,6 +13,7 @@ order, as the artifact's renamed nodes and its scheduler fork make them (see `no
 from __future__ import annotations
 
 import csv
+import dataclasses
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -191,13 +192,7 @@ class Compaction:
     reserve: float = 0.25
 
     def as_dict(self) -> dict[str, float]:
-        return {
-            "every": self.every,
-            "budget": self.budget,
-            "max_moves": self.max_moves,
-            "min_gain": self.min_gain,
-            "reserve": self.reserve,
-        }
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)

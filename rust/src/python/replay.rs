@@ -171,15 +171,15 @@ fn replay_run<'py>(
                         .map_err(|_| field_error(&format!("compaction.{k}"), "expected a number")),
                 }
             };
-            let every = get("every", 20.0)?;
-            let max_moves = get("max_moves", 20.0)?;
+            let d = Compaction::default();
+            let every = get("every", d.every as f64)?;
+            let max_moves = get("max_moves", d.max_moves as f64)?;
             if !(1.0..=1e9).contains(&every) || !(0.0..=1e9).contains(&max_moves) {
                 return Err(field_error(
                     "compaction",
                     "every must be >= 1 and max_moves >= 0",
                 ));
             }
-            let d = Compaction::default();
             Some(Compaction {
                 every: every as u32,
                 budget: get("budget", d.budget)?,

@@ -206,7 +206,7 @@ pub fn prepare(
 }
 
 /// `prepare` with the cluster's node k being `nodes[order[k]]` (errors name the caller's index).
-pub fn prepare_in_order(
+fn prepare_in_order(
     nodes: &[NodeSpec],
     order: &[usize],
     tasks: &[TaskSpec],
@@ -374,8 +374,6 @@ struct Run<'a> {
     /// Index into `placed` per node's pod list entries are pod ids (indices into `placed`).
     evictions: u64,
     rounds: u64,
-    /// Tasks that found no place so far.
-    failed: u64,
 }
 
 impl Run<'_> {
@@ -401,16 +399,12 @@ impl Run<'_> {
     /// The destination is where pyctl's placement puts the pod with its own node excluded (what
     /// the scheduler does with the replacement), so the move predicted is the move made.
     /// Movable (the simulator's evictor filter): pods on one GPU or a share of one; multi-GPU
-    /// replicas and CPU-only pods stay. Once a task has failed (pods pending for capacity),
+    /// replicas and CPU-only pods stay. Once a task has failed (`pending`: pods wait for capacity),
     /// periodic moves stop at `1 - reserve` of the eviction budget; the rest is kept for
     /// pending-driven moves (`rescue`), which place a task that would otherwise fail.
-    fn compact(&mut self, c: &Compaction, arrived: u64) {
+    fn compact(&mut self, c: &Compaction, arrived: u64, pending: bool) {
         self.rounds += 1;
-        let share = if self.failed > 0 {
-            1.0 - c.reserve
-        } else {
-            1.0
-        };
+        let share = if pending { 1.0 - c.reserve } else { 1.0 };
         let budget = (c.budget * share * arrived as f64).floor() as u64;
         let mut moves = 0u32;
         while moves < c.max_moves && self.evictions < budget {
@@ -597,7 +591,6 @@ pub fn run(
         placed: Vec::with_capacity(order.len()),
         evictions: 0,
         rounds: 0,
-        failed: 0,
     };
     let mut res = ReplayResult {
         gpu_capacity_milli: cap,
@@ -648,12 +641,11 @@ pub fn run(
             }
             None => res.failed += 1,
         }
-        run.failed = res.failed;
         res.node_of.push(node);
         res.task_of.push(ti);
         if let Some(c) = &cfg.compaction {
             if arrived % c.every as u64 == 0 {
-                run.compact(c, arrived);
+                run.compact(c, arrived, res.failed > 0);
             }
         }
         while cap > 0 && next_pct <= cfg.max_pct && arrived_milli * 100 >= next_pct as u64 * cap {

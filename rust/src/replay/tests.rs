@@ -237,7 +237,6 @@ fn compaction_takes_a_move_that_only_pays_off_across_two_nodes() {
         placed: Vec::new(),
         evictions: 0,
         rounds: 0,
-        failed: 0,
     };
     let one = |node| policy::Choice { node, gpus: 1 };
     for (task, node) in [(0, 0), (1, 0), (2, 1)] {
@@ -254,20 +253,18 @@ fn compaction_takes_a_move_that_only_pays_off_across_two_nodes() {
         min_gain: 1.0,
         reserve: 1.0,
     };
-    run.failed = 1;
-    run.compact(&reserve_all, 3);
+    run.compact(&reserve_all, 3, true);
     assert_eq!(
         run.evictions, 0,
         "with a task pending, a full reserve stops periodic moves"
     );
-    run.failed = 0;
-    run.compact(&reserve_all, 3);
+    run.compact(&reserve_all, 3, false);
     assert_eq!(run.evictions, 1, "the reserve holds only while tasks fail");
     assert_eq!(run.placed[1].node, 1, "the 0.32 joins the 0.65 on b");
     // a: 0.53 for whole GPUs (265); b: 0.03 for every shape (30).
     assert!((total(&run) - 295.0).abs() < 1e-6, "{}", total(&run));
     // No further move lowers F(M).
-    run.compact(&reserve_all, 3);
+    run.compact(&reserve_all, 3, false);
     assert_eq!(run.evictions, 1);
 }
 
