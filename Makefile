@@ -10,14 +10,16 @@ PYTHON      ?= $(shell command -v python3.11 || command -v python3)
 VENV        := .venv
 VPY         := $(VENV)/bin/python
 PYCTL_CACHE ?= $(HOME)/.cache/pyctl
-export CARGO_TARGET_DIR := $(PYCTL_CACHE)/cargo-target
+CARGO_TARGET_DIR ?= $(PYCTL_CACHE)/cargo-target
+export CARGO_TARGET_DIR
 export PYO3_PYTHON := $(abspath $(VPY))
 
-.PHONY: help setup system-deps venv build lint rust-test py-test test demo bench clean
+.PHONY: help setup system-deps venv build lint rust-test py-test unit-test test test-fast demo bench clean
 
 help:
 	@echo "make demo   install what is needed, then run pyctl's main job on its embedded default"
 	@echo "make test   install what is needed, then run every check and test (what CI runs)"
+	@echo "make test-fast  lint, types, Rust tests and the Python unit tests (no control plane, no Redis)"
 	@echo "make bench  run the benchmarks in bench/ (ratios measured in one run)"
 
 # System packages (Debian) that the tests use; installed only when missing.
@@ -62,6 +64,12 @@ py-test: build
 	$(VENV)/bin/pytest -q tests
 
 test: setup control-plane lint rust-test py-test
+
+# For iterating: what needs neither the control plane nor a redis-server (a couple of minutes).
+unit-test: build
+	$(VENV)/bin/pytest -q tests/unit tests/conformance
+
+test-fast: lint rust-test unit-test
 
 demo: setup
 	$(VENV)/bin/pyctl run

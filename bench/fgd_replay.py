@@ -8,8 +8,8 @@ capacity and the fragmentation rate at 90%, beside the published medians
 Usage: python bench/fgd_replay.py TRACE_DIR [--seeds N] [--workload NAME] [--every K]
        python bench/fgd_replay.py TRACE_DIR --all-variants [--variant-seeds N] [--md PATH]
 ``--all-variants`` replays every trace variant that has published numbers in
-``--expected DIR/summary_by_workload_policy.csv`` (default
-``../shared/data/fgd-atc23-expected-results``), N seeds each (default 3, from 42), and writes a
+``--expected DIR/summary_by_workload_policy.csv`` (default: the
+``fgd-atc23-expected-results`` folder beside TRACE_DIR), N seeds each (default 3, from 42), and writes a
 Markdown table of ours against the paper (median unallocated GPU % at 100% arrived) to
 ``docs/fgd-variants.md``.
 Last line: `fgd_replay: unallocated GPU at 100% arrived: pyctl <A>%, FGD <B>%, BestFit <C>%
@@ -46,7 +46,6 @@ ARTIFACT_NAMES = {
     "05-BestFit": "bestfit",
     "06-FGD": "fgd",
 }
-EXPECTED = REPO.parent / "shared" / "data" / "fgd-atc23-expected-results"
 
 
 def paper_by_variant(expected: Path) -> dict[str, dict[str, float]]:
@@ -62,7 +61,8 @@ def paper_by_variant(expected: Path) -> dict[str, dict[str, float]]:
 
 
 def all_variants(args: argparse.Namespace) -> int:
-    paper = paper_by_variant(Path(args.expected))
+    expected = Path(args.expected or Path(args.trace_dir).parent / "fgd-atc23-expected-results")
+    paper = paper_by_variant(expected)
     seeds = list(range(42, 42 + args.variant_seeds))
     comp = Compaction(every=args.every, budget=args.budget / 100.0, max_moves=20)
     variants = sorted(paper, key=lambda v: (v != "default", v))
@@ -121,7 +121,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--all-variants", action="store_true", help="every variant with paper numbers")
     ap.add_argument("--variant-seeds", type=int, default=3, help="seeds per variant (default 3)")
     ap.add_argument("--variants", help="with --all-variants: only these (comma-separated)")
-    ap.add_argument("--expected", default=str(EXPECTED), help="fgd-atc23-expected-results dir")
+    ap.add_argument(
+        "--expected",
+        help="fgd-atc23-expected-results dir (default: beside TRACE_DIR)",
+    )
     ap.add_argument("--md", default=str(REPO / "docs" / "fgd-variants.md"), help="table output")
     args = ap.parse_args(argv)
     if args.all_variants:

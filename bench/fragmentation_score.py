@@ -2,7 +2,8 @@
 
 10,000 nodes of 8 GPUs over 2-8 NUMA zones (a fifth with MIG GPUs, mixed Topology Manager
 policies, random usage) scored against 35 task shapes: FGD's typical shapes of the Alibaba default
-trace when `shared/data/alibaba-gpu-2023` is beside the repository, else 35 synthetic ones. The
+trace when its folder is given (`--trace DIR`, e.g. the shared `alibaba-gpu-2023`), else 35
+synthetic ones. The
 reference is timed on a random sample of the nodes (it is slow) and compared per node-shape.
 Also: the delta of placing one task on one node, for 35 shapes.
 Last line: `fragmentation_score: <N> ns per node-shape, speedup <X>x vs python reference`.
@@ -10,10 +11,11 @@ Last line: `fragmentation_score: <N> ns per node-shape, speedup <X>x vs python r
 
 from __future__ import annotations
 
+import argparse
 import csv
 import random
-import sys
 import time
+from pathlib import Path
 
 from _common import REPO, best_of
 
@@ -21,7 +23,7 @@ from pyctl.fragmentation import FragmentationModel, derive_workload, shape_dict
 from pyctl.model import Gpu, MigGpu, MigInstance, Node, Shape, Snapshot, Workload, Zone
 from tests.reference import fragmentation as ref
 
-TRACE = REPO.parent / "shared" / "data" / "alibaba-gpu-2023" / "openb_pod_list_default.csv"
+TRACE_FILE = "openb_pod_list_default.csv"
 POLICIES = ["none", "best-effort", "restricted", "single-numa-node"]
 MIG_LAYOUTS = [
     [("3g.20gb", 0, True), ("3g.20gb", 4, False)],
@@ -32,9 +34,10 @@ MIG_LAYOUTS = [
 ]
 
 
-def workload() -> tuple[Workload, str]:
-    if TRACE.exists():
-        with TRACE.open() as f:
+def workload(trace_dir: str | None) -> tuple[Workload, str]:
+    trace = Path(trace_dir) / TRACE_FILE if trace_dir else None
+    if trace is not None and trace.exists():
+        with trace.open() as f:
             tasks = [
                 Shape(
                     cpu_milli=int(r["cpu_milli"]),
@@ -101,8 +104,12 @@ def cluster(n: int, seed: int = 1) -> Snapshot:
 
 
 def main() -> None:
-    n_nodes = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
-    w, source = workload()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("nodes", nargs="?", type=int, default=10_000)
+    ap.add_argument("--trace", help="folder with openb_pod_list_default.csv (FGD's shapes)")
+    args = ap.parse_args()
+    n_nodes = args.nodes
+    w, source = workload(args.trace)
     snap = cluster(n_nodes)
     t0 = time.perf_counter()
     model = FragmentationModel(snap)

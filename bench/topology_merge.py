@@ -21,7 +21,7 @@ from _common import REPO, best_of
 from pyctl.topology import merge_hints
 from tests.reference import topology as reference
 
-CORPUS = REPO.parent / "shared" / "conformance" / "topology_hints.json"
+CORPUS = REPO / "tests" / "data" / "conformance" / "topology_hints.json"
 EIGHT = {
     i: [10 if i == j else (11 if i // 4 == j // 4 else 30) for j in range(8)] for i in range(8)
 }
