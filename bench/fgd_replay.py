@@ -9,8 +9,8 @@ Usage: python bench/fgd_replay.py TRACE_DIR [--seeds N] [--workload NAME] [--eve
        python bench/fgd_replay.py TRACE_DIR --all-variants [--variant-seeds N] [--md PATH]
 ``--all-variants`` replays every trace variant that has published numbers in
 ``--expected DIR/summary_by_workload_policy.csv`` (default: the
-``fgd-atc23-expected-results`` folder beside TRACE_DIR), N seeds each (default 3, from 42), and writes a
-Markdown table of ours against the paper (median unallocated GPU % at 100% arrived) to
+``fgd-atc23-expected-results`` folder beside TRACE_DIR), N seeds each (default 3, from 42),
+and writes a Markdown table of ours against the paper (median unallocated GPU % at 100% arrived) to
 ``docs/fgd-variants.md``.
 Last line: `fgd_replay: unallocated GPU at 100% arrived: pyctl <A>%, FGD <B>%, BestFit <C>%
 (median of N seeds), <E>% of pods evicted, <T> s per run`; E = evictions by the time the arrived
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from _common import REPO
 
-from pyctl.cluster.sim.trace import Compaction, TraceError, load_trace, median, replay
+from pyctl.replay.trace import Compaction, TraceError, load_trace, median, replay
 
 PAPER = {  # default trace, median unallocated GPU % at 100% arrived; frag rate % at 90%
     "random": (13.75, 96.7),

@@ -17,7 +17,7 @@ import random
 import time
 from pathlib import Path
 
-from _common import REPO, best_of
+from _common import best_of
 
 from pyctl.fragmentation import FragmentationModel, derive_workload, shape_dict
 from pyctl.model import Gpu, MigGpu, MigInstance, Node, Shape, Snapshot, Workload, Zone

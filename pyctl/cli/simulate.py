@@ -16,7 +16,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from pyctl.cli.errors import UserError
-from pyctl.cluster.sim.trace import (
+from pyctl.replay.trace import (
     POLICIES,
     SEEDS,
     Compaction,
@@ -91,7 +91,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run_seed_case(console: Console, seeds: Sequence[int]) -> int:
-    from pyctl.cluster.sim import seed_case
+    from pyctl.replay import seed_case
 
     case = seed_case.Case()
     rows = seed_case.run(case, seeds)
@@ -110,7 +110,7 @@ def run_seed_case(console: Console, seeds: Sequence[int]) -> int:
         console.print(f"({i}) {r.how}")
     console.print(
         "Per-replica compute/memory figures and the replica mix are ours (§6 gives only the "
-        "profiles): see pyctl/cluster/sim/seed_case.py and docs/simulator.md."
+        "profiles): see pyctl/replay/seed_case.py and docs/simulator.md."
     )
     return 0
 

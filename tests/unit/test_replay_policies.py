@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from pyctl import _core
-from pyctl.cluster.sim.trace import RunResult
+from pyctl.replay.trace import RunResult
 
 
 def nodes(*specs: tuple[int, int, str]) -> dict[str, list[Any]]:

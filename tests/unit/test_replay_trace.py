@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pyctl.cli.main import main
-from pyctl.cluster.sim.trace import TraceError, load_trace, replay
+from pyctl.replay.trace import TraceError, load_trace, replay
 
 TINY = Path(__file__).resolve().parent.parent / "data" / "replay_tiny"
 

@@ -1,10 +1,10 @@
-"""The seed article's deployment case (pyctl/cluster/sim/seed_case.py)."""
+"""The seed article's deployment case (pyctl/replay/seed_case.py)."""
 
 from __future__ import annotations
 
 from pyctl import mig
 from pyctl.cli.main import main
-from pyctl.cluster.sim import seed_case as sc
+from pyctl.replay import seed_case as sc
 
 
 def test_exclusive_mode_gives_every_replica_a_whole_gpu() -> None:
