@@ -50,9 +50,13 @@ build: venv
 setup: system-deps build
 
 lint: venv
-	$(VENV)/bin/ruff check pyctl tests bench
-	$(VENV)/bin/ruff format --check pyctl tests bench
+	$(VENV)/bin/ruff check pyctl tests bench deploy
+	$(VENV)/bin/ruff format --check pyctl tests bench deploy
 	$(VENV)/bin/mypy --strict pyctl
+	$(VENV)/bin/lint-imports --no-cache
+	@# the Rust extension is imported by the core facade only (import-linter cannot see it)
+	@! grep -rnE '(from pyctl import .*\b_core\b|pyctl\._core)' pyctl --include='*.py' \
+	  | grep -v '^pyctl/core/' || { echo "only pyctl/core/ may import pyctl._core"; exit 1; }
 	cargo fmt --check
 	cargo clippy --all-targets --quiet -- -D warnings
 	cargo clippy --all-targets --features python --quiet -- -D warnings

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from _common import best_of
 
-from pyctl.fragmentation import FragmentationModel, derive_workload, shape_dict
+from pyctl.core.fragmentation import FragmentationModel, derive_workload, shape_dict
 from pyctl.model import Gpu, MigGpu, MigInstance, Node, Shape, Snapshot, Workload, Zone
 from tests.reference import fragmentation as ref
 

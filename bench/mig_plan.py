@@ -19,7 +19,7 @@ from typing import Any
 
 from _common import best_of
 
-from pyctl import mig
+from pyctl.core import mig
 from tests.reference import mig as reference
 
 MODELS = ["A100-SXM4-40GB", "H100-80GB", "A100-80GB", "H200-141GB"]

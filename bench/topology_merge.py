@@ -18,7 +18,7 @@ from typing import Any
 
 from _common import REPO, best_of
 
-from pyctl.topology import merge_hints
+from pyctl.core.topology import merge_hints
 from tests.reference import topology as reference
 
 CORPUS = REPO / "tests" / "data" / "conformance" / "topology_hints.json"

@@ -2,6 +2,8 @@
 from collections.abc import Mapping, Sequence
 from typing import Any, final
 
+from pyctl.core.types import ReplayRaw
+
 __version__: str
 
 CATEGORY_NAMES: list[str]
@@ -94,6 +96,6 @@ def replay_run(
     compaction: Mapping[str, float] | None = None,
     max_pct: int = 130,
     placements: bool = False,
-) -> dict[str, Any]: ...
+) -> ReplayRaw: ...
 
 # ---- end of trace replay ------------------------------------------------------------------------

@@ -3,11 +3,12 @@
 Each cluster's controller publishes a summary into the shared Redis (`StateStore.put_summary`,
 under the cluster's own hash tag; `keys.py`). Two formats are read here:
 
-* the basic summary (`pyctl.controller.controller.summary_bytes`): totals, fragment by category,
+* the basic summary (`pyctl.controller.summary.summary_bytes`): totals, fragment by category,
   by GPU model, pending and blocked pods, scheduling success, a heartbeat;
-* the rich summary (`federation_summary_bytes` below): the same keys, plus the cluster's node
-  models (`snapshot`, pyctl's snapshot format) and its target workload M (`workload`), so that
-  another cluster can compute the fragment delta of placing a shape on each of its nodes.
+* the rich summary (`pyctl.controller.summary.federation_summary_bytes`): the same keys, plus
+  the cluster's node models (`snapshot`, pyctl's snapshot format) and its target workload M
+  (`workload`), so that another cluster can compute the fragment delta of placing a shape on
+  each of its nodes.
 
 `read_members` reads every member (fresh or stale: a member whose heartbeat is older than its
 TTL is marked stale and counted in `pyctl_federation_members_stale`); `place` ranks the fresh
@@ -20,45 +21,20 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import msgspec
 
-from pyctl.controller.reconcile import Summary
-from pyctl.fragmentation import FragmentationModel, shape_dict
+from pyctl.core.fragmentation import FragmentationModel, shape_dict
 from pyctl.metrics import Metrics
-from pyctl.model import Node, Shape, Snapshot, Workload
-from pyctl.snapshot import SnapshotError, load_snapshot, shape_from_json, snapshot_to_json
+from pyctl.model import Shape, Snapshot, Workload
+from pyctl.snapshot import SnapshotError, load_snapshot, shape_from_json
 from pyctl.state.store import MemberSummary, StateStore, StoreError
 
 GPU = 1000.0
-#: the version of the rich summary's extra keys (`format` in the summary)
-RICH_FORMAT = 1
-
-
-# -- publishing ------------------------------------------------------------------------------
-def federation_summary_bytes(
-    summary: Summary,
-    models: Mapping[str, Node],
-    workload: Workload,
-    now: float | None = None,
-) -> bytes:
-    """The rich federation summary: every key of `summary_bytes`, plus the node models and the
-    workload M (what `place` needs to rank this cluster's nodes). Call it where the controller
-    publishes (`Controller._summary_loop`) with `self.reconciler.models` and
-    `self.reconciler.workload` instead of `summary_bytes(s)`."""
-    from pyctl.controller.controller import summary_bytes
-
-    d: dict[str, Any] = msgspec.json.decode(summary_bytes(summary))
-    if now is not None:
-        d["heartbeat"] = now
-    d["format"] = RICH_FORMAT
-    d["workload"] = [shape_dict(s) for s in workload.shapes]
-    d["snapshot"] = snapshot_to_json(Snapshot(tuple(models[n] for n in sorted(models))))
-    return msgspec.json.encode(d)
 
 
 # -- reading ---------------------------------------------------------------------------------

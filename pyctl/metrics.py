@@ -153,6 +153,24 @@ class WorkflowMetrics:
             [*c, "kind", "step"],
             registry=r,
         )
+        self.step_errors = Counter(
+            "pyctl_workflow_step_errors_total",
+            "Workflow steps that raised (retried with backoff), by kind and step",
+            [*c, "kind", "step"],
+            registry=r,
+        )
+        self.abandoned = Counter(
+            "pyctl_workflows_abandoned_total",
+            "Workflows given up after too many failed attempts, or abandoned by a step, by kind",
+            [*c, "kind"],
+            registry=r,
+        )
+        self.quarantined = Counter(
+            "pyctl_quarantined_records_total",
+            "Stored records that did not decode and were moved aside, by store",
+            [*c, "store"],
+            registry=r,
+        )
         # -- MIG reconfiguration (pyctl/workflows/mig_reconfig.py) --
         self.mig_reconfigurations = Counter(
             "pyctl_mig_reconfigurations",

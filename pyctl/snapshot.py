@@ -1,7 +1,7 @@
 """The user-facing JSON formats: cluster snapshots and workloads (docs/formats.md).
 
-`load_snapshot` accepts pyctl's own snapshot format, or a `kubectl get nodes,pods -o json` dump
-(optionally with NodeResourceTopology objects), which `pyctl.cluster.kube.dump` translates.
+`load_snapshot` reads pyctl's own snapshot format; a `kubectl get nodes,pods -o json` dump
+(optionally with NodeResourceTopology objects) is read by `pyctl.cluster.kube.dump`.
 Every error names the node, zone and field, and is a `SnapshotError` (a `ValueError`).
 """
 
@@ -11,6 +11,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
+from pyctl.core import mig
 from pyctl.model import (
     MANAGER_POLICIES,
     TOPOLOGY_POLICIES,
@@ -177,17 +178,9 @@ def _node(raw: Any, i: int) -> Node:
     )
 
 
-def is_kube_dump(data: Any) -> bool:
-    """A `kubectl get ... -o json` answer: a List of Kubernetes objects."""
-    return isinstance(data, Mapping) and data.get("kind") == "List" and "items" in data
-
-
 def load_snapshot(data: Any) -> Snapshot:
-    """A snapshot from parsed JSON: pyctl's format or a kubectl dump."""
-    if is_kube_dump(data):
-        from pyctl.cluster.kube.dump import snapshot_from_dump
-
-        return snapshot_from_dump(data)
+    """A snapshot from parsed JSON in pyctl's format (a kubectl dump is read by
+    `pyctl.cluster.kube.dump`)."""
     d = _obj(data, "snapshot")
     _known(d, {"nodes"}, "snapshot")
     nodes = tuple(_node(n, i) for i, n in enumerate(_list(d.get("nodes"), "nodes")))
@@ -282,3 +275,81 @@ def snapshot_to_json(s: Snapshot) -> dict[str, Any]:
             for n in s.nodes
         ]
     }
+
+
+# ---- the MIG planner's demand (`pyctl mig plan --demand`) ------------------------------------
+
+
+def _where_int(v: Any, where: str, minimum: int = 0) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise ValueError(f"{where}: expected an integer >= {minimum}, got {v!r}")
+    return v
+
+
+def load_demand(data: Any) -> mig.Demand:
+    """The demand file of `pyctl mig plan` (docs in `pyctl mig plan --help` and the README):
+    ``{"pending": [{"profile": "3g.20gb", "count": 2, "gpu_model": "A100-SXM4-40GB"?}],
+    "shapes": [workload shapes as for pyctl score]?, "limits": {"nodes": [...]?, "gpus": [0, 1] |
+    {"node": [0, 1]}?, "max_used_destroyed": 0?, "executor": "placement" | "mig-parted"?}}``."""
+    if not isinstance(data, Mapping):
+        raise ValueError("demand: expected a JSON object")
+    unknown = set(data) - {"pending", "shapes", "limits"}
+    if unknown:
+        raise ValueError(f"demand: unknown field(s) {sorted(unknown)}")
+    pending = []
+    raw_pending = data.get("pending", [])
+    if not isinstance(raw_pending, list):
+        raise ValueError("pending: expected a list")
+    for i, p in enumerate(raw_pending):
+        where = f"pending[{i}]"
+        if not isinstance(p, Mapping) or not isinstance(p.get("profile"), str):
+            raise ValueError(f"{where}: expected {{'profile': name, 'count': n}}")
+        extra = set(p) - {"profile", "count", "gpu_model"}
+        if extra:
+            raise ValueError(f"{where}: unknown field(s) {sorted(extra)}")
+        gm = p.get("gpu_model")
+        if gm is not None and not isinstance(gm, str):
+            raise ValueError(f"{where}.gpu_model: expected a model name")
+        count = _where_int(p.get("count", 1), f"{where}.count")
+        pending.append(mig.Pending(p["profile"], count, None if gm is None else mig.model(gm).name))
+    raw_shapes = data.get("shapes", [])
+    if not isinstance(raw_shapes, list):
+        raise ValueError("shapes: expected a list")
+    shapes = tuple(shape_from_json(s, f"shapes[{i}]") for i, s in enumerate(raw_shapes))
+    return mig.Demand(tuple(pending), shapes, _load_limits(data.get("limits", {})))
+
+
+def _load_limits(raw: Any) -> mig.Limits:
+    if not isinstance(raw, Mapping):
+        raise ValueError("limits: expected an object")
+    extra = set(raw) - {"nodes", "gpus", "max_used_destroyed", "executor"}
+    if extra:
+        raise ValueError(f"limits: unknown field(s) {sorted(extra)}")
+    gpus: tuple[int, ...] | dict[str, tuple[int, ...]] | None = None
+    g = raw.get("gpus")
+    if isinstance(g, list):
+        gpus = tuple(_where_int(x, f"limits.gpus[{i}]") for i, x in enumerate(g))
+    elif isinstance(g, Mapping):
+        gpus = {}
+        for k, v in g.items():
+            if not isinstance(v, list):
+                raise ValueError(f"limits.gpus[{k!r}]: expected a list of GPU indices")
+            gpus[str(k)] = tuple(_where_int(x, f"limits.gpus[{k!r}][{i}]") for i, x in enumerate(v))
+    elif g is not None:
+        raise ValueError("limits.gpus: expected a list of GPU indices or {node: [indices]}")
+    nodes = raw.get("nodes")
+    if nodes is not None and (
+        not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes)
+    ):
+        raise ValueError("limits.nodes: expected a list of node names")
+    executor = raw.get("executor", "placement")
+    if executor not in mig.EXECUTORS:
+        raise ValueError(f"limits.executor: {executor!r} is not one of {list(mig.EXECUTORS)}")
+    return mig.Limits(
+        gpus=gpus,
+        nodes=None if nodes is None else tuple(nodes),
+        max_used_destroyed=_where_int(
+            raw.get("max_used_destroyed", 0), "limits.max_used_destroyed"
+        ),
+        executor=executor,
+    )

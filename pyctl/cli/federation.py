@@ -16,8 +16,8 @@ import anyio
 from rich.console import Console
 from rich.table import Table
 
+from pyctl.app.config import Config, ConfigError, load_config
 from pyctl.cli.errors import UserError
-from pyctl.config import Config, ConfigError, load_config
 from pyctl.federation import (
     ClusterRank,
     Member,
@@ -66,12 +66,15 @@ def _config(args: argparse.Namespace) -> Config:
         "cluster": args.cluster,
         "redis_url": args.redis_url,
         "redis_cluster": args.redis_cluster,
+        "redis_tls_ca_file": args.redis_ca_file,
+        "redis_tls_cert_file": args.redis_cert_file,
+        "redis_tls_key_file": args.redis_key_file,
     }
     try:
         cfg = load_config(args.config, os.environ, flags)
     except ConfigError as e:
         raise UserError(str(e)) from None
-    if not cfg.redis_url:
+    if not cfg.redis.url:
         raise UserError(
             "federation needs the shared Redis: --redis redis://host:port "
             "(or PYCTL_REDIS_URL, or redis_url in the config file)"
@@ -80,21 +83,10 @@ def _config(args: argparse.Namespace) -> Config:
 
 
 async def _members(args: argparse.Namespace) -> list[Member]:
-    from pyctl.state.redis_client import RedisConfig
     from pyctl.state.redis_store import RedisStore
 
     cfg = _config(args)
-    try:
-        rc = RedisConfig(
-            url=cfg.redis_url,
-            cluster=cfg.redis_cluster,
-            password=cfg.redis_password or None,
-            ssl_ca_file=args.redis_ca_file,
-            ssl_cert_file=args.redis_cert_file,
-            ssl_key_file=args.redis_key_file,
-        )
-    except ValueError as e:
-        raise UserError(str(e)) from None
+    rc = cfg.redis.client_config()
     store = RedisStore(rc, cfg.cluster)
     try:
         await store.open()

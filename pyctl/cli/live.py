@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from pyctl.cluster.sim.source import SimStats
-from pyctl.controller.reconcile import Summary
+from pyctl.controller.summary import Summary
 
 
 def _bar(frac: float, width: int = 30) -> Text:

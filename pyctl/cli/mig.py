@@ -22,9 +22,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pyctl import mig
 from pyctl.cli.errors import UserError, load_json
-from pyctl.snapshot import load_snapshot
+from pyctl.cli.inputs import load_cluster
+from pyctl.core import mig
+from pyctl.snapshot import load_demand
 
 EXIT_INVALID = 1
 
@@ -149,8 +150,8 @@ def _layouts(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    snapshot = load_snapshot(load_json(args.snapshot))
-    demand = mig.load_demand(load_json(args.demand))
+    snapshot = load_cluster(load_json(args.snapshot))
+    demand = load_demand(load_json(args.demand))
     plans = mig.plan_snapshot(snapshot, demand)
     if not plans:
         raise UserError(f"{args.snapshot}: no node with MIG GPUs to plan")

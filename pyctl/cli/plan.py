@@ -11,10 +11,10 @@ from rich.console import Console
 from rich.table import Table
 
 from pyctl.cli.errors import UserError, load_json
-from pyctl.cluster.kube.dump import records
+from pyctl.cluster.kube.dump import is_dump, records
 from pyctl.cluster.translate import pod_shape
-from pyctl.fragmentation import derive_workload
-from pyctl.snapshot import is_kube_dump, load_workload
+from pyctl.core.fragmentation import derive_workload
+from pyctl.snapshot import load_workload
 from pyctl.workflows.compaction import plan_compaction
 
 
@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     raw = load_json(args.dump)
-    if not is_kube_dump(raw):
+    if not is_dump(raw):
         raise UserError(f"{args.dump}: expected a kubectl -o json dump (kind: List)")
     nodes, pods, nrts, pdbs = records(raw)
     live = [p for p in pods if not p.terminated]

@@ -11,7 +11,9 @@ from rich.console import Console
 from rich.table import Table
 
 from pyctl.cli.errors import UserError, load_json
-from pyctl.fragmentation import (
+from pyctl.cli.inputs import load_cluster
+from pyctl.cluster.kube.dump import is_dump, pod_shapes
+from pyctl.core.fragmentation import (
     CATEGORIES,
     ClusterScore,
     FragmentationModel,
@@ -19,7 +21,7 @@ from pyctl.fragmentation import (
     worst_nodes,
 )
 from pyctl.model import Workload
-from pyctl.snapshot import is_kube_dump, load_snapshot, load_workload
+from pyctl.snapshot import load_workload
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,9 +38,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _workload(args: argparse.Namespace, raw: object) -> Workload:
     if args.workload:
         return load_workload(load_json(args.workload))
-    if is_kube_dump(raw):
-        from pyctl.cluster.kube.dump import pod_shapes
-
+    if is_dump(raw):
         shapes = pod_shapes(raw)  # type: ignore[arg-type]
         if not shapes:
             raise UserError(f"{args.snapshot}: no pods to derive a workload from; give --workload")
@@ -48,7 +48,7 @@ def _workload(args: argparse.Namespace, raw: object) -> Workload:
 
 def run(args: argparse.Namespace) -> int:
     raw = load_json(args.snapshot)
-    snapshot = load_snapshot(raw)
+    snapshot = load_cluster(raw)
     workload = _workload(args, raw)
     result = FragmentationModel(snapshot).score(workload)
     if args.json:

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pyctl.cli.errors import UserError, load_json
-from pyctl.topology import POLICIES, MergeResult, merge_hints
+from pyctl.core.topology import POLICIES, MergeResult, merge_hints
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

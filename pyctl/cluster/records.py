@@ -12,6 +12,77 @@ Kind: TypeAlias = Literal["Node", "Pod", "PodDisruptionBudget", "NodeResourceTop
 KINDS: tuple[Kind, ...] = ("Node", "Pod", "PodDisruptionBudget", "NodeResourceTopology")
 
 
+class Taint(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+    key: str
+    value: str = ""
+    #: NoSchedule, PreferNoSchedule or NoExecute
+    effect: str = ""
+
+
+class Toleration(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+    key: str = ""
+    #: Equal or Exists
+    operator: str = "Equal"
+    value: str = ""
+    #: empty: every effect
+    effect: str = ""
+
+
+class Requirement(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+    """One requirement of a label (or node field) selector."""
+
+    key: str
+    #: In, NotIn, Exists, DoesNotExist (labels), Gt, Lt (node selectors)
+    operator: str
+    values: tuple[str, ...] = ()
+
+
+class Selector(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+    """A metav1.LabelSelector: every label and every expression must match (empty: all)."""
+
+    match_labels: tuple[tuple[str, str], ...] = ()
+    match_expressions: tuple[Requirement, ...] = ()
+
+
+class NodeTerm(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+    """A NodeSelectorTerm: its expressions (labels) and fields (`metadata.name`) all match."""
+
+    match_expressions: tuple[Requirement, ...] = ()
+    match_fields: tuple[Requirement, ...] = ()
+
+
+class PodTerm(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+    """A required PodAffinityTerm: pods matching `selector` in `namespaces` (empty: the pod's
+    own; `all_namespaces`: every namespace) within the node's `topology_key` domain."""
+
+    topology_key: str
+    selector: Selector | None = None
+    namespaces: tuple[str, ...] = ()
+    all_namespaces: bool = False
+
+
+class Spread(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+    """A topology spread constraint with whenUnsatisfiable: DoNotSchedule."""
+
+    max_skew: int
+    topology_key: str
+    selector: Selector | None = None
+    min_domains: int = 0
+
+
+class Constraints(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+    """Where a pod may run (what the scheduler's filters check besides resources)."""
+
+    node_selector: tuple[tuple[str, str], ...] = ()
+    #: required node affinity: any one term matches
+    node_affinity: tuple[NodeTerm, ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+    #: required pod affinity and anti-affinity terms
+    affinity: tuple[PodTerm, ...] = ()
+    anti_affinity: tuple[PodTerm, ...] = ()
+    spread: tuple[Spread, ...] = ()
+
+
 class NodeRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
     name: str
     resource_version: str = ""
@@ -30,9 +101,13 @@ class NodeRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=Tru
     #: Topology Manager policy, when a label or annotation states it (NRT is preferred)
     topology_policy: str = ""
     unschedulable: bool = False
-    #: taint keys with effect NoSchedule or NoExecute
-    taints: tuple[str, ...] = ()
+    taints: tuple[Taint, ...] = ()
     ready: bool = True
+    labels: tuple[tuple[str, str], ...] = ()
+
+    def has_taint(self, key: str) -> bool:
+        """Whether a NoSchedule or NoExecute taint with this key is on the node."""
+        return any(t.key == key and t.effect in ("NoSchedule", "NoExecute") for t in self.taints)
 
 
 class PodRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
@@ -59,6 +134,14 @@ class PodRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True
     local_storage: bool = False
     #: annotation descheduler.alpha.kubernetes.io/evict or pyctl.io/evict ("true"/"false"), if set
     evict_annotation: str = ""
+    #: mounts a PersistentVolumeClaim (or a generic ephemeral volume)
+    pvc: bool = False
+    #: creationTimestamp, seconds since the epoch (0: unknown)
+    created: float = 0.0
+    #: spec.schedulerName when not the default scheduler
+    scheduler: str = ""
+    #: nodeSelector, required (anti-)affinity, tolerations, spread (None: no constraints)
+    constraints: Constraints | None = None
 
     @property
     def key(self) -> str:
@@ -80,6 +163,7 @@ class PdbRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True
     current_healthy: int = 0
     desired_healthy: int = 0
     expected_pods: int = 0
+    match_expressions: tuple[Requirement, ...] = ()
 
     @property
     def key(self) -> str:

@@ -56,17 +56,26 @@ class Actuator(Protocol):
 
     async def cordon(self, node: str, on: bool) -> None: ...
 
-    async def try_evict(self, namespace: str, pod: str) -> EvictionOutcome:
-        """Eviction API: accepted (or the pod is already gone), or refused with 429 (a
-        PodDisruptionBudget), with why and how long the API server asks to wait."""
+    async def try_evict(self, namespace: str, pod: str, uid: str = "") -> EvictionOutcome:
+        """Eviction API (with `uid` as a precondition when given): accepted (or the pod, or
+        that incarnation of it, is already gone), or refused: 429 (a PodDisruptionBudget), with
+        why and how long the API server asks to wait, or 403 (an admission denial)."""
 
     async def label_node(self, node: str, labels: Mapping[str, str | None]) -> None: ...
 
     async def event(
-        self, kind: str, namespace: str, name: str, reason: str, message: str, *, uid: str = ""
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        reason: str,
+        message: str,
+        *,
+        uid: str = "",
+        warning: bool = False,
     ) -> None:
-        """A core/v1 Event about the object; `uid` when the caller knows it (an evicted pod may
-        be gone before the Event is written)."""
+        """A core/v1 Event about the object (type Warning when `warning`); `uid` when the caller
+        knows it (an evicted pod may be gone before the Event is written)."""
 
     # -- MIG reconfiguration (pyctl/workflows/mig_reconfig.py) --
 
@@ -91,7 +100,7 @@ class NullActuator:
     async def cordon(self, node: str, on: bool) -> None:
         self.calls.append(("cordon", (node, on)))
 
-    async def try_evict(self, namespace: str, pod: str) -> EvictionOutcome:
+    async def try_evict(self, namespace: str, pod: str, uid: str = "") -> EvictionOutcome:
         self.calls.append(("evict", (namespace, pod)))
         return EvictionOutcome(True, 201)
 
@@ -99,7 +108,15 @@ class NullActuator:
         self.calls.append(("label_node", (node, dict(labels))))
 
     async def event(
-        self, kind: str, namespace: str, name: str, reason: str, message: str, *, uid: str = ""
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        reason: str,
+        message: str,
+        *,
+        uid: str = "",
+        warning: bool = False,
     ) -> None:
         self.calls.append(("event", (kind, namespace, name, reason, message)))
 

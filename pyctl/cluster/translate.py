@@ -22,8 +22,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import cast
 
-from pyctl import _core
 from pyctl.cluster.records import NodeRecord, NrtRecord, PodRecord
+from pyctl.core import mig
 from pyctl.model import TOPOLOGY_POLICIES, Gpu, MigGpu, MigInstance, Node, PolicyName, Shape, Zone
 
 
@@ -161,7 +161,7 @@ def node_from_records(
             # the node's MIG GPUs, shared out over the zones that have MIG instances
             per_zone = max(1, -(-mig_gpus // max(1, mig_zones)))
             try:
-                layouts = _core.mig_pack(node.gpu_model, sorted(d.mig.items()), per_zone)
+                layouts = mig.pack(node.gpu_model, sorted(d.mig.items()), per_zone)
             except ValueError as e:
                 raise TranslateError(f"{where}: {e}") from None
             for layout in layouts:

@@ -18,12 +18,12 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
-import msgspec
 
 from pyctl.cluster.records import KINDS, Event, Kind, PodRecord, Record, record_key, record_kind
 from pyctl.cluster.source import ClusterSource
 from pyctl.controller.cache import ClusterCache
-from pyctl.controller.reconcile import Reconciler, Summary
+from pyctl.controller.reconcile import Reconciler
+from pyctl.controller.summary import Summary, federation_summary_bytes
 from pyctl.controller.workqueue import WorkQueue
 from pyctl.metrics import Metrics
 from pyctl.model import Workload
@@ -247,8 +247,6 @@ class Controller:
             now = time.monotonic()
             if self.store_ok and now - self._published_at >= self.federation_interval:
                 # the federation summary carries every node's model: published at a slow rate
-                from pyctl.federation import federation_summary_bytes
-
                 self._published_at = now
                 data = federation_summary_bytes(s, self.reconciler.models, self.reconciler.workload)
                 try:
@@ -288,25 +286,3 @@ class Controller:
                 tg.cancel_scope.cancel()
             else:
                 await anyio.sleep_forever()
-
-
-def summary_bytes(s: Summary) -> bytes:
-    d: dict[str, Any] = {
-        "cluster": s.cluster,
-        "nodes": s.nodes,
-        "idle_gpu_milli": s.idle_gpu_milli,
-        "fragment_gpu_milli": s.fragment_gpu_milli,
-        "fragmentation_rate": s.fragmentation_rate,
-        "categories": s.categories,
-        "idle_mig_slices": s.idle_mig_slices,
-        "fragment_mig_slices": s.fragment_mig_slices,
-        "recoverable_mig_slices": s.recoverable_mig_slices,
-        "pending": s.pending,
-        "blocked": s.blocked,
-        "scheduling_success": s.scheduling_success,
-        "by_model": {
-            k: {"idle_gpu_milli": v[0], "fragment_gpu_milli": v[1]} for k, v in s.by_model.items()
-        },
-        "heartbeat": time.time(),
-    }
-    return msgspec.json.encode(d)

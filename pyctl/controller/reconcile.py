@@ -9,39 +9,17 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from pyctl.cluster.records import PodRecord
 from pyctl.cluster.translate import TranslateError, node_from_records, pod_shape
 from pyctl.controller.cache import ClusterCache
-from pyctl.fragmentation import CATEGORIES, FragmentationModel, NodeScore, derive_workload
+from pyctl.controller.summary import Summary
+from pyctl.core.fragmentation import CATEGORIES, FragmentationModel, NodeScore, derive_workload
 from pyctl.metrics import Metrics
 from pyctl.model import Node, Shape, Snapshot, Workload
 
 GPU = 1000.0
-
-
-@dataclass(frozen=True)
-class Summary:
-    """The cluster at one moment, as the live view, the metrics and federation see it."""
-
-    cluster: str
-    nodes: int
-    idle_gpu_milli: float
-    fragment_gpu_milli: float
-    categories: dict[str, float]
-    idle_mig_slices: float
-    fragment_mig_slices: float
-    recoverable_mig_slices: float
-    pending: int
-    blocked: dict[str, int]
-    scheduling_success: float
-    worst: list[tuple[str, float, float]] = field(default_factory=list)
-    by_model: dict[str, tuple[float, float]] = field(default_factory=dict)
-
-    @property
-    def fragmentation_rate(self) -> float:
-        return self.fragment_gpu_milli / self.idle_gpu_milli if self.idle_gpu_milli else 0.0
 
 
 class SchedulingWindow:

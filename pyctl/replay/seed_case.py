@@ -7,7 +7,7 @@ BERT-base on ``1g.5gb``, ResNet-152 on ``2g.10gb``, GPT-2 on a whole GPU. Two mo
 - ``mig``: MIG on, every GPU starts as the article's 7 x ``1g.5gb``; BERT takes a ``1g.5gb``,
   ResNet a ``2g.10gb``, GPT-2 the full-GPU instance ``7g.40gb``. When a replica finds no free
   instance of its profile, pyctl's controller re-partitions free slices with the MIG planner
-  (`pyctl.mig.plan_snapshot`, ``max_used_destroyed = 0``: only free instances change). If that
+  (`pyctl.core.mig.plan_snapshot`, ``max_used_destroyed = 0``: only free instances change). If that
   cannot serve it, compaction: the planner may destroy up to ``move_budget`` used instances on a
   node; their replicas move to free instances of their profile (same node first), counted as
   evictions.
@@ -26,7 +26,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pyctl import mig
+from pyctl.core import mig
 from pyctl.model import MigGpu, MigInstance, Node, Shape, Snapshot, Zone
 
 GPU_MODEL = "A100-SXM4-40GB"

@@ -1,6 +1,6 @@
 """Trace replay on the simulated cluster (issue 8): read an Alibaba-2023-style trace (node list +
 pod list CSVs), derive FGD's target workload M, and replay it with the Rust engine under one
-policy and seed (`pyctl._core.replay_run`).
+policy and seed (`pyctl.core.replay.run`).
 
 Trace layout (the FGD artifact's): a directory with `openb_node_list_gpu_node.csv`
 (`sn,cpu_milli,memory_mib,gpu,model`) and `openb_pod_list_<workload>.csv`
@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pyctl import _core
-from pyctl.fragmentation import derive_workload
+from pyctl.core import replay as engine
+from pyctl.core.fragmentation import derive_workload
+from pyctl.core.types import Checkpoint, ReplayRaw
 from pyctl.model import Shape, Workload
 
 NODE_FILE = "openb_node_list_gpu_node.csv"
 POD_PREFIX = "openb_pod_list_"
-POLICIES: tuple[str, ...] = tuple(_core.REPLAY_POLICIES)
+POLICIES: tuple[str, ...] = engine.POLICIES
 SEEDS: tuple[int, ...] = tuple(range(42, 52))
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
@@ -201,13 +202,13 @@ class RunResult:
     policy: str
     seed: int
     numa: bool
-    raw: dict[str, Any] = field(repr=False)
+    raw: ReplayRaw = field(repr=False)
     seconds: float = 0.0
 
-    def _at(self, pct: int) -> dict[str, Any] | None:
+    def _at(self, pct: int) -> Checkpoint | None:
         for c in self.raw["checkpoints"]:
             if c["arrived_pct"] == pct:
-                return dict(c)
+                return c
         return None
 
     @property
@@ -264,7 +265,7 @@ def replay(
 
     comp = compaction if compaction is not None else (Compaction() if policy == "pyctl" else None)
     t0 = time.perf_counter()
-    raw = _core.replay_run(
+    raw = engine.run(
         trace.nodes,
         trace.tasks,
         shape_dicts(trace.workload),

@@ -16,6 +16,8 @@ Per cluster ``c`` (``P`` is the prefix)::
                                           seconds), ttl (seconds it is fresh for)
     P:{c}:wf:data                 hash    workflow id -> workflow record (bytes)
     P:{c}:wf:version              hash    workflow id -> version (compare-and-set)
+    P:{c}:wf:quarantine           hash    workflow id -> a record that did not decode (as stored)
+    P:{c}:wf:quarantine:reason    hash    workflow id -> why it was moved aside
     P:{c}:rl:bucket:<name>        hash    token bucket: tokens, ts (ms); expires once full again
     P:{c}:rl:cooldown:<name>      string  present while <name> (a node) is cooling down (PX)
     P:{c}:rl:slots:<name>         zset    semaphore: holder -> expiry (ms)
@@ -106,6 +108,14 @@ class Keys:
     @property
     def workflow_versions(self) -> str:
         return f"{self.base}:wf:version"
+
+    @property
+    def workflow_quarantine(self) -> str:
+        return f"{self.base}:wf:quarantine"
+
+    @property
+    def workflow_quarantine_reasons(self) -> str:
+        return f"{self.base}:wf:quarantine:reason"
 
     def bucket(self, name: str) -> str:
         return f"{self.base}:rl:bucket:{name}"

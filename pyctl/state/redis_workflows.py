@@ -6,7 +6,13 @@ from __future__ import annotations
 
 from pyctl.state.keys import Keys
 from pyctl.state.redis_client import RedisClient, RedisConfig, Script, redis_errors
-from pyctl.state.workflows import ConflictError, WorkflowRecord, check_id, check_version
+from pyctl.state.workflows import (
+    ConflictError,
+    Quarantined,
+    WorkflowRecord,
+    check_id,
+    check_version,
+)
 
 # KEYS: data, version. ARGV: id, expected version, data. Returns {1, new} or {0, found}.
 _PUT = Script("""
@@ -21,6 +27,18 @@ return {1, found + 1}
 _DELETE = Script("""
 local found = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
 if found == 0 or found ~= tonumber(ARGV[2]) then return {0, found} end
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+return {1, 0}
+""")
+
+# KEYS: data, version, quarantined data, quarantine reasons. ARGV: id, expected version, reason.
+# Returns {1, 0} or {0, found}.
+_QUARANTINE = Script("""
+local found = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
+if found == 0 or found ~= tonumber(ARGV[2]) then return {0, found} end
+redis.call('HSET', KEYS[3], ARGV[1], redis.call('HGET', KEYS[1], ARGV[1]) or '')
+redis.call('HSET', KEYS[4], ARGV[1], ARGV[3])
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
 return {1, 0}
@@ -92,3 +110,26 @@ class RedisWorkflowStore:
             ok, found = await _DELETE(self._client, self._keys, args)
         if int(ok) != 1:
             raise ConflictError(workflow_id, expected_version, int(found))
+
+    async def quarantine(self, workflow_id: str, expected_version: int, reason: str) -> None:
+        keys = [*self._keys, self.keys.workflow_quarantine, self.keys.workflow_quarantine_reasons]
+        args: list[str | bytes | int] = [
+            check_id(workflow_id),
+            check_version(expected_version),
+            reason,
+        ]
+        async with redis_errors(f"quarantine workflow {workflow_id!r}", self.config):
+            ok, found = await _QUARANTINE(self._client, keys, args)
+        if int(ok) != 1:
+            raise ConflictError(workflow_id, expected_version, int(found))
+
+    async def quarantined(self) -> dict[str, Quarantined]:
+        keys = [self.keys.workflow_quarantine, self.keys.workflow_quarantine_reasons]
+        async with redis_errors("list quarantined workflows", self.config):
+            data_flat, reason_flat = await _LIST(self._client, keys, [])
+        data = {_text(data_flat[i]): data_flat[i + 1] for i in range(0, len(data_flat), 2)}
+        out: dict[str, Quarantined] = {}
+        for i in range(0, len(reason_flat), 2):
+            wid = _text(reason_flat[i])
+            out[wid] = Quarantined(wid, _text(reason_flat[i + 1]), bytes(data.get(wid, b"")))
+        return out

@@ -37,6 +37,15 @@ class WorkflowRecord:
     data: bytes
 
 
+@dataclass(frozen=True)
+class Quarantined:
+    """A record that did not decode, as it was stored, and why it was moved aside."""
+
+    id: str
+    reason: str
+    data: bytes
+
+
 @runtime_checkable
 class WorkflowStore(Protocol):
     """One cluster's workflow records. Every method may raise `StoreError`."""
@@ -54,6 +63,13 @@ class WorkflowStore(Protocol):
         """Remove the record if it is at `expected_version`; `ConflictError` otherwise (also when
         it does not exist)."""
 
+    async def quarantine(self, workflow_id: str, expected_version: int, reason: str) -> None:
+        """Move the record aside (kept with `reason`, out of `list`) if it is at
+        `expected_version`; `ConflictError` otherwise."""
+
+    async def quarantined(self) -> dict[str, Quarantined]:
+        """The records moved aside, by id."""
+
 
 def check_id(workflow_id: str) -> str:
     if not isinstance(workflow_id, str) or not workflow_id:
@@ -70,6 +86,7 @@ def check_version(expected_version: int) -> int:
 class MemoryWorkflowStore:
     def __init__(self) -> None:
         self._records: dict[str, WorkflowRecord] = {}
+        self._quarantine: dict[str, Quarantined] = {}
 
     def _version(self, workflow_id: str) -> int:
         rec = self._records.get(workflow_id)
@@ -95,3 +112,14 @@ class MemoryWorkflowStore:
         if found == 0 or found != check_version(expected_version):
             raise ConflictError(workflow_id, expected_version, found)
         del self._records[workflow_id]
+
+    async def quarantine(self, workflow_id: str, expected_version: int, reason: str) -> None:
+        check_id(workflow_id)
+        found = self._version(workflow_id)
+        if found == 0 or found != check_version(expected_version):
+            raise ConflictError(workflow_id, expected_version, found)
+        rec = self._records.pop(workflow_id)
+        self._quarantine[workflow_id] = Quarantined(workflow_id, reason, rec.data)
+
+    async def quarantined(self) -> dict[str, Quarantined]:
+        return dict(self._quarantine)

@@ -9,11 +9,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import msgspec
+
 from pyctl.cluster.records import NodeRecord, NrtRecord, PdbRecord, PodRecord
 from pyctl.cluster.translate import attribute_pods, node_from_records, pod_shape
-from pyctl.fragmentation import FragmentationModel, shape_dict
+from pyctl.core.fragmentation import FragmentationModel, shape_dict
 from pyctl.model import Node, Shape, Snapshot, Workload
+from pyctl.workflows.base import Context, Workflow, WorkflowKind
 from pyctl.workflows.evictor import Evictor, EvictorOptions
+
+KIND = "compaction"
 
 
 @dataclass(frozen=True)
@@ -88,3 +93,34 @@ def plan_compaction(
         for m in raw
     )
     return CompactionPlan(moves, refused, len(items))
+
+
+# ---- the workflow: one planned move, evicted through the gate -----------------------------------
+
+
+async def _evicting(ctx: Context, wf: Workflow) -> Workflow:
+    ns, name, uid = wf.data["namespace"], wf.data["pod"], wf.data["uid"]
+    pod = ctx.pod(ns, name)
+    if pod is None or pod.uid != uid or pod.deleting or pod.node != wf.node:
+        # the eviction already happened (or the pod moved on by itself): never evict twice
+        return msgspec.structs.replace(wf, step="done", result="pod already gone")
+    r = await ctx.gate.evict(pod, wf.node, workload=wf.data.get("workload", ""))
+    if r.outcome == "done":
+        return msgspec.structs.replace(wf, step="done", result="evicted")
+    if r.outcome == "dry-run":
+        return msgspec.structs.replace(wf, step="dry-run", result="observe mode")
+    if not r.retriable:
+        # protected by the evictor's rules, or denied by admission: this move is not made
+        return msgspec.structs.replace(wf, step="abandoned", result=r.reason)
+    attempts = wf.attempts + 1
+    if attempts >= int(wf.data.get("max_attempts", "20")):
+        return msgspec.structs.replace(wf, step="abandoned", attempts=attempts, result=r.reason)
+    return msgspec.structs.replace(
+        wf, attempts=attempts, not_before=ctx.clock() + max(r.retry_after, 1.0), result=r.reason
+    )
+
+
+def workflow_kind() -> WorkflowKind:
+    """Compaction: one step, `evicting` (evict the planned pod; its controller recreates it and
+    the scheduler, with pyctl's extender, places the replacement)."""
+    return WorkflowKind(KIND, {"evicting": _evicting})

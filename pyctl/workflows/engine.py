@@ -1,91 +1,63 @@
 """Workflows as persisted state machines.
 
 A workflow is a record (kind, node, current step, data) in the workflow store. Advancing it runs
-the current step's handler and writes the next step with compare-and-set, so two replicas never
-both advance the same workflow, and a controller killed at any point resumes from the last written
-step. Steps are idempotent: a step that acts first checks whether its action already happened
-(e.g. an evicting step whose pod is gone or terminating is done, not repeated).
+the current step's handler (looked up in the `Registry` the engine was built with) and writes the
+next step with compare-and-set, so two replicas never both advance the same workflow, and a
+controller killed at any point resumes from the last written step. Steps are idempotent: a step
+that acts first checks whether its action already happened (e.g. an evicting step whose pod is
+gone or terminating is done, not repeated).
+
+One bad item never stops the others: records are decoded one at a time and one that does not
+decode is quarantined (moved aside in the store, counted, logged); a step that raises is counted,
+retried with backoff, and after its kind's `max_errors` goes where the kind's `give_up` says
+(abandoned, with an Event and a metric, unless the kind must first undo what it did).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import time
+import math
 from collections import Counter
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 import msgspec
 
-from pyctl.cluster.records import PodRecord
-from pyctl.state.workflows import ConflictError, WorkflowStore
-from pyctl.workflows.gate import Gate
+from pyctl.state.workflows import ConflictError, WorkflowRecord, WorkflowStore
+from pyctl.workflows.base import FINISHED, Context, Registry, Workflow
 
 log = logging.getLogger("pyctl.workflows")
 
-FINISHED = ("done", "dry-run", "failed", "abandoned")
-
-
-class Workflow(msgspec.Struct):
-    id: str
-    kind: str
-    node: str
-    step: str
-    created: float
-    updated: float = 0.0
-    attempts: int = 0
-    #: wall-clock time before which the step is not retried (rate limits, PDB refusals)
-    not_before: float = 0.0
-    data: dict[str, str] = {}
-    result: str = ""
-    #: a replica is running this step until then (others leave it alone; a crashed replica's
-    #: claim expires and the idempotent step is run again)
-    claimed_until: float = 0.0
-
-    @property
-    def finished(self) -> bool:
-        return self.step in FINISHED
-
+__all__ = ["FINISHED", "Context", "Engine", "Workflow"]
 
 _ENC = msgspec.json.Encoder()
 _DEC = msgspec.json.Decoder(Workflow)
+#: a step's `not_before` is never further away than this (a rate limit's wait is capped there)
+MAX_WAIT = 3600.0
 
 
-@dataclass
-class Context:
-    gate: Gate
-    #: the pod as the controller sees it now (None: gone)
-    pod: Callable[[str, str], PodRecord | None]
-    clock: Callable[[], float] = time.time
+def decode(data: bytes) -> Workflow:
+    """A stored workflow; raises ValueError when it is not one (or holds a non-finite time)."""
+    try:
+        wf = _DEC.decode(data)
+    except msgspec.DecodeError as e:
+        raise ValueError(f"not a workflow record: {e}") from None
+    for name in ("created", "updated", "not_before", "claimed_until"):
+        if not math.isfinite(getattr(wf, name)):
+            raise ValueError(f"workflow record: {name} is not a finite number")
+    if not wf.id or not wf.kind or wf.attempts < 0:
+        raise ValueError("workflow record: empty id or kind, or negative attempts")
+    return wf
 
 
-Handler = Callable[[Context, Workflow], Awaitable[Workflow]]
-
-
-async def _compaction_evicting(ctx: Context, wf: Workflow) -> Workflow:
-    ns, name, uid = wf.data["namespace"], wf.data["pod"], wf.data["uid"]
-    pod = ctx.pod(ns, name)
-    if pod is None or pod.uid != uid or pod.deleting or pod.node != wf.node:
-        # the eviction already happened (or the pod moved on by itself): never evict twice
-        return msgspec.structs.replace(wf, step="done", result="pod already gone")
-    r = await ctx.gate.evict(wf.node, ns, name, wf.data.get("workload", ""), uid)
-    now = ctx.clock()
-    if r.outcome == "done":
-        return msgspec.structs.replace(wf, step="done", result="evicted")
-    if r.outcome == "dry-run":
-        return msgspec.structs.replace(wf, step="dry-run", result="observe mode")
-    attempts = wf.attempts + 1
-    if attempts >= int(wf.data.get("max_attempts", "20")):
-        return msgspec.structs.replace(wf, step="abandoned", attempts=attempts, result=r.reason)
-    return msgspec.structs.replace(
-        wf, attempts=attempts, not_before=now + max(r.retry_after, 1.0), result=r.reason
-    )
-
-
-HANDLERS: dict[tuple[str, str], Handler] = {
-    ("compaction", "evicting"): _compaction_evicting,
-}
+def _finite(wf: Workflow, now: float) -> Workflow:
+    """Every time written is finite, and a wait is at most `MAX_WAIT`."""
+    nb = wf.not_before
+    if not math.isfinite(nb) or nb > now + MAX_WAIT:
+        nb = now + MAX_WAIT if nb == nb else now
+    claimed = wf.claimed_until if math.isfinite(wf.claimed_until) else 0.0
+    if nb != wf.not_before or claimed != wf.claimed_until:
+        wf = msgspec.structs.replace(wf, not_before=nb, claimed_until=claimed)
+    return wf
 
 
 class Engine:
@@ -93,35 +65,68 @@ class Engine:
         self,
         store: WorkflowStore,
         ctx: Context,
+        registry: Registry,
         retention_seconds: float = 600.0,
         kinds: tuple[str, ...] | None = None,
         claim_ttl: float = 60.0,
     ) -> None:
         self.store = store
         self.ctx = ctx
+        self.registry = registry
         self.retention = retention_seconds
         #: the workflow kinds this engine advances (several engines may share one store)
         self.kinds = kinds
         #: how long a claimed step is left to the replica that claimed it
         self.claim_ttl = claim_ttl
 
+    def now(self) -> float:
+        """The engine's clock (wall-clock seconds)."""
+        return self.ctx.clock()
+
     async def start(self, wf: Workflow) -> bool:
         """Create the workflow unless one with its id exists (then False: idempotent)."""
         try:
-            await self.store.put(wf.id, _ENC.encode(wf), 0)
+            await self.store.put(wf.id, _ENC.encode(_finite(wf, self.ctx.clock())), 0)
         except ConflictError:
             return False
         log.info("workflow started", extra={"workflow": wf.id, "kind": wf.kind, "node": wf.node})
         return True
 
+    async def workflows(self) -> list[Workflow]:
+        """Every stored workflow that decodes (of every kind); the others are quarantined."""
+        out = []
+        for wid, rec in sorted((await self.store.list()).items()):
+            wf = await self._decode(wid, rec)
+            if wf is not None:
+                out.append(wf)
+        return out
+
+    async def _decode(self, wid: str, rec: WorkflowRecord) -> Workflow | None:
+        try:
+            wf = decode(rec.data)
+            if wf.id != wid:
+                raise ValueError(f"record under {wid!r} names the workflow {wf.id!r}")
+            return wf
+        except ValueError as e:
+            why = str(e)
+        gate = self.ctx.gate
+        log.error(
+            "workflow record does not decode; quarantined",
+            extra={"workflow": wid, "error": why[:300]},
+        )
+        gate.metrics.workflow.quarantined.labels(gate.cluster, "workflows").inc()
+        with contextlib.suppress(ConflictError):
+            await self.store.quarantine(wid, rec.version, why[:1000])
+        return None
+
     async def advance_all(self) -> Counter[tuple[str, str]]:
-        """Advance every due workflow by one step; forget finished ones past the retention.
-        Returns the count of workflows by (kind, step) afterwards."""
+        """Advance every due workflow of this engine's kinds by one step; forget finished ones
+        past the retention. Returns the count of workflows by (kind, step) afterwards."""
         now = self.ctx.clock()
         counts: Counter[tuple[str, str]] = Counter()
         for wid, rec in sorted((await self.store.list()).items()):
-            wf = _DEC.decode(rec.data)
-            if self.kinds is not None and wf.kind not in self.kinds:
+            wf = await self._decode(wid, rec)
+            if wf is None or (self.kinds is not None and wf.kind not in self.kinds):
                 continue
             if wf.finished:
                 if now - wf.updated > self.retention:
@@ -129,29 +134,75 @@ class Engine:
                         await self.store.delete(wid, rec.version)
                     continue
             elif wf.not_before <= now and wf.claimed_until <= now:
-                handler = HANDLERS.get((wf.kind, wf.step))
-                # claim the step first (compare-and-set): only the replica whose claim is
-                # written acts, so two replicas never both run a step
-                claim = msgspec.structs.replace(wf, claimed_until=now + self.claim_ttl)
-                try:
-                    version = await self.store.put(wid, _ENC.encode(claim), rec.version)
-                except ConflictError:
-                    continue
-                if handler is None:
-                    new = msgspec.structs.replace(wf, step="failed", result=f"no step {wf.step!r}")
-                else:
-                    new = await handler(self.ctx, claim)
-                new = msgspec.structs.replace(new, updated=self.ctx.clock(), claimed_until=0.0)
-                try:
-                    await self.store.put(wid, _ENC.encode(new), version)
-                    wf = new
-                except ConflictError:
-                    continue
-                if wf.finished:
-                    log.info("workflow finished", extra={"workflow": wid, "result": wf.result})
+                wf = await self._advance(wf, rec.version, now)
             counts[(wf.kind, wf.step)] += 1
         return counts
 
+    async def _advance(self, wf: Workflow, version: int, now: float) -> Workflow:
+        # claim the step first (compare-and-set): only the replica whose claim is written acts,
+        # so two replicas never both run a step
+        claim = msgspec.structs.replace(wf, claimed_until=now + self.claim_ttl)
+        try:
+            version = await self.store.put(wf.id, _ENC.encode(claim), version)
+        except ConflictError:
+            return wf
+        new = await self._run_step(claim)
+        new = _finite(
+            msgspec.structs.replace(new, updated=self.ctx.clock(), claimed_until=0.0),
+            self.ctx.clock(),
+        )
+        try:
+            await self.store.put(wf.id, _ENC.encode(new), version)
+        except ConflictError:
+            return wf
+        if new.finished and not wf.finished:
+            log.info("workflow finished", extra={"workflow": wf.id, "result": new.result})
+            if new.step == "abandoned":
+                await self._announce_abandoned(new)
+        return new
+
+    async def _run_step(self, wf: Workflow) -> Workflow:
+        kind = self.registry.get(wf.kind)
+        handler = kind.steps.get(wf.step) if kind is not None else None
+        if kind is None or handler is None:
+            return msgspec.structs.replace(
+                wf, step="abandoned", result=f"no step {wf.step!r} of kind {wf.kind!r}"
+            )
+        gate = self.ctx.gate
+        try:
+            return await handler(self.ctx, wf)
+        except Exception as e:  # one failing step never stops the others
+            error = f"{type(e).__name__}: {e}"[:500]
+            gate.metrics.workflow.step_errors.labels(gate.cluster, wf.kind, wf.step).inc()
+            log.warning(
+                "workflow step failed; will retry",
+                extra={"workflow": wf.id, "step": wf.step, "error": error},
+            )
+            attempts = wf.attempts + 1
+            new = msgspec.structs.replace(
+                wf,
+                attempts=attempts,
+                not_before=self.ctx.clock() + min(kind.backoff_max, kind.backoff**attempts),
+                result=error,
+            )
+            if attempts >= kind.max_errors:
+                new = kind.give_up(new, error)
+            return new
+
+    async def _announce_abandoned(self, wf: Workflow) -> None:
+        gate = self.ctx.gate
+        gate.metrics.workflow.abandoned.labels(gate.cluster, wf.kind).inc()
+        await gate.event(
+            "Node",
+            "",
+            wf.node,
+            "PyctlWorkflowAbandoned",
+            f"pyctl gave up workflow {wf.id} ({wf.kind}, step {wf.step}): {wf.result}"[:1000],
+            warning=True,
+        )
+
     async def get(self, wid: str) -> Workflow | None:
         rec = await self.store.get(wid)
-        return None if rec is None else _DEC.decode(rec.data)
+        if rec is None:
+            return None
+        return await self._decode(wid, rec)

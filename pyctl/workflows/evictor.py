@@ -1,36 +1,62 @@
 """Which pods may be moved: the descheduler's DefaultEvictor rules, with the same knobs
-(`shared/docs/traces_and_compaction.md` §4.3)."""
+(configuration section `evictor`, `docs/placement.md`).
+
+Never evicted, whatever the settings: pods annotated `pyctl.io/evict: "false"` (or the
+descheduler's `descheduler.alpha.kubernetes.io/evict: "false"`), pods not running on a node,
+mirror (static) pods, bare pods (no controller would recreate them), DaemonSet pods. Then, unless
+annotated `"true"`: namespaces (include/exclude), the label selector, system-critical priority,
+a priority threshold, local storage, PersistentVolumeClaims, the owner's replica count, the pod's
+age. PodDisruptionBudgets are checked separately (`pdb_allows`); the API server has the last
+word (an eviction refused with 429 is retried later).
+"""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
-from pyctl.cluster.records import PdbRecord, PodRecord
+from pyctl.cluster.records import PdbRecord, PodRecord, Selector
+from pyctl.cluster.selectors import matches, parse_selector
 
 SYSTEM_CRITICAL_PRIORITY = 2_000_000_000
 
 
 @dataclass(frozen=True)
 class EvictorOptions:
-    evict_local_storage_pods: bool = False
+    #: only pods of these namespaces (empty: every namespace)
+    namespaces: tuple[str, ...] = ()
+    #: namespaces never touched
+    excluded_namespaces: tuple[str, ...] = ("kube-system",)
+    #: only pods matching this label selector (`kubectl -l` syntax; empty: every pod)
+    label_selector: str = ""
     evict_system_critical_pods: bool = False
     #: pods at or above this priority are not evicted (None: no threshold)
     priority_threshold: int | None = None
+    evict_local_storage_pods: bool = False
+    #: pods with PersistentVolumeClaims (or generic ephemeral volumes)
+    evict_pvc_pods: bool = False
     #: an owner must have at least this many pods for one to be evicted
     min_replicas: int = 1
-    #: namespaces never touched
-    excluded_namespaces: tuple[str, ...] = ("kube-system",)
+    #: pods younger than this are not evicted (0: any age)
+    min_pod_age_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        parse_selector(self.label_selector)  # raises a readable error on a bad selector
+
+    @cached_property
+    def selector(self) -> Selector | None:
+        return parse_selector(self.label_selector) if self.label_selector else None
 
 
-def _pdb_matches(pdb: PdbRecord, pod: PodRecord) -> bool:
-    labels = dict(pod.labels)
-    return (
-        pdb.namespace == pod.namespace
-        and bool(pdb.match_labels)
-        and all(labels.get(k) == v for k, v in pdb.match_labels)
-    )
+def pdb_matches(pdb: PdbRecord, pod: PodRecord) -> bool:
+    """Whether the budget covers the pod (its namespace, and its selector, which must select
+    something: an empty selector selects nothing in policy/v1 PodDisruptionBudgets)."""
+    if pdb.namespace != pod.namespace or not (pdb.match_labels or pdb.match_expressions):
+        return False
+    return matches(Selector(pdb.match_labels, pdb.match_expressions), dict(pod.labels))
 
 
 class Evictor:
@@ -39,9 +65,11 @@ class Evictor:
         options: EvictorOptions,
         pods: Iterable[PodRecord],
         pdbs: Iterable[PdbRecord] = (),
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.options = options
         self.pdbs = list(pdbs)
+        self.clock = clock
         self.replicas: Counter[tuple[str, str, str]] = Counter(
             (p.namespace, p.owner_kind, p.owner_name)
             for p in pods
@@ -56,31 +84,48 @@ class Evictor:
         forced = p.evict_annotation == "true"
         if not p.node or p.terminated or p.deleting:
             return "not running on a node"
-        if p.namespace in o.excluded_namespaces:
-            return f"namespace {p.namespace} is excluded"
         if p.mirror:
             return "mirror (static) pod"
         if not p.owner_kind:
             return "bare pod (no controller would recreate it)"
         if p.owner_kind == "DaemonSet":
             return "DaemonSet pod"
+        if p.namespace in o.excluded_namespaces:
+            return f"namespace {p.namespace} is excluded"
+        if o.namespaces and p.namespace not in o.namespaces:
+            return f"namespace {p.namespace} is not one of the evictor's namespaces"
         if forced:
             return None
+        if o.selector is not None and not matches(o.selector, dict(p.labels)):
+            return f"does not match the label selector {o.label_selector!r}"
         critical = p.priority >= SYSTEM_CRITICAL_PRIORITY or p.priority_class.startswith("system-")
         if critical and not o.evict_system_critical_pods:
             return "system-critical pod"
-        if p.local_storage and not o.evict_local_storage_pods:
-            return "uses local storage"
         if o.priority_threshold is not None and p.priority >= o.priority_threshold:
             return f"priority {p.priority} at or above the threshold"
+        if p.local_storage and not o.evict_local_storage_pods:
+            return "uses local storage"
+        if p.pvc and not o.evict_pvc_pods:
+            return "uses a PersistentVolumeClaim"
         if self.replicas[(p.namespace, p.owner_kind, p.owner_name)] < o.min_replicas:
             return f"owner has fewer than {o.min_replicas} replicas"
+        if o.min_pod_age_seconds > 0 and p.created > 0:
+            age = self.clock() - p.created
+            if age < o.min_pod_age_seconds:
+                return f"younger than {o.min_pod_age_seconds:g} s"
         return None
+
+    def pdb_headroom(self, p: PodRecord) -> int | None:
+        """The disruptions every budget covering `p` allows now (the smallest); None when no
+        budget covers it."""
+        allowed = [b.disruptions_allowed for b in self.pdbs if pdb_matches(b, p)]
+        return min(allowed) if allowed else None
 
     def pdb_allows(self, p: PodRecord) -> bool:
         """Whether every PodDisruptionBudget covering `p` has budget left now (the API server has
         the last word: an eviction refused with 429 is retried later)."""
-        return all(b.disruptions_allowed > 0 for b in self.pdbs if _pdb_matches(b, p))
+        h = self.pdb_headroom(p)
+        return h is None or h > 0
 
     def movable(self, pods: Iterable[PodRecord]) -> tuple[list[PodRecord], Mapping[str, str]]:
         ok: list[PodRecord] = []

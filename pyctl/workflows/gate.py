@@ -1,36 +1,62 @@
 """The one gate every mutation of a cluster passes: dry-run (observe mode), the Lease (only the
-leader acts, checked right before the call), the shared rate limits, then the Actuator."""
+leader acts, checked right before the call), the shared rate limits, then the Actuator.
+
+Workflows never hold the actuator: they ask the gate to evict, taint, cordon, label, publish a
+ConfigMap or record an Event, and read the answer (`GateResult`). Before every eviction the gate
+checks the evictor's rules again against the pod as the controller sees it now (`protected`), so
+a stale or tampered workflow record cannot evict what the rules protect, and the eviction names
+the pod's uid as a precondition (a recreated pod with the same name is never evicted).
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import math
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from pyctl.cluster.records import PodRecord
 from pyctl.cluster.source import Actuator, EvictionOutcome
 from pyctl.metrics import Metrics
-from pyctl.state.ratelimit import RateLimiter, SafetyLimits
+from pyctl.state.ratelimit import Decision, RateLimiter, Request, SafetyLimits, Slot
 
 log = logging.getLogger("pyctl.gate")
 
-Outcome = Literal["done", "dry-run", "not-leader", "rate-limited", "refused"]
+Outcome = Literal["done", "dry-run", "not-leader", "rate-limited", "refused", "protected"]
 
 #: wait after a 429 that names no Retry-After (a PodDisruptionBudget with no disruption allowed)
 REFUSED_WAIT = 30.0
 #: bounds on the wait a 429's Retry-After sets (a zero is not a reason to hammer the API server,
 #: and a huge one must not park a workflow for hours)
 REFUSED_WAIT_MIN, REFUSED_WAIT_MAX = 1.0, 300.0
+#: the longest wait a rate limit may ask for (an empty bucket that never refills asks forever)
+LIMIT_WAIT_MAX = 3600.0
 
 
 def refusal(outcome: EvictionOutcome, what: str) -> tuple[float, str]:
     """How long to wait after a refused eviction, and why it was refused (for the workflow's
     result): the API server's Retry-After when it gives one, else `REFUSED_WAIT`."""
     wait = REFUSED_WAIT if outcome.retry_after is None else outcome.retry_after
+    if not math.isfinite(wait):
+        wait = REFUSED_WAIT_MAX
     wait = min(max(wait, REFUSED_WAIT_MIN), REFUSED_WAIT_MAX)
-    who = f"PodDisruptionBudget {outcome.budget}" if outcome.budget else "the API server"
+    if outcome.budget:
+        who = f"PodDisruptionBudget {outcome.budget}"
+    elif outcome.status == 429:
+        who = "the API server"
+    else:
+        who = "admission"
     detail = f": {outcome.message}" if outcome.message else ""
     return wait, f"{who} refused the eviction of {what} ({outcome.status}){detail}"
+
+
+def limit_wait(decision: Decision) -> float:
+    """The wait a refused rate limit asks for, finite and at most `LIMIT_WAIT_MAX`."""
+    w = decision.retry_after
+    if not math.isfinite(w) or w > LIMIT_WAIT_MAX:
+        return LIMIT_WAIT_MAX
+    return max(w, 0.0)
 
 
 @dataclass(frozen=True)
@@ -39,6 +65,16 @@ class GateResult:
     #: seconds to wait before trying again (rate limits, a PDB's 429)
     retry_after: float = 0.0
     reason: str = ""
+    #: on a refused eviction: whether trying again can help (429) or not (an admission denial)
+    retriable: bool = True
+
+    @property
+    def done(self) -> bool:
+        return self.outcome == "done"
+
+
+def _never_protected(_pod: PodRecord) -> str | None:
+    return None
 
 
 class Gate:
@@ -51,45 +87,150 @@ class Gate:
         actuator: Actuator,
         metrics: Metrics,
         cluster: str,
+        protected: Callable[[PodRecord], str | None] = _never_protected,
     ) -> None:
         self.mode = mode
         self.still_leader = still_leader
         self.limiter = limiter
         self.limits = limits
-        self.actuator = actuator
+        self._actuator = actuator
         self.metrics = metrics
         self.cluster = cluster
+        #: the evictor's rules on the live pod: None if it may be evicted, else why not
+        self.protected = protected
 
+    @property
+    def enforce(self) -> bool:
+        return self.mode == "enforce"
+
+    # -- rate limits -------------------------------------------------------------------------
+    async def acquire(self, request: Request) -> Decision:
+        """Take the limits of a whole workflow at once (MIG reconfiguration); counted when
+        refused."""
+        decision = await self.limiter.acquire(request)
+        if not decision.allowed:
+            self.metrics.workflow.rate_limited.labels(self.cluster, str(decision.limit)).inc()
+        return decision
+
+    async def renew_slot(self, slot: Slot) -> bool:
+        return await self.limiter.renew_slot(slot)
+
+    async def release_slot(self, name: str, holder: str) -> None:
+        await self.limiter.release_slot(name, holder)
+
+    # -- evictions ---------------------------------------------------------------------------
     async def evict(
-        self, node: str, namespace: str, pod: str, workload: str, uid: str = ""
+        self,
+        pod: PodRecord,
+        node: str,
+        *,
+        workload: str = "",
+        reason: str = "PyctlCompaction",
+        message: str = "",
+        limited: bool = True,
     ) -> GateResult:
+        """Evict `pod` (as the controller sees it now) from `node` through the Eviction API.
+        `limited`: take the eviction rate limits now (False when the workflow took its limits
+        up front)."""
         m = self.metrics.workflow
-        if self.mode != "enforce":
-            m.evictions.labels(self.cluster, "dry-run").inc()
-            log.info(
-                "would evict (observe mode)", extra={"pod": f"{namespace}/{pod}", "node": node}
+        where = f"{pod.namespace}/{pod.name}"
+        why_not = self.protected(pod)
+        if why_not is not None:
+            m.evictions.labels(self.cluster, "protected").inc()
+            log.warning(
+                "eviction refused by the evictor rules", extra={"pod": where, "why": why_not}
             )
+            return GateResult(
+                "protected", reason=f"{where} is protected: {why_not}", retriable=False
+            )
+        if not self.enforce:
+            m.evictions.labels(self.cluster, "dry-run").inc()
+            log.info("would evict (observe mode)", extra={"pod": where, "node": node})
             return GateResult("dry-run")
         if not self.still_leader():
             return GateResult("not-leader", reason="this replica does not hold the Lease")
-        decision = await self.limiter.acquire(self.limits.eviction(node, namespace, workload))
-        if not decision.allowed:
-            m.rate_limited.labels(self.cluster, str(decision.limit)).inc()
-            return GateResult("rate-limited", decision.retry_after, f"limit {decision.limit} binds")
-        if not self.still_leader():  # the acquire awaited: check again right before acting
-            return GateResult("not-leader", reason="lost the Lease")
-        outcome = await self.actuator.try_evict(namespace, pod)
+        if limited:
+            decision = await self.acquire(self.limits.eviction(node, pod.namespace, workload))
+            if not decision.allowed:
+                return GateResult(
+                    "rate-limited", limit_wait(decision), f"limit {decision.limit} binds"
+                )
+            if not self.still_leader():  # the acquire awaited: check again right before acting
+                return GateResult("not-leader", reason="lost the Lease")
+        outcome = await self._actuator.try_evict(pod.namespace, pod.name, pod.uid)
         if not outcome.allowed:
             m.evictions.labels(self.cluster, "refused").inc()
-            wait, why = refusal(outcome, f"{namespace}/{pod}")
-            return GateResult("refused", wait, why)
+            wait, why = refusal(outcome, where)
+            return GateResult("refused", wait, why, retriable=outcome.status == 429)
         m.evictions.labels(self.cluster, "evicted").inc()
-        await self.actuator.event(
+        await self.event(
             "Pod",
-            namespace,
-            pod,
-            "PyctlCompaction",
-            f"evicted from {node} to reduce GPU fragmentation",
-            uid=uid,
+            pod.namespace,
+            pod.name,
+            reason,
+            message or f"evicted from {node} to reduce GPU fragmentation",
+            uid=pod.uid,
         )
         return GateResult("done")
+
+    # -- other mutations ---------------------------------------------------------------------
+    async def _act(self, what: str, call: Callable[[], Awaitable[object]]) -> GateResult:
+        if not self.enforce:
+            log.info("would %s (observe mode)", what)
+            return GateResult("dry-run")
+        if not self.still_leader():
+            return GateResult("not-leader", reason="this replica does not hold the Lease")
+        await call()
+        return GateResult("done")
+
+    async def taint(self, node: str, key: str, *, on: bool, value: str = "") -> GateResult:
+        """Add (`on`) or remove pyctl's NoSchedule taint `key[=value]`."""
+        verb = "taint" if on else "untaint"
+        return await self._act(
+            f"{verb} {node} ({key})",
+            lambda: self._actuator.taint(node, key, "NoSchedule", value=value, on=on),
+        )
+
+    async def cordon(self, node: str, on: bool) -> GateResult:
+        return await self._act(
+            f"{'cordon' if on else 'uncordon'} {node}", lambda: self._actuator.cordon(node, on)
+        )
+
+    async def label(self, node: str, labels: Mapping[str, str | None]) -> GateResult:
+        return await self._act(
+            f"label {node} {dict(labels)}", lambda: self._actuator.label_node(node, labels)
+        )
+
+    async def publish_configmap(
+        self, namespace: str, name: str, data: Mapping[str, str]
+    ) -> GateResult:
+        return await self._act(
+            f"write ConfigMap {namespace}/{name}",
+            lambda: self._actuator.apply_configmap(namespace, name, data),
+        )
+
+    async def read_configmap(self, namespace: str, name: str) -> dict[str, str] | None:
+        """A read (no gate needed): the ConfigMap's data, None when absent."""
+        return await self._actuator.read_configmap(namespace, name)
+
+    async def event(
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        reason: str,
+        message: str,
+        *,
+        uid: str = "",
+        warning: bool = False,
+    ) -> None:
+        """A core/v1 Event (enforce mode only). Never raises: an Event is worth trying, never
+        worth failing a step for."""
+        if not self.enforce:
+            return
+        try:
+            await self._actuator.event(
+                kind, namespace, name, reason, message, uid=uid, warning=warning
+            )
+        except Exception:
+            log.warning("could not record an Event", extra={"object": name}, exc_info=True)

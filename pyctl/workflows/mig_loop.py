@@ -13,38 +13,20 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
 
-from pyctl import mig
-from pyctl.cluster.records import PodRecord
-from pyctl.cluster.translate import node_from_records
 from pyctl.controller.cache import ClusterCache
+from pyctl.core import mig
 from pyctl.metrics import Metrics
-from pyctl.model import Snapshot
-from pyctl.workflows.engine import Engine, Workflow
+from pyctl.model import Node, Snapshot
+from pyctl.workflows.engine import Engine
+from pyctl.workflows.gate import Gate
 from pyctl.workflows.loop import WorkflowGauge, run_every
-from pyctl.workflows.mig_reconfig import KIND, STEPS, TAINT_KEY, workflow_for
+from pyctl.workflows.mig_reconfig import KIND, STEPS, TAINT_KEY, MigOptions, workflow_for
 
 log = logging.getLogger("pyctl.mig_loop")
-
-
-@dataclass(frozen=True)
-class MigLoopOptions:
-    #: used MIG instances one node's plan may destroy (their pods are evicted); 0: only free
-    #: slices are re-partitioned
-    max_used_destroyed: int = 0
-    #: new workflows started per tick
-    max_starts: int = 1
-    default_policy: str = "none"
-    #: only these nodes are re-partitioned (None: every MIG node)
-    nodes: tuple[str, ...] | None = None
-    #: seconds after a node's reconfiguration ended before the loop plans that node again (a
-    #: failed one is not retried at once, a served one is not re-partitioned back and forth);
-    #: the engine must keep finished records at least this long
-    holdoff: float = 600.0
 
 
 def pending_demand(cache: ClusterCache) -> Counter[str]:
@@ -59,26 +41,25 @@ def pending_demand(cache: ClusterCache) -> Counter[str]:
 
 def plan_nodes(
     cache: ClusterCache,
+    models: Mapping[str, Node],
     demand: Counter[str],
     exclude: Sequence[str] = (),
-    options: MigLoopOptions | None = None,
+    options: MigOptions | None = None,
 ) -> list[mig.NodePlan]:
     """Node plans (mig-parted executor) that serve some of `demand` by changing GPUs, one GPU
-    model after another (each model gets the profiles it has; what one serves is taken off)."""
-    opt = options or MigLoopOptions()
-    by_node: dict[str, list[PodRecord]] = {}
-    for p in cache.pods.values():
-        if p.node and not p.terminated:
-            by_node.setdefault(p.node, []).append(p)
+    model after another (each model gets the profiles it has; what one serves is taken off).
+    `models`: the reconciler's model of each node (nodes it could not model are left out)."""
+    opt = options or MigOptions()
     eligible = {
         n.name: n
         for n in cache.nodes.values()
         if n.mig
         and n.gpu_model
+        and n.name in models
         and n.name not in exclude
-        and (opt.nodes is None or n.name in opt.nodes)
+        and (not opt.nodes or n.name in opt.nodes)
         and not n.unschedulable
-        and TAINT_KEY not in n.taints
+        and not n.has_taint(TAINT_KEY)
         and n.mig_config_state != "pending"
     }
     left = Counter(demand)
@@ -98,22 +79,7 @@ def plan_nodes(
                 continue
         if not pending:
             continue
-        nodes = []
-        for name in sorted(eligible):
-            rec = eligible[name]
-            if rec.gpu_model != model_name:
-                continue
-            try:
-                nodes.append(
-                    node_from_records(
-                        rec,
-                        cache.nrts.get(name),
-                        by_node.get(name, []),
-                        opt.default_policy,
-                    )
-                )
-            except ValueError as e:
-                log.warning("MIG loop: node skipped", extra={"node": name, "error": str(e)})
+        nodes = [models[n] for n in sorted(eligible) if eligible[n].gpu_model == model_name]
         demand_ = mig.Demand(
             tuple(pending),
             limits=mig.Limits(max_used_destroyed=opt.max_used_destroyed, executor="mig-parted"),
@@ -151,51 +117,53 @@ class MigLoop:
     def __init__(
         self,
         cache: ClusterCache,
+        models: Mapping[str, Node],
         engine: Engine,
+        gate: Gate,
         metrics: Metrics,
         cluster: str,
         interval: float = 10.0,
-        options: MigLoopOptions | None = None,
-        still_leader: Callable[[], bool] = lambda: True,
+        options: MigOptions | None = None,
     ) -> None:
         self.cache = cache
+        #: the reconciler's node models (kept current by it)
+        self.models = models
         self.engine = engine
+        self.gate = gate
         self.metrics = metrics
         self.cluster = cluster
         self.interval = interval
-        self.options = options or MigLoopOptions()
-        self.still_leader = still_leader
+        self.options = options or MigOptions()
         self.last_plans: list[mig.NodePlan] = []
         steps = (*STEPS, "done", "failed", "abandoned", "dry-run")
         self.gauge = WorkflowGauge(metrics, cluster, [(KIND, s) for s in steps])
 
-    async def _workflows(self) -> list[Workflow]:
-        return [
-            msgspec.json.decode(r.data, type=Workflow)
-            for r in (await self.engine.store.list()).values()
-        ]
-
     async def _clear_orphans(self, active: set[str]) -> None:
-        gate = self.engine.ctx.gate
-        if gate.mode != "enforce":
+        gate = self.gate
+        if not gate.enforce:
             return
         for n in list(self.cache.nodes.values()):
-            if TAINT_KEY in n.taints and n.name not in active and gate.still_leader():
+            if n.has_taint(TAINT_KEY) and n.name not in active:
                 log.warning("removing an orphaned MIG taint", extra={"node": n.name})
-                await gate.actuator.taint(n.name, TAINT_KEY, "NoSchedule", on=False)
+                await gate.taint(n.name, TAINT_KEY, on=False)
 
     async def tick(self, leader: bool) -> None:
-        wfs = await self._workflows()
-        now = self.engine.ctx.clock()
+        wfs = await self.engine.workflows()
+        now = self.engine.now()
         active = {w.node for w in wfs if w.kind == KIND and not w.finished}
         # a node whose last attempt ended less than `holdoff` ago is left alone
         recent = {
             w.node
             for w in wfs
-            if w.kind == KIND and (not w.finished or now - w.updated < self.options.holdoff)
+            if w.kind == KIND
+            and (not w.finished or now - w.updated < self.options.node_holdoff_seconds)
         }
         demand = pending_demand(self.cache)
-        plans = plan_nodes(self.cache, demand, sorted(recent), self.options) if demand else []
+        plans = (
+            plan_nodes(self.cache, self.models, demand, sorted(recent), self.options)
+            if demand
+            else []
+        )
         self.last_plans = plans
         if not leader:
             return

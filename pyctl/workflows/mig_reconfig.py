@@ -39,7 +39,7 @@ from typing import Any, Final
 import msgspec
 
 from pyctl.cluster.records import NodeRecord, PodRecord
-from pyctl.mig import (
+from pyctl.core.mig import (
     MIG_CONFIG_LABEL,
     NodePlan,
     config_name,
@@ -48,9 +48,8 @@ from pyctl.mig import (
     to_yaml,
 )
 from pyctl.state.ratelimit import Slot
-from pyctl.workflows import engine
-from pyctl.workflows.engine import Context, Workflow
-from pyctl.workflows.gate import refusal
+from pyctl.workflows.base import Context, Handler, Workflow, WorkflowKind
+from pyctl.workflows.gate import GateResult, limit_wait
 
 log = logging.getLogger("pyctl.mig_reconfig")
 
@@ -74,6 +73,9 @@ ISOLATED_STEPS: Final = (
 
 @dataclass(frozen=True)
 class MigOptions:
+    """MIG reconfiguration: where mig-manager reads its config, how long each step may take,
+    how nodes are isolated, and what the MIG loop may start (`pyctl.workflows.mig_loop`)."""
+
     #: the mig-parted config file mig-manager reads: a ConfigMap named in the ClusterPolicy
     #: (`spec.migManager.config.name`), key `config.yaml`
     configmap_namespace: str = "gpu-operator"
@@ -87,8 +89,23 @@ class MigOptions:
     poll: float = 2.0
     #: "taint" (pyctl's own NoSchedule taint) or "cordon"
     isolate: str = "taint"
-    #: actuator errors tolerated in a step before it gives up (restoring never gives up)
-    max_errors: int = 10
+    #: reconfigurations at once, cluster-wide (a rate-limit slot)
+    concurrency: int = 1
+    #: used MIG instances one node's plan may destroy (their pods are evicted); 0: only free
+    #: slices are re-partitioned
+    max_used_destroyed: int = 0
+    #: new workflows the loop starts per tick
+    max_starts: int = 1
+    #: only these nodes are re-partitioned (empty: every MIG node)
+    nodes: tuple[str, ...] = ()
+    #: seconds after a node's reconfiguration ended before the loop plans that node again (a
+    #: failed one is not retried at once, a served one is not re-partitioned back and forth);
+    #: the engine keeps finished records at least this long
+    node_holdoff_seconds: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.isolate not in ("taint", "cordon"):
+            raise ValueError(f"mig isolate must be taint or cordon, got {self.isolate!r}")
 
 
 @dataclass
@@ -177,22 +194,14 @@ def _pod_present(p: PodRecord | None, uid: str, node: str) -> bool:
 
 
 async def _event(ctx: MigContext, wf: Workflow, message: str, warning: bool = False) -> None:
-    """A Node Event (type Warning for failures, where the actuator has types)."""
-    from pyctl.cluster.kube.actuator import KubeActuator
-
-    act = ctx.gate.actuator
+    """A Node Event (type Warning for failures)."""
     reason = f"{REASON}Failed" if warning else REASON
-    try:
-        if isinstance(act, KubeActuator):
-            await act.event("Node", "", wf.node, reason, message, type_=_type(warning))
-        else:
-            await act.event("Node", "", wf.node, reason, message)
-    except Exception:  # an Event is worth trying, never worth failing a step for
-        log.warning("could not record an Event", extra={"node": wf.node}, exc_info=True)
+    await ctx.gate.event("Node", "", wf.node, reason, message, warning=warning)
 
 
-def _type(warning: bool) -> str:
-    return "Warning" if warning else "Normal"
+def _not_done(r: GateResult) -> str | None:
+    """Why a mutation through the gate did not happen (None: it did)."""
+    return None if r.done else (r.reason or r.outcome)
 
 
 def _metrics(ctx: MigContext) -> Any:
@@ -226,7 +235,7 @@ async def _acquiring(ctx: MigContext, wf: Workflow) -> Workflow:
         return _set(wf, "abandoned", reason="config already selected")
     if node.mig_config_state == "pending":
         return _later(wf, ctx, opt.poll, "mig-manager busy (state pending)")
-    data = await gate.actuator.read_configmap(opt.configmap_namespace, opt.configmap_name)
+    data = await gate.read_configmap(opt.configmap_namespace, opt.configmap_name)
     configs = _configs(data, opt)
     if previous not in configs:
         await _event(
@@ -240,12 +249,9 @@ async def _acquiring(ctx: MigContext, wf: Workflow) -> Workflow:
     if not gate.still_leader():
         return _later(wf, ctx, opt.poll, "not the leader")
     evictions = len(json.loads(wf.data["pods"]))
-    decision = await gate.limiter.acquire(
-        gate.limits.mig_reconfiguration(wf.node, wf.id, evictions)
-    )
+    decision = await gate.acquire(gate.limits.mig_reconfiguration(wf.node, wf.id, evictions))
     if not decision.allowed:
-        _metrics(ctx).rate_limited.labels(gate.cluster, str(decision.limit)).inc()
-        return _later(wf, ctx, max(decision.retry_after, 1.0), f"limit {decision.limit} binds")
+        return _later(wf, ctx, max(limit_wait(decision), 1.0), f"limit {decision.limit} binds")
     _metrics(ctx).mig_in_progress.labels(gate.cluster, wf.node).set(1)
     return _set(
         wf,
@@ -258,13 +264,12 @@ async def _acquiring(ctx: MigContext, wf: Workflow) -> Workflow:
 
 async def _isolating(ctx: MigContext, wf: Workflow) -> Workflow:
     gate, opt = ctx.gate, ctx.options
-    if not gate.still_leader():
-        return _later(wf, ctx, opt.poll, "not the leader")
     if opt.isolate == "cordon":
-        if not wf.data.get("was_unschedulable"):
-            await gate.actuator.cordon(wf.node, True)
+        r = await gate.cordon(wf.node, True) if not wf.data.get("was_unschedulable") else None
     else:
-        await gate.actuator.taint(wf.node, TAINT_KEY, "NoSchedule", on=True)
+        r = await gate.taint(wf.node, TAINT_KEY, on=True)
+    if r is not None and (why := _not_done(r)):
+        return _later(wf, ctx, opt.poll, why)
     n = len(json.loads(wf.data["pods"]))
     await _event(
         ctx,
@@ -290,26 +295,21 @@ async def _evicting(ctx: MigContext, wf: Workflow) -> Workflow:
             continue  # asked once: never again; wait for it to go
         if now > float(wf.data["drain_deadline"]):
             break
-        if not gate.still_leader():
-            return _later(wf, ctx, opt.poll, "not the leader")
-        m = _metrics(ctx)
-        outcome = await gate.actuator.try_evict(ns, name)
-        if not outcome.allowed:
-            m.evictions.labels(gate.cluster, "refused").inc()
-            wait, why = refusal(outcome, key)
-            return _later(wf, ctx, wait, f"{why}: waiting")
-        m.evictions.labels(gate.cluster, "evicted").inc()
-        try:
-            await gate.actuator.event(
-                "Pod",
-                ns,
-                name,
-                REASON,
-                f"evicted: its MIG GPU on {wf.node} is re-partitioned",
-                uid=uid,
-            )
-        except Exception:
-            log.warning("could not record an Event", exc_info=True)
+        assert p is not None  # _pod_present
+        # the workflow took its eviction limits up front (acquiring)
+        r = await gate.evict(
+            p,
+            wf.node,
+            reason=REASON,
+            message=f"evicted: its MIG GPU on {wf.node} is re-partitioned",
+            limited=False,
+        )
+        if r.outcome in ("not-leader", "dry-run"):
+            return _later(wf, ctx, opt.poll, r.reason or r.outcome)
+        if not r.done:
+            if not r.retriable:
+                return _finish_to(wf, FAILED, f"cannot evict: {r.reason}")
+            return _later(wf, ctx, r.retry_after, f"{r.reason}: waiting")
         # one eviction per advance, persisted before the next
         return _set(wf, evicted=json.dumps([*evicted, key]))
     if not remaining:
@@ -329,24 +329,24 @@ async def _publishing(ctx: MigContext, wf: Workflow) -> Workflow:
     if not gate.still_leader():
         return _later(wf, ctx, opt.poll, "not the leader")
     name, entries = wf.data["config"], json.loads(wf.data["entries"])
-    data = await gate.actuator.read_configmap(opt.configmap_namespace, opt.configmap_name)
+    data = await gate.read_configmap(opt.configmap_namespace, opt.configmap_name)
     configs = _configs(data, opt)
     if wf.data["previous"] not in configs:
         return _finish_to(wf, FAILED, f"rollback target {wf.data['previous']!r} not published")
     if configs.get(name) != entries:
         configs[name] = entries
         text = to_yaml({"version": "v1", "mig-configs": configs})
-        if not gate.still_leader():
-            return _later(wf, ctx, opt.poll, "not the leader")
-        await gate.actuator.apply_configmap(
+        r = await gate.publish_configmap(
             opt.configmap_namespace, opt.configmap_name, {opt.configmap_key: text}
         )
+        if why := _not_done(r):
+            return _later(wf, ctx, opt.poll, why)
     node = ctx.node(wf.node)
     if node is None:
         return _finish_to(wf, FAILED, "node gone")
-    if not gate.still_leader():
-        return _later(wf, ctx, opt.poll, "not the leader")
-    await gate.actuator.label_node(wf.node, {MIG_CONFIG_LABEL: name})
+    r = await gate.label(wf.node, {MIG_CONFIG_LABEL: name})
+    if why := _not_done(r):
+        return _later(wf, ctx, opt.poll, why)
     state_before = "" if node.mig_config == name else node.mig_config_state
     return _set(
         wf,
@@ -361,7 +361,7 @@ async def _waiting(ctx: MigContext, wf: Workflow) -> Workflow:
     node = ctx.node(wf.node)
     if node is None:
         return _finish_to(wf, FAILED, "node gone")
-    await gate.limiter.renew_slot(_slot(ctx, wf))
+    await gate.renew_slot(_slot(ctx, wf))
     name = wf.data["config"]
     if node.mig_config == name:
         state = node.mig_config_state
@@ -384,9 +384,9 @@ async def _waiting(ctx: MigContext, wf: Workflow) -> Workflow:
 async def _rolling_back(ctx: MigContext, wf: Workflow) -> Workflow:
     gate, opt = ctx.gate, ctx.options
     if ctx.node(wf.node) is not None:
-        if not gate.still_leader():
-            return _later(wf, ctx, opt.poll, "not the leader")
-        await gate.actuator.label_node(wf.node, {MIG_CONFIG_LABEL: wf.data["previous"]})
+        r = await gate.label(wf.node, {MIG_CONFIG_LABEL: wf.data["previous"]})
+        if why := _not_done(r):
+            return _later(wf, ctx, opt.poll, why)
         await _event(
             ctx,
             wf,
@@ -413,7 +413,7 @@ async def _confirming_rollback(ctx: MigContext, wf: Workflow) -> Workflow:
     node = ctx.node(wf.node)
     if node is None:
         return _set(wf, "restoring")
-    await ctx.gate.limiter.renew_slot(_slot(ctx, wf))
+    await ctx.gate.renew_slot(_slot(ctx, wf))
     previous = wf.data["previous"]
     if node.mig_config == previous:
         state = node.mig_config_state
@@ -440,14 +440,13 @@ async def _confirming_rollback(ctx: MigContext, wf: Workflow) -> Workflow:
 async def _restoring(ctx: MigContext, wf: Workflow) -> Workflow:
     gate, opt = ctx.gate, ctx.options
     if ctx.node(wf.node) is not None:
-        if not gate.still_leader():
-            return _later(wf, ctx, opt.poll, "not the leader")
         if opt.isolate == "cordon":
-            if not wf.data.get("was_unschedulable"):
-                await gate.actuator.cordon(wf.node, False)
+            r = await gate.cordon(wf.node, False) if not wf.data.get("was_unschedulable") else None
         else:
-            await gate.actuator.taint(wf.node, TAINT_KEY, "NoSchedule", on=False)
-    await gate.limiter.release_slot(SLOT, wf.id)
+            r = await gate.taint(wf.node, TAINT_KEY, on=False)
+        if r is not None and (why := _not_done(r)):
+            return _later(wf, ctx, opt.poll, why)
+    await gate.release_slot(SLOT, wf.id)
     outcome = wf.data.get("outcome", FAILED)
     reason = wf.data.get("reason", "")
     m = _metrics(ctx)
@@ -490,7 +489,7 @@ def _give_up(wf: Workflow, error: str) -> Workflow:
     return wf  # restoring: keep trying (PyctlMigReconfigurationStuck fires)
 
 
-def _handler(step: str) -> engine.Handler:
+def _handler(step: str) -> Handler:
     fn = _STEPS[step]
 
     async def run(ctx: Context, wf: Workflow) -> Workflow:
@@ -501,33 +500,14 @@ def _handler(step: str) -> engine.Handler:
                     wf, not_before=ctx.clock() + 30.0, result="needs a MigContext"
                 )
             return msgspec.structs.replace(wf, step="abandoned", result="needs a MigContext")
-        try:
-            return await fn(ctx, wf)
-        except Exception as e:
-            attempts = wf.attempts + 1
-            log.warning(
-                "MIG reconfiguration step failed; will retry",
-                extra={"workflow": wf.id, "step": wf.step},
-                exc_info=True,
-            )
-            error = f"{type(e).__name__}: {e}"
-            new = msgspec.structs.replace(
-                wf,
-                attempts=attempts,
-                not_before=ctx.clock() + min(60.0, 2.0**attempts),
-                result=error,
-            )
-            if attempts >= ctx.options.max_errors:
-                new = _give_up(new, error)
-            return new
+        return await fn(ctx, wf)
 
     return run
 
 
-def register() -> None:
-    """Register the steps in the engine's handler table (idempotent; done at import)."""
-    for step in _STEPS:
-        engine.HANDLERS[(KIND, step)] = _handler(step)
-
-
-register()
+def workflow_kind(max_errors: int = 10) -> WorkflowKind:
+    """MIG reconfiguration: its steps; a step that keeps failing goes where `_give_up` says
+    (never past restoring, never leaving the node tainted)."""
+    return WorkflowKind(
+        KIND, {step: _handler(step) for step in _STEPS}, give_up=_give_up, max_errors=max_errors
+    )

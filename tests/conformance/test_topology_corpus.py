@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from pyctl.topology import TopologyHint, merge_hints
+from pyctl.core.topology import TopologyHint, merge_hints
 from tests.paths import TOPOLOGY_CORPUS
 from tests.reference import topology as reference
 

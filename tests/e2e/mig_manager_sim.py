@@ -8,7 +8,7 @@ What it does, as mig-manager does:
   ``success`` counts as applied, as ``assert`` would find it; re-writing the same value does
   nothing);
 * it reads the named config from the mig-parted config file, a ConfigMap (key ``config.yaml``),
-  parsed and checked as mig-parted v1 (`pyctl.mig.parse_mig_parted`);
+  parsed and checked as mig-parted v1 (`pyctl.core.mig.parse_mig_parted`);
 * it sets ``nvidia.com/mig.config.state=pending``, applies the config, then sets ``success``; an
   unknown config name (or a test switch) sets ``failed`` instead and leaves the GPUs as they were;
 * applying: each GPU takes the first entry whose ``devices`` selects it (``all`` or its index):
@@ -35,7 +35,7 @@ from typing import Any
 
 from kubernetes_asyncio import client, watch
 
-from pyctl.mig import MIG_CONFIG_LABEL, parse_mig_parted, to_yaml
+from pyctl.core.mig import MIG_CONFIG_LABEL, parse_mig_parted, to_yaml
 
 from .gpu_nodes import (
     E2E_NODE_LABEL,

@@ -6,19 +6,19 @@
 - the controller in enforce mode (in process: `Controller` + `KubeClusterSource` + `LeaderElector`
   + `KubeActuator` + gate + workflow engine + `Compactor`, wired as `pyctl run` wires them, with
   loose rate limits) evicts through the Eviction API;
-- a PodDisruptionBudget with no budget holds it back (the API server answers 429; pyctl retries
-  with backoff and never works around it) until the budget returns;
+- a PodDisruptionBudget with no budget holds it back (pyctl reads its selector, matchExpressions
+  included, and plans no eviction under it; the API server would answer 429) until the budget
+  returns;
 - the real kube-controller-manager recreates the evicted replicas and the real kube-scheduler with
   pyctl's extender places them on the node that was already fuller, not back where they were; the
   pending 4-GPU replica gets the NUMA zone compaction freed.
 
 NodeResourceTopology is static in the e2e cluster: the test plays the topology-updater
 (`TopologyUpdater`, see test_placement_e2e.py) so that pyctl sees each pod in the zone the kubelet
-would have given it. The PDB selects the replicas with ``matchExpressions``: pyctl's own pre-check
-only reads ``matchLabels`` selectors, so here the API server's 429 is what holds compaction back
-(with a ``matchLabels`` PDB pyctl does not even try). The second scheduler runs with
-``--pod-max-in-unschedulable-pods-duration=5s`` so that a pod the extender rejected before pyctl's
-view caught up with an eviction is retried within the test's time (the default is 5 minutes).
+would have given it. The PDB selects the replicas with ``matchExpressions``. The second scheduler
+runs with ``--pod-max-in-unschedulable-pods-duration=5s`` so that a pod the extender rejected
+before pyctl's view caught up with an eviction is retried within the test's time (the default is
+5 minutes).
 """
 
 from __future__ import annotations
@@ -33,14 +33,16 @@ from pyctl.cluster.kube.actuator import KubeActuator
 from pyctl.cluster.kube.lease import LeaderElector, LeaseConfig
 from pyctl.cluster.kube.source import KubeClusterSource
 from pyctl.controller.controller import Controller
-from pyctl.controller.http import HealthServer
-from pyctl.placement import PlacementExtender
+from pyctl.controller.placement import PlacementAdvisor
+from pyctl.serve.extender import ExtenderHandler
+from pyctl.serve.health import HealthServer
 from pyctl.state.memory import MemoryStore
 from pyctl.state.ratelimit import BucketLimit, MemoryRateLimiter, SafetyLimits
 from pyctl.state.workflows import MemoryWorkflowStore
 from pyctl.workflows.compactor import Compactor
 from pyctl.workflows.engine import Context, Engine
 from pyctl.workflows.gate import Gate
+from pyctl.workflows.kinds import builtin_registry
 from tests.e2e.conftest import wait_until
 from tests.e2e.control_plane import ControlPlane, ExtraScheduler
 from tests.e2e.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body
@@ -100,7 +102,7 @@ async def test_compaction_frees_a_zone_for_the_pending_replica_respecting_the_pd
         workload=WORKLOAD,
         summary_interval=0.5,
     )
-    ext = PlacementExtender.for_reconciler(ctl.reconciler)
+    ext = ExtenderHandler(PlacementAdvisor.for_reconciler(ctl.reconciler))
     server = HealthServer(ctl.metrics.registry, ctl.ready, "127.0.0.1", 0, extender=ext)
     port = await server.start()
     sched = ExtraScheduler(
@@ -121,7 +123,11 @@ async def test_compaction_frees_a_zone_for_the_pending_replica_respecting_the_pd
         CLUSTER,
     )
     pods = ctl.cache.pods
-    engine = Engine(MemoryWorkflowStore(), Context(gate, lambda ns, n: pods.get(f"{ns}/{n}")))
+    engine = Engine(
+        MemoryWorkflowStore(),
+        Context(gate, lambda ns, n: pods.get(f"{ns}/{n}")),
+        builtin_registry(),
+    )
     compactor = Compactor(
         ctl.cache, ctl.reconciler, engine, ctl.metrics, CLUSTER, "enforce", 0.5, max_moves=3
     )
@@ -213,14 +219,19 @@ async def test_compaction_frees_a_zone_for_the_pending_replica_respecting_the_pd
 
             tg.start_soon(watch_budget)
 
-            # -- compaction starts: the PDB holds it back (429), nothing is evicted -------------
+            # -- compaction starts: the PDB holds it back, nothing is evicted -------------------
             phase[0] = "no-budget"
             await wait_until(lambda: elector.is_leader, "the Lease", within=15)
             tg.start_soon(compactor.run, elector.still_leader)
-            await wait_until(
-                lambda: evictions(ctl, "refused") >= 1, "an eviction refused (429)", within=30
-            )
-            await anyio.sleep(3.0)  # held back: retried later, never worked around
+
+            def held_back() -> bool:
+                plan = compactor.last_plan
+                return plan is not None and any(
+                    why == "PodDisruptionBudget has no budget left" for why in plan.refused.values()
+                )
+
+            await wait_until(held_back, "the plan to name the PDB", within=30)
+            await anyio.sleep(3.0)  # held back: planned again every tick, never worked around
             now = {p.metadata.uid: p.spec.node_name for p in await tier_pods(core, "s")}
             assert set(now) == set(original), "a replica was evicted despite the PDB"
             assert evictions(ctl, "evicted") == 0
@@ -236,7 +247,6 @@ async def test_compaction_frees_a_zone_for_the_pending_replica_respecting_the_pd
                 got = await tier_pods(core, "b")
                 return len(got) == 1 and bool(got[0].spec.node_name)
 
-            # the refused workflow retries 30 s after the 429
             await wait_until(big_bound, "the 4-GPU replica scheduled", within=120)
             (big,) = await tier_pods(core, "b")
             assert big.spec.node_name == "c-frag"

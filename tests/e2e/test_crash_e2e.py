@@ -116,8 +116,8 @@ class ControllerProcess:
             PYCTL_LIMIT_NAMESPACE_PER_MINUTE="600",
             PYCTL_LIMIT_WORKLOAD_BURST="100",
             PYCTL_LIMIT_WORKLOAD_PER_MINUTE="600",
-            PYCTL_NODE_COOLDOWN_SECONDS="0",
-            PYCTL_DISRUPTIONS_PER_HOUR="0",
+            PYCTL_LIMIT_NODE_COOLDOWN_SECONDS="0",
+            PYCTL_LIMIT_DISRUPTIONS_PER_HOUR="0",
             PYCTL_LOG_LEVEL="info",
         )
         env.update(extra_env or {})
@@ -135,7 +135,7 @@ class ControllerProcess:
         try:
             self.proc = subprocess.Popen(
                 self.argv,
-                env={**self.env, "PYCTL_IDENTITY": identity},
+                env={**self.env, "PYCTL_LEASE_IDENTITY": identity},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

@@ -25,7 +25,7 @@ import anyio
 import pytest
 from kubernetes_asyncio import client
 
-from pyctl import mig
+from pyctl.core import mig
 from pyctl.state.redis_client import RedisConfig, close_client, connect
 from pyctl.state.redis_workflows import RedisWorkflowStore
 from pyctl.workflows.mig_reconfig import TAINT_KEY, MigOptions

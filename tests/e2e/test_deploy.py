@@ -22,7 +22,7 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from pyctl.config import load_config
+from pyctl.app.config import load_config
 from tests.paths import REPO
 
 from .conftest import wait_until
@@ -82,11 +82,11 @@ def test_overlay_renders_everything(overlay: str) -> None:
         assert kind in kinds, kind
     config = _one(objs, "ConfigMap", "pyctl-config")["data"]
     assert config["PYCTL_MODE"] == overlay
-    # every key is a setting of pyctl/config.py, and the whole validates
+    # every key is a setting of pyctl/app/config.py, and the whole validates
     cfg = load_config(None, config, {})
     assert cfg.mode == overlay
     assert cfg.source == "kube"
-    assert cfg.metrics_port == 8080
+    assert cfg.metrics.port == 8080
     for o in objs:
         assert o["metadata"]["labels"]["app.kubernetes.io/part-of"] == "pyctl"
         if o["kind"] not in (
@@ -127,7 +127,7 @@ def test_pods_are_restricted_and_probed() -> None:
     assert ctl["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert ctl["readinessProbe"]["httpGet"]["path"] == "/readyz"
     env = {e["name"]: e for e in ctl["env"]}
-    assert env["PYCTL_IDENTITY"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["PYCTL_LEASE_IDENTITY"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     sts = _one(objs, "StatefulSet", "pyctl-redis")
     assert sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"]
 

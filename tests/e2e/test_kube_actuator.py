@@ -147,7 +147,7 @@ async def test_eviction_respects_a_pdb_and_events_are_recorded(
     await wait_until(gone, "the evicted pod to go")
     assert (await act.try_evict(ns, "p0")).allowed  # already gone: done, not an error
 
-    await act.event("Pod", ns, "p1", "PyctlCompaction", "would move p1", type_="Warning")
+    await act.event("Pod", ns, "p1", "PyctlCompaction", "would move p1", warning=True)
     await act.event("Node", "", node, "PyctlMigReconfigure", "would re-partition")
     pod_events = await core.list_namespaced_event(
         ns, field_selector="involvedObject.name=p1,reason=PyctlCompaction"

@@ -16,18 +16,20 @@ import anyio
 import pytest
 from kubernetes_asyncio import client
 
-from pyctl import mig
 from pyctl.cluster.kube.actuator import KubeActuator
 from pyctl.cluster.kube.client import connect
 from pyctl.cluster.kube.source import KubeClusterSource
+from pyctl.core import mig
 from pyctl.metrics import Metrics
 from pyctl.state.ratelimit import MemoryRateLimiter
 from pyctl.state.workflows import MemoryWorkflowStore
 from pyctl.workflows.engine import Engine
 from pyctl.workflows.gate import Gate
-from pyctl.workflows.mig_loop import MigLoop, MigLoopOptions
+from pyctl.workflows.kinds import builtin_registry
+from pyctl.workflows.mig_loop import MigLoop
 from pyctl.workflows.mig_reconfig import TAINT_KEY, MigContext, MigOptions
 from tests.limits import global_only
+from tests.models import CacheModels
 
 from .conftest import CacheSink, wait_until
 from .control_plane import ControlPlane
@@ -105,15 +107,18 @@ async def setup(control_plane: ControlPlane, api: client.ApiClient) -> AsyncIter
                 apply_timeout=30.0,
                 drain_timeout=30.0,
                 poll=0.2,
+                nodes=(node,),
             ),
         )
         loop = MigLoop(
             sink.cache,
-            Engine(MemoryWorkflowStore(), ctx),
+            CacheModels(sink.cache),
+            Engine(MemoryWorkflowStore(), ctx, builtin_registry()),
+            gate,
             metrics,
             "e2e",
             interval=0.2,
-            options=MigLoopOptions(nodes=(node,)),
+            options=ctx.options,
         )
         s = Setup(api, core, ns, node, cm, mgr, metrics, loop)
         async with anyio.create_task_group() as tg:

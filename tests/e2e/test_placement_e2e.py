@@ -10,6 +10,7 @@ sees exact per-zone usage instead of its in-order top-up."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -21,9 +22,10 @@ from kubernetes_asyncio import client
 from pyctl.cluster.kube.client import connect
 from pyctl.cluster.kube.source import KubeClusterSource
 from pyctl.controller.controller import Controller
-from pyctl.controller.http import HealthServer
+from pyctl.controller.placement import PlacementAdvisor
 from pyctl.model import Shape, Workload
-from pyctl.placement import PlacementExtender
+from pyctl.serve.extender import ExtenderHandler
+from pyctl.serve.health import HealthServer
 from pyctl.state.memory import MemoryStore
 from tests.e2e.conftest import wait_until
 from tests.e2e.control_plane import REPO, ControlPlane, ExtraScheduler
@@ -302,7 +304,7 @@ async def test_real_scheduler_with_the_extender_aligns_and_packs(
         workload=WORKLOAD,
         summary_interval=0.5,
     )
-    ext = PlacementExtender.for_reconciler(ctl.reconciler)
+    ext = ExtenderHandler(PlacementAdvisor.for_reconciler(ctl.reconciler))
     server = HealthServer(ctl.metrics.registry, ctl.ready, "127.0.0.1", 0, extender=ext)
     port = await server.start()
     sched = ExtraScheduler(
@@ -371,7 +373,8 @@ async def test_real_scheduler_with_the_extender_aligns_and_packs(
                     "Pod": gpu_pod(f"one-{i}", 1, label=label, selector=sel),
                     "NodeNames": list(names),
                 }
-                scores = {h["Host"]: h["Score"] for h in ext.prioritize(args)}
+                answer = json.loads(ext.handle("prioritize", json.dumps(args).encode()))
+                scores = {h["Host"]: h["Score"] for h in answer}
                 best = {n for n, s in scores.items() if s == max(scores.values())}
                 await core.create_namespaced_pod(
                     "default", body(gpu_pod(f"one-{i}", 1, label=label, selector=sel))

@@ -22,6 +22,7 @@ from pyctl.state.redis_ratelimit import RedisRateLimiter
 from pyctl.state.redis_workflows import RedisWorkflowStore
 from pyctl.workflows.engine import Context, Engine
 from pyctl.workflows.gate import Gate
+from pyctl.workflows.kinds import builtin_registry
 from tests.limits import global_only
 
 CLUSTER = "crash"
@@ -43,7 +44,7 @@ class RedisCluster:
 
     async def cordon(self, node: str, on: bool) -> None: ...
 
-    async def try_evict(self, namespace: str, pod: str) -> EvictionOutcome:
+    async def try_evict(self, namespace: str, pod: str, uid: str = "") -> EvictionOutcome:
         async with self.client.pipeline(transaction=True) as p:  # type: ignore[attr-defined]
             p.hdel(PODS, pod)
             p.rpush(LOG, pod)
@@ -53,7 +54,15 @@ class RedisCluster:
     async def label_node(self, node: str, labels: Mapping[str, str | None]) -> None: ...
 
     async def event(
-        self, kind: str, namespace: str, name: str, reason: str, message: str, *, uid: str = ""
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        reason: str,
+        message: str,
+        *,
+        uid: str = "",
+        warning: bool = False,
     ) -> None: ...
 
 
@@ -74,6 +83,7 @@ async def main(url: str) -> None:
     engine = Engine(
         RedisWorkflowStore(client, rc, CLUSTER),
         Context(gate, lambda ns, name: cluster.pods.get(f"{ns}/{name}")),
+        builtin_registry(),
         retention_seconds=3600,
         kinds=("compaction",),
     )

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 from pyctl.cluster.records import (
+    Constraints,
     Event,
     EventType,
     NodeRecord,
     NrtRecord,
     PdbRecord,
     PodRecord,
+    PodTerm,
     Record,
+    Selector,
+    Taint,
+    Toleration,
     ZoneRecord,
 )
 
@@ -25,7 +30,8 @@ def node(name: str, rv: str = "1", gpus: int = 8) -> NodeRecord:
         mig=(("1g.10gb", 7),),
         gpu_numa=((0, 0), (1, 1)),
         topology_policy="single-numa-node",
-        taints=("nvidia.com/gpu",),
+        taints=(Taint("nvidia.com/gpu", "present", "NoSchedule"),),
+        labels=(("kubernetes.io/hostname", name), ("nvidia.com/gpu.product", "H100")),
     )
 
 
@@ -41,6 +47,14 @@ def pod(namespace: str, name: str, node_name: str = "", rv: str = "1", gpus: int
         labels=(("app", name.rsplit("-", 1)[0]),),
         owner_kind="ReplicaSet",
         owner_name=f"{name}-rs",
+        created=1_700_000_000.0,
+        constraints=Constraints(
+            node_selector=(("gpu-type", "a100"),),
+            tolerations=(Toleration("nvidia.com/gpu", "Exists"),),
+            anti_affinity=(
+                PodTerm("kubernetes.io/hostname", Selector((("app", name.rsplit("-", 1)[0]),))),
+            ),
+        ),
     )
 
 

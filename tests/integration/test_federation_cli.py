@@ -18,19 +18,17 @@ from typing import Any
 import anyio
 import pytest
 
-from pyctl.controller.controller import summary_bytes
-from pyctl.controller.http import HealthServer
-from pyctl.controller.reconcile import Summary
+from pyctl.controller.summary import Summary, federation_summary_bytes, summary_bytes
+from pyctl.core.fragmentation import CATEGORIES, FragmentationModel
 from pyctl.federation import (
     federation_status,
-    federation_summary_bytes,
     parse_shape,
     place,
     read_members,
 )
-from pyctl.fragmentation import CATEGORIES, FragmentationModel
 from pyctl.metrics import Metrics
 from pyctl.model import Gpu, Node, Shape, Snapshot, Workload, Zone
+from pyctl.serve.health import HealthServer
 from pyctl.state.redis_client import RedisConfig
 from pyctl.state.redis_store import RedisStore
 

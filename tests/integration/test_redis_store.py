@@ -17,7 +17,7 @@ from pyctl.state.redis_client import REDIS_COMMANDS, RedisConfig, close_client, 
 from pyctl.state.redis_ratelimit import RedisRateLimiter
 from pyctl.state.redis_store import RedisStore
 from pyctl.state.redis_workflows import RedisWorkflowStore
-from pyctl.state.store import SchemaError, StateLostError, StoreError
+from pyctl.state.store import SCHEMA_VERSION, SchemaError, StateLostError, StoreError
 
 from .conftest import AUTH_PASSWORD, RedisConn, redis_config
 from .ratelimits import every_kind_of_limit
@@ -36,12 +36,15 @@ async def test_schema_version_written_then_checked(
 ) -> None:
     first = RedisStore(redis_conn.config, cluster_name, client=redis_conn.client)
     await first.open()
-    assert await redis_conn.client.get(first.keys.schema) == b"1"
-    newer = RedisStore(redis_conn.config, cluster_name, client=redis_conn.client, schema_version=2)
+    assert await redis_conn.client.get(first.keys.schema) == str(SCHEMA_VERSION).encode()
+    later = SCHEMA_VERSION + 1
+    newer = RedisStore(
+        redis_conn.config, cluster_name, client=redis_conn.client, schema_version=later
+    )
     with pytest.raises(SchemaError) as err:
         await newer.open()
-    assert "schema version 1" in str(err.value)
-    assert "schema version 2" in str(err.value)
+    assert f"schema version {SCHEMA_VERSION}" in str(err.value)
+    assert f"schema version {later}" in str(err.value)
     assert cluster_name in str(err.value)
     await first.open()  # the same version opens again
 
@@ -53,13 +56,13 @@ async def test_schema_changed_under_a_writer(redis_conn: RedisConn, cluster_name
     await st.apply([ev("ADDED", node("gpu-1"))], {"Node": "1"})
     before = await _state(st)
     await redis_conn.client.set(st.keys.schema, "7")
-    with pytest.raises(SchemaError, match=r"schema version 7.*schema version 1"):
+    with pytest.raises(SchemaError, match=rf"schema version 7.*schema version {SCHEMA_VERSION}"):
         await st.apply([ev("ADDED", node("gpu-2")), ev("DELETED", node("gpu-1"))], {"Node": "2"})
     with pytest.raises(SchemaError):
         await st.replace("Node", [node("gpu-3")], "3")
     with pytest.raises(SchemaError):
         await st.load("Node")
-    await redis_conn.client.set(st.keys.schema, "1")
+    await redis_conn.client.set(st.keys.schema, str(SCHEMA_VERSION))
     assert await _state(st) == before
 
 

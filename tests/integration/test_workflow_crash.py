@@ -24,6 +24,7 @@ from pyctl.state.redis_ratelimit import RedisRateLimiter
 from pyctl.state.redis_workflows import RedisWorkflowStore
 from pyctl.workflows.engine import Context, Engine, Workflow
 from pyctl.workflows.gate import Gate
+from pyctl.workflows.kinds import builtin_registry
 from tests.integration.crash_worker import CLUSTER, LOG, PODS
 from tests.limits import global_only
 
@@ -105,14 +106,22 @@ class _Recorder:
 
     async def cordon(self, node: str, on: bool) -> None: ...
 
-    async def try_evict(self, namespace: str, pod: str) -> EvictionOutcome:
+    async def try_evict(self, namespace: str, pod: str, uid: str = "") -> EvictionOutcome:
         self.evicted.append(pod)
         return EvictionOutcome(True, 201)
 
     async def label_node(self, node: str, labels: Mapping[str, str | None]) -> None: ...
 
     async def event(
-        self, kind: str, namespace: str, name: str, reason: str, message: str, *, uid: str = ""
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        reason: str,
+        message: str,
+        *,
+        uid: str = "",
+        warning: bool = False,
     ) -> None: ...
 
 
@@ -140,7 +149,12 @@ async def test_two_replicas_sharing_redis_share_the_limits(redis_server: object)
         )
         store = RedisWorkflowStore(clients[i], rc, "shared")
         engines.append(
-            Engine(store, Context(gate, lambda ns, n: pods.get(f"{ns}/{n}")), kinds=("compaction",))
+            Engine(
+                store,
+                Context(gate, lambda ns, n: pods.get(f"{ns}/{n}")),
+                builtin_registry(),
+                kinds=("compaction",),
+            )
         )
     for i in range(20):
         await engines[0].start(_wf(i))

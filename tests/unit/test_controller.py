@@ -8,15 +8,15 @@ from typing import Any
 import anyio
 import pytest
 
+from pyctl.app.config import ConfigError, load_config
 from pyctl.cluster.records import Event, NodeRecord, PodRecord
 from pyctl.cluster.sim.scenario import inference_day
 from pyctl.cluster.sim.source import SimClusterSource
-from pyctl.config import ConfigError, load_config
 from pyctl.controller.cache import ClusterCache
 from pyctl.controller.controller import Controller
-from pyctl.controller.http import HealthServer
 from pyctl.controller.reconcile import SchedulingWindow
 from pyctl.controller.workqueue import WorkQueue
+from pyctl.serve.health import HealthServer
 from pyctl.state.memory import MemoryStore
 from pyctl.state.store import StoreError
 
@@ -93,7 +93,7 @@ def test_config_precedence_and_errors(tmp_path: Any) -> None:
     f = tmp_path / "c.yaml"
     f.write_text("cluster: from-file\nmetrics-port: 9000\nmode: observe\n")
     cfg = load_config(str(f), {"PYCTL_METRICS_PORT": "9100"}, {"mode": "enforce"})
-    assert (cfg.cluster, cfg.metrics_port, cfg.mode) == ("from-file", 9100, "enforce")
+    assert (cfg.cluster, cfg.metrics.port, cfg.mode) == ("from-file", 9100, "enforce")
     f.write_text("colour: blue\n")
     with pytest.raises(ConfigError, match="unknown setting 'colour'"):
         load_config(str(f), {})
@@ -218,19 +218,17 @@ async def test_health_endpoints_and_metrics() -> None:
 
 
 def test_safety_limits_are_configuration() -> None:
-    from pyctl.cli.run import safety_limits
-
     cfg = load_config(
         None,
-        {"PYCTL_LIMIT_GLOBAL_BURST": "3", "PYCTL_DISRUPTIONS_PER_HOUR": "0"},
+        {"PYCTL_LIMIT_GLOBAL_BURST": "3", "PYCTL_LIMIT_DISRUPTIONS_PER_HOUR": "0"},
         {"limit_node_per_minute": 6.0, "mig_concurrency": 2},
     )
-    limits = safety_limits(cfg)
+    limits = cfg.safety_limits()
     assert limits.global_bucket is not None
     assert limits.global_bucket.capacity == 3
     assert limits.node_bucket is not None
     assert limits.node_bucket.per_second == pytest.approx(0.1)
     assert limits.mig_concurrency == 2
     assert limits.disruptions_per_hour is None
-    with pytest.raises(ConfigError, match="limit_node_burst: must be at least 1"):
+    with pytest.raises(ConfigError, match=r"limit_node_burst: 0 is outside 1\.\.1e\+06"):
         load_config(None, {"PYCTL_LIMIT_NODE_BURST": "0"})

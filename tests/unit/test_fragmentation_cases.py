@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from pyctl.fragmentation import FragmentationModel, score
+from pyctl.core.fragmentation import FragmentationModel, score
 from pyctl.model import Gpu, Node, Shape, Snapshot, Workload, Zone
 from pyctl.snapshot import load_snapshot
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pyctl.fragmentation import FragmentationModel, score
+from pyctl.core.fragmentation import FragmentationModel, score
 from pyctl.model import Gpu, MigGpu, MigInstance, Node, Shape, Snapshot, Workload, Zone
 from tests.reference import fragmentation as ref
 

@@ -10,7 +10,7 @@ import pytest
 
 from pyctl.cli.main import main
 from pyctl.cluster.kube.dump import DumpError, snapshot_from_dump
-from pyctl.fragmentation import score
+from pyctl.core.fragmentation import score
 from pyctl.model import Shape, Workload
 
 

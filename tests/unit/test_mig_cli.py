@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from pyctl import mig
 from pyctl.cli.main import main
+from pyctl.core import mig
 
 SNAPSHOT = {
     "nodes": [

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from pyctl import mig
+from pyctl.core import mig
 from tests.reference import mig as reference
 
 A100 = "A100-SXM4-40GB"

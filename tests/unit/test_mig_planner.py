@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from pyctl import mig
-from pyctl.snapshot import load_snapshot
+from pyctl.core import mig
+from pyctl.snapshot import load_demand, load_snapshot
 from tests.reference import mig as reference
 
 A100 = "A100-SXM4-40GB"
@@ -165,22 +165,22 @@ def _snapshot(node_gpus: dict[str, list[dict[str, Any]]], model: str = A100) -> 
 
 def test_plan_snapshot_takes_served_demand_off_before_the_next_node() -> None:
     snap = _snapshot({"a": FREE_SPLIT, "b": FREE_SPLIT})
-    demand = mig.load_demand({"pending": [{"profile": "3g.20gb", "count": 1}]})
+    demand = load_demand({"pending": [{"profile": "3g.20gb", "count": 1}]})
     plans = mig.plan_snapshot(snap, demand)
     assert [p.node for p in plans] == ["a", "b"]
     assert plans[0].plan["changed_gpus"] == 1
     assert plans[1].plan["changed_gpus"] == 0  # the 3g is served by node a already
-    demand = mig.load_demand({"pending": [{"profile": "3g.20gb", "count": 2}]})
+    demand = load_demand({"pending": [{"profile": "3g.20gb", "count": 2}]})
     assert [p.plan["changed_gpus"] for p in mig.plan_snapshot(snap, demand)] == [1, 1]
 
 
 def test_demand_file_errors() -> None:
     snap = _snapshot({"a": FREE_SPLIT})
-    demand = mig.load_demand({"pending": [{"profile": "3g.40gb"}]})
+    demand = load_demand({"pending": [{"profile": "3g.40gb"}]})
     with pytest.raises(ValueError, match=r"pending\[0\].profile: A100-SXM4-40GB \(node 'a'\)"):
         mig.plan_snapshot(snap, demand)
     # Aimed at another model: fine, this node ignores it.
-    demand = mig.load_demand({"pending": [{"profile": "3g.40gb", "gpu_model": "H100-80GB"}]})
+    demand = load_demand({"pending": [{"profile": "3g.40gb", "gpu_model": "H100-80GB"}]})
     assert mig.plan_snapshot(snap, demand)[0].plan["changed_gpus"] == 0
     for bad, message in [
         ({"pending": [{"count": 1}]}, "pending[0]"),
@@ -192,12 +192,12 @@ def test_demand_file_errors() -> None:
         ([], "expected a JSON object"),
     ]:
         with pytest.raises(ValueError, match=re.escape(message)):
-            mig.load_demand(bad)
+            load_demand(bad)
 
 
 def test_workload_shapes_for_other_models_are_skipped() -> None:
     snap = _snapshot({"a": [{"gpu": 0, "instances": []}]})
-    demand = mig.load_demand(
+    demand = load_demand(
         {
             "shapes": [
                 {"cpu_milli": 1000, "mig_profile": "2g.10gb", "weight": 0.5},
@@ -209,7 +209,7 @@ def test_workload_shapes_for_other_models_are_skipped() -> None:
     p = mig.plan_snapshot(snap, demand)[0].plan
     assert p["wanted"] == [{"profile": "2g.10gb", "weight": 1.0}]
     assert [x["profile"] for x in p["gpus"][0]["layout"]] == ["2g.10gb"] * 3
-    demand = mig.load_demand(
+    demand = load_demand(
         {
             "shapes": [
                 {"mig_profile": "3g.40gb", "gpu_models": ["A100-SXM4-40GB"], "weight": 1},
@@ -222,7 +222,7 @@ def test_workload_shapes_for_other_models_are_skipped() -> None:
 
 def test_mig_parted_config_round_trips() -> None:
     snap = _snapshot({"gpu-a": FREE_SPLIT + BLOCKED, "gpu-b": FREE_SPLIT})
-    demand = mig.load_demand(
+    demand = load_demand(
         {"pending": [{"profile": "3g.20gb", "count": 3}], "limits": {"max_used_destroyed": 1}}
     )
     plans = mig.plan_snapshot(snap, demand)

@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pyctl import mig
+from pyctl.core import mig
 from tests.reference import mig as reference
 
 MODELS = sorted(reference.MODELS)

@@ -13,16 +13,18 @@ from dataclasses import dataclass, field
 import msgspec
 import pytest
 
-from pyctl import mig
-from pyctl.cluster.records import NodeRecord, PodRecord
+from pyctl.cluster.records import NodeRecord, PodRecord, Taint
 from pyctl.cluster.source import EvictionOutcome
 from pyctl.controller.cache import ClusterCache
+from pyctl.core import mig
 from pyctl.metrics import Metrics
 from pyctl.state.ratelimit import MemoryRateLimiter
 from pyctl.state.workflows import MemoryWorkflowStore
+from pyctl.workflows import mig_reconfig
 from pyctl.workflows.engine import Engine, Workflow
 from pyctl.workflows.gate import Gate
-from pyctl.workflows.mig_loop import MigLoop, MigLoopOptions, fresh_id, pending_demand
+from pyctl.workflows.kinds import builtin_registry
+from pyctl.workflows.mig_loop import MigLoop, fresh_id, pending_demand
 from pyctl.workflows.mig_reconfig import (
     KIND,
     TAINT_KEY,
@@ -32,6 +34,7 @@ from pyctl.workflows.mig_reconfig import (
     workflow_for,
 )
 from tests.limits import global_only
+from tests.models import CacheModels
 
 MODEL = "A100-SXM4-40GB"
 NS, CM, KEY = "gpu-operator", "pyctl-mig-parted-config", "config.yaml"
@@ -95,17 +98,17 @@ class FakeMigCluster:
     async def taint(
         self, node: str, key: str, effect: str = "NoSchedule", *, value: str = "", on: bool = True
     ) -> bool:
-        taints = set(self.nodes[node].taints)
-        before = set(taints)
+        taints = {t.key: t for t in self.nodes[node].taints}
+        before = dict(taints)
         if on:
-            taints.add(key)
+            taints[key] = Taint(key, value, effect)
         else:
-            taints.discard(key)
-        self._node(node, taints=tuple(sorted(taints)))
+            taints.pop(key, None)
+        self._node(node, taints=tuple(taints[k] for k in sorted(taints)))
         self._act(f"taint {node} {key} {on}")
         return taints != before
 
-    async def try_evict(self, namespace: str, pod: str) -> EvictionOutcome:
+    async def try_evict(self, namespace: str, pod: str, uid: str = "") -> EvictionOutcome:
         if self.refuse > 0:
             self.refuse -= 1
             return EvictionOutcome(False, 429, retry_after=self.retry_after)
@@ -130,7 +133,15 @@ class FakeMigCluster:
         self._act(f"configmap {namespace}/{name}")
 
     async def event(
-        self, kind: str, namespace: str, name: str, reason: str, message: str, *, uid: str = ""
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        reason: str,
+        message: str,
+        *,
+        uid: str = "",
+        warning: bool = False,
     ) -> None:
         self.events.append((kind, name, reason))
 
@@ -227,6 +238,7 @@ class Harness:
         """A (re)started controller: new engine and gate over the same store and limiter."""
         c = self.cluster
         gate = Gate(self.mode, lambda: self.leader, self.limiter, LOOSE, c, self.metrics, "c")
+        self.gate = gate
         ctx = MigContext(
             gate,
             lambda ns, name: c.pods.get(f"{ns}/{name}"),
@@ -234,7 +246,7 @@ class Harness:
             node=c.nodes.get,
             options=self.options,
         )
-        return Engine(self.store, ctx)
+        return Engine(self.store, ctx, builtin_registry())
 
     async def wf(self) -> Workflow:
         got = await self.engine.get(WF_ID)
@@ -274,7 +286,7 @@ async def started(h: Harness) -> None:
 
 def assert_restored(c: FakeMigCluster) -> None:
     n = c.nodes["n1"]
-    assert TAINT_KEY not in n.taints
+    assert not n.has_taint(TAINT_KEY)
     assert not n.unschedulable
 
 
@@ -511,7 +523,7 @@ async def test_the_node_stays_isolated_until_the_rollback_is_applied() -> None:
         await h.engine.advance_all()
         wf = await h.wf()
         n = c.nodes["n1"]
-        states.append((wf.step, n.mig_config, n.mig_config_state, TAINT_KEY in n.taints))
+        states.append((wf.step, n.mig_config, n.mig_config_state, n.has_taint(TAINT_KEY)))
         if wf.finished:
             break
         c.settle()
@@ -567,7 +579,7 @@ async def test_api_errors_retry_then_restore() -> None:
     assert wf.finished, wf
     assert wf.result.startswith("rolled_back"), wf
     assert_restored(c)
-    assert calls["n"] >= OPTIONS.max_errors
+    assert calls["n"] >= mig_reconfig.workflow_kind().max_errors
 
 
 def test_expected_capacity_and_workflow_data() -> None:
@@ -587,7 +599,7 @@ def test_expected_capacity_and_workflow_data() -> None:
 def loop_setup(c: FakeMigCluster) -> tuple[Harness, MigLoop, ClusterCache]:
     h = Harness(c)
     cache = ClusterCache()
-    loop = MigLoop(cache, h.engine, h.metrics, "c")
+    loop = MigLoop(cache, CacheModels(cache), h.engine, h.gate, h.metrics, "c")
     return h, loop, cache
 
 
@@ -637,7 +649,15 @@ async def test_loop_holds_a_node_off_after_its_last_reconfiguration(
         )
     h = Harness(c)
     cache = ClusterCache()
-    loop = MigLoop(cache, h.engine, h.metrics, "c", options=MigLoopOptions(holdoff=holdoff))
+    loop = MigLoop(
+        cache,
+        CacheModels(cache),
+        h.engine,
+        h.gate,
+        h.metrics,
+        "c",
+        options=MigOptions(node_holdoff_seconds=holdoff),
+    )
     sync(cache, c)
     # n1's previous reconfiguration ended 10 s ago
     done = Workflow("mig-old", KIND, "n1", "done", created=h.clock.t - 60, updated=h.clock.t - 10)

@@ -9,9 +9,11 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
-from pyctl.controller.http import HealthServer
+from pyctl.cluster.kube.extender import MAX_EXTENDER_PRIORITY, parse_args
+from pyctl.controller.placement import PlacementAdvisor, scores
 from pyctl.model import Gpu, Node, Shape, Workload, Zone
-from pyctl.placement import MAX_EXTENDER_PRIORITY, PlacementExtender, parse_args, scores
+from pyctl.serve.extender import ExtenderHandler
+from pyctl.serve.health import HealthServer
 
 W = Workload(
     (
@@ -19,6 +21,30 @@ W = Workload(
         Shape(cpu_milli=1000, gpus=4, gpu_milli=1000, weight=0.5),
     )
 )
+
+
+class PlacementExtender:
+    """The extender as the scheduler sees it: request bodies in, JSON answers out."""
+
+    def __init__(self, models: dict[str, Node], workload: Any) -> None:
+        self.advisor = PlacementAdvisor(models, workload)
+        self.handler = ExtenderHandler(self.advisor)
+
+    def handle(self, verb: str, body: bytes) -> bytes:
+        return self.handler.handle(verb, body)
+
+    def _call(self, verb: str, body: bytes | dict[str, Any]) -> Any:
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        return json.loads(self.handler.handle(verb, raw))
+
+    def filter(self, body: bytes | dict[str, Any]) -> Any:
+        return self._call("filter", body)
+
+    def prioritize(self, body: bytes | dict[str, Any]) -> Any:
+        return self._call("prioritize", body)
+
+    def _model(self, name: str) -> Any:
+        return self.advisor._model(name)
 
 
 def node(name: str, used0: int, used1: int, policy: str = "single-numa-node") -> Node:
@@ -202,10 +228,10 @@ async def test_served_by_the_health_server(ext: PlacementExtender) -> None:
 async def test_pyctl_run_serves_the_extender_from_the_controllers_models() -> None:
     import socket
 
-    from pyctl.cli.run import start_server
+    from pyctl.app.config import Config, MetricsSection
+    from pyctl.app.wiring import start_server
     from pyctl.cluster.sim.scenario import inference_day
     from pyctl.cluster.sim.source import SimClusterSource
-    from pyctl.config import Config
     from pyctl.controller.controller import Controller
     from pyctl.state.memory import MemoryStore
 
@@ -213,7 +239,7 @@ async def test_pyctl_run_serves_the_extender_from_the_controllers_models() -> No
         s.bind(("127.0.0.1", 0))
         free = int(s.getsockname()[1])
     ctl = Controller("sim", SimClusterSource(inference_day(), speed=None), MemoryStore())
-    server = await start_server(ctl, Config(metrics_port=free))
+    server = await start_server(ctl, Config(metrics=MetricsSection(port=free)))
     assert server is not None
     try:
         await ctl.run(until_source_ends=True)

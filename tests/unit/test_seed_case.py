@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pyctl import mig
 from pyctl.cli.main import main
+from pyctl.core import mig
 from pyctl.replay import seed_case as sc
 
 

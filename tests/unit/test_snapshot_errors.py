@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from pyctl.cli.main import main
-from pyctl.fragmentation import score
+from pyctl.core.fragmentation import score
 from pyctl.snapshot import load_snapshot, load_workload
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"

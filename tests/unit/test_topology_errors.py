@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from pyctl.topology import merge_hints
+from pyctl.core.topology import merge_hints
 
 GPU = {"gpu": [{"affinity": [0], "preferred": True}]}
 

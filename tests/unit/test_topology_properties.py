@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pyctl.topology import POLICIES, merge_hints
+from pyctl.core.topology import POLICIES, merge_hints
 from tests.reference import topology as reference
 
 

@@ -16,6 +16,7 @@ from pyctl.state.ratelimit import MemoryRateLimiter, SafetyLimits
 from pyctl.state.workflows import MemoryWorkflowStore
 from pyctl.workflows.engine import Context, Engine, Workflow
 from pyctl.workflows.gate import Gate
+from pyctl.workflows.kinds import builtin_registry
 from tests.limits import global_only
 
 
@@ -36,7 +37,7 @@ class FakeCluster:
 
     async def cordon(self, node: str, on: bool) -> None: ...
 
-    async def try_evict(self, namespace: str, pod: str) -> EvictionOutcome:
+    async def try_evict(self, namespace: str, pod: str, uid: str = "") -> EvictionOutcome:
         if self.refuse:
             return EvictionOutcome(False, 429, "TooManyRequests", "no", self.retry_after, "pdb")
         self.evictions.append(f"{namespace}/{pod}")
@@ -46,7 +47,15 @@ class FakeCluster:
     async def label_node(self, node: str, labels: Mapping[str, str | None]) -> None: ...
 
     async def event(
-        self, kind: str, namespace: str, name: str, reason: str, message: str, *, uid: str = ""
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        reason: str,
+        message: str,
+        *,
+        uid: str = "",
+        warning: bool = False,
     ) -> None:
         self.events.append((f"{namespace}/{name}", uid))
 
@@ -63,7 +72,7 @@ def setup(
     gate = Gate(mode, lambda: True, MemoryRateLimiter(), limits, cluster, Metrics(), "c")
     store = store or MemoryWorkflowStore()
     ctx = Context(gate, lambda ns, name: cluster.pods.get(f"{ns}/{name}"))
-    return cluster, Engine(store, ctx), store
+    return cluster, Engine(store, ctx, builtin_registry()), store
 
 
 def move(i: int) -> Workflow:
@@ -179,19 +188,16 @@ async def test_observe_mode_changes_nothing() -> None:
 
 @pytest.mark.anyio
 async def test_enforce_on_the_simulated_cluster_evicts_through_the_gate() -> None:
-    from pyctl.cli.run import attach_workflows
-    from pyctl.cluster.sim.scenario import inference_day
-    from pyctl.cluster.sim.source import SimClusterSource
-    from pyctl.config import Config
-    from pyctl.controller.controller import Controller
-    from pyctl.state.memory import MemoryStore
+    from pyctl.app.config import Config, SimSection
+    from pyctl.app.run import build_sim
+    from pyctl.cluster.sim.actuator import SimActuator
 
-    cfg = Config(mode="enforce", sim_speed=3000)
-    src = SimClusterSource(inference_day(), speed=3000)
-    ctl = Controller("sim", src, MemoryStore(), summary_interval=0.2)
-    compactor = attach_workflows(ctl, cfg, src)
-    await ctl.run(until_source_ends=True)
-    calls = compactor.engine.ctx.gate.actuator.calls
+    cfg = Config(mode="enforce", sim=SimSection(speed=3000), summary_interval=0.2)
+    sim = build_sim(cfg)
+    src = sim.source
+    await sim.run()
+    assert isinstance(sim.workflows.actuator, SimActuator)
+    calls = sim.workflows.actuator.calls
     evicted = [args for name, args in calls if name == "evict"]
     assert src.evicted > 0
     assert len(evicted) == len(set(evicted)), "a pod was evicted twice"

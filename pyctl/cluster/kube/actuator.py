@@ -149,14 +149,19 @@ class KubeActuator:
 
     # -- eviction ----------------------------------------------------------------------------------
 
-    async def try_evict(self, namespace: str, pod: str) -> EvictionOutcome:
+    async def try_evict(self, namespace: str, pod: str, uid: str = "") -> EvictionOutcome:
         body: dict[str, Any] = {
             "apiVersion": "policy/v1",
             "kind": "Eviction",
             "metadata": {"name": pod, "namespace": namespace},
         }
+        options: dict[str, Any] = {}
         if self.grace_period_seconds is not None:
-            body["deleteOptions"] = {"gracePeriodSeconds": self.grace_period_seconds}
+            options["gracePeriodSeconds"] = self.grace_period_seconds
+        if uid:
+            options["preconditions"] = {"uid": uid}
+        if options:
+            body["deleteOptions"] = options
         path = f"/api/v1/namespaces/{path_part(namespace)}/pods/{path_part(pod)}/eviction"
         resp = await self.kube.request("POST", path, body=body)
         if resp.ok:
@@ -165,6 +170,13 @@ class KubeActuator:
         if resp.status == 404 and (err.details.get("kind") in ("pods", None)):
             # Already gone (a retried eviction after a crash): what eviction wanted is done.
             return EvictionOutcome(True, 404, err.reason, err.message)
+        if resp.status == 409 and uid:
+            # The uid precondition failed: the pod of that name is another incarnation, the one
+            # meant is gone. Never evict the new one.
+            return EvictionOutcome(True, 409, err.reason, err.message)
+        if resp.status == 403:
+            # An admission webhook or policy denied it: not a reason to retry soon.
+            return EvictionOutcome(False, 403, err.reason, err.message)
         if resp.status != 429:
             raise err
         causes = tuple(
@@ -196,12 +208,11 @@ class KubeActuator:
         message: str,
         *,
         uid: str = "",
-        type_: str = "Normal",
+        warning: bool = False,
     ) -> None:
         """A core/v1 Event about a Pod or Node (what `kubectl describe` shows). Events of
         cluster-scoped objects live in namespace `default`, as client-go's recorder puts them."""
-        if type_ not in ("Normal", "Warning"):
-            raise ValueError(f"event: type must be Normal or Warning, got {type_!r}")
+        type_ = "Warning" if warning else "Normal"
         involved: dict[str, Any] = {"apiVersion": "v1", "kind": kind, "name": name}
         if namespace:
             involved["namespace"] = namespace

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from datetime import datetime
 from functools import lru_cache
 from typing import Any, Final, TypeVar
 
@@ -18,12 +19,20 @@ import msgspec
 from pyctl.cluster.kube import quantity as q
 from pyctl.cluster.kube import wire
 from pyctl.cluster.records import (
+    Constraints,
     Kind,
     NodeRecord,
+    NodeTerm,
     NrtRecord,
     PdbRecord,
     PodRecord,
+    PodTerm,
     Record,
+    Requirement,
+    Selector,
+    Spread,
+    Taint,
+    Toleration,
     ZoneRecord,
 )
 
@@ -108,8 +117,9 @@ def node_record(n: wire.Node) -> NodeRecord:
             mig_strategy=labels.get(MIG_STRATEGY_LABEL, ""),
             topology_policy=labels.get(POLICY_LABEL, meta.annotations.get(POLICY_LABEL, "")),
             unschedulable=n.spec.unschedulable,
-            taints=tuple(t.key for t in n.spec.taints if t.effect in ("NoSchedule", "NoExecute")),
+            taints=tuple(Taint(t.key, t.value, t.effect) for t in n.spec.taints),
             ready=all(c.status == "True" for c in n.status.conditions if c.type == "Ready"),
+            labels=tuple(sorted(labels.items())),
         )
     except q.QuantityError as e:
         raise DecodeError(f"{_where('node', meta)}: {e}") from None
@@ -183,11 +193,12 @@ def pod_record(p: wire.Pod) -> PodRecord:
                 (k[len(MIG_PREFIX) :], v) for k, v in req.items() if k.startswith(MIG_PREFIX) and v
             )
         )
-    local = False
+    local = pvc = False
     for vol in spec.volumes:
         if vol.emptyDir is not None or vol.hostPath is not None:
             local = True
-            break
+        if vol.persistentVolumeClaim is not None or vol.ephemeral is not None:
+            pvc = True
     labels = meta.labels
     return PodRecord(
         meta.namespace,
@@ -211,6 +222,83 @@ def pod_record(p: wire.Pod) -> PodRecord:
         MIRROR_ANNOTATION in annotations,
         local,
         evict,
+        pvc,
+        _timestamp(meta.creationTimestamp),
+        "" if spec.schedulerName in ("", DEFAULT_SCHEDULER) else spec.schedulerName,
+        _constraints(spec) if _has_constraints(spec) else None,
+    )
+
+
+DEFAULT_SCHEDULER: Final = "default-scheduler"
+
+
+def _timestamp(ts: str | None) -> float:
+    """An RFC 3339 timestamp (creationTimestamp) as seconds since the epoch; 0 when absent or
+    unreadable."""
+    if not ts:
+        return 0.0
+    try:
+        return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def _has_constraints(spec: wire.PodSpec) -> bool:
+    return bool(
+        spec.nodeSelector or spec.affinity or spec.tolerations or spec.topologySpreadConstraints
+    )
+
+
+def _requirements(reqs: list[wire.Requirement]) -> tuple[Requirement, ...]:
+    return tuple(Requirement(r.key, r.operator, tuple(r.values)) for r in reqs)
+
+
+def _selector(sel: wire.LabelSelector | None) -> Selector | None:
+    if sel is None:
+        return None
+    return Selector(tuple(sorted(sel.matchLabels.items())), _requirements(sel.matchExpressions))
+
+
+def _pod_terms(aff: wire.PodAffinity | None) -> tuple[PodTerm, ...]:
+    if aff is None:
+        return ()
+    return tuple(
+        PodTerm(
+            t.topologyKey,
+            _selector(t.labelSelector),
+            tuple(t.namespaces),
+            # an empty namespaceSelector ({}) selects every namespace
+            t.namespaceSelector is not None
+            and not t.namespaceSelector.matchLabels
+            and not t.namespaceSelector.matchExpressions,
+        )
+        for t in aff.requiredDuringSchedulingIgnoredDuringExecution
+    )
+
+
+def _constraints(spec: wire.PodSpec) -> Constraints:
+    aff = spec.affinity
+    node_terms: tuple[NodeTerm, ...] = ()
+    if aff is not None and aff.nodeAffinity is not None:
+        req = aff.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution
+        if req is not None:
+            node_terms = tuple(
+                NodeTerm(_requirements(t.matchExpressions), _requirements(t.matchFields))
+                for t in req.nodeSelectorTerms
+            )
+    return Constraints(
+        node_selector=tuple(sorted(spec.nodeSelector.items())),
+        node_affinity=node_terms,
+        tolerations=tuple(
+            Toleration(t.key, t.operator or "Equal", t.value, t.effect) for t in spec.tolerations
+        ),
+        affinity=_pod_terms(aff.podAffinity if aff else None),
+        anti_affinity=_pod_terms(aff.podAntiAffinity if aff else None),
+        spread=tuple(
+            Spread(c.maxSkew, c.topologyKey, _selector(c.labelSelector), c.minDomains or 0)
+            for c in spec.topologySpreadConstraints
+            if c.whenUnsatisfiable == "DoNotSchedule"
+        ),
     )
 
 
@@ -228,6 +316,7 @@ def pdb_record(b: wire.Pdb) -> PdbRecord:
         name=meta.name,
         resource_version=meta.resourceVersion,
         match_labels=tuple(sorted(b.spec.selector.matchLabels.items())),
+        match_expressions=_requirements(b.spec.selector.matchExpressions),
         min_available=_int_or_pct(b.spec.minAvailable),
         max_unavailable=_int_or_pct(b.spec.maxUnavailable),
         disruptions_allowed=b.status.disruptionsAllowed,

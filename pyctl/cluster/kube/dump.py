@@ -19,6 +19,11 @@ class DumpError(ValueError):
     """A dump pyctl cannot understand; the message names the object."""
 
 
+def is_dump(data: Any) -> bool:
+    """A `kubectl get ... -o json` answer: a List of Kubernetes objects."""
+    return isinstance(data, Mapping) and data.get("kind") == "List" and "items" in data
+
+
 def records(
     data: Mapping[str, Any],
 ) -> tuple[list[NodeRecord], list[PodRecord], list[NrtRecord], list[PdbRecord]]:

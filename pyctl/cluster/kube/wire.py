@@ -19,6 +19,7 @@ class Meta(msgspec.Struct):
     namespace: str = ""
     uid: str = ""
     resourceVersion: str = ""
+    creationTimestamp: str | None = None
     labels: dict[str, str] = {}
     annotations: dict[str, str] = {}
     ownerReferences: list[OwnerRef] = []
@@ -27,7 +28,64 @@ class Meta(msgspec.Struct):
 
 class Taint(msgspec.Struct):
     key: str = ""
+    value: str = ""
     effect: str = ""
+
+
+class Toleration(msgspec.Struct):
+    key: str = ""
+    operator: str = ""
+    value: str = ""
+    effect: str = ""
+
+
+class Requirement(msgspec.Struct):
+    key: str = ""
+    operator: str = ""
+    values: list[str] = []
+
+
+class LabelSelector(msgspec.Struct):
+    matchLabels: dict[str, str] = {}
+    matchExpressions: list[Requirement] = []
+
+
+class NodeSelectorTerm(msgspec.Struct):
+    matchExpressions: list[Requirement] = []
+    matchFields: list[Requirement] = []
+
+
+class NodeSelector(msgspec.Struct):
+    nodeSelectorTerms: list[NodeSelectorTerm] = []
+
+
+class NodeAffinity(msgspec.Struct):
+    requiredDuringSchedulingIgnoredDuringExecution: NodeSelector | None = None
+
+
+class PodAffinityTerm(msgspec.Struct):
+    topologyKey: str = ""
+    labelSelector: LabelSelector | None = None
+    namespaces: list[str] = []
+    namespaceSelector: LabelSelector | None = None
+
+
+class PodAffinity(msgspec.Struct):
+    requiredDuringSchedulingIgnoredDuringExecution: list[PodAffinityTerm] = []
+
+
+class Affinity(msgspec.Struct):
+    nodeAffinity: NodeAffinity | None = None
+    podAffinity: PodAffinity | None = None
+    podAntiAffinity: PodAffinity | None = None
+
+
+class TopologySpreadConstraint(msgspec.Struct):
+    maxSkew: int = 1
+    topologyKey: str = ""
+    whenUnsatisfiable: str = ""
+    labelSelector: LabelSelector | None = None
+    minDomains: int | None = None
 
 
 class Condition(msgspec.Struct):
@@ -71,6 +129,8 @@ class Volume(msgspec.Struct):
     name: str = ""
     emptyDir: dict[str, Any] | None = None
     hostPath: dict[str, Any] | None = None
+    persistentVolumeClaim: dict[str, Any] | None = None
+    ephemeral: dict[str, Any] | None = None
 
 
 class PodSpec(msgspec.Struct):
@@ -80,6 +140,11 @@ class PodSpec(msgspec.Struct):
     priority: int | None = None
     priorityClassName: str = ""
     volumes: list[Volume] = []
+    schedulerName: str = ""
+    nodeSelector: dict[str, str] = {}
+    affinity: Affinity | None = None
+    tolerations: list[Toleration] = []
+    topologySpreadConstraints: list[TopologySpreadConstraint] = []
 
 
 class PodStatus(msgspec.Struct):
@@ -91,10 +156,6 @@ class Pod(msgspec.Struct):
     metadata: Meta = msgspec.field(default_factory=Meta)
     spec: PodSpec = msgspec.field(default_factory=PodSpec)
     status: PodStatus = msgspec.field(default_factory=PodStatus)
-
-
-class LabelSelector(msgspec.Struct):
-    matchLabels: dict[str, str] = {}
 
 
 class PdbSpec(msgspec.Struct):

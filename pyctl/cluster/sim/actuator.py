@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from pyctl.cluster.sim.source import SimClusterSource
 from pyctl.cluster.source import EvictionOutcome
-from pyctl.mig import MIG_CONFIG_LABEL, parse_mig_parted, to_yaml
+from pyctl.core.mig import MIG_CONFIG_LABEL, parse_mig_parted, to_yaml
 
 #: the mig-parted config file of the simulated GPU Operator (MigOptions' default location)
 SIM_CONFIGMAP = ("gpu-operator", "pyctl-mig-parted-config")
@@ -31,7 +31,7 @@ class SimActuator:
         self.calls.append(("cordon", (node, on)))
         await self.source.isolate(node, cordon=on)
 
-    async def try_evict(self, namespace: str, pod: str) -> EvictionOutcome:
+    async def try_evict(self, namespace: str, pod: str, uid: str = "") -> EvictionOutcome:
         """The simulated cluster has no PodDisruptionBudgets: every eviction is accepted."""
         self.calls.append(("evict", (namespace, pod)))
         ok = await self.source.evict(namespace, pod)
@@ -85,6 +85,14 @@ class SimActuator:
         self.configmaps.setdefault((namespace, name), {}).update(data)
 
     async def event(
-        self, kind: str, namespace: str, name: str, reason: str, message: str, *, uid: str = ""
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        reason: str,
+        message: str,
+        *,
+        uid: str = "",
+        warning: bool = False,
     ) -> None:
         self.calls.append(("event", (kind, namespace, name, reason, message)))

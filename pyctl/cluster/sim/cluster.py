@@ -10,8 +10,8 @@ import heapq
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pyctl.cluster.records import NodeRecord, NrtRecord, PodRecord, ZoneRecord
-from pyctl.fragmentation import FragmentationModel
+from pyctl.cluster.records import NodeRecord, NrtRecord, PodRecord, Taint, ZoneRecord
+from pyctl.core.fragmentation import FragmentationModel
 from pyctl.model import Node, Shape, Snapshot, Workload
 
 
@@ -102,7 +102,9 @@ class SimCluster:
             mig_config=self.mig_labels.get(n.name, ("", ""))[0],
             mig_config_state=self.mig_labels.get(n.name, ("", ""))[1],
             unschedulable=n.name in self.cordoned,
-            taints=tuple(sorted(self.taints.get(n.name, ()))),
+            taints=tuple(
+                Taint(k, effect="NoSchedule") for k in sorted(self.taints.get(n.name, ()))
+            ),
         )
 
     def nrt_record(self, name: str) -> NrtRecord:
@@ -212,7 +214,7 @@ class SimCluster:
         changes is destroyed and re-created (mig-parted is not incremental): False, and nothing
         changes, if an instance of it is in use ("In use by another client") or the layout does
         not fit."""
-        from pyctl import mig as mig_mod
+        from pyctl.core import mig as mig_mod
         from pyctl.model import MigGpu, MigInstance
 
         n = self.by_name[name]

@@ -88,7 +88,7 @@ impl Node {
     }
 }
 
-/// The flat input arrays (see `pyctl/fragmentation.py`, which builds them from records).
+/// The flat input arrays (see `pyctl/core/fragmentation.py`, which builds them from records).
 #[derive(Clone, Debug, Default)]
 pub struct ClusterColumns {
     pub node_names: Vec<String>,

@@ -234,7 +234,7 @@ impl PyFragmentModel {
         self.cluster.nodes.len()
     }
 
-    /// Scores every node; returns columns (see pyctl/fragmentation.py).
+    /// Scores every node; returns columns (see pyctl/core/fragmentation.py).
     fn score<'py>(
         &self,
         py: Python<'py>,

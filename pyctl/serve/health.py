@@ -1,7 +1,7 @@
 """`/metrics`, `/healthz` and `/readyz` on one port (aiohttp); `/federation` too when given a
 callback (the view across clusters, `pyctl.federation.federation_status`); the kube-scheduler
 extender (`POST /scheduler/filter`, `POST /scheduler/prioritize`) when given one
-(`pyctl.placement.PlacementExtender`)."""
+(`pyctl.serve.extender.ExtenderHandler`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 
-class Extender(Protocol):  # placement advice (pyctl.placement.PlacementExtender)
+class Extender(Protocol):  # placement advice (pyctl.serve.extender.ExtenderHandler)
     def handle(self, verb: str, body: bytes) -> bytes: ...
 
 

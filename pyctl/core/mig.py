@@ -198,6 +198,15 @@ def place(
     return _core.mig_place(gpu_model, [(n, s) for n, s in pinned], list(unpinned))
 
 
+def pack(
+    gpu_model: str, counts: Sequence[tuple[str, int]], gpus: int
+) -> list[list[tuple[str, int]]]:
+    """Instances by count (profile, how many) packed onto at most `gpus` GPUs of the model at
+    valid placements (a layout mig-parted could have made): per GPU, (profile, start). Raises
+    ValueError when they do not fit."""
+    return _core.mig_pack(gpu_model, list(counts), gpus)
+
+
 # ---- planner ----------------------------------------------------------------------------------
 
 
@@ -235,83 +244,6 @@ class Demand:
     pending: tuple[Pending, ...] = ()
     shapes: tuple[Shape, ...] = ()
     limits: Limits = field(default_factory=Limits)
-
-
-def _where_int(v: Any, where: str, minimum: int = 0) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise ValueError(f"{where}: expected an integer >= {minimum}, got {v!r}")
-    return v
-
-
-def load_demand(data: Any) -> Demand:
-    """The demand file of `pyctl mig plan` (docs in `pyctl mig plan --help` and the README):
-    ``{"pending": [{"profile": "3g.20gb", "count": 2, "gpu_model": "A100-SXM4-40GB"?}],
-    "shapes": [workload shapes as for pyctl score]?, "limits": {"nodes": [...]?, "gpus": [0, 1] |
-    {"node": [0, 1]}?, "max_used_destroyed": 0?, "executor": "placement" | "mig-parted"?}}``."""
-    from pyctl.snapshot import shape_from_json
-
-    if not isinstance(data, Mapping):
-        raise ValueError("demand: expected a JSON object")
-    unknown = set(data) - {"pending", "shapes", "limits"}
-    if unknown:
-        raise ValueError(f"demand: unknown field(s) {sorted(unknown)}")
-    pending = []
-    raw_pending = data.get("pending", [])
-    if not isinstance(raw_pending, list):
-        raise ValueError("pending: expected a list")
-    for i, p in enumerate(raw_pending):
-        where = f"pending[{i}]"
-        if not isinstance(p, Mapping) or not isinstance(p.get("profile"), str):
-            raise ValueError(f"{where}: expected {{'profile': name, 'count': n}}")
-        extra = set(p) - {"profile", "count", "gpu_model"}
-        if extra:
-            raise ValueError(f"{where}: unknown field(s) {sorted(extra)}")
-        gm = p.get("gpu_model")
-        if gm is not None and not isinstance(gm, str):
-            raise ValueError(f"{where}.gpu_model: expected a model name")
-        count = _where_int(p.get("count", 1), f"{where}.count")
-        pending.append(Pending(p["profile"], count, None if gm is None else model(gm).name))
-    raw_shapes = data.get("shapes", [])
-    if not isinstance(raw_shapes, list):
-        raise ValueError("shapes: expected a list")
-    shapes = tuple(shape_from_json(s, f"shapes[{i}]") for i, s in enumerate(raw_shapes))
-    return Demand(tuple(pending), shapes, _load_limits(data.get("limits", {})))
-
-
-def _load_limits(raw: Any) -> Limits:
-    if not isinstance(raw, Mapping):
-        raise ValueError("limits: expected an object")
-    extra = set(raw) - {"nodes", "gpus", "max_used_destroyed", "executor"}
-    if extra:
-        raise ValueError(f"limits: unknown field(s) {sorted(extra)}")
-    gpus: tuple[int, ...] | dict[str, tuple[int, ...]] | None = None
-    g = raw.get("gpus")
-    if isinstance(g, list):
-        gpus = tuple(_where_int(x, f"limits.gpus[{i}]") for i, x in enumerate(g))
-    elif isinstance(g, Mapping):
-        gpus = {}
-        for k, v in g.items():
-            if not isinstance(v, list):
-                raise ValueError(f"limits.gpus[{k!r}]: expected a list of GPU indices")
-            gpus[str(k)] = tuple(_where_int(x, f"limits.gpus[{k!r}][{i}]") for i, x in enumerate(v))
-    elif g is not None:
-        raise ValueError("limits.gpus: expected a list of GPU indices or {node: [indices]}")
-    nodes = raw.get("nodes")
-    if nodes is not None and (
-        not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes)
-    ):
-        raise ValueError("limits.nodes: expected a list of node names")
-    executor = raw.get("executor", "placement")
-    if executor not in EXECUTORS:
-        raise ValueError(f"limits.executor: {executor!r} is not one of {list(EXECUTORS)}")
-    return Limits(
-        gpus=gpus,
-        nodes=None if nodes is None else tuple(nodes),
-        max_used_destroyed=_where_int(
-            raw.get("max_used_destroyed", 0), "limits.max_used_destroyed"
-        ),
-        executor=executor,
-    )
 
 
 def plan(
@@ -535,7 +467,6 @@ __all__ = [
     "count_valid",
     "inferred_note",
     "layouts",
-    "load_demand",
     "mig_parted_config",
     "mig_parted_entries",
     "model",

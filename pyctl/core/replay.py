@@ -1,0 +1,47 @@
+"""The trace replay engine (rust/src/replay): one replay of a trace under one policy and seed.
+The trace reading, the workload M and the metrics live in `pyctl.replay.trace`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pyctl import _core
+from pyctl.core.types import ReplayRaw
+
+#: the placement policies the engine knows (the artifact's six, pyctl's)
+POLICIES: tuple[str, ...] = tuple(_core.REPLAY_POLICIES)
+
+
+def run(
+    nodes: Mapping[str, Sequence[Any]],
+    tasks: Mapping[str, Sequence[Any]],
+    shapes: Sequence[Mapping[str, Any]],
+    *,
+    policy: str,
+    seed: int,
+    tune: float = 1.3,
+    shuffle: bool = True,
+    numa: bool = False,
+    compaction: Mapping[str, float] | None = None,
+    max_pct: int = 130,
+    placements: bool = False,
+) -> ReplayRaw:
+    """One replay: the nodes and tasks in columns, M's shapes; raises ValueError naming the field
+    on bad input."""
+    return _core.replay_run(
+        nodes,
+        tasks,
+        shapes,
+        policy=policy,
+        seed=seed,
+        tune=tune,
+        shuffle=shuffle,
+        numa=numa,
+        compaction=compaction,
+        max_pct=max_pct,
+        placements=placements,
+    )
+
+
+__all__ = ["POLICIES", "ReplayRaw", "run"]

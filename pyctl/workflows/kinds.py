@@ -1,0 +1,14 @@
+"""The workflow kinds pyctl runs, registered explicitly at start-up."""
+
+from __future__ import annotations
+
+from pyctl.workflows import compaction, mig_reconfig
+from pyctl.workflows.base import Registry
+
+
+def builtin_registry() -> Registry:
+    """Compaction and MIG reconfiguration."""
+    r = Registry()
+    r.add(compaction.workflow_kind())
+    r.add(mig_reconfig.workflow_kind())
+    return r
