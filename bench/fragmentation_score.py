@@ -115,7 +115,7 @@ def main() -> None:
     model = FragmentationModel(snap)
     build = time.perf_counter() - t0
     shapes = [shape_dict(s) for s in w.shapes]
-    t_rust = best_of(lambda: model._core.score(shapes), repeat=5)
+    t_rust = best_of(lambda: model.core.score(shapes), repeat=5)
     t_facade = best_of(lambda: model.score(w), repeat=3)
     res = model.score(w)
     pairs = n_nodes * len(w.shapes)

@@ -171,6 +171,18 @@ class WorkflowMetrics:
             [*c, "store"],
             registry=r,
         )
+        self.rescues = Counter(
+            "pyctl_rescues_total",
+            "Rescues of pending pods (room made by several evictions) by outcome (done, abandoned)",
+            [*c, "outcome"],
+            registry=r,
+        )
+        self.planned_rescues = Gauge(
+            "pyctl_compaction_planned_rescues",
+            "Pending pods the compaction planner can make room for now",
+            c,
+            registry=r,
+        )
         # -- MIG reconfiguration (pyctl/workflows/mig_reconfig.py) --
         self.mig_reconfigurations = Counter(
             "pyctl_mig_reconfigurations",

@@ -26,6 +26,7 @@ from typing import Any, Union
 import yaml
 
 from pyctl.cluster.kube.reflector import ReflectorOptions
+from pyctl.core.policy import PlanLimits
 from pyctl.state.ratelimit import BucketLimit, SafetyLimits
 from pyctl.state.redis_client import RedisConfig
 from pyctl.workflows.evictor import EvictorOptions
@@ -182,8 +183,19 @@ class LimitSection:
 class WorkflowSection:
     #: seconds between two compaction/MIG planning rounds on a real cluster
     interval: float = 30.0
-    #: most evictions one compaction round plans
+    #: most evictions one compaction round plans (a rescue's included)
     max_moves: int = 3
+    #: most evictions one rescue of a pending pod may take (0: no rescues)
+    rescue_depth: int = 3
+    #: seconds a rescue may take, from its start to the pending pod bound
+    rescue_deadline: float = 900.0
+    #: smallest fall of fragment (milli-GPU) a defragmentation move must bring
+    min_gain: float = 1.0
+
+    def plan_limits(self) -> PlanLimits:
+        return PlanLimits(
+            max_moves=self.max_moves, min_gain=self.min_gain, rescue_depth=self.rescue_depth
+        )
 
 
 @dataclass(frozen=True)
@@ -450,6 +462,9 @@ _RANGES: tuple[tuple[str, float, float], ...] = (
     ("workload_interval", 0.1, 86400),
     ("workflow_interval", 0.01, 86400),
     ("workflow_max_moves", 0, 1000),
+    ("workflow_rescue_depth", 0, 8),
+    ("workflow_rescue_deadline", 1, 86400),
+    ("workflow_min_gain", 0, 1e6),
     ("limit_global_burst", 1, 1e6),
     ("limit_node_burst", 1, 1e6),
     ("limit_namespace_burst", 1, 1e6),

@@ -11,7 +11,14 @@ from dataclasses import dataclass
 import anyio
 
 from pyctl.app.config import Config
-from pyctl.app.wiring import Workflows, attach_workflows, make_store, sim_limits, start_server
+from pyctl.app.wiring import (
+    Workflows,
+    advisor,
+    attach_workflows,
+    make_store,
+    sim_limits,
+    start_server,
+)
 from pyctl.cluster.kube.actuator import KubeActuator
 from pyctl.cluster.kube.client import connect
 from pyctl.cluster.kube.lease import LeaderElector, LeaseConfig
@@ -56,8 +63,8 @@ async def run_kube(cfg: Config, workload: Workload | None) -> int:
     actuator: Actuator = (
         KubeActuator(kube, instance=identity) if cfg.mode == "enforce" else NullActuator()
     )
-    attach_workflows(ctl, cfg, actuator=actuator)
-    server = await start_server(ctl, cfg)
+    flows = attach_workflows(ctl, cfg, actuator=actuator)
+    server = await start_server(ctl, cfg, flows)
     if cfg.redis.url:
         ctl.background.append(lambda: watch_members(ctl.store, ctl.metrics, cfg.cluster, 10.0))
     try:
@@ -84,7 +91,7 @@ class SimRun:
     workflows: Workflows
 
     async def run(self) -> None:
-        server = await start_server(self.controller, self.cfg)
+        server = await start_server(self.controller, self.cfg, self.workflows)
         try:
             await self.controller.run(until_source_ends=not self.cfg.sim.forever)
         finally:
@@ -112,9 +119,14 @@ def build_sim(
     )
     enforce = cfg.mode == "enforce"
     actuator: Actuator = SimActuator(source) if enforce else NullActuator()
-    if enforce:
-        source.cluster.advice = True
     flows = attach_workflows(ctl, cfg, actuator=actuator, limits=sim_limits(), interval=interval)
+    if enforce:
+        # the simulated scheduler asks pyctl's extender, as a configured kube-scheduler does
+        adv = advisor(ctl, flows)
+        source.cluster.extender = lambda pod, names: (
+            adv.filter(pod, names),
+            adv.prioritize(pod, names),
+        )
     return SimRun(cfg, scenario, source, ctl, flows)
 
 

@@ -19,14 +19,17 @@ from pyctl.state.memory import MemoryStore
 from pyctl.state.ratelimit import BucketLimit, MemoryRateLimiter, RateLimiter, SafetyLimits
 from pyctl.state.store import StateStore
 from pyctl.state.workflows import MemoryWorkflowStore, WorkflowStore
+from pyctl.workflows.compaction import KIND as COMPACTION_KIND
 from pyctl.workflows.compactor import Compactor
-from pyctl.workflows.engine import Context, Engine
+from pyctl.workflows.engine import Engine
 from pyctl.workflows.evictor import Evictor
 from pyctl.workflows.gate import Gate
 from pyctl.workflows.kinds import builtin_registry
 from pyctl.workflows.mig_loop import MigLoop
 from pyctl.workflows.mig_reconfig import KIND as MIG_KIND
 from pyctl.workflows.mig_reconfig import MigContext
+from pyctl.workflows.rescue import KIND as RESCUE_KIND
+from pyctl.workflows.rescue import CompactionContext, RescueOptions
 
 
 def make_store(cfg: Config) -> StateStore:
@@ -112,16 +115,24 @@ def attach_workflows(
     def pod(ns: str, name: str) -> PodRecord | None:
         return pods.get(f"{ns}/{name}")
 
+    rescue_options = RescueOptions(deadline=cfg.workflow.rescue_deadline, poll=min(2.0, interval))
     compactor = Compactor(
         ctl.cache,
         ctl.reconciler,
-        Engine(workflows, Context(gate, pod), registry, kinds=("compaction",)),
+        Engine(
+            workflows,
+            CompactionContext(gate, pod, rescue=rescue_options),
+            registry,
+            kinds=(COMPACTION_KIND, RESCUE_KIND),
+        ),
         ctl.metrics,
         cfg.cluster,
         cfg.mode,
         interval,
-        max_moves=cfg.workflow.max_moves,
         options=cfg.evictor,
+        gate=gate,
+        limits=cfg.workflow.plan_limits(),
+        rescue_options=rescue_options,
     )
     mig_ctx = MigContext(gate, pod, node=ctl.cache.nodes.get, options=cfg.mig)
     holdoff = cfg.mig.node_holdoff_seconds
@@ -143,7 +154,20 @@ def attach_workflows(
     return Workflows(gate, actuator, compactor, mig_loop)
 
 
-async def start_server(ctl: Controller, cfg: Config) -> HealthServer | None:
+def advisor(ctl: Controller, flows: Workflows | None = None) -> PlacementAdvisor:
+    """The scheduler extender's decisions, on the controller's models, keeping the nodes of the
+    rescues in progress for their pending pods."""
+    if flows is None:
+        return PlacementAdvisor.for_reconciler(ctl.reconciler)
+    compactor = flows.compactor
+    return PlacementAdvisor.for_reconciler(
+        ctl.reconciler, lambda: compactor.reservations, lambda: compactor.departures
+    )
+
+
+async def start_server(
+    ctl: Controller, cfg: Config, flows: Workflows | None = None
+) -> HealthServer | None:
     """/metrics, /healthz, /readyz (and /federation with a shared Redis) on the metrics port,
     with the kube-scheduler extender (/scheduler/filter, /scheduler/prioritize)."""
     if not cfg.metrics.port:
@@ -164,7 +188,7 @@ async def start_server(ctl: Controller, cfg: Config) -> HealthServer | None:
         cfg.metrics.host,
         cfg.metrics.port,
         federation=federation,
-        extender=ExtenderHandler(PlacementAdvisor.for_reconciler(ctl.reconciler)),
+        extender=ExtenderHandler(advisor(ctl, flows)),
     )
     await server.start()
     return server

@@ -191,6 +191,24 @@ def node_from_records(
     )
 
 
+def models_of(
+    nodes: Iterable[NodeRecord],
+    nrts: Iterable[NrtRecord],
+    pods: Iterable[PodRecord],
+    default_policy: str = "none",
+) -> dict[str, Node]:
+    """Every node's model, by name (raises `TranslateError` on a node it cannot model)."""
+    by_node: dict[str, list[PodRecord]] = defaultdict(list)
+    for p in pods:
+        if p.node and not p.terminated:
+            by_node[p.node].append(p)
+    nrt = {t.name: t for t in nrts}
+    return {
+        n.name: node_from_records(n, nrt.get(n.name), by_node[n.name], default_policy)
+        for n in nodes
+    }
+
+
 def attribute_pods(
     node: Node, pods: Iterable[PodRecord]
 ) -> dict[str, dict[str, list[object] | object]]:

@@ -177,17 +177,19 @@ class FragmentationModel:
 
     def __init__(self, snapshot: Snapshot) -> None:
         self.snapshot = snapshot
-        self._core = _core.FragmentModel(snapshot_columns(snapshot))
-        self._index = {n.name: i for i, n in enumerate(snapshot.nodes)}
+        #: the core's model (used by the facades of this package: `pyctl.core.policy`)
+        self.core = _core.FragmentModel(snapshot_columns(snapshot))
+        #: node name -> position in the snapshot
+        self.index = {n.name: i for i, n in enumerate(snapshot.nodes)}
 
     def _node(self, name: str) -> int:
         try:
-            return self._index[name]
+            return self.index[name]
         except KeyError:
             raise ValueError(f"node {name!r} is not in the snapshot") from None
 
     def score(self, workload: Workload) -> ClusterScore:
-        raw = self._core.score([shape_dict(s) for s in workload.shapes])
+        raw = self.core.score([shape_dict(s) for s in workload.shapes])
         cat_rows = zip(*(raw["categories"][c] for c in CATEGORIES), strict=True)
         mig_rows = zip(*(raw["mig_categories"][c] for c in CATEGORIES), strict=True)
         zone_rows = iter(
@@ -240,16 +242,16 @@ class FragmentationModel:
         """The fragment delta of placing `task` on `node` where it grows fragment least, or None
         if the node cannot admit it."""
         shapes = [shape_dict(s) for s in workload.shapes]
-        d = self._core.place_delta(self._node(node), shape_dict(task), shapes)
+        d = self.core.place_delta(self._node(node), shape_dict(task), shapes)
         return None if d is None else Delta(**d)
 
     def remove_delta(self, node: str, assignment: Mapping[str, Any], workload: Workload) -> Delta:
         shapes = [shape_dict(s) for s in workload.shapes]
-        return Delta(**self._core.remove_delta(self._node(node), dict(assignment), shapes))
+        return Delta(**self.core.remove_delta(self._node(node), dict(assignment), shapes))
 
     def apply(self, node: str, assignment: Mapping[str, Any], place: bool = True) -> None:
         """Place (or remove) a task at `assignment` on `node` in this model."""
-        self._core.apply(self._node(node), dict(assignment), place)
+        self.core.apply(self._node(node), dict(assignment), place)
 
 
 def score(snapshot: Snapshot, workload: Workload) -> ClusterScore:

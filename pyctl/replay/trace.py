@@ -29,6 +29,8 @@ NODE_FILE = "openb_node_list_gpu_node.csv"
 POD_PREFIX = "openb_pod_list_"
 POLICIES: tuple[str, ...] = engine.POLICIES
 SEEDS: tuple[int, ...] = tuple(range(42, 52))
+#: pyctl's policy, and pyctl as deployed (the kube-scheduler with pyctl's extender): they compact
+PYCTL_POLICIES: tuple[str, ...] = ("pyctl", "pyctl-deployed")
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 
@@ -184,13 +186,16 @@ class Compaction:
     `max_moves` moves a round, each the move that lowers F(M) most and by more than `min_gain`
     milli-GPU (the controller's planner); evictions never above `budget` x arrived pods, of
     which periodic rounds use at most `1 - reserve` (the rest is kept for pods that would
-    otherwise fail, once a task has failed)."""
+    otherwise fail, once a task has failed). A task that fits nowhere is rescued by the
+    planner with up to `rescue_depth` evictions, trying at most `rescue_budget` sets of pods."""
 
     every: int = 20
     budget: float = 0.02
     max_moves: int = 20
     min_gain: float = 1.0
     reserve: float = 0.25
+    rescue_depth: int = 2
+    rescue_budget: int = 64
 
     def as_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)
@@ -263,7 +268,8 @@ def replay(
 ) -> RunResult:
     import time
 
-    comp = compaction if compaction is not None else (Compaction() if policy == "pyctl" else None)
+    acts = policy in PYCTL_POLICIES
+    comp = compaction if compaction is not None else (Compaction() if acts else None)
     t0 = time.perf_counter()
     raw = engine.run(
         trace.nodes,
@@ -273,7 +279,7 @@ def replay(
         seed=seed,
         tune=tune,
         numa=numa,
-        compaction=comp.as_dict() if comp is not None and policy == "pyctl" else None,
+        compaction=comp.as_dict() if comp is not None and acts else None,
     )
     return RunResult(trace.name, policy, seed, numa, raw, time.perf_counter() - t0)
 

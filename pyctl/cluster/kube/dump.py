@@ -5,13 +5,12 @@ anything in it."""
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
 from pyctl.cluster.kube.decode import DecodeError, decode_object
 from pyctl.cluster.records import KINDS, Kind, NodeRecord, NrtRecord, PdbRecord, PodRecord
-from pyctl.cluster.translate import TranslateError, node_from_records, pod_shape
+from pyctl.cluster.translate import TranslateError, models_of, pod_shape
 from pyctl.model import Shape, Snapshot
 
 
@@ -67,15 +66,8 @@ def _records(data: Mapping[str, Any]) -> tuple[list[NodeRecord], list[PodRecord]
 
 def snapshot_from_dump(data: Mapping[str, Any]) -> Snapshot:
     nodes, pods, nrts = _records(data)
-    by_node: dict[str, list[PodRecord]] = defaultdict(list)
-    for p in pods:
-        if p.node and not p.terminated:
-            by_node[p.node].append(p)
-    nrt = {t.name: t for t in nrts}
     try:
-        return Snapshot(
-            tuple(node_from_records(n, nrt.get(n.name), by_node[n.name]) for n in nodes)
-        )
+        return Snapshot(tuple(models_of(nodes, nrts, pods).values()))
     except TranslateError as e:
         raise DumpError(str(e)) from None
 

@@ -1,18 +1,35 @@
 """The simulated cluster's truth: which pod sits where (zones, GPUs, MIG instances), with a
-NUMA-aware scheduler that binds a pod only where the kubelet would admit it (the core's
-placement), preferring the least allocated node as kube-scheduler's default scoring does.
+scheduler that behaves as kube-scheduler does here: it binds a pod only where the kubelet would
+admit it, scores nodes with the default plugins that tell nodes apart by their resources
+(NodeResourcesFit LeastAllocated and BalancedAllocation, `pyctl.core.policy.kube_default_scores`)
+and, when one is configured, a scheduler extender at the weight of deploy/scheduler (pyctl's
+advice, `extender`); ties are drawn at random (seeded). The GPUs a pod gets on its node are those
+pyctl's policy picks there (the device plugin's own choice is not modelled).
 Its state is published as the records a real cluster would show (Node, NodeResourceTopology as
 the NFD topology-updater writes it, Pod)."""
 
 from __future__ import annotations
 
 import heapq
+import random
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pyctl.cluster.records import NodeRecord, NrtRecord, PodRecord, Taint, ZoneRecord
 from pyctl.core.fragmentation import FragmentationModel
+from pyctl.core.policy import (
+    EXTENDER_WEIGHT,
+    MAX_EXTENDER_PRIORITY,
+    kube_default_scores,
+    rank,
+)
 from pyctl.model import Node, Shape, Snapshot, Workload
+
+#: (pod, candidate nodes) -> (nodes filtered out with why, scores 0..MAX_EXTENDER_PRIORITY)
+Extender = Callable[[PodRecord, tuple[str, ...]], tuple[Mapping[str, str], Mapping[str, int]]]
+#: an extender score's weight in the total: MaxNodeScore / MaxExtenderPriority x its weight
+EXTENDER_SCALE = 100 // MAX_EXTENDER_PRIORITY * EXTENDER_WEIGHT
 
 
 @dataclass
@@ -43,8 +60,10 @@ class SimCluster:
     namespace: str = "inference"
     pods: dict[str, SimPod] = field(default_factory=dict)
     pending: list[str] = field(default_factory=list)
-    #: pyctl's placement advice (scheduler extender): prefer the node whose fragment grows least
-    advice: bool = False
+    #: a scheduler extender (pyctl's placement advice, wired in enforce mode): (pod, candidate
+    #: nodes) -> (nodes it filters out, scores 0..10)
+    extender: Extender | None = None
+    seed: int = 0
     _rv: int = 0
     #: MIG reconfiguration: node -> (nvidia.com/mig.config, nvidia.com/mig.config.state)
     mig_labels: dict[str, tuple[str, str]] = field(default_factory=dict)
@@ -53,6 +72,7 @@ class SimCluster:
     cordoned: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
         self.model = FragmentationModel(Snapshot(self.nodes))
         self.zones: dict[str, list[_ZoneState]] = {
             n.name: [
@@ -155,34 +175,44 @@ class SimCluster:
         )
 
     # -- placement ------------------------------------------------------------------------
-    def _free_score(self, name: str, shape: Shape) -> tuple[float, str]:
+    def _default_score(self, name: str, shape: Shape) -> int:
         zs = self.zones[name]
-        if shape.gpus or shape.mig_profile:
-            free = sum(sum(z.gpu_free) for z in zs) / 1000 + sum(
-                1 for z in zs for g in z.mig for _, used in g if not used
-            )
-        else:
-            free = sum(z.cpu_free for z in zs) / 1000
-        return (-free, name)
+        return kube_default_scores(
+            sum(z.cpu for z in zs),
+            sum(z.cpu_free for z in zs),
+            sum(z.mem for z in zs),
+            sum(z.mem_free for z in zs),
+            shape.cpu_milli,
+            shape.memory_mib,
+        )
 
     def schedule(self, pod: SimPod, only: str | None = None) -> bool:
-        """Bind `pod` to the least allocated node whose kubelet would admit it (or only `only`)."""
-        best: tuple[tuple[float, str], str, dict[str, Any]] | None = None
-        for n in self.nodes if only is None else (self.by_name[only],):
-            if n.name in self.cordoned or self.taints.get(n.name):
-                continue
-            d = self.model.place_delta(n.name, pod.shape, self.workload)
-            if d is None:
-                continue
-            key = self._free_score(n.name, pod.shape)
-            if self.advice:
-                key = (d.fragment_gpu_milli + d.fragment_mig_slices, *key)  # type: ignore[assignment]
-            if best is None or key < best[0]:
-                best = (key, n.name, d.assignment)
-        if best is None:
+        """Bind `pod` as the scheduler would (on `only`, when given), or mark it unschedulable."""
+        names = [
+            n.name
+            for n in (self.nodes if only is None else (self.by_name[only],))
+            if n.name not in self.cordoned and not self.taints.get(n.name)
+        ]
+        feasible = {
+            r.node: r for r in rank(self.model, pod.shape, self.workload, names) if r is not None
+        }
+        scores: Mapping[str, int] = {}
+        if feasible and self.extender is not None:
+            failed, scores = self.extender(self.pod_record(pod), tuple(feasible))
+            feasible = {n: r for n, r in feasible.items() if n not in failed}
+        best: list[str] = []
+        top = -1
+        for name in feasible:
+            total = self._default_score(name, pod.shape) + scores.get(name, 0) * EXTENDER_SCALE
+            if total > top:
+                best, top = [name], total
+            elif total == top:
+                best.append(name)
+        if not best:
             pod.unschedulable = True
             return False
-        _, name, assignment = best
+        name = best[0] if len(best) == 1 else self.rng.choice(best)
+        assignment = dict(feasible[name].assignment)
         self._apply(name, assignment, True)
         pod.node, pod.assignment, pod.unschedulable = name, assignment, False
         return True

@@ -166,7 +166,7 @@ fn candidate_sets(node: &Node, shape: &Shape, need: MigNeed, usable: u64) -> Vec
     sets
 }
 
-fn candidates(node: &Node, shape: &Shape) -> Vec<Assignment> {
+pub(crate) fn candidates(node: &Node, shape: &Shape) -> Vec<Assignment> {
     let zones = node.zones.len();
     let cpu_free: Vec<u64> = node.zones.iter().map(|z| z.cpu_free).collect();
     let mem_free: Vec<u64> = node.zones.iter().map(|z| z.memory_free).collect();

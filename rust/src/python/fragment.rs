@@ -8,9 +8,11 @@ use pyo3::types::{PyDict, PyList, PyString};
 use super::convert::{
     field_error, int, int_list, item, sequence, string, string_list, type_name, value_error,
 };
+use crate::compaction::{self, Input, Limits, Movable, NodeSet, Pending, Plan};
 use crate::fragment::delta::{apply, place_delta, remove_delta, Assignment, Delta};
 use crate::fragment::score::{score_node, RecoverMemo};
 use crate::fragment::{validate_shapes, Cluster, ClusterColumns, Shape, CATEGORY_NAMES};
+use crate::placement::{self, ClusterView, Ranked};
 
 fn ints(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Vec<i64>> {
     int_list(&item(d, key, "columns")?, || key.to_string())
@@ -312,63 +314,107 @@ impl PyFragmentModel {
         delta_dict(py, &d)
     }
 
-    /// Compaction plan: `movable` is a list of {"node": index, "assignment": ..., "shape": ...};
-    /// returns moves {"pod", "from", "to", "assignment", "remove_delta", "place_delta", "gain"}.
-    #[pyo3(signature = (movable, shapes, max_moves=10, min_gain=1.0, max_moves_per_node=None))]
-    fn plan_compaction<'py>(
+    /// The policy's best placement of `task` on each of `nodes` (default: every node), as
+    /// {"node", "rank", "inc", "cpu_short", "left", "idle", "assignment"}, or None where the
+    /// node does not admit it (`crate::placement::rank_nodes`).
+    #[pyo3(signature = (task, shapes, nodes=None))]
+    fn rank<'py>(
+        &self,
+        py: Python<'py>,
+        task: &Bound<'py, PyAny>,
+        shapes: &Bound<'py, PyAny>,
+        nodes: Option<Vec<usize>>,
+    ) -> PyResult<Vec<Option<Bound<'py, PyDict>>>> {
+        let task = read_task(task)?;
+        let shapes = read_shapes(shapes)?;
+        let nodes = nodes.unwrap_or_else(|| (0..self.cluster.nodes.len()).collect());
+        let cluster = &self.cluster;
+        let ranked = py.detach(|| {
+            let v = ClusterView::of(cluster, &shapes);
+            placement::rank_nodes(&v, &task, &nodes)
+        });
+        ranked
+            .iter()
+            .map(|r| r.as_ref().map(|r| ranked_dict(py, r)).transpose())
+            .collect()
+    }
+
+    /// The policy's choice for `task` among `nodes` (default: every node): the best rank, ties
+    /// to the first node in order (`crate::placement::choose`); None when none admits it.
+    #[pyo3(signature = (task, shapes, nodes=None))]
+    fn choose<'py>(
+        &self,
+        py: Python<'py>,
+        task: &Bound<'py, PyAny>,
+        shapes: &Bound<'py, PyAny>,
+        nodes: Option<Vec<usize>>,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let task = read_task(task)?;
+        let shapes = read_shapes(shapes)?;
+        let cluster = &self.cluster;
+        let count = cluster.nodes.len();
+        let allowed: Vec<bool> = match nodes {
+            None => vec![true; count],
+            Some(ns) => {
+                let mut a = vec![false; count];
+                for i in ns.into_iter().filter(|&i| i < count) {
+                    a[i] = true;
+                }
+                a
+            }
+        };
+        let got = py.detach(|| {
+            let v = ClusterView::of(cluster, &shapes);
+            placement::choose(&v, &task, |i| allowed[i])
+        });
+        got.map(|r| ranked_dict(py, &r)).transpose()
+    }
+
+    /// A compaction plan (`crate::compaction::plan`). `movable`: [{"node", "assignment",
+    /// "shape", "allowed"?, "pdb"?, "group"?}]; `pending`: [{"shape", "allowed"?}];
+    /// `node_sets`: lists of node indices that `allowed` refers to; `pdb_headroom`: disruptions
+    /// each budget allows. Returns {"moves": [{"pod", "from", "to", "assignment", "gain",
+    /// "rescue"}], "rescues": [{"pending", "node", "assignment", "moves", "waits", "delta"}],
+    /// "unrescued", "truncated"}.
+    #[pyo3(signature = (movable, pending, shapes, node_sets=Vec::new(), pdb_headroom=Vec::new(), limits=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn plan<'py>(
         &self,
         py: Python<'py>,
         movable: &Bound<'py, PyAny>,
+        pending: &Bound<'py, PyAny>,
         shapes: &Bound<'py, PyAny>,
-        max_moves: usize,
-        min_gain: f64,
-        max_moves_per_node: Option<usize>,
-    ) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        node_sets: Vec<Vec<usize>>,
+        pdb_headroom: Vec<u32>,
+        limits: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
         let shapes = read_shapes(shapes)?;
-        let mut items = Vec::new();
-        for (i, m) in sequence(movable, || "movable".to_string())?
+        let items = read_movable(movable)?;
+        let pend = read_pending(pending)?;
+        let limits = read_limits(limits)?;
+        let count = self.cluster.nodes.len();
+        let sets: Vec<NodeSet> = node_sets
             .iter()
-            .enumerate()
-        {
-            let d = m
-                .cast::<PyDict>()
-                .map_err(|_| field_error(&format!("movable[{i}]"), "expected an object"))?;
-            let node = int(&item(d, "node", &format!("movable[{i}]"))?, || {
-                format!("movable[{i}].node")
-            })?;
-            let node = usize::try_from(node)
-                .map_err(|_| field_error(&format!("movable[{i}].node"), "negative"))?;
-            let assignment = read_assignment(&item(d, "assignment", &format!("movable[{i}]"))?)?;
-            let shape = read_task(&item(d, "shape", &format!("movable[{i}]"))?)?;
-            items.push(crate::compaction::Movable {
-                node,
-                assignment,
-                shape,
-            });
-        }
-        let limits = crate::compaction::CompactionLimits {
-            max_moves,
-            min_gain,
-            max_moves_per_node: max_moves_per_node.unwrap_or(usize::MAX),
-        };
-        let cluster = &self.cluster;
-        let moves = py
-            .detach(|| crate::compaction::plan(cluster, &items, &shapes, &limits))
-            .map_err(value_error)?;
-        moves
-            .iter()
-            .map(|mv| {
-                let out = PyDict::new(py);
-                out.set_item("pod", mv.pod)?;
-                out.set_item("from", mv.from)?;
-                out.set_item("to", mv.to)?;
-                out.set_item("assignment", assignment_dict(py, &mv.to_assignment)?)?;
-                out.set_item("remove_delta", mv.remove_delta)?;
-                out.set_item("place_delta", mv.place_delta)?;
-                out.set_item("gain", mv.gain())?;
-                Ok(out)
+            .map(|ns| {
+                let mut words = vec![0u64; count.div_ceil(64)];
+                for &i in ns.iter().filter(|&&i| i < count) {
+                    words[i / 64] |= 1u64 << (i % 64);
+                }
+                words
             })
-            .collect()
+            .collect();
+        let cluster = &self.cluster;
+        let plan = py.detach(|| {
+            let mut v = ClusterView::of(cluster, &shapes);
+            let input = Input {
+                movable: &items,
+                pending: &pend,
+                node_sets: &sets,
+                pdb_headroom: &pdb_headroom,
+            };
+            compaction::plan(&mut v, &input, &limits)
+        });
+        plan_dict(py, &plan)
     }
 
     /// Index of a node by name, or None.
@@ -407,6 +453,156 @@ impl PyFragmentModel {
     }
 }
 
+fn ranked_dict<'py>(py: Python<'py>, r: &Ranked<Assignment>) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("node", r.node)?;
+    d.set_item("rank", r.rank)?;
+    d.set_item("inc", r.features.inc)?;
+    d.set_item("cpu_short", r.features.cpu_short)?;
+    d.set_item("left", r.features.left)?;
+    d.set_item("idle", r.features.idle)?;
+    d.set_item("assignment", assignment_dict(py, &r.place)?)?;
+    Ok(d)
+}
+
+fn opt_index(d: &Bound<'_, PyDict>, key: &str, where_: &str) -> PyResult<Option<usize>> {
+    match d.get_item(key)? {
+        None => Ok(None),
+        Some(v) if v.is_none() => Ok(None),
+        Some(v) => {
+            let x = int(&v, || format!("{where_}.{key}"))?;
+            usize::try_from(x)
+                .map(Some)
+                .map_err(|_| field_error(&format!("{where_}.{key}"), "negative"))
+        }
+    }
+}
+
+fn read_movable(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Movable<Shape, Assignment>>> {
+    let mut items = Vec::new();
+    for (i, m) in sequence(obj, || "movable".to_string())?.iter().enumerate() {
+        let w = format!("movable[{i}]");
+        let d = m
+            .cast::<PyDict>()
+            .map_err(|_| field_error(&w, "expected an object"))?;
+        let node = opt_index(d, "node", &w)?.ok_or_else(|| field_error(&w, "node missing"))?;
+        let group = opt_index(d, "group", &w)?
+            .map(|g| u32::try_from(g).map_err(|_| field_error(&format!("{w}.group"), "too large")))
+            .transpose()?;
+        items.push(Movable {
+            node,
+            task: read_task(&item(d, "shape", &w)?)?,
+            place: read_assignment(&item(d, "assignment", &w)?)?,
+            allowed: opt_index(d, "allowed", &w)?,
+            pdb: opt_index(d, "pdb", &w)?,
+            group,
+        });
+    }
+    Ok(items)
+}
+
+fn read_pending(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Pending<Shape>>> {
+    let mut out = Vec::new();
+    for (i, m) in sequence(obj, || "pending".to_string())?.iter().enumerate() {
+        let w = format!("pending[{i}]");
+        let d = m
+            .cast::<PyDict>()
+            .map_err(|_| field_error(&w, "expected an object"))?;
+        out.push(Pending {
+            task: read_task(&item(d, "shape", &w)?)?,
+            allowed: opt_index(d, "allowed", &w)?,
+        });
+    }
+    Ok(out)
+}
+
+fn read_limits(obj: Option<&Bound<'_, PyDict>>) -> PyResult<Limits> {
+    let mut l = Limits::default();
+    let Some(d) = obj else { return Ok(l) };
+    let size = |k: &str, dflt: usize| -> PyResult<usize> {
+        match d.get_item(k)? {
+            None => Ok(dflt),
+            Some(v) if v.is_none() => Ok(dflt),
+            Some(v) => {
+                let x = int(&v, || format!("limits.{k}"))?;
+                usize::try_from(x).map_err(|_| field_error(&format!("limits.{k}"), "negative"))
+            }
+        }
+    };
+    l.max_moves = size("max_moves", l.max_moves)?;
+    l.max_moves_per_node = size("max_moves_per_node", l.max_moves_per_node)?;
+    l.rescue_depth = size("rescue_depth", l.rescue_depth)?.min(8);
+    l.max_rescues = size("max_rescues", l.max_rescues)?;
+    l.rescue_budget = size("rescue_budget", l.rescue_budget)?;
+    if let Some(v) = d.get_item("min_gain")? {
+        let g: f64 = v
+            .extract()
+            .map_err(|_| field_error("limits.min_gain", "expected a number"))?;
+        if !(g.is_finite() && g >= 0.0) {
+            return Err(field_error(
+                "limits.min_gain",
+                "must be a finite number >= 0",
+            ));
+        }
+        l.min_gain = g;
+    }
+    if let Some(v) = d.get_item("defragment")? {
+        l.defragment = v.is_truthy()?;
+    }
+    Ok(l)
+}
+
+fn plan_dict<'py>(py: Python<'py>, p: &Plan<Assignment>) -> PyResult<Bound<'py, PyDict>> {
+    let moves = PyList::empty(py);
+    for mv in &p.moves {
+        let d = PyDict::new(py);
+        d.set_item("pod", mv.pod)?;
+        d.set_item("from", mv.from)?;
+        d.set_item("to", mv.to)?;
+        d.set_item("assignment", assignment_dict(py, &mv.to_place)?)?;
+        d.set_item("gain", mv.gain)?;
+        d.set_item("rescue", mv.rescue)?;
+        moves.append(d)?;
+    }
+    let rescues = PyList::empty(py);
+    for r in &p.rescues {
+        let d = PyDict::new(py);
+        d.set_item("pending", r.pending)?;
+        d.set_item("node", r.node)?;
+        d.set_item("assignment", assignment_dict(py, &r.place)?)?;
+        d.set_item("moves", r.moves.clone())?;
+        d.set_item("waits", r.waits)?;
+        d.set_item("delta", r.delta)?;
+        rescues.append(d)?;
+    }
+    let out = PyDict::new(py);
+    out.set_item("moves", moves)?;
+    out.set_item("rescues", rescues)?;
+    out.set_item("unrescued", p.unrescued.clone())?;
+    out.set_item("truncated", p.truncated)?;
+    Ok(out)
+}
+
+/// kube_default_scores(cpu_cap, cpu_left, mem_cap, mem_left, cpu, memory) -> the default
+/// scoring plugins' total (`crate::placement::kube_default_scores`).
+#[pyfunction]
+fn kube_default_scores(
+    cpu_cap: i64,
+    cpu_left: i64,
+    mem_cap: i64,
+    mem_left: i64,
+    cpu: i64,
+    memory: i64,
+) -> i64 {
+    placement::kube_default_scores(cpu_cap, cpu_left, mem_cap, mem_left, cpu, memory)
+}
+
+/// extender_scores(ranks) -> the scheduler extender's 0..10 per node (None: not admitted).
+#[pyfunction]
+fn extender_scores(ranks: Vec<Option<(i64, i64, i64)>>) -> Vec<i64> {
+    placement::extender_scores(&ranks)
+}
+
 /// mig_pack(gpu_model, counts, gpus) -> per GPU [(profile, start), ...]
 #[pyfunction]
 fn mig_pack(
@@ -420,6 +616,9 @@ fn mig_pack(
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyFragmentModel>()?;
     m.add_function(wrap_pyfunction!(mig_pack, m)?)?;
+    m.add_function(wrap_pyfunction!(extender_scores, m)?)?;
+    m.add_function(wrap_pyfunction!(kube_default_scores, m)?)?;
+    m.add("EXTENDER_WEIGHT", placement::EXTENDER_WEIGHT)?;
     m.add("CATEGORY_NAMES", PyList::new(m.py(), CATEGORY_NAMES)?)?;
     Ok(())
 }
