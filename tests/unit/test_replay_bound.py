@@ -28,7 +28,10 @@ Node = tuple[int, int, int, str]  # cpu, mem, gpus, model
 Task = tuple[int, int, int, int, tuple[str, ...]]  # cpu, mem, num_gpu, gpu_milli, models
 
 
-def columns(nodes: list[Node], tasks: list[Task]) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
+Columns = dict[str, list[Any]]
+
+
+def columns(nodes: list[Node], tasks: list[Task]) -> tuple[Columns, Columns]:
     nc: dict[str, list[Any]] = {
         "name": [f"n{i}" for i in range(len(nodes))],
         "cpu_milli": [n[0] for n in nodes],
@@ -56,7 +59,7 @@ def brute_force(nodes: list[Node], tasks: list[Task], numa: bool) -> int:
 
     def options(t: Task) -> list[tuple[int, tuple[int, ...]]]:
         out: list[tuple[int, tuple[int, ...]]] = []
-        c, m, num, milli, models = t
+        _, _, num, milli, models = t
         if num == 0:
             return out
         for i, (_, _, g, model) in enumerate(nodes):
@@ -66,7 +69,7 @@ def brute_force(nodes: list[Node], tasks: list[Task], numa: bool) -> int:
                 out.extend((i, (x,)) for x in range(g))
                 continue
             split = g // 2 if numa and g >= 2 else 0
-            zones = [range(0, split), range(split, g)] if split else [range(g)]
+            zones = [range(split), range(split, g)] if split else [range(g)]
             for z in zones:
                 out.extend((i, gs) for gs in combinations(z, num))
         return out
@@ -118,7 +121,8 @@ def solve(nodes: list[Node], tasks: list[Task], numa: bool) -> tuple[bound.Bound
 
 def test_slivers_two_halves_beat_one_large_share() -> None:
     # one GPU: 0.81 alone strands 0.19; the two 0.47 shares together leave 0.06
-    b, best = solve([(8000, 8192, 1, "G")], [(1000, 0, 1, 810, ()), (1000, 0, 1, 470, ())] * 2, False)
+    tasks = [(1000, 0, 1, 810, ()), (1000, 0, 1, 470, ())] * 2
+    b, best = solve([(8000, 8192, 1, "G")], tasks, False)
     assert best == 940
     assert b.max_alloc_milli == b.best_alloc_milli == 940
     assert b.closed
