@@ -249,6 +249,16 @@ class RunResult:
             return 100.0 * float(self.raw["evictions"]) / max(1, int(self.raw["tasks"]))
         return 100.0 * float(c["evictions"]) / max(1, int(c["arrived_tasks"]))
 
+    def arrived_task_indices(self, pct: int = 100) -> list[int] | None:
+        """The trace's task indices (into `Trace.tasks`, with repeats for resampled clones) of the
+        tasks that had arrived when the arrived GPU request reached `pct`% of capacity, in arrival
+        order; None if the run never got there. Needs a run made with `placements=True`."""
+        order = self.raw.get("task_of")
+        if order is None:
+            raise ValueError("arrived_task_indices needs a replay run with placements=True")
+        c = self._at(pct)
+        return None if c is None else [int(i) for i in order[: int(c["arrived_tasks"])]]
+
     def curve(self) -> list[tuple[int, float]]:
         cap = self.capacity_milli
         return [
@@ -265,7 +275,10 @@ def replay(
     tune: float = 1.3,
     numa: bool = False,
     compaction: Compaction | None = None,
+    placements: bool = False,
 ) -> RunResult:
+    """One replay. `placements=True` also keeps the arrival order (`task_of`) and each task's
+    node at arrival (`node_of`) in `raw`."""
     import time
 
     acts = policy in PYCTL_POLICIES
@@ -280,6 +293,7 @@ def replay(
         tune=tune,
         numa=numa,
         compaction=comp.as_dict() if comp is not None and acts else None,
+        placements=placements,
     )
     return RunResult(trace.name, policy, seed, numa, raw, time.perf_counter() - t0)
 
