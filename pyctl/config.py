@@ -69,6 +69,12 @@ class Config:
     disruptions_per_hour: int = 20
     #: after a node's MIG reconfiguration ends, seconds before it is re-partitioned again
     mig_node_holdoff_seconds: float = 600.0
+    #: observe mode: seconds between two resource-normalization reports (0: none); GPU usage from
+    #: this Prometheus (dcgm-exporter's series) over this window, memory headroom over its peak
+    recommend_interval: float = 300.0
+    recommend_prometheus_url: str = ""
+    recommend_window: str = "7d"
+    recommend_headroom: float = 0.2
 
     def validate(self) -> Config:
         def bad(name: str, why: str) -> ConfigError:
@@ -128,6 +134,20 @@ class Config:
                 raise bad(name, "must not be negative")
         if self.disruptions_per_hour < 0:
             raise bad("disruptions_per_hour", "must not be negative (0: no limit)")
+        if self.recommend_interval < 0:
+            raise bad("recommend_interval", "must not be negative (0: no report)")
+        if not 0 <= self.recommend_headroom <= 10:
+            raise bad("recommend_headroom", "must be a fraction in 0..10")
+        if self.recommend_prometheus_url and not self.recommend_prometheus_url.startswith(
+            ("http://", "https://")
+        ):
+            raise bad("recommend_prometheus_url", "must start with http:// or https://")
+        from pyctl.recommend.prometheus import parse_duration
+
+        try:
+            parse_duration(self.recommend_window)
+        except ValueError as e:
+            raise bad("recommend_window", str(e)) from None
         return self
 
 

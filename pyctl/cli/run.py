@@ -201,6 +201,10 @@ def attach_workflows(
     )
     ctl.background.append(lambda: mig_loop.run(ctl.is_leader))
     # -- end MIG reconfiguration ------------------------------------------------------------------
+    if cfg.mode == "observe" and cfg.recommend_interval > 0:  # resource normalization report
+        from pyctl.recommend.recommender import attach_from_config
+
+        attach_from_config(ctl, cfg)
     return compactor
 
 

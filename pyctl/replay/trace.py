@@ -259,7 +259,12 @@ def replay(
     tune: float = 1.3,
     numa: bool = False,
     compaction: Compaction | None = None,
+    shuffle: bool = True,
+    placements: bool = False,
 ) -> RunResult:
+    """One replay. ``shuffle=False, tune=0``: the tasks arrive in the order given (no resample,
+    node ties in input order); ``placements``: ``raw`` also holds ``task_of`` (the task index of
+    each arrival) and ``node_of`` (its node index, -1 = failed)."""
     import time
 
     comp = compaction if compaction is not None else (Compaction() if policy == "pyctl" else None)
@@ -271,8 +276,10 @@ def replay(
         policy=policy,
         seed=seed,
         tune=tune,
+        shuffle=shuffle,
         numa=numa,
         compaction=comp.as_dict() if comp is not None and policy == "pyctl" else None,
+        placements=placements,
     )
     return RunResult(trace.name, policy, seed, numa, raw, time.perf_counter() - t0)
 
