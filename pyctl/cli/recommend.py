@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pyctl.cli.errors import UserError, load_json
-from pyctl.recommend.inventory import Inventory, from_objects
+from pyctl.recommend.inventory import Inventory, from_objects, parse_selector
 from pyctl.recommend.prometheus import PrometheusClient, PrometheusError, parse_duration, read_usage
 from pyctl.recommend.report import Options, PoolReport, Report, recommend
 from pyctl.snapshot import is_kube_dump
@@ -58,6 +58,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--namespace", action="append", default=[], help="only these namespaces (repeatable)"
     )
+    p.add_argument("--node-selector", help="only the nodes with these labels (key=value,...)")
     p.add_argument(
         "--class-selector",
         action="store_true",
@@ -70,9 +71,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=run)
 
 
-async def list_cluster(kubeconfig: str, context: str | None) -> list[Any]:
-    """Nodes, Pods, ReplicaSets and (when the CRD is served) NodeResourceTopologies, read with
-    pyctl's Kubernetes client, pages of 500."""
+async def list_cluster(kubeconfig: str, context: str | None, node_selector: str = "") -> list[Any]:
+    """Nodes (those matching ``node_selector``), Pods, ReplicaSets and (when the CRD is served)
+    NodeResourceTopologies, read with pyctl's Kubernetes client, pages of 500."""
     from pyctl.cluster.kube.client import CONNECTION_ERRORS, connect
 
     kube = await connect(kubeconfig=kubeconfig, context=context)
@@ -82,6 +83,8 @@ async def list_cluster(kubeconfig: str, context: str | None) -> list[Any]:
             cont = ""
             while True:
                 query = [("limit", "500")] + ([("continue", cont)] if cont else [])
+                if kind == "Node" and node_selector:
+                    query.append(("labelSelector", node_selector))
                 try:
                     resp = await kube.request("GET", path, query=query)
                 except CONNECTION_ERRORS as e:
@@ -105,19 +108,23 @@ async def list_cluster(kubeconfig: str, context: str | None) -> list[Any]:
 
 def load_inventory(args: argparse.Namespace) -> Inventory:
     ns = tuple(args.namespace)
+    try:
+        selector = parse_selector(args.node_selector) if args.node_selector else None
+    except ValueError as e:
+        raise UserError(str(e)) from None
     if args.kubeconfig:
         if args.dump:
             raise UserError("give a dump file or --kubeconfig, not both")
         import anyio
 
-        items = anyio.run(list_cluster, args.kubeconfig, args.context)
-        return from_objects(items, namespaces=ns)
+        items = anyio.run(list_cluster, args.kubeconfig, args.context, args.node_selector or "")
+        return from_objects(items, namespaces=ns, node_selector=selector)
     if not args.dump:
         raise UserError("give a kubectl dump file, or --kubeconfig PATH for a live cluster")
     raw = load_json(args.dump)
     if not is_kube_dump(raw):
         raise UserError(f"{args.dump}: expected a kubectl -o json dump (kind: List)")
-    return from_objects(raw["items"], namespaces=ns)
+    return from_objects(raw["items"], namespaces=ns, node_selector=selector)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -180,7 +187,7 @@ def pool_table(p: PoolReport) -> Table:
     pool = p.pool
     kind = "MIG" if pool.mig else ("GPU shares" if pool.shares else "whole GPUs")
     table = Table(
-        title=f"{pool.gpu_model} ({kind}; {len(pool.nodes)} nodes, {pool.gpus} GPUs, "
+        title=f"{pool.gpu_model} ({kind}; {len(pool.nodes)} node(s), {pool.gpus} GPUs, "
         f"{sum(n for _, _, n in p.groups)} GPU replicas): standard sizes, at 100% of capacity"
     )
     for col in ("k", "menu", "served", "rounding waste", "unallocated", "F(M') now"):
@@ -214,11 +221,16 @@ def print_report(c: Console, report: Report) -> None:
         c.print(pool_table(p))
         rec = p.tradeoff.recommended
         if rec is not None:
+            n = len(rec.menu or ())
+            b = p.tradeoff.baseline
+            cost = b.served_pct - rec.served_pct
             c.print(
-                f"recommended menu ({len(rec.menu or ())} sizes: the fewest within "
-                f"{p.tradeoff.tolerance_pct:g} point(s) of the best served): "
-                f"{', '.join(rec.menu or ())}; rounding waste of the replicas running now "
-                f"{rec.observed_waste_pct:.1f}% of their need"
+                f"recommended menu ({n} size{'s' if n != 1 else ''}, the fewest within "
+                f"{p.tradeoff.tolerance_pct:g} point(s) of the best menu): "
+                f"{', '.join(rec.menu or ())}; against the requests as they are: demand served "
+                f"{'-' if cost > 0 else '+'}{abs(cost):.1f} points, unallocated "
+                f"{b.unallocated_pct:.1f}% -> {rec.unallocated_pct:.1f}%; rounding waste of the "
+                f"replicas running now {rec.observed_waste_pct:.1f}% of their need"
             )
     if report.workloads:
         t = Table(title="Workloads: current request and the recommended standard size")

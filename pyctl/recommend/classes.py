@@ -172,19 +172,23 @@ def _mig(
             break
         gpus = [{"gpu": g, "instances": []} for g in range(n.gpus)]
         plan = mig.plan(model.name, gpus, dict(+pending), weights, {"executor": "mig-parted"})
-        served = {d["profile"]: d["served_after"] for d in plan["demand"]}
-        carry = Counter({p: c - min(c, served.get(p, 0)) for p, c in pending.items()})
-        if sum(served.values()):
+        got = {d["profile"]: d["served_after"] for d in plan["demand"]}
+        carry = Counter({p: c - min(c, got.get(p, 0)) for p, c in pending.items()})
+        if sum(got.values()):
             plans.append(mig.NodePlan(n.name, model.name, model.placements_inferred, plan))
     used = {p.node for p in plans}
     configs = mig.node_config_names(plans)
+    served: Counter[str] = Counter()
+    for np_ in plans:
+        for d in np_.plan["demand"]:
+            served[d["profile"]] += d["served_after"]
     rc = ResourceClass(
         MIG,
         pool.gpu_model,
         dict(sorted(counts.items())),
         tuple(p.node for p in plans),
         sum(n.gpus for n in nodes if n.name in used),
-        {p: c for p, c in sorted(carry.items()) if c > 0},
+        {p: c - served[p] for p, c in sorted(counts.items()) if c > served[p]},
         configs,
         reconfigure=tuple(n.name for n in nodes if n.name in used and not n.mig_on),
     )

@@ -206,7 +206,12 @@ def from_records(
     infos = []
     models: dict[str, Node] = dict(current or {})
     for r in nodes:
-        infos.append(node_info(r, (gpu_memory or {}).get(r.name)))
+        try:
+            infos.append(node_info(r, (gpu_memory or {}).get(r.name)))
+        except ValueError as e:
+            probs.append(f"node {r.name}: left out: {e}")
+            models.pop(r.name, None)
+            continue
         if r.name in models:
             continue
         try:
@@ -261,11 +266,27 @@ def raw_containers(pod: Mapping[str, Any]) -> tuple[Container, ...]:
     return tuple(out)
 
 
+def parse_selector(text: str) -> dict[str, str]:
+    """``key=value[,key=value]`` (equality only)."""
+    out: dict[str, str] = {}
+    for part in (p.strip() for p in text.split(",")):
+        k, eq, v = part.partition("=")
+        if not part or not eq or not k.strip():
+            raise ValueError(f"node selector {text!r}: expected key=value[,key=value]")
+        out[k.strip()] = v.strip()
+    return out
+
+
 def from_objects(
-    items: Sequence[Any], *, namespaces: Sequence[str] | None = None, default_policy: str = "none"
+    items: Sequence[Any],
+    *,
+    namespaces: Sequence[str] | None = None,
+    node_selector: Mapping[str, str] | None = None,
+    default_policy: str = "none",
 ) -> Inventory:
     """The inventory of Kubernetes objects (Nodes, Pods, NodeResourceTopologies, ReplicaSets;
-    others are ignored). An object that does not decode is left out and named in ``problems``."""
+    others are ignored); only the nodes whose labels match ``node_selector``. An object that
+    does not decode is left out and named in ``problems``."""
     from pyctl.cluster.kube.decode import DecodeError, decode_object
 
     nodes: list[NodeRecord] = []
@@ -299,9 +320,11 @@ def from_objects(
             problems.append(f"items[{i}]: left out: {e}")
             continue
         if isinstance(r, NodeRecord):
-            nodes.append(r)
             labels = meta.get("labels") if isinstance(meta.get("labels"), Mapping) else {}
             assert isinstance(labels, Mapping)
+            if node_selector and any(labels.get(k) != v for k, v in node_selector.items()):
+                continue
+            nodes.append(r)
             v = str(labels.get(GPU_MEMORY_LABEL, ""))
             if v.isdigit() and int(v) > 0:
                 gpu_memory[r.name] = int(v)

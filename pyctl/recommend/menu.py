@@ -264,12 +264,13 @@ class MenuEval:
         return 100.0 * float(self.observed_waste_gpus / o) if o else 0.0
 
     def key(self) -> tuple[Fraction, float, Fraction, int]:
-        """Larger is better: served, then less fragment, less waste, fewer sizes."""
+        """Larger is better: served, then less fragment, less waste, fewer sizes (a menu of
+        which no size holds any need ranks after every other)."""
         return (
             self.served_gpus,
             -round(self.fragment_gpus, 6),
             self.served_gpus - self.allocated_gpus,
-            -self.sizes,
+            -self.sizes if self.sizes else -(10**6),
         )
 
     def to_json(self) -> dict[str, Any]:

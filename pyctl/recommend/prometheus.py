@@ -304,6 +304,6 @@ def read_usage(
             nseries[k],
             npoints[k],
         )
-    if rep.series == 0:
+    if not mem:
         rep.problems.append(f"no {MEMORY_METRIC} series in the window: is dcgm-exporter scraped?")
     return rep

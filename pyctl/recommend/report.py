@@ -77,6 +77,10 @@ class PoolReport:
             "exhaustive": t.exhaustive,
             "recommended_k": 0 if rec is None else rec.sizes,
             "menu": [s.name for s in self.menu],
+            # demand served at 100% given up against the requests as they are (points)
+            "cost_vs_requested_pct": None
+            if rec is None
+            else round(t.baseline.served_pct - rec.served_pct, 3),
             "as_requested": t.baseline.to_json(),
             "tradeoff": [{"k": k, **r.to_json()} for k, r in enumerate(t.rows, 1)],
         }

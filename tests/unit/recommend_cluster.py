@@ -54,8 +54,13 @@ def replicaset(ns: str, deployment: str, h: str) -> dict[str, Any]:
             "name": f"{deployment}-{h}",
             "namespace": ns,
             "ownerReferences": [
-                {"apiVersion": "apps/v1", "kind": "Deployment", "name": deployment,
-                 "controller": True, "uid": "x"}
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "Deployment",
+                    "name": deployment,
+                    "controller": True,
+                    "uid": "x",
+                }
             ],
         },
     }
@@ -87,8 +92,13 @@ def pod(
         "namespace": ns,
         "labels": {"app": deployment, "pod-template-hash": h},
         "ownerReferences": [
-            {"apiVersion": "apps/v1", "kind": owner_kind, "name": owner, "controller": True,
-             "uid": "y"}
+            {
+                "apiVersion": "apps/v1",
+                "kind": owner_kind,
+                "name": owner,
+                "controller": True,
+                "uid": "y",
+            }
         ],
     }
     spec: dict[str, Any] = {
