@@ -71,15 +71,30 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=run)
 
 
-async def list_cluster(kubeconfig: str, context: str | None, node_selector: str = "") -> list[Any]:
-    """Nodes (those matching ``node_selector``), Pods, ReplicaSets and (when the CRD is served)
-    NodeResourceTopologies, read with pyctl's Kubernetes client, pages of 500."""
-    from pyctl.cluster.kube.client import CONNECTION_ERRORS, connect
+async def list_cluster(
+    kubeconfig: str,
+    context: str | None,
+    node_selector: str = "",
+    namespaces: tuple[str, ...] = (),
+) -> list[Any]:
+    """Nodes (those matching ``node_selector``), Pods and ReplicaSets (of ``namespaces``, or
+    all), and (when the CRD is served) NodeResourceTopologies, read with pyctl's Kubernetes
+    client, pages of 500."""
+    from pyctl.cluster.kube.client import CONNECTION_ERRORS, connect, path_part
 
     kube = await connect(kubeconfig=kubeconfig, context=context)
     items: list[Any] = []
+    paths: list[tuple[str, str, bool]] = []
+    for path, kind, optional in LIVE:
+        if namespaces and kind in ("Pod", "ReplicaSet"):
+            base, plural = path.rsplit("/", 1)
+            paths += [
+                (f"{base}/namespaces/{path_part(ns)}/{plural}", kind, optional) for ns in namespaces
+            ]
+        else:
+            paths.append((path, kind, optional))
     try:
-        for path, kind, optional in LIVE:
+        for path, kind, optional in paths:
             cont = ""
             while True:
                 query = [("limit", "500")] + ([("continue", cont)] if cont else [])
@@ -117,7 +132,7 @@ def load_inventory(args: argparse.Namespace) -> Inventory:
             raise UserError("give a dump file or --kubeconfig, not both")
         import anyio
 
-        items = anyio.run(list_cluster, args.kubeconfig, args.context, args.node_selector or "")
+        items = anyio.run(list_cluster, args.kubeconfig, args.context, args.node_selector or "", ns)
         return from_objects(items, namespaces=ns, node_selector=selector)
     if not args.dump:
         raise UserError("give a kubectl dump file, or --kubeconfig PATH for a live cluster")

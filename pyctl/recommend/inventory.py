@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Final
 
 from pyctl import mig
@@ -110,6 +111,11 @@ class Inventory:
 def mig_gpus_needed(gpu_model: str, counts: Sequence[tuple[str, int]]) -> int:
     """The fewest GPUs of the model that hold these MIG instances (first fit, largest first,
     each GPU checked with the exact placement search)."""
+    return _mig_gpus_needed(gpu_model, tuple(counts))
+
+
+@lru_cache(maxsize=1024)
+def _mig_gpus_needed(gpu_model: str, counts: tuple[tuple[str, int], ...]) -> int:
     name = mig_model_name(gpu_model)
     if name is None or not counts:
         return 0

@@ -212,9 +212,12 @@ def test_recommender_counts_a_failed_report(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(r, "compute", boom)
     assert r.tick() is None
     assert r.last_error == "core said no"
-    assert m.registry.get_sample_value(
-        "pyctl_recommend_runs_total", {"cluster": "c1", "result": "error"}
-    ) == 1
+    assert (
+        m.registry.get_sample_value(
+            "pyctl_recommend_runs_total", {"cluster": "c1", "result": "error"}
+        )
+        == 1
+    )
 
 
 def test_config_recommend_settings() -> None:
