@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -356,10 +355,6 @@ def write_plot(report: Report, path: Path) -> None:
         raise UserError(f"{path}: cannot write: {e.strerror or e}") from None
     finally:
         plt.close(fig)
-
-
-def dump_yaml(data: Any) -> str:
-    return yaml.safe_dump(data, sort_keys=False)
 
 
 def print_seed_evaluation(c: Console, seeds: list[int], headroom: float = 0.2) -> None:

@@ -194,7 +194,11 @@ def recommend(
     for name, pool in ps.items():
         if not groups[name]:
             continue
-        ev = Evaluator(pool, groups[name], inv.snapshot(n for n, _ in pool.nodes))
+        try:
+            ev = Evaluator(pool, groups[name], inv.snapshot(n for n, _ in pool.nodes))
+        except ValueError as e:  # the core refused the nodes as they are: no F(M') for them
+            problems.append(f"pool {name}: the fragment of the current nodes is left out: {e}")
+            ev = Evaluator(pool, groups[name])
         t = tradeoff(ev, opts.max_k, opts.tolerance_pct)
         menu = tuple(pool.size(s) for s in (t.recommended.menu or ())) if t.recommended else ()
         menus[name] = menu

@@ -292,3 +292,14 @@ def test_classes_report_a_shortfall() -> None:
     assert by["gpu-large"].nodes == ("a100-b", "a100-a")
     assert by["mig"].nodes == ()
     assert by["mig"].shortfall == {"1g.5gb": 60}
+
+
+def test_a_request_the_model_does_not_have_is_isolated() -> None:
+    odd = pod("serving", "odd", 0, "a100-a", "nvidia.com/mig-9g.99gb")
+    dump = cluster(extra=[odd, replicaset("serving", "odd", "7c9f")])
+    r = recommend(from_objects(dump["items"]), None, Options())
+    assert r.skipped == {"bad request": 1}
+    assert any(p.startswith("Deployment/serving/odd: left out") for p in r.problems)
+    assert "odd" not in by_name(r)
+    good = recommend(from_objects(cluster()["items"]), None, Options())
+    assert [p.to_json() for p in r.pools] == [p.to_json() for p in good.pools]
