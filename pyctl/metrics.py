@@ -115,6 +115,7 @@ class Metrics:
             registry=r,
         )
         self.workflow = WorkflowMetrics(self)
+        self.recommend = RecommendMetrics(self)
 
 
 class WorkflowMetrics:
@@ -194,5 +195,74 @@ class WorkflowMetrics:
             "pyctl_mig_reconfiguration_in_progress",
             "1 while a MIG reconfiguration of the node runs (from the slot to the node restored)",
             [*c, "node"],
+            registry=r,
+        )
+
+
+class RecommendMetrics:
+    """The periodic resource-normalization report (`pyctl.recommend.recommender`), per GPU model
+    (the pool); registered on the same registry as `Metrics`."""
+
+    def __init__(self, m: Metrics) -> None:
+        r, c = m.registry, ["cluster"]
+        self.runs = Counter(
+            "pyctl_recommend_runs_total",
+            "Recommendation reports computed, by result (ok, error)",
+            [*c, "result"],
+            registry=r,
+        )
+        self.last_success = Gauge(
+            "pyctl_recommend_last_success_timestamp_seconds",
+            "When the last recommendation report was computed",
+            c,
+            registry=r,
+        )
+        self.duration = Gauge(
+            "pyctl_recommend_duration_seconds",
+            "How long the last report took (including Prometheus)",
+            c,
+            registry=r,
+        )
+        self.menu_sizes = Gauge(
+            "pyctl_recommend_menu_sizes",
+            "Standard sizes in the recommended menu of a GPU model",
+            [*c, "gpu_model"],
+            registry=r,
+        )
+        self.served = Gauge(
+            "pyctl_recommend_demand_served_ratio",
+            "Demand served at 100% of capacity: the best menu of at most k sizes "
+            "(k=requested: the requests as they are)",
+            [*c, "gpu_model", "k"],
+            registry=r,
+        )
+        self.waste = Gauge(
+            "pyctl_recommend_rounding_waste_ratio",
+            "Rounding waste of the recommended menu on the replicas running now, of their need",
+            [*c, "gpu_model"],
+            registry=r,
+        )
+        self.workloads = Gauge(
+            "pyctl_recommend_workloads",
+            "GPU workloads by recommendation (change, keep)",
+            [*c, "action"],
+            registry=r,
+        )
+        self.class_nodes = Gauge(
+            "pyctl_recommend_class_nodes",
+            "Nodes a resource class needs for the normalized demand",
+            [*c, "gpu_model", "class"],
+            registry=r,
+        )
+        self.usage_bad_points = Gauge(
+            "pyctl_recommend_usage_bad_points",
+            "Usage points left out of the last report (NaN, negative, out of range)",
+            c,
+            registry=r,
+        )
+        self.usage_stale_pods = Gauge(
+            "pyctl_recommend_usage_stale_pods",
+            "Pods with usage series that match no current workload, in the last report",
+            c,
             registry=r,
         )

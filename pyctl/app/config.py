@@ -27,6 +27,7 @@ import yaml
 
 from pyctl.cluster.kube.reflector import ReflectorOptions
 from pyctl.core.policy import PlanLimits
+from pyctl.recommend.prometheus import parse_duration
 from pyctl.state.ratelimit import BucketLimit, SafetyLimits
 from pyctl.state.redis_client import RedisConfig
 from pyctl.workflows.evictor import EvictorOptions
@@ -199,6 +200,18 @@ class WorkflowSection:
 
 
 @dataclass(frozen=True)
+class RecommendSection:
+    """The resource normalization report (`pyctl recommend`), made periodically in observe
+    mode: seconds between two reports (0: none), where DCGM usage comes from (a Prometheus
+    URL, empty: requests only), over what window, with what memory headroom."""
+
+    interval: float = 300.0
+    prometheus_url: str = ""
+    window: str = "7d"
+    headroom: float = 0.2
+
+
+@dataclass(frozen=True)
 class Config:
     #: the cluster's name (labels, Redis hash tag, federation member)
     cluster: str = "default"
@@ -221,6 +234,7 @@ class Config:
     mig: MigOptions = field(default_factory=MigOptions)
     evictor: EvictorOptions = field(default_factory=EvictorOptions)
     reflector: ReflectorOptions = field(default_factory=ReflectorOptions)
+    recommend: RecommendSection = field(default_factory=RecommendSection)
 
     def validate(self) -> Config:
         _validate(self)
@@ -449,6 +463,14 @@ def _validate(c: Config) -> None:
         raise bad(
             "extender_tls", "tls_cert_file and tls_key_file go together (client_ca_file needs them)"
         )
+    if c.recommend.prometheus_url and not c.recommend.prometheus_url.startswith(
+        ("http://", "https://")
+    ):
+        raise bad("recommend_prometheus_url", "must start with http:// or https://")
+    try:
+        parse_duration(c.recommend.window)
+    except ValueError as e:
+        raise bad("recommend_window", str(e)) from None
     _ranges(c, bad)
 
 
@@ -488,6 +510,8 @@ _RANGES: tuple[tuple[str, float, float], ...] = (
     ("mig_max_starts", 0, 1024),
     ("evictor_min_replicas", 0, 1e6),
     ("evictor_min_pod_age_seconds", 0, 86400 * 365),
+    ("recommend_interval", 0, 86400 * 7),
+    ("recommend_headroom", 0, 10),
 )
 
 

@@ -14,6 +14,7 @@ from pyctl.app.config import Config
 from pyctl.app.wiring import (
     Workflows,
     advisor,
+    attach_recommender,
     attach_workflows,
     make_store,
     sim_limits,
@@ -64,6 +65,7 @@ async def run_kube(cfg: Config, workload: Workload | None) -> int:
         KubeActuator(kube, instance=identity) if cfg.mode == "enforce" else NullActuator()
     )
     flows = attach_workflows(ctl, cfg, actuator=actuator)
+    attach_recommender(ctl, cfg)
     server = await start_server(ctl, cfg, flows)
     if cfg.redis.url:
         ctl.background.append(lambda: watch_members(ctl.store, ctl.metrics, cfg.cluster, 10.0))
@@ -120,6 +122,7 @@ def build_sim(
     enforce = cfg.mode == "enforce"
     actuator: Actuator = SimActuator(source) if enforce else NullActuator()
     flows = attach_workflows(ctl, cfg, actuator=actuator, limits=sim_limits(), interval=interval)
+    attach_recommender(ctl, cfg)
     if enforce:
         # the simulated scheduler asks pyctl's extender, as a configured kube-scheduler does
         adv = advisor(ctl, flows)

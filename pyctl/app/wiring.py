@@ -13,6 +13,7 @@ from pyctl.cluster.records import PodRecord
 from pyctl.cluster.source import Actuator, NullActuator
 from pyctl.controller.controller import Controller
 from pyctl.controller.placement import PlacementAdvisor
+from pyctl.recommend.recommender import attach_from_config
 from pyctl.serve.extender import ExtenderHandler
 from pyctl.serve.health import HealthServer
 from pyctl.state.memory import MemoryStore
@@ -152,6 +153,12 @@ def attach_workflows(
     ctl.background.append(lambda: compactor.run(ctl.is_leader))
     ctl.background.append(lambda: mig_loop.run(ctl.is_leader))
     return Workflows(gate, actuator, compactor, mig_loop)
+
+
+def attach_recommender(ctl: Controller, cfg: Config) -> None:
+    """The periodic resource normalization report, in observe mode (pyctl/recommend)."""
+    if cfg.mode == "observe" and cfg.recommend.interval > 0:
+        attach_from_config(ctl, cfg.recommend)
 
 
 def advisor(ctl: Controller, flows: Workflows | None = None) -> PlacementAdvisor:

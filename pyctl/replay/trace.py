@@ -275,10 +275,12 @@ def replay(
     tune: float = 1.3,
     numa: bool = False,
     compaction: Compaction | None = None,
+    shuffle: bool = True,
     placements: bool = False,
 ) -> RunResult:
-    """One replay. `placements=True` also keeps the arrival order (`task_of`) and each task's
-    node at arrival (`node_of`) in `raw`."""
+    """One replay. ``shuffle=False, tune=0``: the tasks arrive in the order given (no resample,
+    node ties in input order); ``placements``: ``raw`` also holds ``task_of`` (the task index of
+    each arrival) and ``node_of`` (its node index, -1 = failed)."""
     import time
 
     acts = policy in PYCTL_POLICIES
@@ -291,6 +293,7 @@ def replay(
         policy=policy,
         seed=seed,
         tune=tune,
+        shuffle=shuffle,
         numa=numa,
         compaction=comp.as_dict() if comp is not None and acts else None,
         placements=placements,
