@@ -69,6 +69,17 @@ class Config:
     disruptions_per_hour: int = 20
     #: after a node's MIG reconfiguration ends, seconds before it is re-partitioned again
     mig_node_holdoff_seconds: float = 600.0
+    #: the mig-parted ConfigMap mig-manager reads (named in the GPU Operator's ClusterPolicy)
+    mig_configmap_namespace: str = "gpu-operator"
+    mig_configmap_name: str = "pyctl-mig-parted-config"
+    #: which pods compaction may evict (the descheduler's DefaultEvictor rules): namespaces never
+    #: touched (comma-separated), local-storage and system-critical pods, a priority at or above
+    #: which pods stay (-1: no threshold), the replicas an owner must have
+    evictor_excluded_namespaces: str = "kube-system"
+    evictor_evict_local_storage_pods: bool = False
+    evictor_evict_system_critical_pods: bool = False
+    evictor_priority_threshold: int = -1
+    evictor_min_replicas: int = 1
 
     def validate(self) -> Config:
         def bad(name: str, why: str) -> ConfigError:
@@ -126,9 +137,28 @@ class Config:
         ):
             if getattr(self, name) < 0:
                 raise bad(name, "must not be negative")
+        if self.evictor_min_replicas < 1:
+            raise bad("evictor_min_replicas", "must be at least 1")
+        if not self.mig_configmap_namespace or not self.mig_configmap_name:
+            raise bad("mig_configmap_namespace/name", "must not be empty")
         if self.disruptions_per_hour < 0:
             raise bad("disruptions_per_hour", "must not be negative (0: no limit)")
         return self
+
+    def evictor_options(self) -> Any:
+        """The evictor rules of compaction (`pyctl.workflows.evictor.EvictorOptions`)."""
+        from pyctl.workflows.evictor import EvictorOptions
+
+        excluded = tuple(n.strip() for n in self.evictor_excluded_namespaces.split(",") if n.strip())
+        return EvictorOptions(
+            evict_local_storage_pods=self.evictor_evict_local_storage_pods,
+            evict_system_critical_pods=self.evictor_evict_system_critical_pods,
+            priority_threshold=(
+                None if self.evictor_priority_threshold < 0 else self.evictor_priority_threshold
+            ),
+            min_replicas=self.evictor_min_replicas,
+            excluded_namespaces=excluded,
+        )
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}

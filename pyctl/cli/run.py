@@ -175,7 +175,15 @@ def attach_workflows(
         kinds=("compaction",),
     )
     compactor = Compactor(
-        ctl.cache, ctl.reconciler, engine, ctl.metrics, cfg.cluster, cfg.mode, interval, max_moves=3
+        ctl.cache,
+        ctl.reconciler,
+        engine,
+        ctl.metrics,
+        cfg.cluster,
+        cfg.mode,
+        interval,
+        max_moves=3,
+        options=cfg.evictor_options(),
     )
     ctl.background.append(lambda: compactor.run(ctl.is_leader))
     # -- MIG reconfiguration (pyctl/workflows/mig_loop.py, mig_reconfig.py) ---------------------
@@ -187,7 +195,11 @@ def attach_workflows(
         gate,
         lambda ns, name: pods.get(f"{ns}/{name}"),
         node=ctl.cache.nodes.get,
-        options=MigOptions(poll=interval),
+        options=MigOptions(
+            configmap_namespace=cfg.mig_configmap_namespace,
+            configmap_name=cfg.mig_configmap_name,
+            poll=interval,
+        ),
     )
     holdoff = cfg.mig_node_holdoff_seconds
     mig_loop = MigLoop(
