@@ -73,9 +73,7 @@ def template_args(mode: str) -> list[str]:
 
 
 def helm_template(helm: str, mode: str) -> str:
-    proc = subprocess.run(
-        [helm, *template_args(mode)], capture_output=True, text=True, check=False
-    )
+    proc = subprocess.run([helm, *template_args(mode)], capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"helm template ({mode}) failed:\n{proc.stderr}")
     return proc.stdout

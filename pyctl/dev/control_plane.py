@@ -1,8 +1,15 @@
-"""A real Kubernetes control plane for the e2e tests, in the spirit of controller-runtime's envtest.
+"""A real Kubernetes control plane on this machine, in the spirit of controller-runtime's envtest:
+what `pyctl dev up` runs, and what the e2e tests run.
 
 etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok (which plays the kubelets of
 fake nodes) run as local processes on free 127.0.0.1 ports, with certificates made by the openssl
-CLI. The binaries come from ``scripts/control-plane build`` (cached outside the repository).
+CLI. The binaries come from ``scripts/control-plane build`` (cached outside the repository, in a
+checkout of pyctl's repository), which also builds the kubectl and helm the deployment is tested
+with.
+
+With ``audit=True`` the API server writes an audit log (JSON lines, ``audit.log`` in the work
+directory) of every request made with a ServiceAccount token, at Metadata level, and nothing else:
+the least-privilege test reads the calls of pyctl's ServiceAccount from it.
 
 Everything here is synchronous (plain ``subprocess`` and ``urllib``), so a session-scoped pytest
 fixture can own it while the tests themselves are async.
@@ -58,6 +65,20 @@ KCM_CONTROLLERS = (
 
 LOG_TAIL_LINES = 25
 
+#: The audit policy of ``ControlPlane(audit=True)``: requests made with a ServiceAccount token at
+#: Metadata level (who, verb, resource, namespace, name, response code), once each (no
+#: RequestReceived stage); everything else (the components and tests act with certificates) at
+#: None, so auditing costs the other requests nothing.
+AUDIT_POLICY: dict[str, Any] = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "Metadata", "userGroups": ["system:serviceaccounts"]},
+        {"level": "None"},
+    ],
+}
+
 
 class ControlPlaneError(RuntimeError):
     """A component could not be built, started or made ready.
@@ -89,11 +110,13 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 @dataclass(frozen=True)
 class Binaries:
-    """Where ``scripts/control-plane`` put the binaries and kwok's stage file."""
+    """Where ``scripts/control-plane`` put the binaries, kwok's stage file, kubectl and helm."""
 
     bin_dir: Path
     kwok_stages: Path
     versions: Mapping[str, str] = field(default_factory=dict)
+    kubectl: Path | None = None
+    helm: Path | None = None
 
     def path(self, component: str) -> Path:
         return self.bin_dir / component
@@ -149,6 +172,8 @@ def ensure_binaries(build_log: Path) -> Binaries:
         bin_dir=Path(values["CONTROL_PLANE_BIN"]),
         kwok_stages=Path(values["KWOK_STAGES"]),
         versions={k: v for k, v in values.items() if k.endswith("_VERSION")},
+        kubectl=Path(values["KUBECTL"]) if values.get("KUBECTL") else None,
+        helm=Path(values["HELM"]) if values.get("HELM") else None,
     )
 
 
@@ -382,6 +407,7 @@ class ControlPlane:
         timeout: float = 60.0,
         components: tuple[str, ...] = COMPONENTS,
         extra_args: Mapping[str, Sequence[str]] | None = None,
+        audit: bool = False,
     ) -> None:
         self.binaries = binaries
         self.work_dir = work_dir
@@ -394,6 +420,8 @@ class ControlPlane:
         self.pki = work_dir / "pki"
         self.log_dir = work_dir / "logs"
         self.kubeconfig = work_dir / "admin.kubeconfig"
+        #: the API server's audit log (JSON lines) when `audit` is on
+        self.audit_log: Path | None = work_dir / "audit.log" if audit else None
         self.server = f"https://127.0.0.1:{self.ports.apiserver}"
         self.started: list[Component] = []
         self.timings: dict[str, float] = {}
@@ -505,8 +533,22 @@ class ControlPlane:
                 "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
                 "--allow-privileged=true",
                 "--profiling=false",
+                *self._audit_flags(),
             ],
         )
+
+    def _audit_flags(self) -> list[str]:
+        if self.audit_log is None:
+            return []
+        policy = self.work_dir / "audit-policy.yaml"
+        policy.write_text(json.dumps(AUDIT_POLICY, indent=2))  # JSON is YAML
+        return [
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={self.audit_log}",
+            "--audit-log-format=json",
+            "--audit-log-mode=blocking",  # an event is written before the response returns
+            "--audit-log-maxbackup=0",
+        ]
 
     def _health_flags(self, port: int, name: str) -> list[str]:
         return [
@@ -776,7 +818,8 @@ class ExtraApiserver(_ExtraComponent):
         self.server = f"https://127.0.0.1:{self.port}"
         self.kubeconfig = plane.work_dir / f"{self.name}.kubeconfig"
         write_kubeconfig(self.kubeconfig, self.server, plane.pki)
-        base = plane._apiserver().argv
+        # no audit log of its own (the shared one belongs to the fixture's apiserver)
+        base = [a for a in plane._apiserver().argv if not a.startswith("--audit-")]
         extra = [
             f"--secure-port={self.port}",
             f"--cert-dir={plane.work_dir / self.name}",

@@ -1,0 +1,32 @@
+"""Moved to `pyctl.dev.control_plane` (the local cluster of `pyctl dev up` uses it too); the e2e
+tests import it from there through this module."""
+
+from pyctl.dev.control_plane import (  # noqa: F401
+    APISERVER,
+    AUDIT_POLICY,
+    BUILD_SCRIPT,
+    COMPONENTS,
+    CONTROLLER_MANAGER,
+    ETCD,
+    KCM_CONTROLLERS,
+    KWOK,
+    KWOK_NODE_ANNOTATION,
+    LOG_TAIL_LINES,
+    REPO,
+    SCHEDULER,
+    Binaries,
+    Component,
+    ControlPlane,
+    ControlPlaneError,
+    ExtraApiserver,
+    ExtraScheduler,
+    Ports,
+    ensure_binaries,
+    etcd_compact,
+    etcd_revision,
+    free_port,
+    log_tail,
+    make_pki,
+    running_control_plane,
+    write_kubeconfig,
+)
