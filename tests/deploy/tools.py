@@ -87,3 +87,89 @@ def one(objs: Sequence[Mapping[str, Any]], kind: str, name: str | None = None) -
     ]
     assert len(found) == 1, (kind, name, len(found))
     return dict(found[0])
+
+
+def monitoring_crds() -> str:
+    """Minimal stand-ins for the Prometheus Operator's CRDs (ServiceMonitor, PrometheusRule),
+    which the test API server does not have: any object of those kinds is accepted."""
+    out = []
+    for kind, plural in (
+        ("ServiceMonitor", "servicemonitors"),
+        ("PrometheusRule", "prometheusrules"),
+    ):
+        out.append(
+            {
+                "apiVersion": "apiextensions.k8s.io/v1",
+                "kind": "CustomResourceDefinition",
+                "metadata": {"name": f"{plural}.monitoring.coreos.com"},
+                "spec": {
+                    "group": "monitoring.coreos.com",
+                    "scope": "Namespaced",
+                    "names": {"kind": kind, "plural": plural, "singular": kind.lower()},
+                    "versions": [
+                        {
+                            "name": "v1",
+                            "served": True,
+                            "storage": True,
+                            "schema": {
+                                "openAPIV3Schema": {
+                                    "type": "object",
+                                    "x-kubernetes-preserve-unknown-fields": True,
+                                }
+                            },
+                        }
+                    ],
+                },
+            }
+        )
+    return yaml.safe_dump_all(out)
+
+
+def apply_monitoring_crds(kubeconfig: Path, work: Path) -> None:
+    path = work / "monitoring-crds.yaml"
+    path.write_text(monitoring_crds())
+    kubectl(kubeconfig, "apply", "--server-side", "-f", str(path))
+    kubectl(
+        kubeconfig,
+        "wait",
+        "--for=condition=Established",
+        "crd/servicemonitors.monitoring.coreos.com",
+        "crd/prometheusrules.monitoring.coreos.com",
+        "--timeout=30s",
+    )
+
+
+def restricted_namespace(kubeconfig: Path, name: str) -> None:
+    """A namespace that enforces the restricted Pod Security Standard (as docs/deploy.md says)."""
+    kubectl(kubeconfig, "create", "namespace", name)
+    kubectl(
+        kubeconfig,
+        "label",
+        "namespace",
+        name,
+        "pod-security.kubernetes.io/enforce=restricted",
+        "pod-security.kubernetes.io/enforce-version=latest",
+    )
+
+
+def token_kubeconfig(admin: Path, namespace: str, account: str, path: Path) -> Path:
+    """A kubeconfig that authenticates as the ServiceAccount, with a token from the TokenRequest
+    API (`kubectl create token`), and nothing else of the admin's."""
+    token = kubectl(
+        admin, "create", "token", account, "-n", namespace, "--duration=2h"
+    ).stdout.strip()
+    cfg = yaml.safe_load(admin.read_text())
+    cluster = cfg["clusters"][0]["cluster"]
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": cluster}],
+                "users": [{"name": account, "user": {"token": token}}],
+                "contexts": [{"name": "sa", "context": {"cluster": "c", "user": account}}],
+                "current-context": "sa",
+            }
+        )
+    )
+    return path
