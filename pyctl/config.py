@@ -149,7 +149,9 @@ class Config:
         """The evictor rules of compaction (`pyctl.workflows.evictor.EvictorOptions`)."""
         from pyctl.workflows.evictor import EvictorOptions
 
-        excluded = tuple(n.strip() for n in self.evictor_excluded_namespaces.split(",") if n.strip())
+        excluded = tuple(
+            n.strip() for n in self.evictor_excluded_namespaces.split(",") if n.strip()
+        )
         return EvictorOptions(
             evict_local_storage_pods=self.evictor_evict_local_storage_pods,
             evict_system_critical_pods=self.evictor_evict_system_critical_pods,
