@@ -9,8 +9,10 @@ stays up, and pyctl's store reports the refusal as a store error."""
 from __future__ import annotations
 
 import base64
+import os
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,11 +29,16 @@ from pyctl.state.redis_workflows import RedisWorkflowStore
 from pyctl.state.store import StoreError
 from tests.integration.ratelimits import every_kind_of_limit
 from tests.integration.records import ev, node, pod
-from tests.integration.redis_servers import find_binaries, free_port
+from tests.integration.redis_servers import (
+    RedisServer,
+    find_binaries,
+    free_port,
+    make_certificates,
+)
 
 from .tools import one, template
 
-pytestmark = [pytest.mark.redis, pytest.mark.anyio]
+pytestmark = [pytest.mark.redis]
 
 MEMBERS = ["east", "west"]
 
@@ -101,6 +108,7 @@ def chart_redis(tmp_path: Path) -> Iterator[ChartRedis]:
         proc.wait(timeout=10)
 
 
+@pytest.mark.anyio
 async def test_members_are_confined_to_their_own_keys(chart_redis: ChartRedis) -> None:
     stores = {}
     for m in MEMBERS:
@@ -150,6 +158,7 @@ async def test_members_are_confined_to_their_own_keys(chart_redis: ChartRedis) -
         await st.close()
 
 
+@pytest.mark.anyio
 async def test_past_maxmemory_writes_are_refused_and_redis_stays_up(
     chart_redis: ChartRedis,
 ) -> None:
@@ -180,3 +189,51 @@ async def test_past_maxmemory_writes_are_refused_and_redis_stays_up(
         assert await admin.ping()
     finally:
         await admin.aclose()
+
+
+_TLS_PROBE = """
+import asyncio, sys
+from pyctl.state.redis_client import RedisConfig
+from pyctl.state.redis_store import RedisStore
+async def main():
+    st = RedisStore(RedisConfig(url=sys.argv[1]), "c")
+    try:
+        await st.open()
+        print("ok", await st.ping())
+    finally:
+        await st.close()
+asyncio.run(main())
+"""
+
+
+def test_external_rediss_ca_from_the_chart_is_trusted(tmp_path: Path) -> None:
+    """The chart's way to trust an external Redis's CA (its Deployment sets SSL_CERT_FILE to the
+    mounted ca.crt): pyctl's store verifies a real TLS redis-server with it, and not without."""
+    objs = template(
+        {
+            "redis.bundled": False,
+            "redis.external.url": "rediss://redis.example.internal:6380/0",
+            "redis.external.caSecret": "redis-ca",
+        }
+    )
+    dep = one(objs, "Deployment", "pyctl")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    mount = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}["redis-ca"]
+    assert env["SSL_CERT_FILE"] == f"{mount}/ca.crt"
+    vols = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
+    assert vols["redis-ca"]["secret"]["secretName"] == "redis-ca"
+    tls = make_certificates(tmp_path / "certs")
+    server = RedisServer(find_binaries(), tmp_path, name="tls", tls=tls)
+    server.start()
+    try:
+        base = {k: v for k, v in os.environ.items() if k != "SSL_CERT_FILE"}
+        probe = [sys.executable, "-c", _TLS_PROBE, server.url]
+        trusted = subprocess.run(
+            probe, env={**base, "SSL_CERT_FILE": str(tls.ca)}, capture_output=True, text=True
+        )
+        assert trusted.stdout.strip() == "ok True", trusted.stderr[-2000:]
+        untrusted = subprocess.run(probe, env=base, capture_output=True, text=True)
+        assert "CERTIFICATE_VERIFY_FAILED" in untrusted.stderr
+    finally:
+        server.stop()
