@@ -1,7 +1,7 @@
 """The alerting rules: `promtool check rules` and `promtool test rules` (every alert has a unit
 test that fires it and one where it stays silent), the chart's copies of the rules and the
-dashboard are up to date (deploy/render.py), and every metric the rules and the dashboard read is one pyctl
-exports (or one listed below as to be exported by the MIG workflow)."""
+dashboard are up to date (deploy/render.py), and every metric the rules and the dashboard read is
+one pyctl exports (or one listed below as to be exported by the MIG workflow)."""
 
 from __future__ import annotations
 
