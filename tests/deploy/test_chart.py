@@ -300,3 +300,14 @@ def test_dockerfile_is_a_multistage_maturin_build_running_as_non_root() -> None:
     ignore = (REPO / ".dockerignore").read_text(encoding="utf-8")
     for needed in ("Cargo.toml", "Cargo.lock", "pyproject.toml", "rust/", "pyctl/"):
         assert f"!{needed}" in ignore
+
+
+def test_external_redis_password_only_when_a_secret_is_named() -> None:
+    ext = {"redis.bundled": False, "redis.external.url": "redis://redis.example.internal:6379/0"}
+    for secret, want in (("", None), ("shared-redis", "shared-redis")):
+        objs = template({**ext, "redis.auth.existingSecret": secret})
+        assert not [o for o in objs if o["kind"] == "Secret"]  # never a generated one
+        (c,) = one(objs, "Deployment", "pyctl")["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e for e in c["env"]}
+        got = env.get("PYCTL_REDIS_PASSWORD")
+        assert (got["valueFrom"]["secretKeyRef"]["name"] if got else None) == want

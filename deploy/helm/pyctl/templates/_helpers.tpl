@@ -37,6 +37,12 @@ app.kubernetes.io/component: {{ .component }}
 system:serviceaccount:{{ .Release.Namespace }}:{{ include "pyctl.fullname" . }}
 {{- end -}}
 
+{{/* Whether pyctl has a Redis password: the bundled Redis always, an external one when a Secret
+is named. */}}
+{{- define "pyctl.redisAuth" -}}
+{{- if or .Values.redis.bundled .Values.redis.auth.existingSecret -}}true{{- end -}}
+{{- end -}}
+
 {{- define "pyctl.redisSecret" -}}
 {{- .Values.redis.auth.existingSecret | default (printf "%s-redis" (include "pyctl.fullname" .)) -}}
 {{- end -}}
