@@ -108,7 +108,14 @@ class Pyctl:
     """`pyctl run` as deployed: the chart's ConfigMap as its environment, the ServiceAccount's
     kubeconfig instead of the in-cluster credentials, quick intervals and loose limits."""
 
-    def __init__(self, config: dict[str, str], kubeconfig: Path, log: Path) -> None:
+    def __init__(
+        self,
+        config: dict[str, str],
+        kubeconfig: Path,
+        log: Path,
+        namespace: str = NS,
+        mode: str = "enforce",
+    ) -> None:
         self.port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYCTL_")}
         env.update(config)
@@ -116,7 +123,7 @@ class Pyctl:
             PYCTL_IN_CLUSTER="false",
             PYCTL_METRICS_HOST="127.0.0.1",
             PYCTL_METRICS_PORT=str(self.port),
-            PYCTL_LEASE_NAMESPACE=NS,  # the Deployment's downward API
+            PYCTL_LEASE_NAMESPACE=namespace,  # the Deployment's downward API
             PYCTL_IDENTITY="pyctl-lp-0",
             PYCTL_LEASE_DURATION="3",
             PYCTL_WORKFLOW_INTERVAL="0.5",
@@ -130,7 +137,7 @@ class Pyctl:
         no_proxy = ",".join(filter(None, [env.get("NO_PROXY"), "127.0.0.1,localhost"]))
         env["NO_PROXY"] = env["no_proxy"] = no_proxy
         argv = [sys.executable, "-m", "pyctl.cli.main", "run", "--kubeconfig", str(kubeconfig)]
-        argv += ["--mode", "enforce", "--no-live"]
+        argv += ["--mode", mode, "--no-live"]
         self.log = log
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
@@ -171,7 +178,9 @@ def refused(proc: subprocess.CompletedProcess[str]) -> str:
     return proc.stderr
 
 
-async def rbac(api: client.ApiClient) -> list[audit.Grant]:
+async def rbac(
+    api: client.ApiClient, namespace: str = NS, account: str = "pyctl"
+) -> list[audit.Grant]:
     r = client.RbacAuthorizationV1Api(api)
     roles = [
         *[
@@ -193,7 +202,7 @@ async def rbac(api: client.ApiClient) -> list[audit.Grant]:
             for x in (await r.list_role_binding_for_all_namespaces()).items
         ],
     ]
-    return audit.grants(roles, bindings, NS, "pyctl")
+    return audit.grants(roles, bindings, namespace, account)
 
 
 @pytest.mark.anyio
@@ -202,6 +211,7 @@ async def test_the_controller_needs_exactly_the_charts_rbac_and_admission_confin
     api: client.ApiClient,
     redis_server: RedisServer,
     tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert control_plane.audit_log is not None, "the session's API server writes no audit log"
     admin = control_plane.kubeconfig
@@ -314,8 +324,9 @@ async def test_the_controller_needs_exactly_the_charts_rbac_and_admission_confin
         # -- the audit log: what the controller did, against what the chart grants -------------
         found = audit.calls(control_plane.audit_log, USER, log_start, log_end)
         granted = [g for g in await rbac(api) if not g.role.startswith("ClusterRole/system:")]
-        print(f"\nleast privilege: {len(found)} calls of {USER} (audit log, during the run)")
-        print(audit.table(found, granted, DEFAULTS))
+        with capsys.disabled():  # the table is part of the test's output
+            print(f"\nleast privilege: {len(found)} calls of {USER} (audit log, during the run)")
+            print(audit.table(found, granted, DEFAULTS))
         assert found, "no call of the ServiceAccount in the audit log"
         denied = sorted({(c.verb, c.resource, c.namespace) for c in found if c.code == 403})
         assert not denied, f"refused calls (403): {denied}"
@@ -455,3 +466,71 @@ async def test_the_controller_needs_exactly_the_charts_rbac_and_admission_confin
             if exc.status != 404:
                 raise
         await delete_nodes(api, [*specs, mig_spec])
+
+
+@pytest.mark.anyio
+async def test_observe_mode_uses_exactly_its_read_only_grants(
+    control_plane: ControlPlane,
+    api: client.ApiClient,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The chart in observe mode (no write verb but the Lease's): `pyctl run --mode observe` with
+    its ServiceAccount's token, on a cluster with a GPU node and a pod, uses every grant and is
+    refused nothing."""
+    assert control_plane.audit_log is not None
+    admin = control_plane.kubeconfig
+    ns, name = "pyctl-obs", "pyctl-obs"
+    user = f"system:serviceaccount:{ns}:{name}"
+    core = client.CoreV1Api(api)
+    spec = GpuNodeSpec("obs-gpu", labels={"pyctl.e2e/obs": "true"})
+    pyctl: Pyctl | None = None
+    try:
+        apply_monitoring_crds(admin, tmp_path)
+        restricted_namespace(admin, ns)
+        await apply_nrt_crd(api)
+        await create_nodes(api, [spec])
+        await core.create_namespaced_pod(
+            "default", body(gpu_pod("obs-pod", 1, label="obs-e2e", node="obs-gpu"))
+        )
+        helm(
+            "install", "pyctl", str(CHART), "--namespace", ns, "--kubeconfig", str(admin),
+            "--set", "mode=observe", "--set", f"fullnameOverride={name}",
+            "--set", f"cluster={CLUSTER}", "--set", f"priorityClass.name={name}",
+            "--set", "replicas=0",
+            "--set", "redis.bundled=false", "--set", "redis.external.url=redis://127.0.0.1:1/0",
+        )  # fmt: skip
+        config = dict((await core.read_namespaced_config_map(f"{name}-config", ns)).data)
+        config.pop("PYCTL_REDIS_URL")  # the in-memory store: this run is about the API server
+        sa_kubeconfig = token_kubeconfig(admin, ns, name, tmp_path / "obs.kubeconfig")
+        start = control_plane.audit_log.stat().st_size
+        pyctl = Pyctl(config, sa_kubeconfig, tmp_path / "pyctl.log", namespace=ns, mode="observe")
+        await wait_until(pyctl.leader, "pyctl leader (observe)", within=60)
+        await anyio.sleep(4.0)  # a few Lease renewals (duration 3 s)
+        pyctl.stop()
+        found = audit.calls(
+            control_plane.audit_log, user, start, control_plane.audit_log.stat().st_size
+        )
+        granted = await rbac(api, ns, name)
+        with capsys.disabled():
+            print(f"\nobserve mode: {len(found)} calls of {user}")
+            print(audit.table(found, granted, DEFAULTS))
+        assert not [c for c in found if c.code == 403]
+        writes = {"create", "update", "patch", "delete"}
+        assert {(c.verb, c.resource) for c in found if c.verb in writes} <= {
+            ("create", "leases"),
+            ("update", "leases"),
+        }
+        unused = sorted({g.label() for g in granted if not any(g.covers(c) for c in found)})
+        assert not unused, f"grants no call used: {unused}"
+        uncovered = [
+            c for c in found if not c.non_resource and not any(g.covers(c) for g in granted)
+        ]
+        assert not uncovered
+    finally:
+        if pyctl is not None:
+            pyctl.stop()
+        helm("uninstall", "pyctl", "--namespace", ns, "--kubeconfig", str(admin), check=False)
+        kubectl(admin, "delete", "namespace", ns, "--wait=false", check=False)
+        kubectl(admin, "delete", "pod", "obs-pod", "--grace-period=0", check=False)
+        await delete_nodes(api, [spec])
