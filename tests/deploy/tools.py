@@ -7,6 +7,7 @@ import functools
 import json
 import shlex
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,11 @@ def tool(name: str) -> Path:
             if key == name and Path(shlex.split(value)[0]).is_file():
                 return Path(shlex.split(value)[0])
         if attempt == 0:
+            print(
+                f"\n[deploy] kubectl/helm missing: running {SCRIPT} tools (a few minutes, once)",
+                file=sys.__stderr__,
+                flush=True,
+            )
             subprocess.run(["bash", str(SCRIPT), "tools"], capture_output=True, check=False)
     raise ToolError(f"{name} not built: run scripts/control-plane build")
 
