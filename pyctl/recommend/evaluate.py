@@ -7,7 +7,7 @@ planner's layouts) are applied to the case's cluster, and the case's arrivals ar
 that fixed layout (and on it with pyctl's MIG re-partitioning when a replica finds no instance),
 against the article's hand-picked layout (7 x 1g.5gb everywhere, with pyctl's re-partitioning and
 compaction: `seed_case.run_mig`) and whole-GPU mode (`seed_case.run_exclusive`). Everything runs
-through seed_case's public pieces (`Case`, `Kind`, `arrivals`, `MigCluster`, `ModeResult`).
+through seed_case's public pieces (`Case`, `Kind`, `run_mig` with starting layouts, `ModeResult`).
 
 (b) The openb traces (`pyctl.replay.trace`): the menu is chosen for the trace's GPU requests
 (one pool of the trace's GPUs, shares on a grid); each GPU-share request is rounded up to it.
@@ -123,18 +123,6 @@ def class_layouts(case: sc.Case, report: Report) -> dict[str, list[list[tuple[st
     return out
 
 
-def _apply(cl: sc.MigCluster, layouts: dict[str, list[list[tuple[str, int]]]]) -> None:
-    template = cl.gpus[0][0][0]
-    for n in range(cl.case.gpu_nodes):
-        lay = layouts.get(cl.node_name(n))
-        if lay is None:
-            continue
-        for g, insts in enumerate(lay):
-            cl.gpus[n][g] = [
-                dataclasses.replace(template, profile=p, start=s, pod=None) for p, s in insts
-            ]
-
-
 def run_classes(
     case: sc.Case,
     layouts: dict[str, list[list[tuple[str, int]]]],
@@ -143,26 +131,8 @@ def run_classes(
 ) -> sc.ModeResult:
     """The case's arrivals on the class layouts; with ``repartition``, a replica that finds no
     instance gets pyctl's planner as in `seed_case.run_mig`."""
-    cl = sc.MigCluster(case)
-    _apply(cl, layouts)
-    failed: dict[str, int] = {}
-    reparts = evictions = 0
-    for pod, k in sc.arrivals(case, seed):
-        if cl.place(pod, k):
-            continue
-        ok = False
-        if repartition:
-            for budget in (0, case.move_budget) if case.move_budget else (0,):
-                ok, r, e = cl.repartition(k.profile, budget)
-                reparts += r
-                evictions += e
-                if ok:
-                    break
-        if not (ok and cl.place(pod, k)):
-            failed[k.name] = failed.get(k.name, 0) + 1
-    res = cl.result(seed, failed, reparts, evictions)
-    res.mode = "normalized+repartition" if repartition else "normalized"
-    return res
+    mode = "normalized+repartition" if repartition else "normalized"
+    return sc.run_mig(case, seed, layouts=layouts, repartition=repartition, mode=mode)
 
 
 @dataclass(frozen=True)

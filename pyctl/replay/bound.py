@@ -418,6 +418,8 @@ class _Model:
         self.h = h
         self.resource_rows: list[tuple[int, float]] = []
         self.nrow = 0
+        #: the patterns `restrict_patterns` fixed to 0, with their bounds before
+        self._released: tuple[list[int], list[float], list[float]] | None = None
         self.ncol = 0
         self.integer: list[int] = []
         inf = hs.kHighsInf
@@ -509,8 +511,24 @@ class _Model:
         val = self.h.getSolution().col_value
         off = [c for zs in self.z for c, _ in zs if val[c] <= 1e-9]
         if off:
+            lp = self.h.getLp()
+            self._released = (
+                off,
+                [lp.col_lower_[c] for c in off],
+                [lp.col_upper_[c] for c in off],
+            )
             self.h.changeColsBounds(len(off), off, [0.0] * len(off), [0.0] * len(off))
         return sum(len(zs) for zs in self.z) - len(off)
+
+    def release_patterns(self) -> bool:
+        """Undoes `restrict_patterns` (every pattern allowed again); False if it fixed none."""
+        released = self._released
+        if not released:
+            return False
+        off, lower, upper = released
+        self.h.changeColsBounds(len(off), off, lower, upper)
+        self._released = None
+        return True
 
     def scale_resources(self, factor: float) -> None:
         """Scales every node type's CPU and memory (the placement MILP leaves slack so that the
@@ -529,6 +547,11 @@ class _Model:
         if self.h.getInfo().primal_solution_status == 0:
             return None
         return list(self.h.getSolution().col_value)
+
+
+#: a model this small gets a last MILP over every share pattern when the restricted ones fall
+#: short of the bound (what keeps tiny instances exact)
+EXACT_COLUMNS = 5000
 
 
 def solve(
@@ -565,6 +588,15 @@ def solve(
             best, best_alloc = placement, alloc
         if best_alloc >= max_alloc:
             break
+    if best_alloc < max_alloc and model.ncol <= EXACT_COLUMNS and model.release_patterns():
+        # a small model: the MILP over every pattern, so that its placement is the optimum
+        model.scale_resources(1.0)
+        sol = model.solve_mip(mip_time_limit)
+        if sol is not None:
+            placement = _place(p, model, sol)
+            alloc = sum(p.task_types[type_of[slot]].value for slot, _, _ in placement)
+            if alloc > best_alloc:
+                best, best_alloc = placement, alloc
     return Bound(
         p.capacity_milli,
         p.arrived_milli,

@@ -73,9 +73,9 @@ def test_template_renders_valid_settings(name: str) -> None:
     assert cfg.mode == VALUE_SETS[name].get("mode", "observe")
     assert cfg.source == "kube"
     assert cfg.in_cluster
-    assert cfg.redis_url
-    assert "gpu-infra" in cfg.evictor_options().excluded_namespaces
-    assert "kube-system" in cfg.evictor_options().excluded_namespaces
+    assert cfg.redis.url
+    assert "gpu-infra" in cfg.evictor.excluded_namespaces
+    assert "kube-system" in cfg.evictor.excluded_namespaces
     for o in objs:
         assert o["metadata"]["labels"]["app.kubernetes.io/part-of"] == "pyctl", o["kind"]
 

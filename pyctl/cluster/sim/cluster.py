@@ -24,7 +24,7 @@ from pyctl.core.policy import (
     kube_default_scores,
     rank,
 )
-from pyctl.model import Node, Shape, Snapshot, Workload
+from pyctl.model import Gpu, MigGpu, MigInstance, Node, Shape, Snapshot, Workload
 
 #: (pod, candidate nodes) -> (nodes filtered out with why, scores 0..MAX_EXTENDER_PRIORITY)
 Extender = Callable[[PodRecord, tuple[str, ...]], tuple[Mapping[str, str], Mapping[str, int]]]
@@ -238,6 +238,47 @@ class SimCluster:
         pod.node, pod.assignment = "", None
         return node
 
+    def current_nodes(self) -> tuple[Node, ...]:
+        """The nodes as the model sees them now, usage included (MIG instances name the pod
+        that holds them)."""
+        holder: dict[tuple[str, int, int, int], str] = {}
+        for p in self.pods.values():
+            if p.node and p.assignment is not None and p.assignment.get("mig"):
+                zi, mi, ii = p.assignment["mig"]
+                holder[(p.node, zi, mi, ii)] = p.name
+        out = []
+        for n in self.nodes:
+            zones = []
+            for zi, (z, st) in enumerate(zip(n.zones, self.zones[n.name], strict=True)):
+                gpus = tuple(
+                    Gpu(g.id, 1000 - free) for g, free in zip(z.gpus, st.gpu_free, strict=True)
+                )
+                migs = tuple(
+                    MigGpu(
+                        m.gpu,
+                        tuple(
+                            MigInstance(
+                                i.profile, i.start, bool(used), holder.get((n.name, zi, mi, ii))
+                            )
+                            for ii, (i, (_, used)) in enumerate(
+                                zip(m.instances, st.mig[mi], strict=True)
+                            )
+                        ),
+                    )
+                    for mi, m in enumerate(z.mig)
+                )
+                zones.append(
+                    replace(
+                        z,
+                        cpu_milli_used=st.cpu - st.cpu_free,
+                        memory_mib_used=st.mem - st.mem_free,
+                        gpus=gpus,
+                        mig=migs,
+                    )
+                )
+            out.append(replace(n, zones=tuple(zones)))
+        return tuple(out)
+
     # -- MIG reconfiguration (mig-parted apply, as the simulated mig-manager does it) -----------
     def reconfigure_mig(self, name: str, layouts: list[dict[str, int] | None]) -> bool:
         """Re-partition the node's MIG GPUs (in zone order; None: unchanged). A GPU whose layout
@@ -245,7 +286,6 @@ class SimCluster:
         changes, if an instance of it is in use ("In use by another client") or the layout does
         not fit."""
         from pyctl.core import mig as mig_mod
-        from pyctl.model import MigGpu, MigInstance
 
         n = self.by_name[name]
         zs = self.zones[name]
