@@ -61,7 +61,9 @@ impl Default for CompactionLimits {
     }
 }
 
-fn shape_key(s: &Shape) -> (u64, u64, u32, u32, Option<String>, Vec<String>) {
+type ShapeKey = (u64, u64, u32, u32, Option<String>, Vec<String>, bool, bool);
+
+fn shape_key(s: &Shape) -> ShapeKey {
     (
         s.cpu_milli,
         s.memory_mib,
@@ -69,11 +71,12 @@ fn shape_key(s: &Shape) -> (u64, u64, u32, u32, Option<String>, Vec<String>) {
         s.gpu_milli,
         s.mig_profile.clone(),
         s.gpu_models.clone(),
+        s.dra,
+        s.numa_aligned,
     )
 }
 
-type PlaceCache =
-    HashMap<(usize, (u64, u64, u32, u32, Option<String>, Vec<String>)), Option<(f64, Assignment)>>;
+type PlaceCache = HashMap<(usize, ShapeKey), Option<(f64, Assignment)>>;
 
 /// Plans up to `limits.max_moves` moves, greedily the best first, on a copy of `cluster`.
 pub fn plan(
@@ -203,6 +206,7 @@ mod tests {
             mig_profile: None,
             gpu_models: vec![],
             weight: 1.0,
+            ..Default::default()
         }
     }
 
@@ -225,6 +229,7 @@ mod tests {
                     memory: vec![],
                     gpus: vec![(0, 0, 1000)],
                     mig: None,
+                    ..Default::default()
                 },
                 shape: one_gpu(),
             },
@@ -235,6 +240,7 @@ mod tests {
                     memory: vec![],
                     gpus: vec![(1, 0, 1000)],
                     mig: None,
+                    ..Default::default()
                 },
                 shape: one_gpu(),
             },
@@ -281,6 +287,7 @@ mod tests {
                 memory: vec![],
                 gpus: vec![(0, 0, 1000)],
                 mig: None,
+                ..Default::default()
             },
             shape: one_gpu(),
         }];

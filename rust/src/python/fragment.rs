@@ -9,8 +9,8 @@ use super::convert::{
     field_error, int, int_list, item, sequence, string, string_list, type_name, value_error,
 };
 use crate::fragment::delta::{apply, place_delta, remove_delta, Assignment, Delta};
-use crate::fragment::score::{score_node, RecoverMemo};
-use crate::fragment::{validate_shapes, Cluster, ClusterColumns, Shape, CATEGORY_NAMES};
+use crate::fragment::score::{node_model, score_node, RecoverMemo};
+use crate::fragment::{validate_shapes, Cluster, ClusterColumns, Node, Shape, CATEGORY_NAMES};
 
 fn ints(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Vec<i64>> {
     int_list(&item(d, key, "columns")?, || key.to_string())
@@ -32,6 +32,19 @@ fn bools(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Vec<bool>> {
         .iter()
         .map(|x| x.is_truthy())
         .collect()
+}
+
+/// An optional column: empty when the key is absent.
+fn optional<T>(
+    d: &Bound<'_, PyDict>,
+    key: &str,
+    read: impl Fn(&str) -> PyResult<Vec<T>>,
+) -> PyResult<Vec<T>> {
+    if d.contains(key)? {
+        read(key)
+    } else {
+        Ok(Vec::new())
+    }
 }
 
 fn read_shape(obj: &Bound<'_, PyAny>, prefix: &str) -> PyResult<Shape> {
@@ -75,6 +88,14 @@ fn read_shape(obj: &Bound<'_, PyAny>, prefix: &str) -> PyResult<Shape> {
             )
         })?,
     };
+    let flag = |k: &Bound<'_, PyString>| -> PyResult<bool> {
+        Ok(match d.get_item(k)? {
+            Some(v) if !v.is_none() => v.is_truthy()?,
+            _ => false,
+        })
+    };
+    let dra = flag(intern!(py, "dra"))?;
+    let numa_aligned = flag(intern!(py, "numa_aligned"))?;
     Ok(Shape {
         cpu_milli,
         memory_mib,
@@ -83,6 +104,8 @@ fn read_shape(obj: &Bound<'_, PyAny>, prefix: &str) -> PyResult<Shape> {
         mig_profile,
         gpu_models,
         weight,
+        dra,
+        numa_aligned,
     })
 }
 
@@ -114,13 +137,34 @@ fn read_task(obj: &Bound<'_, PyAny>) -> PyResult<Shape> {
     Ok(one.remove(0))
 }
 
-fn assignment_dict<'py>(py: Python<'py>, a: &Assignment) -> PyResult<Bound<'py, PyDict>> {
+fn assignment_dict<'py>(
+    py: Python<'py>,
+    a: &Assignment,
+    node: &Node,
+) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("cpu", a.cpu.clone())?;
     d.set_item("memory", a.memory.clone())?;
     d.set_item("gpus", a.gpus.clone())?;
     d.set_item("mig", a.mig)?;
+    if !a.dra_gpus.is_empty() {
+        d.set_item("dra_gpus", a.dra_gpus.clone())?;
+    }
+    if !a.dyn_whole.is_empty() {
+        d.set_item("dyn_whole", a.dyn_whole.clone())?;
+    }
+    if let Some(v) = mig_new_out(a, node) {
+        d.set_item("mig_new", v)?;
+    }
     Ok(d)
+}
+
+/// `mig_new` with the profile by name: (zone, MIG GPU, profile, start); the index is the
+/// catalog's, of the node's GPU model.
+fn mig_new_out(a: &Assignment, node: &Node) -> Option<(usize, usize, String, u8)> {
+    let (zi, mi, p, start) = a.mig_new?;
+    let name = node_model(node)?.profiles.get(p)?.name.clone();
+    Some((zi, mi, name, start))
 }
 
 /// Rows of non-negative integers of a fixed arity (lists or tuples).
@@ -140,7 +184,7 @@ fn rows(obj: &Bound<'_, PyAny>, field: &str, arity: usize) -> PyResult<Vec<Vec<u
     Ok(out)
 }
 
-fn read_assignment(obj: &Bound<'_, PyAny>) -> PyResult<Assignment> {
+fn read_assignment(obj: &Bound<'_, PyAny>, node: &Node) -> PyResult<Assignment> {
     let d = obj
         .cast::<PyDict>()
         .map_err(|_| field_error("assignment", "expected an object"))?;
@@ -182,6 +226,45 @@ fn read_assignment(obj: &Bound<'_, PyAny>) -> PyResult<Assignment> {
             a.mig = Some((r[0] as usize, r[1] as usize, r[2] as usize));
         }
     }
+    if let Some(v) = d.get_item("dra_gpus")? {
+        a.dra_gpus = rows(&v, "assignment.dra_gpus", 3)?
+            .into_iter()
+            .map(|r| {
+                Ok((
+                    r[0] as usize,
+                    r[1] as usize,
+                    u32::try_from(r[2]).map_err(big)?,
+                ))
+            })
+            .collect::<PyResult<_>>()?;
+    }
+    if let Some(v) = d.get_item("dyn_whole")? {
+        a.dyn_whole = rows(&v, "assignment.dyn_whole", 2)?
+            .into_iter()
+            .map(|r| (r[0] as usize, r[1] as usize))
+            .collect();
+    }
+    if let Some(v) = d.get_item("mig_new")? {
+        if !v.is_none() {
+            let bad = || field_error("assignment.mig_new", "expected [zone, gpu, profile, start]");
+            let items = sequence(&v, || "assignment.mig_new".to_string())?;
+            if items.len() != 4 {
+                return Err(bad());
+            }
+            let zi = usize::try_from(int(&items[0], || "assignment.mig_new".into())?)
+                .map_err(|_| bad())?;
+            let mi = usize::try_from(int(&items[1], || "assignment.mig_new".into())?)
+                .map_err(|_| bad())?;
+            let name = string(&items[2], || "assignment.mig_new".into())?;
+            let start =
+                u8::try_from(int(&items[3], || "assignment.mig_new".into())?).map_err(|_| bad())?;
+            let model = node_model(node).ok_or_else(|| {
+                field_error("assignment.mig_new", "the node has no MIG GPU model")
+            })?;
+            let p = model.profile_index(&name).map_err(value_error)?;
+            a.mig_new = Some((zi, mi, p, start));
+        }
+    }
     Ok(a)
 }
 
@@ -191,11 +274,11 @@ pub struct PyFragmentModel {
     cluster: Cluster,
 }
 
-fn delta_dict<'py>(py: Python<'py>, d: &Delta) -> PyResult<Bound<'py, PyDict>> {
+fn delta_dict<'py>(py: Python<'py>, d: &Delta, node: &Node) -> PyResult<Bound<'py, PyDict>> {
     let out = PyDict::new(py);
     out.set_item("fragment_gpu_milli", d.fragment_gpu_milli)?;
     out.set_item("fragment_mig_slices", d.fragment_mig_slices)?;
-    out.set_item("assignment", assignment_dict(py, &d.assignment)?)?;
+    out.set_item("assignment", assignment_dict(py, &d.assignment, node)?)?;
     Ok(out)
 }
 
@@ -224,6 +307,12 @@ impl PyFragmentModel {
             instance_profiles: strings(columns, "instance_profiles")?,
             instance_starts: ints(columns, "instance_starts")?,
             instance_used: bools(columns, "instance_used")?,
+            dra_gpu_offsets: optional(columns, "dra_gpu_offsets", |k| offsets(columns, k))?,
+            dra_gpu_ids: optional(columns, "dra_gpu_ids", |k| ints(columns, k))?,
+            dra_gpu_used_milli: optional(columns, "dra_gpu_used_milli", |k| ints(columns, k))?,
+            mig_dra: optional(columns, "mig_dra", |k| bools(columns, k))?,
+            mig_dynamic: optional(columns, "mig_dynamic", |k| bools(columns, k))?,
+            mig_free_slices: optional(columns, "mig_free_slices", |k| ints(columns, k))?,
         };
         let cluster = Cluster::from_columns(&c).map_err(value_error)?;
         Ok(Self { cluster })
@@ -292,7 +381,7 @@ impl PyFragmentModel {
         let task = read_task(task)?;
         let shapes = read_shapes(shapes)?;
         let d = py.detach(|| place_delta(n, &task, &shapes, &mut RecoverMemo::new()));
-        d.map(|d| delta_dict(py, &d)).transpose()
+        d.map(|d| delta_dict(py, &d, n)).transpose()
     }
 
     /// The fragment delta of removing the task at `assignment` from node `node`.
@@ -304,12 +393,12 @@ impl PyFragmentModel {
         shapes: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let n = self.node(node)?;
-        let a = read_assignment(assignment)?;
+        let a = read_assignment(assignment, n)?;
         let shapes = read_shapes(shapes)?;
         let d = py
             .detach(|| remove_delta(n, &a, &shapes, &mut RecoverMemo::new()))
             .map_err(value_error)?;
-        delta_dict(py, &d)
+        delta_dict(py, &d, n)
     }
 
     /// Compaction plan: `movable` is a list of {"node": index, "assignment": ..., "shape": ...};
@@ -338,7 +427,9 @@ impl PyFragmentModel {
             })?;
             let node = usize::try_from(node)
                 .map_err(|_| field_error(&format!("movable[{i}].node"), "negative"))?;
-            let assignment = read_assignment(&item(d, "assignment", &format!("movable[{i}]"))?)?;
+            let on = self.node(node)?;
+            let assignment =
+                read_assignment(&item(d, "assignment", &format!("movable[{i}]"))?, on)?;
             let shape = read_task(&item(d, "shape", &format!("movable[{i}]"))?)?;
             items.push(crate::compaction::Movable {
                 node,
@@ -362,7 +453,10 @@ impl PyFragmentModel {
                 out.set_item("pod", mv.pod)?;
                 out.set_item("from", mv.from)?;
                 out.set_item("to", mv.to)?;
-                out.set_item("assignment", assignment_dict(py, &mv.to_assignment)?)?;
+                out.set_item(
+                    "assignment",
+                    assignment_dict(py, &mv.to_assignment, &cluster.nodes[mv.to])?,
+                )?;
                 out.set_item("remove_delta", mv.remove_delta)?;
                 out.set_item("place_delta", mv.place_delta)?;
                 out.set_item("gain", mv.gain())?;
@@ -378,7 +472,7 @@ impl PyFragmentModel {
 
     /// Places (`place=True`) or removes the task at `assignment` on node `node`, in place.
     fn apply(&mut self, node: usize, assignment: &Bound<'_, PyAny>, place: bool) -> PyResult<()> {
-        let a = read_assignment(assignment)?;
+        let a = read_assignment(assignment, self.node(node)?)?;
         let count = self.cluster.nodes.len();
         let n = self.cluster.nodes.get_mut(node).ok_or_else(|| {
             field_error("node", format!("index {node} out of range (0..{count})"))

@@ -332,6 +332,7 @@ mod tests {
                 mig_profile: None,
                 gpu_models: vec![],
                 weight: 0.3,
+                ..Default::default()
             },
             Shape {
                 cpu_milli: 8000,
@@ -341,6 +342,7 @@ mod tests {
                 mig_profile: None,
                 gpu_models: vec![],
                 weight: 0.3,
+                ..Default::default()
             },
             Shape {
                 cpu_milli: 2000,
@@ -350,6 +352,7 @@ mod tests {
                 mig_profile: None,
                 gpu_models: vec![],
                 weight: 0.2,
+                ..Default::default()
             },
             Shape {
                 cpu_milli: 2000,
@@ -359,6 +362,7 @@ mod tests {
                 mig_profile: None,
                 gpu_models: vec!["T4".into()],
                 weight: 0.2,
+                ..Default::default()
             },
         ];
         let ks: Vec<KShape> = shapes
