@@ -30,7 +30,7 @@ import anyio.lowlevel
 from _common import REPO  # noqa: F401
 
 from pyctl.cluster.kube.decode import decode_watch_line
-from pyctl.cluster.records import Event, Kind
+from pyctl.cluster.records import KINDS, Event, Kind
 from pyctl.controller.controller import Controller
 from pyctl.state.redis_client import RedisConfig
 from pyctl.state.redis_store import RedisStore
@@ -157,7 +157,7 @@ class Replay:
         self.rate = rate
 
     async def run(self, sink: Any) -> None:
-        for kind in ("Node", "Pod", "PodDisruptionBudget", "NodeResourceTopology"):
+        for kind in KINDS:
             await sink.replace(kind, [], "1000")
         batch: list[Event] = []
         rvs: dict[Kind, str] = {}
