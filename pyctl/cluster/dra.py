@@ -1046,3 +1046,66 @@ def slice_nodes(s: SliceRecord) -> set[str]:
 
 
 EMPTY_CONTEXT: Final = DraContext({}, {}, {}, {}, {})
+
+
+# ---- alignment of running pods ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Misaligned:
+    """A pod whose allocated devices share no NUMA node."""
+
+    pod: str
+    node: str
+    #: the NUMA nodes of each of its devices
+    numa: tuple[tuple[int, ...], ...]
+    devices: tuple[str, ...]
+
+
+def misaligned_pods(ctx: DraContext) -> list[Misaligned]:
+    """Every pod whose allocated devices (of any driver that publishes `numaNode`: GPUs, and
+    CPUs where a CPU driver publishes them) span NUMA nodes: no NUMA node is common to all of
+    them (a list-valued numaNode counts as the set of its nodes)."""
+    out = []
+    for node in sorted(ctx.claims_by_node):
+        nd = ctx.node(node)
+        if nd is None:
+            continue
+        per_pod: dict[str, list[DeviceView]] = defaultdict(list)
+        for d in nd.devices:
+            for a in nd.allocated.get(d.id, ()):
+                for pod in a.pods:
+                    per_pod[pod].append(d)
+        for pod, devs in sorted(per_pod.items()):
+            with_numa = [d for d in devs if d.numa]
+            if len(with_numa) < 2:
+                continue
+            common = set(with_numa[0].numa)
+            for d in with_numa[1:]:
+                common &= set(d.numa)
+            if not common:
+                out.append(
+                    Misaligned(
+                        pod,
+                        node,
+                        tuple(d.numa for d in with_numa),
+                        tuple(str(d.id) for d in with_numa),
+                    )
+                )
+    return out
+
+
+def unknown_kind(reason: str) -> str:
+    """A short, bounded label for why a request is unknown (metrics)."""
+    for needle, kind in (
+        ("CEL", "selector"),
+        ("selector pyctl does not know", "selector"),
+        ("several kinds", "several_kinds"),
+        ("not found", "class_not_found"),
+        ("no device in the cluster", "no_device"),
+        ("not known yet", "claim_not_known_yet"),
+        ("out of steps", "search_limit"),
+    ):
+        if needle in reason:
+            return kind
+    return "not_modelled"

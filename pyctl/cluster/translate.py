@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import cast
 
-from pyctl.cluster.dra import DraModel, DraNeed, gpu_model_name
+from pyctl.cluster.dra import DraContext, DraModel, DraNeed, gpu_model_name, model_gpus
 from pyctl.cluster.records import NodeRecord, NrtRecord, PodRecord
 from pyctl.core import mig
 from pyctl.model import TOPOLOGY_POLICIES, Gpu, MigGpu, MigInstance, Node, PolicyName, Shape, Zone
@@ -342,3 +342,29 @@ def attribute_pods(
             asg["mig_new"] = mig_new
         out[p.key] = asg
     return out
+
+
+def shape_of(p: PodRecord, dra: DraContext | None = None) -> Shape | None:
+    """The pod's shape, with its DRA claims resolved through `dra`; None when its claims ask for
+    something pyctl cannot tell (`DraNeed.unknown`, counted and shown by the callers)."""
+    if not p.claims or dra is None:
+        return pod_shape(p)
+    need = dra.need(p.namespace, p.claims)
+    if need.unknown:
+        return None
+    return pod_shape(p, need)
+
+
+def model_of(
+    node: NodeRecord,
+    nrt: NrtRecord | None,
+    pods: Iterable[PodRecord],
+    default_policy: str = "none",
+    dra: DraContext | None = None,
+    positions: DraPositions | None = None,
+) -> tuple[Node, DraModel | None]:
+    """`node_from_records` with the node's DRA devices taken from `dra`; also returns the DRA
+    part (its zones' basis and notes), None if the node publishes no DRA devices."""
+    nd = dra.node(node.name) if dra is not None else None
+    dm = model_gpus(nd, node.gpu_model) if nd is not None else None
+    return node_from_records(node, nrt, pods, default_policy, dm, positions), dm

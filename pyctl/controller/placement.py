@@ -8,10 +8,14 @@ models (`Reconciler.models`) and workload M; the wire format is the Kubernetes a
   ``single-numa-node``), so pods stop failing kubelet admission with TopologyAffinityError. Nodes
   pyctl does not model (not seen yet, or not understood) pass: the extender only removes nodes it
   knows to be wrong. CPU-only pods pass everywhere (their placement is the scheduler's business).
+  Pods whose GPUs come from DRA claims pass too: the kube-scheduler's own DRA plugin decides
+  which nodes can allocate their claims (exactly, with the devices' counters and taints).
 - prioritize: the fragment delta of placing the pod on each node (FGD): the lowest growth scores
   10, the highest 1, linear in between; equal growth goes to the fuller node (its idle capacity
   weighs ``TIE_BREAK`` per unit), so that an evicted replica does not bounce back to the node it
-  left; nodes that do not admit it, or that pyctl does not model, score 0.
+  left; nodes that do not admit it, or that pyctl does not model, score 0. A DRA pod is scored
+  by the same policy, its shape taken from its claims (`Reconciler.shape_of`: DRA devices only,
+  aligned as its matchAttribute asks); one whose claims pyctl cannot tell gets no preference.
 """
 
 from __future__ import annotations
@@ -35,14 +39,20 @@ class PlacementAdvisor:
     since the controller re-derives M). One `FragmentationModel` is kept per node and rebuilt
     only when that node's model object changes."""
 
-    def __init__(self, models: Mapping[str, Node], workload: Callable[[], Workload]) -> None:
+    def __init__(
+        self,
+        models: Mapping[str, Node],
+        workload: Callable[[], Workload],
+        shape_of: Callable[[PodRecord], Shape | None] = pod_shape,
+    ) -> None:
         self._models = models
         self._workload = workload
+        self._shape_of = shape_of
         self._cache: dict[str, tuple[Node, FragmentationModel]] = {}
 
     @classmethod
     def for_reconciler(cls, reconciler: Reconciler) -> PlacementAdvisor:
-        return cls(reconciler.models, lambda: reconciler.workload)
+        return cls(reconciler.models, lambda: reconciler.workload, reconciler.shape_of)
 
     def _model(self, name: str) -> FragmentationModel | None:
         node = self._models.get(name)
@@ -69,9 +79,9 @@ class PlacementAdvisor:
 
     def filter(self, pod: PodRecord, names: tuple[str, ...]) -> dict[str, str]:
         """The candidate nodes `pod` must not go to, with why."""
-        shape = pod_shape(pod)
+        shape = self._shape_of(pod)
         failed: dict[str, str] = {}
-        if not shape.is_cpu_only:
+        if shape is not None and not shape.is_cpu_only and not shape.dra:
             workload = self._workload()
             for name in names:
                 if self.delta(name, shape, workload) is None:
@@ -84,8 +94,8 @@ class PlacementAdvisor:
 
     def prioritize(self, pod: PodRecord, names: tuple[str, ...]) -> dict[str, int]:
         """A score 0..MAX_EXTENDER_PRIORITY per candidate node."""
-        shape = pod_shape(pod)
-        if shape.is_cpu_only:
+        shape = self._shape_of(pod)
+        if shape is None or shape.is_cpu_only:
             return dict.fromkeys(names, 0)
         workload = self._workload()
         growth: dict[str, float] = {}
@@ -128,7 +138,8 @@ def idle_units(node: Node, shape: Shape) -> float:
                 if not i.used and i.profile == shape.mig_profile
             )
         )
-    return float(sum(1000 - min(g.used_milli, 1000) for z in node.zones for g in z.gpus))
+    gpus = [g for z in node.zones for g in (z.dra_gpus if shape.dra else z.gpus)]
+    return float(sum(1000 - min(g.used_milli, 1000) for g in gpus))
 
 
 def _describe(s: Shape) -> str:

@@ -11,8 +11,9 @@ from typing import Any
 
 import msgspec
 
+from pyctl.cluster.dra import DraContext
 from pyctl.cluster.records import NodeRecord, NrtRecord, PdbRecord, PodRecord
-from pyctl.cluster.translate import attribute_pods, node_from_records, pod_shape
+from pyctl.cluster.translate import DraPositions, attribute_pods, model_of, pod_shape, shape_of
 from pyctl.core.fragmentation import FragmentationModel, shape_dict
 from pyctl.model import Node, Shape, Snapshot, Workload
 from pyctl.workflows.base import Context, Workflow, WorkflowKind
@@ -52,9 +53,16 @@ def plan_compaction(
     max_moves: int = 10,
     pending_weight: float = 1.0,
     default_policy: str = "none",
+    dra: DraContext | None = None,
 ) -> CompactionPlan:
     """Plan up to `max_moves` evictions. Pending shapes join the workload (with `pending_weight`
-    in total) so that moves which make them admissible count."""
+    in total) so that moves which make them admissible count.
+
+    With `dra` (the cluster's DRA objects), pods whose GPUs come from claims are placed exactly
+    where their allocation results say and move as DRA shapes; a pod with a standalone claim is
+    not movable (its replacement would wait for the same devices), nor one whose claims pyctl
+    cannot tell, nor a pod on a node whose GPUs are managed both by the device plugin and by a
+    DRA driver."""
     all_pods = [p for p in pods if not p.terminated]
     by_node: dict[str, list[PodRecord]] = {}
     for p in all_pods:
@@ -63,12 +71,42 @@ def plan_compaction(
     names = sorted(nodes)
     models: list[Node] = []
     where: dict[str, dict[str, Any]] = {}
+    both_ways: dict[str, str] = {}
     for name in names:
-        node = node_from_records(nodes[name], nrts.get(name), by_node.get(name, []), default_policy)
+        positions: DraPositions = {}
+        pods_here = by_node.get(name, [])
+        node, dm = model_of(nodes[name], nrts.get(name), pods_here, default_policy, dra, positions)
         models.append(node)
-        where.update(attribute_pods(node, by_node.get(name, [])))
+        where.update(attribute_pods(node, pods_here, positions))
+        if dm is not None and dm.gpus and (nodes[name].gpus or nodes[name].mig):
+            both_ways[name] = (
+                f"node {name}: its GPUs are managed both by the device plugin and by a DRA "
+                "driver (pyctl does not move pods there)"
+            )
     evictor = Evictor(options or EvictorOptions(), all_pods, pdbs)
-    movable, refused = evictor.movable([p for p in all_pods if p.node in nodes])
+    movable, refused_by_rules = evictor.movable([p for p in all_pods if p.node in nodes])
+    refused = dict(refused_by_rules)
+    shape: dict[str, Shape] = {}
+    kept = []
+    for p in movable:
+        if p.node in both_ways:
+            refused[p.key] = both_ways[p.node]
+            continue
+        if p.claims and dra is not None:
+            need = dra.need(p.namespace, p.claims)
+            if need.unknown:
+                refused[p.key] = f"its claims are unknown to pyctl: {need.unknown}"
+                continue
+            if not need.movable:
+                refused[p.key] = (
+                    "it uses a standalone ResourceClaim (a replacement would wait for the same "
+                    "devices)"
+                )
+                continue
+        got = shape_of(p, dra)
+        shape[p.key] = got if got is not None else pod_shape(p)
+        kept.append(p)
+    movable = kept
     shapes = list(workload.shapes)
     if pending:
         total = sum(s.weight for s in shapes)
@@ -78,7 +116,7 @@ def plan_compaction(
     index = {n: i for i, n in enumerate(names)}
     placed = [p for p in movable if p.key in where]
     items = [
-        {"node": index[p.node], "assignment": where[p.key], "shape": shape_dict(pod_shape(p))}
+        {"node": index[p.node], "assignment": where[p.key], "shape": shape_dict(shape[p.key])}
         for p in placed
     ]
     raw = model._core.plan_compaction(items, [shape_dict(s) for s in shapes], max_moves)

@@ -45,9 +45,8 @@ class Compactor:
         self.gauge = WorkflowGauge(metrics, cluster)
 
     def plan(self) -> CompactionPlan:
-        from pyctl.cluster.translate import pod_shape
-
-        pending = [pod_shape(p) for p in self.cache.pending_pods() if p.unschedulable]
+        got = [self.reconciler.shape_of(p) for p in self.cache.pending_pods() if p.unschedulable]
+        pending = [s for s in got if s is not None]
         plan = plan_compaction(
             self.cache.nodes,
             self.cache.nrts,
@@ -58,6 +57,7 @@ class Compactor:
             options=self.options,
             max_moves=self.max_moves,
             default_policy=self.reconciler.default_policy,
+            dra=self.cache.dra,
         )
         w = self.metrics.workflow
         w.planned_moves.labels(self.cluster).set(len(plan.moves))
