@@ -47,13 +47,15 @@ KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 
 # Controllers the tests need: Deployments/ReplicaSets make pods, disruption computes PDB status (the
 # apiserver's eviction handler refuses every covered eviction until it has), the garbage collector
-# cascades deletes, the namespace controller lets namespace deletion finish.
+# cascades deletes, the namespace controller lets namespace deletion finish, the ResourceClaim
+# controller makes a pod's claims from its ResourceClaimTemplates (DRA) and releases them.
 KCM_CONTROLLERS = (
     "deployment-controller",
     "replicaset-controller",
     "disruption-controller",
     "garbage-collector-controller",
     "namespace-controller",
+    "resourceclaim-controller",
 )
 
 LOG_TAIL_LINES = 25
