@@ -139,6 +139,10 @@ EXPECTED_CLUSTER_RULES = {
     ("", "pods/eviction"): {"create"},
     ("policy", "poddisruptionbudgets"): {"get", "list", "watch"},
     ("topology.node.k8s.io", "noderesourcetopologies"): {"get", "list", "watch"},
+    ("resource.k8s.io", "deviceclasses"): {"list", "watch"},
+    ("resource.k8s.io", "resourceslices"): {"list", "watch"},
+    ("resource.k8s.io", "resourceclaims"): {"list", "watch"},
+    ("resource.k8s.io", "resourceclaimtemplates"): {"list", "watch"},
     ("", "events"): {"create"},
     ("events.k8s.io", "events"): {"create"},
 }
