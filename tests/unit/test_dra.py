@@ -549,3 +549,94 @@ def test_allocate_follows_slice_order_taints_and_in_use_devices() -> None:
     held3 = claim("h3", [gpus(1)], None, [("gpus", "", "gpu-5")], "n", "h3")
     nd = node_devices("n", tainted, [held, held3])  # type: ignore[arg-type]
     assert allocate([("c", four)], nd, catalogue()).ok is False
+
+
+# ---- the core against the pure-Python twin on random DRA nodes ------------------------------
+
+
+def random_dra_node(rnd: random.Random, name: str) -> Any:
+    from pyctl.model import Gpu, MigGpu, MigInstance, Node, Zone
+
+    m = mig.model("H100-80GB")
+    zones = []
+    gid = 0
+    for z in range(rnd.choice([1, 2, 4])):
+        plugin = [Gpu(gid + i, rnd.choice([0, 1000, 500])) for i in range(rnd.choice([0, 0, 2]))]
+        gid += len(plugin)
+        dra_gpus = [Gpu(gid + i, rnd.choice([0, 0, 1000])) for i in range(rnd.choice([0, 2, 4]))]
+        gid += len(dra_gpus)
+        migs = []
+        for _ in range(rnd.choice([0, 0, 1, 2])):
+            # a dynamic GPU: a random set of allocated placements that fit together
+            insts: list[MigInstance] = []
+            taken = 0
+            compute = 0
+            for _ in range(rnd.randint(0, 4)):
+                p = rnd.choice(m.profiles)
+                s, size = rnd.choice(p.placements)
+                mask = ((1 << size) - 1) << s
+                count = sum(1 for i in insts if i.profile == p.name)
+                if (
+                    mask & taken
+                    or compute + p.compute_slices > m.compute_slices
+                    or count >= p.max_count
+                ):
+                    continue
+                taken |= mask
+                compute += p.compute_slices
+                insts.append(MigInstance(p.name, s, True, None))
+            migs.append(MigGpu(gid, tuple(insts), dra=True, dynamic=True))
+            gid += 1
+        zones.append(
+            Zone(
+                z,
+                32000,
+                rnd.choice([0, 8000, 31000]),
+                1 << 18,
+                0,
+                tuple(plugin),
+                tuple(migs),
+                tuple(dra_gpus),
+            )
+        )
+    return Node(name, "H100-80GB", "none", zones=tuple(zones))
+
+
+DRA_SHAPES = [
+    Shape(cpu_milli=4000, gpus=1, gpu_milli=1000, dra=True),
+    Shape(cpu_milli=8000, gpus=2, gpu_milli=1000, dra=True, numa_aligned=True),
+    Shape(cpu_milli=8000, gpus=4, gpu_milli=1000, dra=True, numa_aligned=True),
+    Shape(cpu_milli=8000, gpus=3, gpu_milli=1000, dra=True),
+    Shape(cpu_milli=2000, gpus=1, mig_profile="3g.40gb", dra=True),
+    Shape(cpu_milli=2000, gpus=1, mig_profile="1g.10gb", dra=True),
+    Shape(cpu_milli=2000, gpus=1, mig_profile="1g.20gb", dra=True),
+    Shape(cpu_milli=4000, gpus=1, gpu_milli=1000),
+    Shape(cpu_milli=4000, gpus=1, gpu_milli=500),
+    Shape(cpu_milli=40000, gpus=1, gpu_milli=1000, dra=True),
+    Shape(cpu_milli=1000),
+]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 1 << 30))
+def test_the_core_agrees_with_the_reference_on_dra_nodes(seed: int) -> None:
+    from tests.reference import fragmentation as ref
+
+    rnd = random.Random(seed)
+    node = random_dra_node(rnd, "n")
+    shapes = tuple(
+        Shape(**{**{f: getattr(s, f) for f in s.__slots__}, "weight": rnd.randint(1, 5)})  # type: ignore[arg-type]
+        for s in rnd.sample(DRA_SHAPES, rnd.randint(1, 4))
+    )
+    w = Workload(shapes)
+    got = FragmentationModel(Snapshot((node,))).score(w).nodes[0]
+    want = ref.score_node(node, w)
+    assert got.idle_gpu_milli == pytest.approx(want.idle_gpu)
+    assert got.idle_mig_slices == pytest.approx(want.idle_mig)
+    assert got.fragment_gpu_milli == pytest.approx(want.frag_gpu)
+    assert got.fragment_mig_slices == pytest.approx(want.frag_mig)
+    for c, v in got.categories.items():
+        assert v == pytest.approx(want.cats[c]), c
+    for c, v in got.mig_categories.items():
+        assert v == pytest.approx(want.mig_cats[c]), c
+    assert got.recoverable_mig_slices == pytest.approx(want.recoverable)
