@@ -11,12 +11,12 @@ parse.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Final
 
 from pyctl.cluster.dra_records import (
     Allocated,
     Attr,
-    AttrValue,
     ClaimRecord,
     ClaimSpec,
     ClaimTemplateRecord,
@@ -76,11 +76,20 @@ def _bound(n: int, what: str, where: str) -> None:
         raise DraDecodeError(f"{where}: {n} {what.replace('_', ' ')}, more than the limit {limit}")
 
 
-def _quantity(v: w.Quantity, where: str) -> str:
+@lru_cache(maxsize=16384)
+def _quantity_error(v: w.Quantity) -> str:
+    """Why `v` is not a quantity ("" if it is); cached, since the same strings repeat."""
     try:
         q.parse_quantity(v)
     except q.QuantityError as e:
-        raise DraDecodeError(f"{where}: {e}") from None
+        return str(e)
+    return ""
+
+
+def _quantity(v: w.Quantity, where: str) -> str:
+    why = _quantity_error(v)
+    if why:
+        raise DraDecodeError(f"{where}: {why}")
     return str(v)
 
 
@@ -115,30 +124,30 @@ def device_class_record(c: w.DeviceClass) -> DeviceClassRecord:
 
 
 def _attr(name: str, a: w.DeviceAttribute, where: str) -> Attr:
-    set_: list[tuple[str, AttrValue]] = []
-    if a.int_ is not None:
-        set_.append(("int", a.int_))
-    if a.bool_ is not None:
-        set_.append(("bool", a.bool_))
+    # the hot path of slice decoding: exactly one field set, found with plain tests
+    found: Attr | None = None
+    n = 0
     if a.string is not None:
-        set_.append(("string", a.string))
+        found, n = Attr(name, "string", a.string), n + 1
+    if a.int_ is not None:
+        found, n = Attr(name, "int", a.int_), n + 1
     if a.version is not None:
-        set_.append(("version", a.version))
-    for kind, vals in (
-        ("ints", a.ints),
-        ("bools", a.bools),
-        ("strings", a.strings),
-        ("versions", a.versions),
-    ):
-        if vals is not None:
-            _bound(len(vals), "list_attribute_items", f"{where}: attribute {name}")
-            set_.append((kind, tuple(vals)))
-    if len(set_) != 1:
-        raise DraDecodeError(
-            f"{where}: attribute {name} must have exactly one value, has {len(set_)}"
-        )
-    kind, value = set_[0]
-    return Attr(name, kind, value)
+        found, n = Attr(name, "version", a.version), n + 1
+    if a.bool_ is not None:
+        found, n = Attr(name, "bool", a.bool_), n + 1
+    if a.ints is not None or a.bools is not None or a.strings is not None or a.versions is not None:
+        for kind, vals in (
+            ("ints", a.ints),
+            ("bools", a.bools),
+            ("strings", a.strings),
+            ("versions", a.versions),
+        ):
+            if vals is not None:
+                _bound(len(vals), "list_attribute_items", f"{where}: attribute {name}")
+                found, n = Attr(name, kind, tuple(vals)), n + 1
+    if n != 1 or found is None:
+        raise DraDecodeError(f"{where}: attribute {name} must have exactly one value, has {n}")
+    return found
 
 
 def _counters(cs: Mapping[str, w.Value], where: str) -> tuple[tuple[str, str], ...]:
