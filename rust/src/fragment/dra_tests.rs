@@ -125,7 +125,7 @@ fn each_kind_of_request_uses_only_its_own_devices() {
         numa_aligned: false,
         ..dra(1, false)
     };
-    let s = score_node(&n, &[plugin.clone()], &mut memo);
+    let s = score_node(&n, std::slice::from_ref(&plugin), &mut memo);
     assert_eq!(cat(&s, Category::NoAccess), 4000.0);
     assert_eq!(s.zones[1].fragment_gpu_milli, 4000.0);
     let s = score_node(&n, &[dra(1, false)], &mut memo);
@@ -133,7 +133,7 @@ fn each_kind_of_request_uses_only_its_own_devices() {
     assert_eq!(s.zones[0].fragment_gpu_milli, 4000.0);
     // both count in the idle total, neither twice
     assert_eq!(s.idle_gpu_milli, 8000.0);
-    let d = place_delta(&n, &plugin, &[plugin.clone()], &mut memo).unwrap();
+    let d = place_delta(&n, &plugin, std::slice::from_ref(&plugin), &mut memo).unwrap();
     assert_eq!(
         (d.assignment.gpus.len(), d.assignment.dra_gpus.len()),
         (1, 0)
