@@ -20,6 +20,7 @@ from pyctl.state.ratelimit import BucketLimit, MemoryRateLimiter, RateLimiter, S
 from pyctl.state.store import StateStore
 from pyctl.state.workflows import MemoryWorkflowStore, WorkflowStore
 from pyctl.workflows.compactor import Compactor
+from pyctl.workflows.dra_steering import DraSteering
 from pyctl.workflows.engine import Context, Engine
 from pyctl.workflows.evictor import Evictor
 from pyctl.workflows.gate import Gate
@@ -73,6 +74,7 @@ class Workflows:
     actuator: Actuator
     compactor: Compactor
     mig_loop: MigLoop
+    dra_steering: DraSteering
 
 
 def protection(cfg: Config, pods: Mapping[str, PodRecord]) -> Callable[[PodRecord], str | None]:
@@ -138,9 +140,11 @@ def attach_workflows(
         interval,
         options=cfg.mig,
     )
+    dra_steering = DraSteering(ctl.reconciler, gate, interval)
     ctl.background.append(lambda: compactor.run(ctl.is_leader))
     ctl.background.append(lambda: mig_loop.run(ctl.is_leader))
-    return Workflows(gate, actuator, compactor, mig_loop)
+    ctl.background.append(lambda: dra_steering.run(ctl.is_leader))
+    return Workflows(gate, actuator, compactor, mig_loop, dra_steering)
 
 
 async def start_server(ctl: Controller, cfg: Config) -> HealthServer | None:

@@ -143,6 +143,7 @@ EXPECTED_CLUSTER_RULES = {
     ("resource.k8s.io", "resourceslices"): {"list", "watch"},
     ("resource.k8s.io", "resourceclaims"): {"list", "watch"},
     ("resource.k8s.io", "resourceclaimtemplates"): {"list", "watch"},
+    ("resource.k8s.io", "devicetaintrules"): {"list", "create", "delete"},
     ("", "events"): {"create"},
     ("events.k8s.io", "events"): {"create"},
 }

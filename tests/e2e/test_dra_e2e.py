@@ -38,6 +38,7 @@ from pyctl.state.memory import MemoryStore
 from pyctl.state.ratelimit import BucketLimit, MemoryRateLimiter, SafetyLimits
 from pyctl.state.workflows import MemoryWorkflowStore
 from pyctl.workflows.compactor import Compactor
+from pyctl.workflows.dra_steering import DraSteering
 from pyctl.workflows.engine import Context, Engine
 from pyctl.workflows.gate import Gate
 from pyctl.workflows.kinds import builtin_registry
@@ -590,3 +591,112 @@ async def test_numa_split_claim_then_compaction_frees_a_zone_for_the_real_schedu
             except client.ApiException as exc:
                 if exc.status != 404:
                     raise
+
+
+@pytest.mark.anyio
+async def test_device_taint_rules_steer_the_real_allocator_off_stranding_placements(
+    control_plane: ControlPlane, api: client.ApiClient, kube: Any
+) -> None:
+    """On an empty DynamicMIG H100 the allocator takes the first free 1g.10gb placement (memory
+    slice 0), which strands the only 4g.40gb placement (slices 0-3). With M = {1g.10gb, 4g.40gb}
+    pyctl taints the 1g.10gb placements at slices 0-3 through DeviceTaintRules (served by the
+    v1.37 API server), and the real scheduler then allocates one that strands nothing."""
+    core = client.CoreV1Api(api)
+    driver = SimDraDriver(api)
+    dra = Dra(api)
+    node = SimNode("ds-m", [SimGpu(0, 0, dynamic_mig=True)])
+    await core.create_node(body(dra_node(node.name)))
+    await wait_nodes_ready(api, [node.name])
+    await driver.install_classes()
+    await driver.publish([node])
+    one = {**mig_request_1g(), "name": "part"}
+    await dra.create("resourceclaimtemplates", template("ds-1g", one))
+    w = Workload(
+        (
+            Shape(cpu_milli=1000, gpus=1, mig_profile="1g.10gb", dra=True),
+            Shape(cpu_milli=1000, gpus=1, mig_profile="4g.40gb", dra=True),
+        )
+    )
+    ctl = Controller("e2e-dra-steer", KubeClusterSource(kube), MemoryStore("s"), workload=w)
+    elector = LeaderElector(kube, LeaseConfig(NS, "pyctl-dra-steer", "r0", 4, 2.5, 0.5))
+    loose = BucketLimit(capacity=10, per_second=10.0)
+    gate = Gate(
+        "enforce",
+        elector.still_leader,
+        MemoryRateLimiter(),
+        SafetyLimits(loose, loose, loose, loose, 0.0, disruptions_per_hour=None),
+        KubeActuator(kube, instance="r0"),
+        ctl.metrics,
+        "e2e-dra-steer",
+    )
+    steering = DraSteering(ctl.reconciler, gate, interval=0.5)
+    custom = client.CustomObjectsApi(api)
+
+    async def start_of(pod: str) -> int | None:
+        got = await dra.allocated(pod)
+        return int(got[0]["device"].rsplit("-", 1)[1]) if got else None
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ctl.run)
+            tg.start_soon(elector.run)
+            await wait_until(lambda: pyctl_used(ctl, node.name) == {}, "pyctl's model", within=30)
+            # without steering: the first placement in the driver's order, slice 0
+            await core.create_namespaced_pod(
+                NS, body(claim_pod("ds-before", {"part": "template:ds-1g"}, node=node.name))
+            )
+            await wait_until(lambda: dra.allocated("ds-before"), "the first allocation", within=60)
+            assert await start_of("ds-before") == 0
+            await core.delete_namespaced_pod("ds-before", NS, grace_period_seconds=0)
+
+            async def released() -> bool:
+                return not [
+                    c for c in await dra.claims() if c["metadata"]["name"].startswith("ds-before")
+                ]
+
+            await wait_until(released, "the first claim released", within=60)
+            await wait_until(lambda: pyctl_used(ctl, node.name) == {}, "pyctl's model", within=30)
+            # steering: pyctl's rules, through the gate, as the leader
+            await wait_until(lambda: elector.is_leader, "the Lease", within=15)
+            await steering.tick(True)
+            assert steering.served is True
+            assert sorted(r.device for r in steering.desired) == [
+                f"gpu-0-mig-1g10gb-19-{s}" for s in range(4)
+            ]
+            rules = await custom.list_cluster_custom_object(
+                GROUP,
+                VERSION,
+                "devicetaintrules",
+                label_selector="app.kubernetes.io/managed-by=pyctl",
+            )
+            assert sorted(r["spec"]["deviceSelector"]["device"] for r in rules["items"]) == [
+                f"gpu-0-mig-1g10gb-19-{s}" for s in range(4)
+            ]
+            await anyio.sleep(3.0)  # the scheduler's informer picks the rules up
+            await core.create_namespaced_pod(
+                NS, body(claim_pod("ds-after", {"part": "template:ds-1g"}, node=node.name))
+            )
+            await wait_until(lambda: dra.allocated("ds-after"), "the steered allocation", within=60)
+            start = await start_of("ds-after")
+            assert start is not None
+            assert start >= 4, f"1g.10gb allocated at slice {start}: strands the 4g.40gb window"
+            # once allocated, the view changes and the rules follow it (a tick deletes stale ones)
+            await wait_until(lambda: pyctl_used(ctl, node.name) != {}, "pyctl's model", within=30)
+            await steering.tick(True)
+            tg.cancel_scope.cancel()
+    finally:
+        await dra.cleanup(["ds-before", "ds-after"], {"resourceclaimtemplates": ["ds-1g"]})
+        await custom.delete_collection_cluster_custom_object(
+            GROUP, VERSION, "devicetaintrules", label_selector="app.kubernetes.io/managed-by=pyctl"
+        )
+        await driver.withdraw()
+        try:
+            await core.delete_node(node.name)
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
+def mig_request_1g() -> dict[str, Any]:
+    expr = "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'"
+    return {"exactly": {"deviceClassName": MIG_CLASS, "selectors": [{"cel": {"expression": expr}}]}}
