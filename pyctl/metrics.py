@@ -114,6 +114,21 @@ class Metrics:
             c,
             registry=r,
         )
+        # Dynamic Resource Allocation (docs/dra.md)
+        self.dra_unknown_requests = Gauge(
+            "pyctl_dra_unknown_requests",
+            "Pods whose ResourceClaims pyctl cannot turn into a shape (a CEL selector it cannot "
+            "evaluate, devices of several kinds, ...), by reason kind",
+            [*c, "reason"],
+            registry=r,
+        )
+        self.pods_numa_misaligned = Gauge(
+            "pyctl_pods_devices_span_numa_nodes",
+            "Running pods whose allocated DRA devices span NUMA nodes (they pay the cross-NUMA "
+            "penalty), per namespace and workload",
+            [*c, "namespace", "workload"],
+            registry=r,
+        )
         self.workflow = WorkflowMetrics(self)
         self.recommend = RecommendMetrics(self)
 

@@ -40,13 +40,24 @@ class MigInstance:
 
 @dataclass(frozen=True, slots=True)
 class MigGpu:
+    """A GPU in MIG mode. `dra`: published by a DRA driver (only DRA requests can use it).
+    `dynamic`: partitioned on demand (the NVIDIA DRA driver's DynamicMIG): `instances` are the
+    allocated placements, and any placement within the free memory slices can be allocated;
+    `free_slices` is the bit mask of free memory slices the driver's counters show (None: the
+    slices no instance covers)."""
+
     gpu: int
     instances: tuple[MigInstance, ...] = ()
+    dra: bool = False
+    dynamic: bool = False
+    free_slices: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Zone:
-    """One NUMA zone of a node, with its CPU, memory and the GPUs attached to it."""
+    """One NUMA zone of a node, with its CPU, memory and the GPUs attached to it: `gpus` of the
+    device plugin, `dra_gpus` published by a DRA driver (each usable only by its own kind of
+    request)."""
 
     numa: int
     cpu_milli: int = 0
@@ -55,6 +66,7 @@ class Zone:
     memory_mib_used: int = 0
     gpus: tuple[Gpu, ...] = ()
     mig: tuple[MigGpu, ...] = ()
+    dra_gpus: tuple[Gpu, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +87,10 @@ class Snapshot:
 @dataclass(frozen=True, slots=True)
 class Shape:
     """A task shape of the workload M. `gpu_milli` is the per-GPU share (1000 = whole GPU);
-    a MIG shape names `mig_profile` and needs one free instance of exactly that profile."""
+    a MIG shape names `mig_profile` and needs one free instance of exactly that profile.
+    `dra`: asked through a DRA ResourceClaim (served by DRA devices only, admitted by the
+    claim's own constraints instead of the Topology Manager); `numa_aligned`: the claim asks
+    its devices to share a NUMA node (matchAttribute on numaNode, or pcieRoot)."""
 
     cpu_milli: int = 0
     memory_mib: int = 0
@@ -84,15 +99,25 @@ class Shape:
     mig_profile: str | None = None
     gpu_models: tuple[str, ...] = ()
     weight: float = 1.0
+    dra: bool = False
+    numa_aligned: bool = False
 
     @property
     def is_cpu_only(self) -> bool:
         return self.gpus == 0 and self.mig_profile is None
 
-    def key(self) -> tuple[int, int, int, str | None, tuple[str, ...]]:
+    def key(self) -> tuple[int, int, int, str | None, tuple[str, ...], bool, bool]:
         """Identity of a shape without its weight (FGD keys shapes by CPU, GPU share, count and
-        type)."""
-        return (self.cpu_milli, self.gpu_milli, self.gpus, self.mig_profile, self.gpu_models)
+        type; DRA shapes also by how they are admitted)."""
+        return (
+            self.cpu_milli,
+            self.gpu_milli,
+            self.gpus,
+            self.mig_profile,
+            self.gpu_models,
+            self.dra,
+            self.numa_aligned,
+        )
 
 
 @dataclass(frozen=True, slots=True)

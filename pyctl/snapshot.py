@@ -83,7 +83,16 @@ def _known(o: Mapping[str, Any], keys: set[str], where: str) -> None:
         raise SnapshotError(f"{where}: unknown field(s) {', '.join(sorted(extra))}")
 
 
-_ZONE_KEYS = {"numa", "cpu_milli", "cpu_milli_used", "memory_mib", "memory_mib_used", "gpus", "mig"}
+_ZONE_KEYS = {
+    "numa",
+    "cpu_milli",
+    "cpu_milli_used",
+    "memory_mib",
+    "memory_mib_used",
+    "gpus",
+    "mig",
+    "dra_gpus",
+}
 _NODE_KEYS = {
     "name",
     "gpu_model",
@@ -107,21 +116,13 @@ def _zone(raw: Any, node: str, i: int) -> Zone:
         raise SnapshotError(f"{where}.cpu_milli_used: {cpu_used} is above capacity {cpu}")
     if mem_used > mem:
         raise SnapshotError(f"{where}.memory_mib_used: {mem_used} is above capacity {mem}")
-    gpus = []
-    for j, g in enumerate(_list(z.get("gpus", []), f"{where}.gpus")):
-        gw = f"{where}.gpus[{j}]"
-        g = _obj(g, gw)
-        _known(g, {"id", "used_milli"}, gw)
-        gid = _int(g, "id", gw, default=None)
-        used = _int(g, "used_milli", f"{where}.gpus[id={gid}]")
-        if used > 1000:
-            raise SnapshotError(f"{where}.gpus[id={gid}].used_milli: {used} is above 1000")
-        gpus.append(Gpu(gid, used))
+    gpus = _gpus(z, "gpus", where)
+    dra_gpus = _gpus(z, "dra_gpus", where)
     migs = []
     for j, m in enumerate(_list(z.get("mig", []), f"{where}.mig")):
         mw = f"{where}.mig[{j}]"
         m = _obj(m, mw)
-        _known(m, {"gpu", "instances"}, mw)
+        _known(m, {"gpu", "instances", "dra", "dynamic", "free_slices"}, mw)
         gid = _int(m, "gpu", mw, default=None)
         mw = f"{where}.mig[gpu={gid}]"
         insts = []
@@ -138,8 +139,31 @@ def _zone(raw: Any, node: str, i: int) -> Zone:
             insts.append(
                 MigInstance(_str(inst, "profile", iw), _int(inst, "start", iw, None), used_v, pod)
             )
-        migs.append(MigGpu(gid, tuple(insts)))
-    return Zone(numa, cpu, cpu_used, mem, mem_used, tuple(gpus), tuple(migs))
+        flags: dict[str, bool] = {}
+        for key in ("dra", "dynamic"):
+            v = m.get(key, False)
+            if not isinstance(v, bool):
+                raise SnapshotError(f"{mw}.{key}: expected true or false")
+            flags[key] = v
+        free = m.get("free_slices")
+        if free is not None:
+            free = _int(m, "free_slices", mw)
+        migs.append(MigGpu(gid, tuple(insts), flags["dra"], flags["dynamic"], free))
+    return Zone(numa, cpu, cpu_used, mem, mem_used, tuple(gpus), tuple(migs), tuple(dra_gpus))
+
+
+def _gpus(z: Mapping[str, Any], key: str, where: str) -> list[Gpu]:
+    gpus = []
+    for j, g in enumerate(_list(z.get(key, []), f"{where}.{key}")):
+        gw = f"{where}.{key}[{j}]"
+        g = _obj(g, gw)
+        _known(g, {"id", "used_milli"}, gw)
+        gid = _int(g, "id", gw, default=None)
+        used = _int(g, "used_milli", f"{where}.{key}[id={gid}]")
+        if used > 1000:
+            raise SnapshotError(f"{where}.{key}[id={gid}].used_milli: {used} is above 1000")
+        gpus.append(Gpu(gid, used))
+    return gpus
 
 
 def _node(raw: Any, i: int) -> Node:
@@ -158,7 +182,7 @@ def _node(raw: Any, i: int) -> Node:
         if z.numa in seen:
             raise SnapshotError(f"{where}.zones[numa={z.numa}]: duplicate NUMA id")
         seen.add(z.numa)
-        for gid in [g.id for g in z.gpus] + [m.gpu for m in z.mig]:
+        for gid in [g.id for g in z.gpus + z.dra_gpus] + [m.gpu for m in z.mig]:
             if gid in gpu_ids:
                 raise SnapshotError(f"{where}.zones[numa={z.numa}]: GPU id {gid} appears twice")
             gpu_ids.add(gid)
@@ -200,6 +224,8 @@ _SHAPE_KEYS = {
     "mig_profile",
     "gpu_models",
     "weight",
+    "dra",
+    "numa_aligned",
 }
 
 
@@ -217,6 +243,12 @@ def shape_from_json(raw: Any, where: str, need_weight: bool = True) -> Shape:
     models = s.get("gpu_models") or []
     if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
         raise SnapshotError(f"{where}.gpu_models: expected a list of model names")
+    flags = {}
+    for k in ("dra", "numa_aligned"):
+        v = s.get(k, False)
+        if not isinstance(v, bool):
+            raise SnapshotError(f"{where}.{k}: expected true or false")
+        flags[k] = v
     return Shape(
         cpu_milli=_int(s, "cpu_milli", where),
         memory_mib=_int(s, "memory_mib", where),
@@ -225,6 +257,8 @@ def shape_from_json(raw: Any, where: str, need_weight: bool = True) -> Shape:
         mig_profile=mig,
         gpu_models=tuple(models),
         weight=float(weight),
+        dra=flags["dra"],
+        numa_aligned=flags["numa_aligned"],
     )
 
 
@@ -266,9 +300,17 @@ def snapshot_to_json(s: Snapshot) -> dict[str, Any]:
                                     for i in m.instances
                                 ],
                             }
+                            | ({"dra": True} if m.dra else {})
+                            | ({"dynamic": True} if m.dynamic else {})
+                            | ({"free_slices": m.free_slices} if m.free_slices is not None else {})
                             for m in z.mig
                         ],
                     }
+                    | (
+                        {"dra_gpus": [{"id": g.id, "used_milli": g.used_milli} for g in z.dra_gpus]}
+                        if z.dra_gpus
+                        else {}
+                    )
                     for z in n.zones
                 ],
             }

@@ -22,6 +22,7 @@ from pyctl.state.store import StateStore
 from pyctl.state.workflows import MemoryWorkflowStore, WorkflowStore
 from pyctl.workflows.compaction import KIND as COMPACTION_KIND
 from pyctl.workflows.compactor import Compactor
+from pyctl.workflows.dra_steering import DraSteering
 from pyctl.workflows.engine import Engine
 from pyctl.workflows.evictor import Evictor
 from pyctl.workflows.gate import Gate
@@ -77,6 +78,7 @@ class Workflows:
     actuator: Actuator
     compactor: Compactor
     mig_loop: MigLoop
+    dra_steering: DraSteering
 
 
 def protection(cfg: Config, pods: Mapping[str, PodRecord]) -> Callable[[PodRecord], str | None]:
@@ -150,9 +152,11 @@ def attach_workflows(
         interval,
         options=cfg.mig,
     )
+    dra_steering = DraSteering(ctl.reconciler, gate, interval)
     ctl.background.append(lambda: compactor.run(ctl.is_leader))
     ctl.background.append(lambda: mig_loop.run(ctl.is_leader))
-    return Workflows(gate, actuator, compactor, mig_loop)
+    ctl.background.append(lambda: dra_steering.run(ctl.is_leader))
+    return Workflows(gate, actuator, compactor, mig_loop, dra_steering)
 
 
 def attach_recommender(ctl: Controller, cfg: Config) -> None:

@@ -1,8 +1,9 @@
 """`pyctl plan DUMP.json`: what the controller would do now, and why, with the expected gain —
 the rescues of pending pods (several evictions that make room for one) and the compaction moves
 (evict which pod, where it lands), which pods may not move and which rule refused each, for a
-`kubectl get nodes,pods,poddisruptionbudgets,noderesourcetopologies -o json` dump. Nothing is
-changed."""
+`kubectl get nodes,pods,poddisruptionbudgets,noderesourcetopologies -o json` dump (with the
+`resource.k8s.io` objects when DRA is used: DRA pods move by their claims, and the
+DeviceTaintRules pyctl would use to steer the allocator are listed). Nothing is changed."""
 
 from __future__ import annotations
 
@@ -14,12 +15,16 @@ from rich.console import Console
 from rich.table import Table
 
 from pyctl.cli.errors import UserError, load_json
-from pyctl.cluster.kube.dump import is_dump, records
-from pyctl.cluster.translate import TranslateError, models_of, pod_shape
+from pyctl.cluster.dra import DraContext, DraModel
+from pyctl.cluster.kube.dump import dra_context, is_dump, records
+from pyctl.cluster.records import NodeRecord, NrtRecord, PodRecord
+from pyctl.cluster.translate import DraPositions, TranslateError, model_of, shape_of
 from pyctl.core.fragmentation import derive_workload
 from pyctl.core.policy import PlanLimits
+from pyctl.model import Node, Workload
 from pyctl.snapshot import load_workload
 from pyctl.workflows.compaction import CompactionPlan, plan_compaction
+from pyctl.workflows.dra_taints import describe, steering_rules
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -29,10 +34,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--max-moves", type=int, default=10)
     p.add_argument("--rescue-depth", type=int, default=3, help="most evictions per rescue")
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--no-device-taint-rules",
+        action="store_true",
+        help="the API server does not serve DeviceTaintRules (say what pyctl would do there)",
+    )
     p.set_defaults(handler=run)
 
 
-def _json(plan: CompactionPlan) -> dict[str, Any]:
+def _json(plan: CompactionPlan, dra_lines: list[str]) -> dict[str, Any]:
     def move(m: Any) -> dict[str, Any]:
         return {
             "pod": m.pod,
@@ -58,6 +68,7 @@ def _json(plan: CompactionPlan) -> dict[str, Any]:
         "considered": plan.considered,
         "refused": dict(plan.refused),
         "unrescued": dict(plan.unrescued),
+        "dra": dra_lines,
     }
 
 
@@ -68,16 +79,18 @@ def run(args: argparse.Namespace) -> int:
     if not (0 <= args.max_moves <= 1000 and 0 <= args.rescue_depth <= 8):
         raise UserError("--max-moves must be 0..1000 and --rescue-depth 0..8")
     nodes, pods, nrts, pdbs = records(raw)
+    dra = dra_context(raw)
     live = [p for p in pods if not p.terminated]
     if args.workload:
         workload = load_workload(load_json(args.workload))
     else:
-        shapes = [pod_shape(p) for p in live if not pod_shape(p).is_cpu_only]
+        got = [shape_of(p, dra) for p in live]
+        shapes = [s for s in got if s is not None and not s.is_cpu_only]
         if not shapes:
             raise UserError(f"{args.dump}: no GPU pods to derive a workload from; give --workload")
         workload = derive_workload(shapes)
     try:
-        models = models_of(nodes, nrts, live)
+        models, dra_models, positions = _models(nodes, nrts, live, dra)
     except TranslateError as e:
         raise UserError(f"{args.dump}: {e}") from None
     pending = [p for p in live if not p.node and p.unschedulable]
@@ -89,12 +102,65 @@ def run(args: argparse.Namespace) -> int:
         workload,
         pending=pending,
         limits=PlanLimits(max_moves=args.max_moves, rescue_depth=args.rescue_depth),
+        dra=dra,
+        dra_positions=positions,
     )
+    dra_lines: list[str] = []
+    if dra is not None:
+        dra_lines = _dra_lines(nodes, models, dra_models, workload, not args.no_device_taint_rules)
     if args.json:
-        print(json.dumps(_json(plan), indent=1))
+        print(json.dumps(_json(plan, dra_lines), indent=1))
         return 0
     _print(plan, len(pending))
+    c = Console()
+    for line in dra_lines:
+        c.print(f"DRA: {line}" if not line.startswith("  ") else line)
     return 0
+
+
+def _models(
+    nodes: list[NodeRecord], nrts: list[NrtRecord], live: list[PodRecord], dra: DraContext | None
+) -> tuple[dict[str, Node], dict[str, DraModel], dict[str, DraPositions]]:
+    """Each node's model, its DRA part and where its pods' DRA devices sit."""
+    nrt = {t.name: t for t in nrts}
+    by_node: dict[str, list[PodRecord]] = {}
+    for p in live:
+        if p.node:
+            by_node.setdefault(p.node, []).append(p)
+    models: dict[str, Node] = {}
+    dra_models: dict[str, DraModel] = {}
+    positions: dict[str, DraPositions] = {}
+    for n in nodes:
+        where: DraPositions = {}
+        models[n.name], dm = model_of(
+            n, nrt.get(n.name), by_node.get(n.name, []), dra=dra, positions=where
+        )
+        if dm is not None:
+            dra_models[n.name] = dm
+            positions[n.name] = where
+    return models, dra_models, positions
+
+
+def _dra_lines(
+    nodes: list[NodeRecord],
+    models: dict[str, Node],
+    dra_models: dict[str, DraModel],
+    workload: Workload,
+    served: bool,
+) -> list[str]:
+    """What DRA changes in the plan: nodes pyctl leaves alone, notes, the steering rules."""
+    lines: list[str] = []
+    for n in nodes:
+        dm = dra_models.get(n.name)
+        if dm is None:
+            continue
+        if dm.gpus and (n.gpus or n.mig):
+            lines.append(
+                f"{n.name}: GPUs managed both by the device plugin and by a DRA driver: "
+                "pyctl moves no pod there and never re-partitions it"
+            )
+        lines += [f"{n.name}: {note}" for note in dm.notes]
+    return lines + describe(steering_rules(models, dra_models, workload), served=served)
 
 
 def _print(plan: CompactionPlan, pending: int) -> None:

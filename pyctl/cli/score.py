@@ -12,7 +12,7 @@ from rich.table import Table
 
 from pyctl.cli.errors import UserError, load_json
 from pyctl.cli.inputs import load_cluster
-from pyctl.cluster.kube.dump import is_dump, pod_shapes
+from pyctl.cluster.kube.dump import dra_report, is_dump, pod_shapes
 from pyctl.core.fragmentation import (
     CATEGORIES,
     ClusterScore,
@@ -51,11 +51,51 @@ def run(args: argparse.Namespace) -> int:
     snapshot = load_cluster(raw)
     workload = _workload(args, raw)
     result = FragmentationModel(snapshot).score(workload)
+    dra = dra_report(raw) if is_dump(raw) else None
     if args.json:
-        print(json.dumps(result.to_json(), indent=1))
+        out = result.to_json()
+        if dra is not None:
+            out["dra"] = dra
+        print(json.dumps(out, indent=1))
     else:
         print_table(result, args.top)
+        if dra is not None:
+            print_dra(dra)
     return 0
+
+
+def print_dra(report: dict[str, object]) -> None:
+    """The DRA part of `pyctl score` on a dump (docs/dra.md)."""
+    console = Console()
+    nodes = report["nodes"]
+    assert isinstance(nodes, dict)
+    for name, n in sorted(nodes.items()):
+        kinds = f"{n['gpus']} GPUs"
+        if n["dynamic_mig_gpus"]:
+            kinds += f", {n['dynamic_mig_gpus']} DynamicMIG"
+        if n["static_mig_gpus"]:
+            kinds += f", {n['static_mig_gpus']} MIG"
+        console.print(f"DRA {name}: {kinds}; zones by {n['zones_by']}")
+        if n["both_ways"]:
+            console.print(f"  {name}: GPUs managed both by the device plugin and by a DRA driver")
+        for note in n["notes"]:
+            console.print(f"  {note}")
+    unknown = report["unknown_requests"]
+    assert isinstance(unknown, dict)
+    for pod, why in sorted(unknown.items()):
+        console.print(f"DRA unknown: {pod}: {why}")
+    spans = report["pods_spanning_numa_nodes"]
+    assert isinstance(spans, list)
+    for x in spans:
+        numa = " ".join("/".join(str(i) for i in v) for v in x["numa"])
+        console.print(
+            f"DRA pod {x['pod']} on {x['node']}: its devices span NUMA nodes ({numa}): "
+            "it pays the cross-NUMA penalty; a candidate for compaction into one zone"
+        )
+    console.print(
+        f"DRA: {len(unknown)} pods with claims pyctl cannot tell, "
+        f"{len(spans)} running pods whose devices span NUMA nodes"
+    )
 
 
 def _top_categories(cats: dict[str, float], n: int = 2) -> str:

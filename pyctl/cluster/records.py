@@ -8,8 +8,32 @@ from typing import Any, Literal, TypeAlias
 
 import msgspec
 
-Kind: TypeAlias = Literal["Node", "Pod", "PodDisruptionBudget", "NodeResourceTopology"]
-KINDS: tuple[Kind, ...] = ("Node", "Pod", "PodDisruptionBudget", "NodeResourceTopology")
+from pyctl.cluster.dra_records import (
+    ClaimRecord,
+    ClaimTemplateRecord,
+    DeviceClassRecord,
+    PodClaim,
+    SliceRecord,
+)
+
+Kind: TypeAlias = Literal[
+    "Node",
+    "Pod",
+    "PodDisruptionBudget",
+    "NodeResourceTopology",
+    "DeviceClass",
+    "ResourceSlice",
+    "ResourceClaim",
+    "ResourceClaimTemplate",
+]
+#: the kinds of Dynamic Resource Allocation (resource.k8s.io/v1), watched where served
+DRA_KINDS: tuple[Kind, ...] = (
+    "DeviceClass",
+    "ResourceSlice",
+    "ResourceClaim",
+    "ResourceClaimTemplate",
+)
+KINDS: tuple[Kind, ...] = ("Node", "Pod", "PodDisruptionBudget", "NodeResourceTopology", *DRA_KINDS)
 
 
 class Taint(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
@@ -142,6 +166,11 @@ class PodRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True
     scheduler: str = ""
     #: nodeSelector, required (anti-)affinity, tolerations, spread (None: no constraints)
     constraints: Constraints | None = None
+    #: spec.resourceClaims (DRA), with the claims generated from templates
+    claims: tuple[PodClaim, ...] = ()
+    #: status.extendedResourceClaimStatus: the claim that serves its extended resources through
+    #: DRA (then its `gpus`/`mig` requests are devices of that claim, not of a device plugin)
+    extended_claim: str = ""
 
     @property
     def key(self) -> str:
@@ -190,24 +219,39 @@ class NrtRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True
     zones: tuple[ZoneRecord, ...] = ()
 
 
-Record: TypeAlias = NodeRecord | PodRecord | PdbRecord | NrtRecord
+Record: TypeAlias = (
+    NodeRecord
+    | PodRecord
+    | PdbRecord
+    | NrtRecord
+    | DeviceClassRecord
+    | SliceRecord
+    | ClaimRecord
+    | ClaimTemplateRecord
+)
 
 
 def record_key(r: Record) -> str:
     """The record's identity within its kind: the name, or namespace/name."""
-    if isinstance(r, PodRecord | PdbRecord):
+    if isinstance(r, PodRecord | PdbRecord | ClaimRecord | ClaimTemplateRecord):
         return r.key
     return r.name
 
 
+_KIND_OF: dict[type, Kind] = {
+    NodeRecord: "Node",
+    PodRecord: "Pod",
+    PdbRecord: "PodDisruptionBudget",
+    NrtRecord: "NodeResourceTopology",
+    DeviceClassRecord: "DeviceClass",
+    SliceRecord: "ResourceSlice",
+    ClaimRecord: "ResourceClaim",
+    ClaimTemplateRecord: "ResourceClaimTemplate",
+}
+
+
 def record_kind(r: Record) -> Kind:
-    if isinstance(r, NodeRecord):
-        return "Node"
-    if isinstance(r, PodRecord):
-        return "Pod"
-    if isinstance(r, PdbRecord):
-        return "PodDisruptionBudget"
-    return "NodeResourceTopology"
+    return _KIND_OF[type(r)]
 
 
 EventType: TypeAlias = Literal["ADDED", "MODIFIED", "DELETED"]
@@ -228,6 +272,10 @@ _DECODERS: dict[str, msgspec.json.Decoder[Any]] = {
     "Pod": msgspec.json.Decoder(PodRecord),
     "PodDisruptionBudget": msgspec.json.Decoder(PdbRecord),
     "NodeResourceTopology": msgspec.json.Decoder(NrtRecord),
+    "DeviceClass": msgspec.json.Decoder(DeviceClassRecord),
+    "ResourceSlice": msgspec.json.Decoder(SliceRecord),
+    "ResourceClaim": msgspec.json.Decoder(ClaimRecord),
+    "ResourceClaimTemplate": msgspec.json.Decoder(ClaimTemplateRecord),
 }
 
 

@@ -13,6 +13,10 @@ zones, GPUs and MIG instances.
 - Used amounts: the requests of the pods bound to the node that have not terminated; with
   NodeResourceTopology, its per-zone usage, topped up with what the pods use and it does not
   show yet (the agent that writes it lags the scheduler).
+- DRA (`pyctl.cluster.dra`, docs/dra.md): GPUs published in ResourceSlices join the zones of
+  their `numaNode` as DRA GPUs (`Zone.dra_gpus`, MIG GPUs with `dra`), used exactly as the
+  claims' allocation results say. Extended-resource requests a DRA claim serves
+  (`extendedResourceClaimStatus`) are those devices, not device-plugin GPUs: counted once.
 """
 
 from __future__ import annotations
@@ -22,9 +26,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import cast
 
+from pyctl.cluster.dra import DraContext, DraModel, DraNeed, gpu_model_name, model_gpus
 from pyctl.cluster.records import NodeRecord, NrtRecord, PodRecord
 from pyctl.core import mig
 from pyctl.model import TOPOLOGY_POLICIES, Gpu, MigGpu, MigInstance, Node, PolicyName, Shape, Zone
+
+#: where a pod's DRA devices sit in a node's model: ("dra_gpus", zone position, GPU position),
+#: ("mig", zone, MIG GPU, instance) for a static MIG device, ("mig_new", zone, MIG GPU, profile,
+#: start) for a dynamic placement, ("dyn_whole", zone, MIG GPU) for a dynamic GPU taken whole
+DraPositions = dict[str, list[tuple[object, ...]]]
 
 
 class TranslateError(ValueError):
@@ -43,7 +53,19 @@ class _Draft:
     mig: dict[str, int] = field(default_factory=dict)
 
 
-def pod_shape(p: PodRecord) -> Shape:
+def pod_shape(p: PodRecord, need: DraNeed | None = None) -> Shape:
+    """The pod's task shape; with `need` (its claims, `DraContext.need`), a DRA shape when the
+    claims ask for GPUs (the extended resources a DRA claim serves are not counted twice)."""
+    if need is not None and (need.gpus or need.mig_profile):
+        return Shape(
+            cpu_milli=p.cpu_milli,
+            memory_mib=p.memory_mib,
+            gpus=max(need.gpus, 1 if need.mig_profile else 0),
+            gpu_milli=1000 if need.gpus else 0,
+            mig_profile=need.mig_profile,
+            dra=True,
+            numa_aligned=need.numa_aligned,
+        )
     profile = p.mig[0][0] if p.mig else None
     return Shape(
         cpu_milli=p.cpu_milli,
@@ -99,15 +121,24 @@ def _mig_from_allocatable(drafts: list[_Draft], node: NodeRecord) -> None:
 
 
 def node_from_records(
-    node: NodeRecord, nrt: NrtRecord | None, pods: Iterable[PodRecord], default_policy: str = "none"
+    node: NodeRecord,
+    nrt: NrtRecord | None,
+    pods: Iterable[PodRecord],
+    default_policy: str = "none",
+    dra: DraModel | None = None,
+    positions: DraPositions | None = None,
 ) -> Node:
+    """The node's model. `dra`: its DRA GPUs (`pyctl.cluster.dra.model_gpus`); `positions`, if
+    given, is filled with where each pod's DRA devices sit."""
     where = f"node {node.name}"
     live = [p for p in pods if not p.terminated]
+    # extended resources a DRA claim serves are that claim's devices (counted by `dra`)
+    plugin = [p for p in live if not p.extended_claim]
     used_cpu = sum(p.cpu_milli for p in live)
     used_mem = sum(p.memory_mib for p in live)
-    used_gpus = sum(p.gpus for p in live)
+    used_gpus = sum(p.gpus for p in plugin)
     used_mig: dict[str, list[str]] = defaultdict(list)
-    for p in live:
+    for p in plugin:
         for prof, n in p.mig:
             used_mig[prof].extend([p.key] * n)
     policy = node.topology_policy or default_policy
@@ -130,16 +161,19 @@ def node_from_records(
         # there: usage it does not show yet goes to the zones with room, in order
         _top_up(drafts, used_cpu, used_mem, used_gpus)
         _mig_from_allocatable(drafts, node)
+        numa_known = True
     else:
         numa_of = dict(node.gpu_numa)
-        ids = sorted(set(numa_of.values())) or [0]
+        dra_ids = set(dra.zones) if dra is not None else set()
+        ids = sorted(set(numa_of.values()) | dra_ids) or [0]
+        numa_known = bool(numa_of)
         drafts = [_Draft(i) for i in ids]
         k = len(drafts)
         for i, d in enumerate(drafts):
             d.cpu = node.cpu_milli // k + (node.cpu_milli % k if i == 0 else 0)
             d.mem = node.memory_mib // k + (node.memory_mib % k if i == 0 else 0)
-            d.gpus = sum(1 for n in numa_of.values() if n == d.numa) if numa_of else node.gpus
-        if numa_of and sum(d.gpus for d in drafts) != node.gpus:
+            d.gpus = sum(1 for n in numa_of.values() if n == d.numa) if numa_of else 0
+        if sum(d.gpus for d in drafts) != node.gpus:
             drafts[0].gpus = max(0, drafts[0].gpus + node.gpus - sum(d.gpus for d in drafts))
         drafts[0].mig = dict(node.mig)
         _spread(drafts, used_cpu, used_mem, used_gpus)
@@ -147,14 +181,26 @@ def node_from_records(
         raise TranslateError(f"{where}: unknown Topology Manager policy {policy!r}")
     mig_gpus = max(0, node.gpu_count_label - node.gpus) if node.mig else 0
     mig_zones = sum(1 for d in drafts if any(d.mig.values()))
+    gpu_model = node.gpu_model or (gpu_model_name(dra.product) if dra is not None else "")
+    # DRA GPUs by zone: NUMA ids join the zones of that id; PCIe roots (or nothing) only where
+    # the node shows no NUMA zones of its own, else they go to the first zone
+    dra_by_zone: dict[int, list[int]] = defaultdict(list)
+    if dra is not None:
+        first = min(d.numa for d in drafts)
+        for i, g in enumerate(dra.gpus):
+            z = g.zone if dra.basis == "numaNode" or not numa_known else first
+            if not any(d.numa == z for d in drafts):
+                drafts.append(_Draft(z))
+            dra_by_zone[z].append(i)
     zones = []
     gid = 0
-    for d in sorted(drafts, key=lambda d: d.numa):
+    for zi, d in enumerate(sorted(drafts, key=lambda d: d.numa)):
         gpus = []
         for j in range(max(d.gpus, 0)):
             gpus.append(Gpu(gid, 1000 if j < d.gpus_used else 0))
             gid += 1
         migs = []
+        dra_gpus: list[Gpu] = []
         if any(d.mig.values()):
             if not node.gpu_model:
                 raise TranslateError(f"{where}: MIG resources but no nvidia.com/gpu.product label")
@@ -172,6 +218,37 @@ def node_from_records(
                     insts.append(MigInstance(prof, int(start), pod is not None, pod))
                 migs.append(MigGpu(gid, tuple(insts)))
                 gid += 1
+        if dra is not None:
+            for i in dra_by_zone.get(d.numa, ()):
+                g = dra.gpus[i]
+                if g.whole:
+                    if positions is not None and g.holder and g.used_milli:
+                        positions.setdefault(g.holder, []).append(("dra_gpus", zi, len(dra_gpus)))
+                    dra_gpus.append(Gpu(gid, g.used_milli))
+                else:
+                    mi = len(migs)
+                    insts = []
+                    for ii, (prof, start, used, pod) in enumerate(g.instances):
+                        insts.append(MigInstance(prof, start, used, pod))
+                        if positions is not None and pod and used:
+                            at: tuple[object, ...] = (
+                                ("mig_new", zi, mi, prof, start)
+                                if g.dynamic
+                                else ("mig", zi, mi, ii)
+                            )
+                            if g.dynamic and start == 0 and _is_full(gpu_model, prof):
+                                at = ("dyn_whole", zi, mi)
+                            positions.setdefault(pod, []).append(at)
+                    migs.append(
+                        MigGpu(
+                            gid,
+                            tuple(insts),
+                            dra=True,
+                            dynamic=g.dynamic,
+                            free_slices=g.free_slices if g.dynamic else None,
+                        )
+                    )
+                gid += 1
         zones.append(
             Zone(
                 d.numa,
@@ -181,11 +258,12 @@ def node_from_records(
                 min(max(d.mem_used, 0), d.mem),
                 tuple(gpus),
                 tuple(migs),
+                tuple(dra_gpus),
             )
         )
     return Node(
         name=node.name,
-        gpu_model=node.gpu_model,
+        gpu_model=gpu_model,
         topology_policy=cast(PolicyName, policy),
         zones=tuple(zones),
     )
@@ -196,21 +274,38 @@ def models_of(
     nrts: Iterable[NrtRecord],
     pods: Iterable[PodRecord],
     default_policy: str = "none",
+    dra: DraContext | None = None,
+    positions: dict[str, DraPositions] | None = None,
 ) -> dict[str, Node]:
-    """Every node's model, by name (raises `TranslateError` on a node it cannot model)."""
+    """Every node's model, by name, with its DRA devices from `dra` (raises `TranslateError` on a
+    node it cannot model); `positions`, if given, gets per node where each pod's DRA devices
+    sit."""
     by_node: dict[str, list[PodRecord]] = defaultdict(list)
     for p in pods:
         if p.node and not p.terminated:
             by_node[p.node].append(p)
     nrt = {t.name: t for t in nrts}
-    return {
-        n.name: node_from_records(n, nrt.get(n.name), by_node[n.name], default_policy)
-        for n in nodes
-    }
+    out: dict[str, Node] = {}
+    for n in nodes:
+        where: DraPositions = {}
+        out[n.name] = model_of(n, nrt.get(n.name), by_node[n.name], default_policy, dra, where)[0]
+        if positions is not None and where:
+            positions[n.name] = where
+    return out
+
+
+def _is_full(gpu_model: str, profile: str) -> bool:
+    """Whether `profile` takes a whole GPU of `gpu_model` (a dynamic GPU's full device)."""
+    try:
+        m = mig.model(gpu_model)
+        p = m.profile(profile)
+    except ValueError:
+        return False
+    return p.memory_slices == m.memory_slices and p.compute_slices == m.compute_slices
 
 
 def attribute_pods(
-    node: Node, pods: Iterable[PodRecord]
+    node: Node, pods: Iterable[PodRecord], dra_positions: DraPositions | None = None
 ) -> dict[str, dict[str, list[object] | object]]:
     """Where each pod sits on `node`, as a core assignment (zone positions, GPU positions, MIG
     instance). Kubernetes shows per-zone usage (NodeResourceTopology) but not which pod holds which
@@ -228,12 +323,22 @@ def attribute_pods(
             for ii, inst in enumerate(m.instances):
                 if inst.pod and inst.pod not in mig_of:
                     mig_of[inst.pod] = (zi, mi, ii)
+    dra_positions = dra_positions or {}
     out: dict[str, dict[str, list[object] | object]] = {}
     for p in sorted((p for p in pods if not p.terminated), key=lambda p: p.key):
-        gpus = [(zi, gi, 1000) for zi, gi in used_gpus[: p.gpus]]
-        used_gpus = used_gpus[p.gpus :]
-        mig = mig_of.get(p.key)
-        home = gpus[0][0] if gpus else (mig[0] if mig else 0)
+        own = dra_positions.get(p.key, [])
+        n_plugin = 0 if p.extended_claim else p.gpus
+        gpus = [(zi, gi, 1000) for zi, gi in used_gpus[:n_plugin]]
+        used_gpus = used_gpus[n_plugin:]
+        mig: tuple[int, int, int] | None = None if own else mig_of.get(p.key)
+        dra_gpus = [(a[1], a[2], 1000) for a in own if a[0] == "dra_gpus"]
+        dyn_whole = [(a[1], a[2]) for a in own if a[0] == "dyn_whole"]
+        mig_new = next((list(a[1:]) for a in own if a[0] == "mig_new"), None)
+        for a in own:
+            if a[0] == "mig":
+                mig = (int(str(a[1])), int(str(a[2])), int(str(a[3])))
+        zones_of = [int(str(a[1])) for a in own]
+        home = gpus[0][0] if gpus else (mig[0] if mig else (zones_of[0] if zones_of else 0))
         order = [home] + [i for i in range(len(node.zones)) if i != home]
 
         def take(left: list[int], amount: int, order: list[int] = order) -> list[tuple[int, int]]:
@@ -248,10 +353,43 @@ def attribute_pods(
                     amount -= t
             return taken
 
-        out[p.key] = {
+        asg: dict[str, list[object] | object] = {
             "cpu": take(cpu_left, p.cpu_milli),
             "memory": take(mem_left, p.memory_mib),
             "gpus": gpus,
             "mig": mig,
         }
+        if dra_gpus:
+            asg["dra_gpus"] = dra_gpus
+        if dyn_whole:
+            asg["dyn_whole"] = dyn_whole
+        if mig_new is not None:
+            asg["mig_new"] = mig_new
+        out[p.key] = asg
     return out
+
+
+def shape_of(p: PodRecord, dra: DraContext | None = None) -> Shape | None:
+    """The pod's shape, with its DRA claims resolved through `dra`; None when its claims ask for
+    something pyctl cannot tell (`DraNeed.unknown`, counted and shown by the callers)."""
+    if not p.claims or dra is None:
+        return pod_shape(p)
+    need = dra.need(p.namespace, p.claims)
+    if need.unknown:
+        return None
+    return pod_shape(p, need)
+
+
+def model_of(
+    node: NodeRecord,
+    nrt: NrtRecord | None,
+    pods: Iterable[PodRecord],
+    default_policy: str = "none",
+    dra: DraContext | None = None,
+    positions: DraPositions | None = None,
+) -> tuple[Node, DraModel | None]:
+    """`node_from_records` with the node's DRA devices taken from `dra`; also returns the DRA
+    part (its zones' basis and notes), None if the node publishes no DRA devices."""
+    nd = dra.node(node.name) if dra is not None else None
+    dm = model_gpus(nd, node.gpu_model) if nd is not None else None
+    return node_from_records(node, nrt, pods, default_policy, dm, positions), dm

@@ -10,11 +10,16 @@ much pyctl prefers each of the others, by pyctl's one placement policy
   pending pod (`reservations`) is removed for every other pod; and the node a pod of a workload
   was just moved off by compaction (`departures`) is removed for that workload's pods, so the
   replacement does not land back where it came from. Nodes pyctl does not model (not seen yet,
-  or not understood) pass: the extender only removes nodes it knows to be wrong.
+  or not understood) pass: the extender only removes nodes it knows to be wrong. CPU-only pods
+  pass everywhere (their placement is the scheduler's business), and so do pods whose GPUs come
+  from DRA claims: the kube-scheduler's own DRA plugin decides which nodes can allocate their
+  claims (exactly, with the devices' counters and taints).
 - prioritize: the policy's rank of each node (`extender_scores`, nodes in name order): the
   policy's choice 10, other nodes of the same rank 9, the rest 1..8 by their fragment score, 0
   where the pod is not admitted or the node is not modelled. The scheduler's weight for the
-  extender (deploy/scheduler) makes that choice the scheduler's.
+  extender (deploy/scheduler) makes that choice the scheduler's. A DRA pod is ranked by the
+  same policy, its shape taken from its claims (`Reconciler.shape_of`: DRA devices only, aligned
+  as its matchAttribute asks); one whose claims pyctl cannot tell gets no preference.
 
 Each node's rank for a pod shape is computed once and kept until that node's model object
 changes (the reconciler replaces it) or M changes, so a request costs a lookup per node.
@@ -51,12 +56,14 @@ class PlacementAdvisor:
         workload: Callable[[], Workload],
         reservations: Callable[[], Mapping[str, str]] = _no_reservations,
         departures: Callable[[], Mapping[str, str]] = _no_reservations,
+        shape_of: Callable[[PodRecord], Shape | None] = pod_shape,
     ) -> None:
         self._models = models
         self._workload = workload
         self.reservations = reservations
         #: workload ("namespace/kind/name") -> the node compaction just moved one of its pods off
         self.departures = departures
+        self._shape_of = shape_of
         self._node_models: dict[str, tuple[Node, FragmentationModel]] = {}
         #: (shape, workload) -> node -> (model node it was computed on, rank)
         self._ranks: dict[tuple[Shape, Workload], dict[str, tuple[Node, policy.Ranked | None]]] = {}
@@ -69,7 +76,13 @@ class PlacementAdvisor:
         reservations: Callable[[], Mapping[str, str]] = _no_reservations,
         departures: Callable[[], Mapping[str, str]] = _no_reservations,
     ) -> PlacementAdvisor:
-        return cls(reconciler.models, lambda: reconciler.workload, reservations, departures)
+        return cls(
+            reconciler.models,
+            lambda: reconciler.workload,
+            reservations,
+            departures,
+            reconciler.shape_of,
+        )
 
     def _model(self, name: str, node: Node) -> FragmentationModel:
         hit = self._node_models.get(name)
@@ -118,9 +131,9 @@ class PlacementAdvisor:
         left = self.departures().get(workload_key(pod))
         if left is not None and left in names and left not in failed:
             failed[left] = "pyctl: compaction moved this workload's pod off this node"
-        shape = pod_shape(pod)
-        if shape.is_cpu_only:
-            return failed  # CPU-only pods: their placement is the scheduler's business
+        shape = self._shape_of(pod)
+        if shape is None or shape.is_cpu_only or shape.dra:
+            return failed  # the scheduler's business (DRA: its own allocator's)
         for name, r in self.rank(shape, names).items():
             if r is None and name not in failed:
                 policy_name = self._models[name].topology_policy
@@ -132,7 +145,9 @@ class PlacementAdvisor:
 
     def prioritize(self, pod: PodRecord, names: tuple[str, ...]) -> dict[str, int]:
         """A score 0..MAX_EXTENDER_PRIORITY per candidate node."""
-        shape = pod_shape(pod)
+        shape = self._shape_of(pod)
+        if shape is None:  # claims pyctl cannot tell: no preference
+            return dict.fromkeys(names, 0)
         ordered = tuple(sorted(names))  # a stable order: ties go to the first node by name
         ranks = self.rank(shape, ordered)
         known = [r if isinstance(r, policy.Ranked) else None for r in ranks.values()]

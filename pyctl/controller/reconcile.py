@@ -11,8 +11,9 @@ import time
 from collections import Counter, deque
 from dataclasses import replace
 
+from pyctl.cluster.dra import DraModel, Misaligned, misaligned_pods, unknown_kind
 from pyctl.cluster.records import PodRecord
-from pyctl.cluster.translate import TranslateError, node_from_records, pod_shape
+from pyctl.cluster.translate import DraPositions, TranslateError, model_of, shape_of
 from pyctl.controller.cache import ClusterCache
 from pyctl.controller.summary import Summary
 from pyctl.core.fragmentation import CATEGORIES, FragmentationModel, NodeScore, derive_workload
@@ -74,6 +75,25 @@ class Reconciler:
         self.scores: dict[str, NodeScore] = {}
         self.bad_nodes: dict[str, str] = {}
         self.window = SchedulingWindow()
+        #: DRA: each DRA node's devices as modelled (zones' basis, notes)
+        self.dra_models: dict[str, DraModel] = {}
+        #: per node, where each pod's DRA devices sit (translation's finding, for compaction)
+        self.dra_positions: dict[str, DraPositions] = {}
+        #: pods whose claims pyctl cannot turn into a shape, with why (refreshed by `summary`)
+        self.unknown: dict[str, str] = {}
+        #: running pods whose allocated devices span NUMA nodes (refreshed by `summary`)
+        self.misaligned: list[Misaligned] = []
+        self._misaligned_labels: set[tuple[str, str]] = set()
+        self._unknown_labels: set[str] = set()
+
+    def shape_of(self, p: PodRecord) -> Shape | None:
+        """The pod's shape (its claims resolved); None if pyctl cannot tell (recorded)."""
+        s = shape_of(p, self.cache.dra)
+        if s is None:
+            self.unknown[p.key] = self.cache.dra.need(p.namespace, p.claims).unknown
+        else:
+            self.unknown.pop(p.key, None)
+        return s
 
     def refresh_workload(self) -> bool:
         """Re-derive M from the observed pods (unless it is configured); True if it changed, in
@@ -82,8 +102,8 @@ class Reconciler:
             return False
         # GPU and MIG pods only: a CPU-only shape would count every idle GPU as fragment (FGD's
         # definition), which says nothing about GPU placement on a mixed pool
-        shapes = [pod_shape(p) for p in self.cache.pods.values() if not p.terminated]
-        shapes = [s for s in shapes if not s.is_cpu_only]
+        got = [self.shape_of(p) for p in self.cache.pods.values() if not p.terminated]
+        shapes = [s for s in got if s is not None and not s.is_cpu_only]
         if not shapes:
             return False
         new = derive_workload(shapes)
@@ -100,6 +120,8 @@ class Reconciler:
         m = self.metrics
         if rec is None:
             self.models.pop(name, None)
+            self.dra_models.pop(name, None)
+            self.dra_positions.pop(name, None)
             old = self.scores.pop(name, None)
             self.bad_nodes.pop(name, None)
             if old is not None:
@@ -109,9 +131,15 @@ class Reconciler:
                     m.zone_idle.remove(self.cluster, name, str(z.numa))
                     m.zone_fragment.remove(self.cluster, name, str(z.numa))
             return
+        positions: DraPositions = {}
         try:
-            node = node_from_records(
-                rec, self.cache.nrts.get(name), self.cache.pods_on(name), self.default_policy
+            node, dm = model_of(
+                rec,
+                self.cache.nrts.get(name),
+                self.cache.pods_on(name),
+                self.default_policy,
+                self.cache.dra,
+                positions,
             )
             score = FragmentationModel(Snapshot((node,))).score(self.workload).nodes[0]
         except (TranslateError, ValueError) as e:
@@ -120,11 +148,19 @@ class Reconciler:
                 m.decode_errors.labels(self.cluster, "Node").inc()
             self.bad_nodes[name] = str(e)
             self.models.pop(name, None)
+            self.dra_models.pop(name, None)
+            self.dra_positions.pop(name, None)
             self.scores.pop(name, None)
             return
         self.bad_nodes.pop(name, None)
         self.models[name] = node
         self.scores[name] = score
+        if dm is not None:
+            self.dra_models[name] = dm
+            self.dra_positions[name] = positions
+        else:
+            self.dra_models.pop(name, None)
+            self.dra_positions.pop(name, None)
         m.node_idle.labels(self.cluster, name).set(score.idle_gpu_milli / GPU)
         m.node_fragment.labels(self.cluster, name).set(score.fragment_gpu_milli / GPU)
         for z in score.zones:
@@ -144,9 +180,10 @@ class Reconciler:
         out: Counter[str] = Counter()
         by_shape: dict[Shape, str | None] = {}
         for p in pending:
-            shape = pod_shape(p)
-            if shape.is_cpu_only:
+            got = self.shape_of(p)
+            if got is None or got.is_cpu_only:
                 continue
+            shape = got
             if shape not in by_shape:
                 need = shape.gpus * shape.gpu_milli
                 if shape.mig_profile is None and need > idle_gpu:
@@ -185,6 +222,7 @@ class Reconciler:
             ((s.name, s.idle_gpu_milli, s.fragment_gpu_milli) for s in scores),
             key=lambda t: (-t[2], t[0]),
         )[:10]
+        self._dra_summary()
         summ = Summary(
             cluster=self.cluster,
             nodes=len(scores),
@@ -202,6 +240,36 @@ class Reconciler:
         )
         self._export(summ)
         return summ
+
+    def _dra_summary(self) -> None:
+        """Unknown DRA requests and pods whose devices span NUMA nodes, as metrics."""
+        m, c = self.metrics, self.cluster
+        live = {k for k, p in self.cache.pods.items() if not p.terminated and p.claims}
+        for k in [k for k in self.unknown if k not in live]:
+            del self.unknown[k]
+        for k in live - set(self.unknown):
+            p = self.cache.pods[k]
+            need = self.cache.dra.need(p.namespace, p.claims)
+            if need.unknown:
+                self.unknown[k] = need.unknown
+        kinds = Counter(unknown_kind(r) for r in self.unknown.values())
+        for kind in self._unknown_labels - set(kinds):
+            m.dra_unknown_requests.labels(c, kind).set(0)
+        for kind, n in kinds.items():
+            m.dra_unknown_requests.labels(c, kind).set(n)
+        self._unknown_labels |= set(kinds)
+        running = {k for k, p in self.cache.pods.items() if p.node and p.phase == "Running"}
+        self.misaligned = [x for x in misaligned_pods(self.cache.dra) if x.pod in running]
+        per: Counter[tuple[str, str]] = Counter()
+        for x in self.misaligned:
+            p = self.cache.pods[x.pod]
+            workload = f"{p.owner_kind}/{p.owner_name}" if p.owner_kind else f"Pod/{p.name}"
+            per[(p.namespace, workload)] += 1
+        for labels in self._misaligned_labels - set(per):
+            m.pods_numa_misaligned.remove(c, *labels)
+        for (ns, workload), n in per.items():
+            m.pods_numa_misaligned.labels(c, ns, workload).set(n)
+        self._misaligned_labels = set(per)
 
     def _export(self, s: Summary) -> None:
         m, c = self.metrics, self.cluster

@@ -35,6 +35,11 @@ _COLUMNS = (
     "instance_profiles",
     "instance_starts",
     "instance_used",
+    "dra_gpu_ids",
+    "dra_gpu_used_milli",
+    "mig_dra",
+    "mig_dynamic",
+    "mig_free_slices",
 )
 
 
@@ -45,6 +50,7 @@ def snapshot_columns(s: Snapshot) -> dict[str, list[Any]]:
     c["gpu_offsets"] = [0]
     c["mig_offsets"] = [0]
     c["instance_offsets"] = [0]
+    c["dra_gpu_offsets"] = [0]
     for n in s.nodes:
         c["node_names"].append(n.name)
         c["node_models"].append(n.gpu_model)
@@ -61,8 +67,15 @@ def snapshot_columns(s: Snapshot) -> dict[str, list[Any]]:
                 c["gpu_ids"].append(g.id)
                 c["gpu_used_milli"].append(g.used_milli)
             c["gpu_offsets"].append(len(c["gpu_ids"]))
+            for g in z.dra_gpus:
+                c["dra_gpu_ids"].append(g.id)
+                c["dra_gpu_used_milli"].append(g.used_milli)
+            c["dra_gpu_offsets"].append(len(c["dra_gpu_ids"]))
             for m in z.mig:
                 c["mig_gpu_ids"].append(m.gpu)
+                c["mig_dra"].append(m.dra)
+                c["mig_dynamic"].append(m.dynamic)
+                c["mig_free_slices"].append(-1 if m.free_slices is None else m.free_slices)
                 for i in m.instances:
                     c["instance_profiles"].append(i.profile)
                     c["instance_starts"].append(i.start)
@@ -74,7 +87,7 @@ def snapshot_columns(s: Snapshot) -> dict[str, list[Any]]:
 
 
 def shape_dict(s: Shape) -> dict[str, Any]:
-    return {
+    d: dict[str, Any] = {
         "cpu_milli": s.cpu_milli,
         "memory_mib": s.memory_mib,
         "gpus": s.gpus,
@@ -83,6 +96,10 @@ def shape_dict(s: Shape) -> dict[str, Any]:
         "gpu_models": list(s.gpu_models),
         "weight": s.weight,
     }
+    if s.dra:
+        d["dra"] = True
+        d["numa_aligned"] = s.numa_aligned
+    return d
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,6 +306,8 @@ def derive_workload(tasks: Iterable[Shape], coverage: float = 0.95) -> Workload:
                 mig_profile=first[k].mig_profile,
                 gpu_models=first[k].gpu_models,
                 weight=n / covered,
+                dra=first[k].dra,
+                numa_aligned=first[k].numa_aligned,
             )
             for k, n in chosen
         )

@@ -61,6 +61,8 @@ KCM_CONTROLLERS = (
     "disruption-controller",
     "garbage-collector-controller",
     "namespace-controller",
+    # creates a pod's ResourceClaims from its ResourceClaimTemplates (DRA)
+    "resourceclaim-controller",
 )
 
 LOG_TAIL_LINES = 25

@@ -14,9 +14,10 @@ from typing import Any
 
 import msgspec
 
+from pyctl.cluster.dra import DraContext
 from pyctl.cluster.nodefit import Fit, grouped
 from pyctl.cluster.records import NodeRecord, PdbRecord, PodRecord
-from pyctl.cluster.translate import attribute_pods, pod_shape
+from pyctl.cluster.translate import DraPositions, attribute_pods, pod_shape, shape_of
 from pyctl.core import policy
 from pyctl.core.fragmentation import FragmentationModel
 from pyctl.model import Node, Snapshot, Workload
@@ -99,10 +100,19 @@ def plan_compaction(
     options: EvictorOptions | None = None,
     limits: policy.PlanLimits | None = None,
     reserved: Iterable[str] = (),
+    dra: DraContext | None = None,
+    dra_positions: Mapping[str, DraPositions] | None = None,
 ) -> CompactionPlan:
     """Plan evictions on the cluster the reconciler modelled (`models`, by node name; nodes it
     could not model are left out). `pending`: unschedulable pods to make room for; `reserved`:
-    nodes whose room is promised to a rescue in progress (nothing else goes there)."""
+    nodes whose room is promised to a rescue in progress (nothing else goes there).
+
+    With `dra` (the cluster's DRA objects) and `dra_positions` (per node, where each pod's DRA
+    devices sit, as translation found them), pods whose GPUs come from claims are placed exactly
+    where their allocation results say and move as DRA shapes; a pod with a standalone claim is
+    not movable (its replacement would wait for the same devices), nor one whose claims pyctl
+    cannot tell, nor a pod on a node whose GPUs are managed both by the device plugin and by a
+    DRA driver."""
     all_pods = [p for p in pods if not p.terminated]
     names = sorted(n for n in models if n in nodes)
     by_node: dict[str, list[PodRecord]] = {}
@@ -110,38 +120,77 @@ def plan_compaction(
         if p.node:
             by_node.setdefault(p.node, []).append(p)
     where: dict[str, dict[str, Any]] = {}
+    both_ways: dict[str, str] = {}
     for name in names:
-        where.update(attribute_pods(models[name], by_node.get(name, [])))
+        where.update(
+            attribute_pods(models[name], by_node.get(name, []), (dra_positions or {}).get(name))
+        )
+        if _both_ways(models[name], nodes[name]):
+            both_ways[name] = (
+                f"node {name}: its GPUs are managed both by the device plugin and by a DRA "
+                "driver (pyctl does not move pods there)"
+            )
     pdb_list = list(pdbs)
     evictor = Evictor(options or EvictorOptions(), all_pods, pdb_list)
-    movable, refused = evictor.movable([p for p in all_pods if p.node in models])
+    movable, refused_by_rules = evictor.movable([p for p in all_pods if p.node in models])
+    refused = dict(refused_by_rules)
     fit = Fit({n: nodes[n] for n in names}, all_pods)
     allowed = _Allowed(fit, frozenset(reserved))
     items: list[policy.MovablePod] = []
     for p in movable:
         if p.key not in where:
             continue
+        why = _unmovable_dra(p, dra, both_ways)
+        if why is not None:
+            refused[p.key] = why
+            continue
+        got = shape_of(p, dra)
         pdb = next((b for b in pdb_list if pdb_matches(b, p)), None)
         items.append(
             policy.MovablePod(
                 key=p.key,
                 node=p.node,
                 assignment=where[p.key],
-                shape=pod_shape(p),
+                shape=got if got is not None else pod_shape(p),
                 allowed=allowed(p),
                 pdb=pdb.key if pdb is not None else None,
                 pdb_headroom=evictor.pdb_headroom(p) or 0,
                 group=_group(p),
             )
         )
-    wanted = [p for p in pending if not p.node and not pod_shape(p).is_cpu_only]
-    pend = [policy.PendingPod(p.key, pod_shape(p), allowed(p)) for p in wanted]
+    pend: list[policy.PendingPod] = []
+    for p in pending:
+        want = shape_of(p, dra) if not p.node else None
+        if want is not None and not want.is_cpu_only:
+            pend.append(policy.PendingPod(p.key, want, allowed(p)))
     model = FragmentationModel(Snapshot(tuple(models[n] for n in names)))
     raw = policy.plan(model, items, pend, workload, limits)
     moves, rescues, dropped = _verified(raw, fit, {p.key: p for p in all_pods})
     unrescued = dict.fromkeys(raw.unrescued, "no set of moves within the limits makes room")
     unrescued.update(dropped)
     return CompactionPlan(moves, refused, len(items), rescues, unrescued)
+
+
+def _both_ways(model: Node, rec: NodeRecord) -> bool:
+    """Whether the node's GPUs are managed both by the device plugin and by a DRA driver."""
+    dra_gpus = any(z.dra_gpus or any(m.dra for m in z.mig) for z in model.zones)
+    return dra_gpus and bool(rec.gpus or rec.mig)
+
+
+def _unmovable_dra(
+    p: PodRecord, dra: DraContext | None, both_ways: Mapping[str, str]
+) -> str | None:
+    """Why a pod's DRA claims keep it where it is (None: they do not)."""
+    if p.node in both_ways:
+        return both_ways[p.node]
+    if not p.claims or dra is None:
+        return None
+    need = dra.need(p.namespace, p.claims)
+    if need.unknown:
+        return f"its claims are unknown to pyctl: {need.unknown}"
+    if not need.movable:
+        return "it uses a standalone ResourceClaim (a replacement would wait for the same devices)"
+    return None
 
 
 def _verified(

@@ -90,6 +90,8 @@ class Compactor:
             options=self.options,
             limits=self.limits,
             reserved=reserved,
+            dra=self.cache.dra,
+            dra_positions=self.reconciler.dra_positions,
         )
         w = self.metrics.workflow
         w.planned_moves.labels(self.cluster).set(len(plan.moves))

@@ -209,6 +209,19 @@ class Gate:
             lambda: self._actuator.apply_configmap(namespace, name, data),
         )
 
+    async def device_taint_rule(self, manifest: Mapping[str, object], *, on: bool) -> GateResult:
+        """Create (`on`) or delete one of pyctl's DeviceTaintRules (docs/dra.md)."""
+        meta = manifest.get("metadata")
+        name = meta.get("name") if isinstance(meta, Mapping) else "?"
+        return await self._act(
+            f"{'create' if on else 'delete'} DeviceTaintRule {name}",
+            lambda: self._actuator.put_device_taint_rule(manifest, on),
+        )
+
+    async def device_taint_rules(self) -> dict[str, dict[str, object]] | None:
+        """A read (no gate needed): pyctl's DeviceTaintRules, None where they are not served."""
+        return await self._actuator.device_taint_rules()
+
     async def read_configmap(self, namespace: str, name: str) -> dict[str, str] | None:
         """A read (no gate needed): the ConfigMap's data, None when absent."""
         return await self._actuator.read_configmap(namespace, name)

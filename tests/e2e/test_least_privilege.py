@@ -39,10 +39,12 @@ import msgspec
 import pytest
 from kubernetes_asyncio import client
 
+from pyctl.cluster.kube.actuator import KubeActuator
 from pyctl.cluster.kube.client import connect
 from pyctl.state.redis_client import RedisConfig, close_client
 from pyctl.state.redis_client import connect as redis_connect
 from pyctl.state.redis_workflows import RedisWorkflowStore
+from pyctl.workflows.dra_taints import TaintRule
 from pyctl.workflows.engine import Workflow
 from pyctl.workflows.mig_reconfig import TAINT_KEY
 from tests.deploy import audit
@@ -89,7 +91,11 @@ LEADER = re.compile(rf'^pyctl_leader\{{cluster="{CLUSTER}"\}} 1(\.0)?$', re.M)
 #: grants the run may leave unused, each with the path that needs it (none today)
 UNUSED_OK: dict[str, str] = {}
 #: non-resource URLs every authenticated user may GET (the API server's default ClusterRoles)
-DEFAULTS = {"/apis/topology.node.k8s.io/v1alpha2": "system:discovery (default)"}
+DEFAULTS = {
+    "/apis/topology.node.k8s.io/v1alpha2": "system:discovery (default)",
+    # whether the API server serves DeviceTaintRules (DRA steering)
+    "/apis/resource.k8s.io/v1": "system:discovery (default)",
+}
 
 
 def install(kubeconfig: Path, redis_url: str) -> None:
@@ -203,6 +209,23 @@ async def rbac(
         ],
     ]
     return audit.grants(roles, bindings, namespace, account)
+
+
+async def steer_as(kubeconfig: Path) -> None:
+    """DRA steering's calls (`DraSteering.tick`: discovery, list, create, delete), made by the
+    product's actuator with `kubeconfig`'s credentials: this cluster has no DRA devices for the
+    controller to steer, so its DeviceTaintRule grants are exercised here, inside the audit
+    window."""
+    rule = TaintRule(
+        "pyctl-steer-lp-check", "gpu.nvidia.com", "lp-pool", "gpu-0", "pyctl.io/steer", "x", "test"
+    )
+    async with await connect(kubeconfig=kubeconfig) as k:
+        act = KubeActuator(k, instance="lp")
+        assert await act.device_taint_rules() == {}
+        await act.put_device_taint_rule(rule.manifest(), on=True)
+        assert list(await act.device_taint_rules() or {}) == [rule.name]
+        await act.put_device_taint_rule(rule.manifest(), on=False)
+        assert await act.device_taint_rules() == {}
 
 
 @pytest.mark.anyio
@@ -319,6 +342,7 @@ async def test_the_controller_needs_exactly_the_charts_rbac_and_admission_confin
             await wait_until(finished, "every workflow finished", within=60)
             tg.cancel_scope.cancel()
         pyctl.stop()
+        await steer_as(sa_kubeconfig)
         log_end = control_plane.audit_log.stat().st_size
 
         # -- the audit log: what the controller did, against what the chart grants -------------

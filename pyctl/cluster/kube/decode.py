@@ -16,8 +16,8 @@ from typing import Any, Final, TypeVar
 
 import msgspec
 
-from pyctl.cluster.kube import quantity as q
-from pyctl.cluster.kube import wire
+from pyctl.cluster.kube import dra_decode, dra_wire, wire
+from pyctl.cluster import quantity as q
 from pyctl.cluster.records import (
     Constraints,
     Kind,
@@ -226,6 +226,8 @@ def pod_record(p: wire.Pod) -> PodRecord:
         _timestamp(meta.creationTimestamp),
         "" if spec.schedulerName in ("", DEFAULT_SCHEDULER) else spec.schedulerName,
         _constraints(spec) if _has_constraints(spec) else None,
+        dra_decode.pod_claims(p) if spec.resourceClaims else (),
+        ext.resourceClaimName if (ext := p.status.extendedResourceClaimStatus) else "",
     )
 
 
@@ -378,12 +380,20 @@ _WIRE: Final[dict[str, type[Any]]] = {
     "Pod": wire.Pod,
     "PodDisruptionBudget": wire.Pdb,
     "NodeResourceTopology": wire.Nrt,
+    "DeviceClass": dra_wire.DeviceClass,
+    "ResourceSlice": dra_wire.ResourceSlice,
+    "ResourceClaim": dra_wire.ResourceClaim,
+    "ResourceClaimTemplate": dra_wire.ResourceClaimTemplate,
 }
 _TO_RECORD: Final[dict[str, Any]] = {
     "Node": node_record,
     "Pod": pod_record,
     "PodDisruptionBudget": pdb_record,
     "NodeResourceTopology": nrt_record,
+    "DeviceClass": dra_decode.device_class_record,
+    "ResourceSlice": dra_decode.slice_record,
+    "ResourceClaim": dra_decode.claim_record,
+    "ResourceClaimTemplate": dra_decode.claim_template_record,
 }
 _DECODERS: Final = {k: msgspec.json.Decoder(v) for k, v in _WIRE.items()}
 _LINE: Final = msgspec.json.Decoder(wire.WatchLine)
@@ -403,7 +413,10 @@ def decode_object(kind: Kind, data: bytes | Mapping[str, Any]) -> Record:
         raise DecodeError(f"{kind}: {e}") from None
     except msgspec.DecodeError as e:
         raise DecodeError(f"{kind}: broken JSON: {e}") from None
-    rec: Record = _TO_RECORD[kind](obj)
+    try:
+        rec: Record = _TO_RECORD[kind](obj)
+    except dra_decode.DraDecodeError as e:
+        raise DecodeError(str(e)) from None
     return rec
 
 

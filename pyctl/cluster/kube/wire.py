@@ -12,6 +12,7 @@ class OwnerRef(msgspec.Struct):
     kind: str = ""
     name: str = ""
     controller: bool = False
+    uid: str = ""
 
 
 class Meta(msgspec.Struct):
@@ -133,6 +134,23 @@ class Volume(msgspec.Struct):
     ephemeral: dict[str, Any] | None = None
 
 
+class PodResourceClaim(msgspec.Struct):
+    """spec.resourceClaims[] (DRA)."""
+
+    name: str = ""
+    resourceClaimName: str | None = None
+    resourceClaimTemplateName: str | None = None
+
+
+class PodResourceClaimStatus(msgspec.Struct):
+    name: str = ""
+    resourceClaimName: str | None = None
+
+
+class PodExtendedResourceClaimStatus(msgspec.Struct):
+    resourceClaimName: str = ""
+
+
 class PodSpec(msgspec.Struct):
     nodeName: str = ""
     containers: list[Container] = []
@@ -145,11 +163,14 @@ class PodSpec(msgspec.Struct):
     affinity: Affinity | None = None
     tolerations: list[Toleration] = []
     topologySpreadConstraints: list[TopologySpreadConstraint] = []
+    resourceClaims: list[PodResourceClaim] = []
 
 
 class PodStatus(msgspec.Struct):
     phase: str = ""
     conditions: list[Condition] = []
+    resourceClaimStatuses: list[PodResourceClaimStatus] = []
+    extendedResourceClaimStatus: PodExtendedResourceClaimStatus | None = None
 
 
 class Pod(msgspec.Struct):

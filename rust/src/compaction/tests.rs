@@ -54,6 +54,7 @@ fn gpus(n: u32) -> Shape {
         mig_profile: None,
         gpu_models: vec![],
         weight: 1.0,
+        ..Default::default()
     }
 }
 
@@ -66,6 +67,7 @@ fn on(node: usize, zone: usize, gpu: usize) -> Movable<Shape, Assignment> {
             memory: vec![],
             gpus: vec![(zone, gpu, 1000)],
             mig: None,
+            ..Default::default()
         },
         allowed: None,
         pdb: None,

@@ -8,9 +8,9 @@
 
 use std::collections::HashMap;
 
-use super::model::{Cluster, Node};
+use super::model::{Cluster, MigGpu, Node, GPU_MILLI};
 use super::workload::Shape;
-use crate::mig::catalog::{Catalog, GpuModel};
+use crate::mig::catalog::{Catalog, GpuModel, Placement};
 use crate::mig::placement::place;
 use crate::topology::Policy;
 
@@ -137,6 +137,8 @@ pub struct NodeCtx<'a> {
     zone_idle_gpu: [f64; 64],
     zone_idle_mig: [f64; 64],
     model_lc: String,
+    /// Some device of the node comes from a DRA driver.
+    has_dra: bool,
 }
 
 impl<'a> NodeCtx<'a> {
@@ -156,6 +158,7 @@ impl<'a> NodeCtx<'a> {
             zone_idle_gpu: [0.0; 64],
             zone_idle_mig: [0.0; 64],
             model_lc: node.gpu_model.to_ascii_lowercase(),
+            has_dra: node_has_dra(node),
         };
         let mut cpu_cap = [0u64; 64];
         let mut mem_cap = [0u64; 64];
@@ -190,9 +193,68 @@ pub struct Admission {
     pub usable: u64,
 }
 
+/// The node's MIG model (catalog entry), when it has MIG GPUs.
+pub fn node_model(node: &Node) -> Option<&'static GpuModel> {
+    node.mig_model.map(|mi| &Catalog::builtin().models()[mi])
+}
+
+/// The placements of profile `p` that can be allocated now on a dynamic GPU, earliest end first:
+/// within its free memory slices, with enough free compute slices and under the profile's
+/// per-GPU limit.
+pub fn dynamic_placements(model: &GpuModel, p: usize, g: &MigGpu) -> Vec<Placement> {
+    let prof = &model.profiles[p];
+    let used = g.instances.iter().filter(|i| i.profile == p).count();
+    if used >= prof.max_count as usize || prof.compute_slices > g.unpartitioned_slices {
+        return Vec::new();
+    }
+    let mut out: Vec<Placement> = prof
+        .placements
+        .iter()
+        .copied()
+        .filter(|pl| pl.mask() & !g.free_mask == 0)
+        .collect();
+    out.sort_by_key(|pl| (pl.start + pl.size, pl.start));
+    out
+}
+
+/// How many instances of profile `p` a dynamic GPU could hold at once now: disjoint placements
+/// within its free memory slices (interval scheduling, earliest end first, is optimal for
+/// intervals), bounded by its free compute slices and the profile's per-GPU limit.
+pub fn dynamic_fit(model: &GpuModel, p: usize, g: &MigGpu) -> u64 {
+    let prof = &model.profiles[p];
+    let used = g.instances.iter().filter(|i| i.profile == p).count() as u64;
+    let by_count = (prof.max_count as u64).saturating_sub(used);
+    let by_compute = if prof.compute_slices == 0 {
+        u64::MAX
+    } else {
+        g.unpartitioned_slices as u64 / prof.compute_slices as u64
+    };
+    let limit = by_count.min(by_compute);
+    let mut taken = 0u16;
+    let mut k = 0u64;
+    for pl in dynamic_placements(model, p, g) {
+        if k >= limit {
+            break;
+        }
+        if pl.mask() & taken == 0 {
+            taken |= pl.mask();
+            k += 1;
+        }
+    }
+    k
+}
+
+/// Whether a whole-GPU DRA shape could take this dynamic GPU as a whole (the driver's full
+/// device consumes every counter, so only while no partition is allocated).
+fn dynamic_whole(shape: &Shape, g: &MigGpu) -> bool {
+    shape.dra && g.dra && g.dynamic && shape.gpu_milli == GPU_MILLI && g.instances.is_empty()
+}
+
 /// Per-zone eligible devices for a shape (whole/shared GPUs with enough free share, or free
 /// instances of the MIG profile), and how many devices it needs. Capacities are the zones' GPU
-/// counts, or their instance counts of the profile.
+/// counts, or their instance counts of the profile. Only devices of the shape's source (DRA or
+/// the device plugin) count; for a DRA shape, dynamic MIG GPUs count by what they can still
+/// allocate (a whole GPU while nothing is allocated on it, or placements of the profile).
 pub fn device_view(node: &Node, shape: &Shape, need: MigNeed) -> ([u64; 64], [u64; 64], u64) {
     let mut elig = [0u64; 64];
     let mut cap = [0u64; 64];
@@ -201,18 +263,30 @@ pub fn device_view(node: &Node, shape: &Shape, need: MigNeed) -> ([u64; 64], [u6
         MigNeed::None => {
             d = shape.gpus as u64;
             for (zi, z) in node.zones.iter().take(64).enumerate() {
-                cap[zi] = z.gpus.len() as u64;
-                elig[zi] = z
-                    .gpus
-                    .iter()
-                    .filter(|&&(_, f)| f >= shape.gpu_milli)
-                    .count() as u64;
+                let list = z.gpus_of(shape.dra);
+                cap[zi] = list.len() as u64;
+                elig[zi] = list.iter().filter(|&&(_, f)| f >= shape.gpu_milli).count() as u64;
+                if shape.dra {
+                    for g in z.mig.iter().filter(|g| g.dra && g.dynamic) {
+                        cap[zi] += 1;
+                        elig[zi] += dynamic_whole(shape, g) as u64;
+                    }
+                }
             }
         }
         MigNeed::Profile(p) => {
             d = 1;
+            let model = node_model(node);
             for (zi, z) in node.zones.iter().take(64).enumerate() {
-                for g in &z.mig {
+                for g in z.mig.iter().filter(|g| g.dra == shape.dra) {
+                    if g.dynamic {
+                        if let Some(m) = model {
+                            let k = dynamic_fit(m, p, g);
+                            cap[zi] += k;
+                            elig[zi] += k;
+                        }
+                        continue;
+                    }
                     for i in g.instances.iter().filter(|i| i.profile == p) {
                         cap[zi] += 1;
                         elig[zi] += (!i.used) as u64;
@@ -262,6 +336,30 @@ fn admit(
     let policy = node.policy;
     if fail.is_some() {
         return Admission { fail, usable: 0 };
+    }
+    if shape.dra {
+        // The kubelet's Topology Manager does not see DRA devices: the claim's own constraint
+        // decides (all its devices on one NUMA node, or anywhere).
+        if !shape.numa_aligned || d <= 1 {
+            return Admission {
+                fail: None,
+                usable: all_zones,
+            };
+        }
+        let mut usable = 0u64;
+        for (zi, &e) in elig.iter().enumerate().take(zones) {
+            if e >= d {
+                usable |= 1 << zi;
+            }
+        }
+        return if usable == 0 {
+            Admission {
+                fail: Some(Category::NumaSplit),
+                usable: 0,
+            }
+        } else {
+            Admission { fail: None, usable }
+        };
     }
     if matches!(policy, Policy::None | Policy::BestEffort) {
         return Admission {
@@ -390,8 +488,9 @@ pub fn add_shape_fragment(
         acc.all(ctx, Category::NoAccess);
         return;
     }
+    let plain = !shape.dra && !ctx.has_dra;
     let (elig, d) = match need {
-        MigNeed::None => {
+        MigNeed::None if plain => {
             let mut elig = [0u64; 64];
             for (zi, z) in node.zones.iter().take(64).enumerate() {
                 elig[zi] = z
@@ -414,6 +513,37 @@ pub fn add_shape_fragment(
     } else {
         fail.unwrap_or(Category::LackCpu)
     };
+    if plain {
+        plain_zones(ctx, shape, need, fail, usable, other, &mut acc);
+    } else {
+        // Capacity of the other allocation mechanism (DRA vs the device plugin).
+        let foreign = if cpu_ok {
+            Category::NoAccess
+        } else {
+            fail.unwrap_or(Category::LackCpu)
+        };
+        dra_zones(ctx, shape, need, fail, usable, other, foreign, &mut acc);
+    }
+}
+
+/// Whether any device of the node comes from a DRA driver.
+pub fn node_has_dra(node: &Node) -> bool {
+    node.zones
+        .iter()
+        .any(|z| !z.dra_gpus.is_empty() || z.mig.iter().any(|g| g.dra))
+}
+
+/// The fragment of a shape on a node without DRA devices (the device plugin's GPUs and MIG).
+fn plain_zones(
+    ctx: &NodeCtx<'_>,
+    shape: &Shape,
+    need: MigNeed,
+    fail: Option<Category>,
+    usable: u64,
+    other: Category,
+    acc: &mut Acc<'_>,
+) {
+    let node = ctx.node;
     for (zi, z) in node.zones.iter().take(64).enumerate() {
         let in_u = usable & (1u64 << zi) != 0;
         match need {
@@ -458,6 +588,107 @@ pub fn add_shape_fragment(
                         acc.mig(zi, i.compute_slices as f64, cat);
                     }
                 }
+            }
+        }
+    }
+}
+
+/// The fragment of a shape on a node with DRA devices: capacity of the other source is
+/// `foreign`; dynamic MIG GPUs count what the shape could allocate on them now.
+#[allow(clippy::too_many_arguments)]
+fn dra_zones(
+    ctx: &NodeCtx<'_>,
+    shape: &Shape,
+    need: MigNeed,
+    fail: Option<Category>,
+    usable: u64,
+    other: Category,
+    foreign: Category,
+    acc: &mut Acc<'_>,
+) {
+    let node = ctx.node;
+    let model = node_model(node);
+    let ok_or = |in_u: bool| -> Option<Category> {
+        if let Some(c) = fail {
+            Some(c)
+        } else if !in_u {
+            Some(Category::NumaSplit)
+        } else {
+            None
+        }
+    };
+    for (zi, z) in node.zones.iter().take(64).enumerate() {
+        let in_u = usable & (1u64 << zi) != 0;
+        for (dra, list) in [(false, &z.gpus), (true, &z.dra_gpus)] {
+            for &(_, f) in list {
+                if f == 0 {
+                    continue;
+                }
+                let cat = if dra != shape.dra {
+                    foreign
+                } else if need != MigNeed::None {
+                    other
+                } else if let Some(c) = fail {
+                    c
+                } else if f < shape.gpu_milli {
+                    Category::Stranded
+                } else if !in_u {
+                    Category::NumaSplit
+                } else {
+                    continue;
+                };
+                acc.gpu(zi, f as f64, cat);
+            }
+        }
+        for g in &z.mig {
+            let idle = g.idle_slices();
+            if g.dra != shape.dra {
+                if idle > 0 {
+                    acc.mig(zi, idle as f64, foreign);
+                }
+                continue;
+            }
+            if g.dynamic {
+                match (need, model) {
+                    (MigNeed::Profile(p), Some(m)) => {
+                        let fit = dynamic_fit(m, p, g) * m.profiles[p].compute_slices as u64;
+                        let fit = fit.min(idle);
+                        if idle > fit {
+                            acc.mig(zi, (idle - fit) as f64, other);
+                        }
+                        if fit > 0 {
+                            if let Some(c) = ok_or(in_u) {
+                                acc.mig(zi, fit as f64, c);
+                            }
+                        }
+                    }
+                    (MigNeed::None, _) if dynamic_whole(shape, g) => {
+                        if idle > 0 {
+                            if let Some(c) = ok_or(in_u) {
+                                acc.mig(zi, idle as f64, c);
+                            }
+                        }
+                    }
+                    _ => {
+                        if idle > 0 {
+                            acc.mig(zi, idle as f64, other);
+                        }
+                    }
+                }
+                continue;
+            }
+            if g.unpartitioned_slices > 0 {
+                acc.mig(zi, g.unpartitioned_slices as f64, other);
+            }
+            for i in g.instances.iter().filter(|i| !i.used) {
+                let cat = if MigNeed::Profile(i.profile) != need {
+                    other
+                } else if let Some(c) = ok_or(in_u) {
+                    c
+                } else {
+                    continue;
+                };
+                acc.mig(zi, i.compute_slices as f64, cat);
             }
         }
     }
@@ -542,7 +773,7 @@ pub fn recoverable_slices(node: &Node, wanted_mask: u64, memo: &mut RecoverMemo)
         .collect();
     let mut total = 0u64;
     for z in &node.zones {
-        for g in &z.mig {
+        for g in z.mig.iter().filter(|g| !g.dynamic) {
             let mut pinned: Vec<(usize, u8)> = g
                 .instances
                 .iter()

@@ -5,7 +5,7 @@ use crate::mig::catalog::Catalog;
 
 use super::model::GPU_MILLI;
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Shape {
     pub cpu_milli: u64,
     pub memory_mib: u64,
@@ -18,9 +18,32 @@ pub struct Shape {
     /// Allowed GPU models; empty = any.
     pub gpu_models: Vec<String>,
     pub weight: f64,
+    /// Asked through a DRA ResourceClaim: only devices a DRA driver publishes serve it, and the
+    /// kubelet's Topology Manager takes no part (admission is the claim's own constraints).
+    pub dra: bool,
+    /// A DRA claim whose devices must share a NUMA node (`matchAttribute` on
+    /// `resource.kubernetes.io/numaNode`, or `pcieRoot` where zones are PCIe roots).
+    pub numa_aligned: bool,
 }
 
+/// Everything about a shape but its weight: two shapes with equal keys are placed alike.
+pub type ShapeKey = (u64, u64, u32, u32, Option<String>, Vec<String>, bool, bool);
+
 impl Shape {
+    /// The shape without its weight (a cache key).
+    pub fn key(&self) -> ShapeKey {
+        (
+            self.cpu_milli,
+            self.memory_mib,
+            self.gpus,
+            self.gpu_milli,
+            self.mig_profile.clone(),
+            self.gpu_models.clone(),
+            self.dra,
+            self.numa_aligned,
+        )
+    }
+
     pub fn is_cpu_only(&self) -> bool {
         self.gpus == 0 && self.mig_profile.is_none()
     }
@@ -73,6 +96,12 @@ pub fn validate_shapes(shapes: &mut [Shape]) -> CoreResult<()> {
             ));
         }
         total += s.weight;
+        if s.numa_aligned && !s.dra {
+            return Err(CoreError::new(
+                f("numa_aligned"),
+                "only a DRA shape (dra: true) carries its own NUMA alignment",
+            ));
+        }
         if let Some(p) = &s.mig_profile {
             if s.gpus > 1 {
                 return Err(CoreError::new(

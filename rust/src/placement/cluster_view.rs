@@ -9,6 +9,7 @@ use super::{Features, View};
 use crate::fragment::delta::{apply, candidates, Assignment};
 use crate::fragment::model::{Node, GPU_MILLI};
 use crate::fragment::score::{score_node, RecoverMemo};
+use crate::fragment::workload::ShapeKey;
 use crate::fragment::{Cluster, Shape};
 use crate::mig::catalog::Catalog;
 
@@ -93,7 +94,7 @@ impl<'a> ClusterView<'a> {
 impl View for ClusterView<'_> {
     type Task = Shape;
     type Place = Assignment;
-    type Key = (u64, u64, u32, u32, Option<String>, Vec<String>);
+    type Key = ShapeKey;
 
     fn node_count(&self) -> usize {
         self.cluster.nodes.len()
@@ -178,13 +179,6 @@ impl View for ClusterView<'_> {
     }
 
     fn task_key(&self, t: &Shape) -> Self::Key {
-        (
-            t.cpu_milli,
-            t.memory_mib,
-            t.gpus,
-            t.gpu_milli,
-            t.mig_profile.clone(),
-            t.gpu_models.clone(),
-        )
+        t.key()
     }
 }

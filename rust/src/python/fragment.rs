@@ -10,8 +10,8 @@ use super::convert::{
 };
 use crate::compaction::{self, Input, Limits, Movable, NodeSet, Pending, Plan};
 use crate::fragment::delta::{apply, place_delta, remove_delta, Assignment, Delta};
-use crate::fragment::score::{score_node, RecoverMemo};
-use crate::fragment::{validate_shapes, Cluster, ClusterColumns, Shape, CATEGORY_NAMES};
+use crate::fragment::score::{node_model, score_node, RecoverMemo};
+use crate::fragment::{validate_shapes, Cluster, ClusterColumns, Node, Shape, CATEGORY_NAMES};
 use crate::placement::{self, ClusterView, Ranked};
 
 fn ints(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Vec<i64>> {
@@ -34,6 +34,19 @@ fn bools(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Vec<bool>> {
         .iter()
         .map(|x| x.is_truthy())
         .collect()
+}
+
+/// An optional column: empty when the key is absent.
+fn optional<T>(
+    d: &Bound<'_, PyDict>,
+    key: &str,
+    read: impl Fn(&str) -> PyResult<Vec<T>>,
+) -> PyResult<Vec<T>> {
+    if d.contains(key)? {
+        read(key)
+    } else {
+        Ok(Vec::new())
+    }
 }
 
 fn read_shape(obj: &Bound<'_, PyAny>, prefix: &str) -> PyResult<Shape> {
@@ -77,6 +90,14 @@ fn read_shape(obj: &Bound<'_, PyAny>, prefix: &str) -> PyResult<Shape> {
             )
         })?,
     };
+    let flag = |k: &Bound<'_, PyString>| -> PyResult<bool> {
+        Ok(match d.get_item(k)? {
+            Some(v) if !v.is_none() => v.is_truthy()?,
+            _ => false,
+        })
+    };
+    let dra = flag(intern!(py, "dra"))?;
+    let numa_aligned = flag(intern!(py, "numa_aligned"))?;
     Ok(Shape {
         cpu_milli,
         memory_mib,
@@ -85,6 +106,8 @@ fn read_shape(obj: &Bound<'_, PyAny>, prefix: &str) -> PyResult<Shape> {
         mig_profile,
         gpu_models,
         weight,
+        dra,
+        numa_aligned,
     })
 }
 
@@ -116,13 +139,34 @@ fn read_task(obj: &Bound<'_, PyAny>) -> PyResult<Shape> {
     Ok(one.remove(0))
 }
 
-fn assignment_dict<'py>(py: Python<'py>, a: &Assignment) -> PyResult<Bound<'py, PyDict>> {
+fn assignment_dict<'py>(
+    py: Python<'py>,
+    a: &Assignment,
+    node: &Node,
+) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("cpu", a.cpu.clone())?;
     d.set_item("memory", a.memory.clone())?;
     d.set_item("gpus", a.gpus.clone())?;
     d.set_item("mig", a.mig)?;
+    if !a.dra_gpus.is_empty() {
+        d.set_item("dra_gpus", a.dra_gpus.clone())?;
+    }
+    if !a.dyn_whole.is_empty() {
+        d.set_item("dyn_whole", a.dyn_whole.clone())?;
+    }
+    if let Some(v) = mig_new_out(a, node) {
+        d.set_item("mig_new", v)?;
+    }
     Ok(d)
+}
+
+/// `mig_new` with the profile by name: (zone, MIG GPU, profile, start); the index is the
+/// catalog's, of the node's GPU model.
+fn mig_new_out(a: &Assignment, node: &Node) -> Option<(usize, usize, String, u8)> {
+    let (zi, mi, p, start) = a.mig_new?;
+    let name = node_model(node)?.profiles.get(p)?.name.clone();
+    Some((zi, mi, name, start))
 }
 
 /// Rows of non-negative integers of a fixed arity (lists or tuples).
@@ -142,7 +186,7 @@ fn rows(obj: &Bound<'_, PyAny>, field: &str, arity: usize) -> PyResult<Vec<Vec<u
     Ok(out)
 }
 
-fn read_assignment(obj: &Bound<'_, PyAny>) -> PyResult<Assignment> {
+fn read_assignment(obj: &Bound<'_, PyAny>, node: &Node) -> PyResult<Assignment> {
     let d = obj
         .cast::<PyDict>()
         .map_err(|_| field_error("assignment", "expected an object"))?;
@@ -184,6 +228,45 @@ fn read_assignment(obj: &Bound<'_, PyAny>) -> PyResult<Assignment> {
             a.mig = Some((r[0] as usize, r[1] as usize, r[2] as usize));
         }
     }
+    if let Some(v) = d.get_item("dra_gpus")? {
+        a.dra_gpus = rows(&v, "assignment.dra_gpus", 3)?
+            .into_iter()
+            .map(|r| {
+                Ok((
+                    r[0] as usize,
+                    r[1] as usize,
+                    u32::try_from(r[2]).map_err(big)?,
+                ))
+            })
+            .collect::<PyResult<_>>()?;
+    }
+    if let Some(v) = d.get_item("dyn_whole")? {
+        a.dyn_whole = rows(&v, "assignment.dyn_whole", 2)?
+            .into_iter()
+            .map(|r| (r[0] as usize, r[1] as usize))
+            .collect();
+    }
+    if let Some(v) = d.get_item("mig_new")? {
+        if !v.is_none() {
+            let bad = || field_error("assignment.mig_new", "expected [zone, gpu, profile, start]");
+            let items = sequence(&v, || "assignment.mig_new".to_string())?;
+            if items.len() != 4 {
+                return Err(bad());
+            }
+            let zi = usize::try_from(int(&items[0], || "assignment.mig_new".into())?)
+                .map_err(|_| bad())?;
+            let mi = usize::try_from(int(&items[1], || "assignment.mig_new".into())?)
+                .map_err(|_| bad())?;
+            let name = string(&items[2], || "assignment.mig_new".into())?;
+            let start =
+                u8::try_from(int(&items[3], || "assignment.mig_new".into())?).map_err(|_| bad())?;
+            let model = node_model(node).ok_or_else(|| {
+                field_error("assignment.mig_new", "the node has no MIG GPU model")
+            })?;
+            let p = model.profile_index(&name).map_err(value_error)?;
+            a.mig_new = Some((zi, mi, p, start));
+        }
+    }
     Ok(a)
 }
 
@@ -193,11 +276,11 @@ pub struct PyFragmentModel {
     cluster: Cluster,
 }
 
-fn delta_dict<'py>(py: Python<'py>, d: &Delta) -> PyResult<Bound<'py, PyDict>> {
+fn delta_dict<'py>(py: Python<'py>, d: &Delta, node: &Node) -> PyResult<Bound<'py, PyDict>> {
     let out = PyDict::new(py);
     out.set_item("fragment_gpu_milli", d.fragment_gpu_milli)?;
     out.set_item("fragment_mig_slices", d.fragment_mig_slices)?;
-    out.set_item("assignment", assignment_dict(py, &d.assignment)?)?;
+    out.set_item("assignment", assignment_dict(py, &d.assignment, node)?)?;
     Ok(out)
 }
 
@@ -226,6 +309,12 @@ impl PyFragmentModel {
             instance_profiles: strings(columns, "instance_profiles")?,
             instance_starts: ints(columns, "instance_starts")?,
             instance_used: bools(columns, "instance_used")?,
+            dra_gpu_offsets: optional(columns, "dra_gpu_offsets", |k| offsets(columns, k))?,
+            dra_gpu_ids: optional(columns, "dra_gpu_ids", |k| ints(columns, k))?,
+            dra_gpu_used_milli: optional(columns, "dra_gpu_used_milli", |k| ints(columns, k))?,
+            mig_dra: optional(columns, "mig_dra", |k| bools(columns, k))?,
+            mig_dynamic: optional(columns, "mig_dynamic", |k| bools(columns, k))?,
+            mig_free_slices: optional(columns, "mig_free_slices", |k| ints(columns, k))?,
         };
         let cluster = Cluster::from_columns(&c).map_err(value_error)?;
         Ok(Self { cluster })
@@ -294,7 +383,7 @@ impl PyFragmentModel {
         let task = read_task(task)?;
         let shapes = read_shapes(shapes)?;
         let d = py.detach(|| place_delta(n, &task, &shapes, &mut RecoverMemo::new()));
-        d.map(|d| delta_dict(py, &d)).transpose()
+        d.map(|d| delta_dict(py, &d, n)).transpose()
     }
 
     /// The fragment delta of removing the task at `assignment` from node `node`.
@@ -306,12 +395,12 @@ impl PyFragmentModel {
         shapes: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let n = self.node(node)?;
-        let a = read_assignment(assignment)?;
+        let a = read_assignment(assignment, n)?;
         let shapes = read_shapes(shapes)?;
         let d = py
             .detach(|| remove_delta(n, &a, &shapes, &mut RecoverMemo::new()))
             .map_err(value_error)?;
-        delta_dict(py, &d)
+        delta_dict(py, &d, n)
     }
 
     /// The policy's best placement of `task` on each of `nodes` (default: every node), as
@@ -335,7 +424,7 @@ impl PyFragmentModel {
         });
         ranked
             .iter()
-            .map(|r| r.as_ref().map(|r| ranked_dict(py, r)).transpose())
+            .map(|r| r.as_ref().map(|r| ranked_dict(py, r, cluster)).transpose())
             .collect()
     }
 
@@ -367,7 +456,7 @@ impl PyFragmentModel {
             let v = ClusterView::of(cluster, &shapes);
             placement::choose(&v, &task, |i| allowed[i])
         });
-        got.map(|r| ranked_dict(py, &r)).transpose()
+        got.map(|r| ranked_dict(py, &r, cluster)).transpose()
     }
 
     /// A compaction plan (`crate::compaction::plan`). `movable`: [{"node", "assignment",
@@ -389,7 +478,7 @@ impl PyFragmentModel {
         limits: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let shapes = read_shapes(shapes)?;
-        let items = read_movable(movable)?;
+        let items = read_movable(movable, &self.cluster)?;
         let pend = read_pending(pending)?;
         let limits = read_limits(limits)?;
         let count = self.cluster.nodes.len();
@@ -414,7 +503,7 @@ impl PyFragmentModel {
             };
             compaction::plan(&mut v, &input, &limits)
         });
-        plan_dict(py, &plan)
+        plan_dict(py, &plan, cluster)
     }
 
     /// Index of a node by name, or None.
@@ -424,7 +513,7 @@ impl PyFragmentModel {
 
     /// Places (`place=True`) or removes the task at `assignment` on node `node`, in place.
     fn apply(&mut self, node: usize, assignment: &Bound<'_, PyAny>, place: bool) -> PyResult<()> {
-        let a = read_assignment(assignment)?;
+        let a = read_assignment(assignment, self.node(node)?)?;
         let count = self.cluster.nodes.len();
         let n = self.cluster.nodes.get_mut(node).ok_or_else(|| {
             field_error("node", format!("index {node} out of range (0..{count})"))
@@ -453,7 +542,11 @@ impl PyFragmentModel {
     }
 }
 
-fn ranked_dict<'py>(py: Python<'py>, r: &Ranked<Assignment>) -> PyResult<Bound<'py, PyDict>> {
+fn ranked_dict<'py>(
+    py: Python<'py>,
+    r: &Ranked<Assignment>,
+    cluster: &Cluster,
+) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("node", r.node)?;
     d.set_item("rank", r.rank)?;
@@ -461,7 +554,10 @@ fn ranked_dict<'py>(py: Python<'py>, r: &Ranked<Assignment>) -> PyResult<Bound<'
     d.set_item("cpu_short", r.features.cpu_short)?;
     d.set_item("left", r.features.left)?;
     d.set_item("idle", r.features.idle)?;
-    d.set_item("assignment", assignment_dict(py, &r.place)?)?;
+    d.set_item(
+        "assignment",
+        assignment_dict(py, &r.place, &cluster.nodes[r.node])?,
+    )?;
     Ok(d)
 }
 
@@ -478,7 +574,10 @@ fn opt_index(d: &Bound<'_, PyDict>, key: &str, where_: &str) -> PyResult<Option<
     }
 }
 
-fn read_movable(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Movable<Shape, Assignment>>> {
+fn read_movable(
+    obj: &Bound<'_, PyAny>,
+    cluster: &Cluster,
+) -> PyResult<Vec<Movable<Shape, Assignment>>> {
     let mut items = Vec::new();
     for (i, m) in sequence(obj, || "movable".to_string())?.iter().enumerate() {
         let w = format!("movable[{i}]");
@@ -489,10 +588,16 @@ fn read_movable(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Movable<Shape, Assignmen
         let group = opt_index(d, "group", &w)?
             .map(|g| u32::try_from(g).map_err(|_| field_error(&format!("{w}.group"), "too large")))
             .transpose()?;
+        let on = cluster.nodes.get(node).ok_or_else(|| {
+            field_error(
+                &format!("{w}.node"),
+                format!("index {node} out of range (0..{})", cluster.nodes.len()),
+            )
+        })?;
         items.push(Movable {
             node,
             task: read_task(&item(d, "shape", &w)?)?,
-            place: read_assignment(&item(d, "assignment", &w)?)?,
+            place: read_assignment(&item(d, "assignment", &w)?, on)?,
             allowed: opt_index(d, "allowed", &w)?,
             pdb: opt_index(d, "pdb", &w)?,
             group,
@@ -552,14 +657,21 @@ fn read_limits(obj: Option<&Bound<'_, PyDict>>) -> PyResult<Limits> {
     Ok(l)
 }
 
-fn plan_dict<'py>(py: Python<'py>, p: &Plan<Assignment>) -> PyResult<Bound<'py, PyDict>> {
+fn plan_dict<'py>(
+    py: Python<'py>,
+    p: &Plan<Assignment>,
+    cluster: &Cluster,
+) -> PyResult<Bound<'py, PyDict>> {
     let moves = PyList::empty(py);
     for mv in &p.moves {
         let d = PyDict::new(py);
         d.set_item("pod", mv.pod)?;
         d.set_item("from", mv.from)?;
         d.set_item("to", mv.to)?;
-        d.set_item("assignment", assignment_dict(py, &mv.to_place)?)?;
+        d.set_item(
+            "assignment",
+            assignment_dict(py, &mv.to_place, &cluster.nodes[mv.to])?,
+        )?;
         d.set_item("gain", mv.gain)?;
         d.set_item("rescue", mv.rescue)?;
         moves.append(d)?;
@@ -569,7 +681,10 @@ fn plan_dict<'py>(py: Python<'py>, p: &Plan<Assignment>) -> PyResult<Bound<'py, 
         let d = PyDict::new(py);
         d.set_item("pending", r.pending)?;
         d.set_item("node", r.node)?;
-        d.set_item("assignment", assignment_dict(py, &r.place)?)?;
+        d.set_item(
+            "assignment",
+            assignment_dict(py, &r.place, &cluster.nodes[r.node])?,
+        )?;
         d.set_item("moves", r.moves.clone())?;
         d.set_item("waits", r.waits)?;
         d.set_item("delta", r.delta)?;

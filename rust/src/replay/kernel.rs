@@ -326,6 +326,7 @@ mod tests {
                 mig_profile: None,
                 gpu_models: vec![],
                 weight: k.w,
+                ..Default::default()
             })
             .collect();
         let mut chosen = 0;
@@ -360,6 +361,7 @@ mod tests {
                     mig_profile: None,
                     gpu_models: vec![],
                     weight: 1.0,
+                    ..Default::default()
                 };
                 let a = choose(&k, &kt, |_| true).map(|r| r.node);
                 let ranks: Vec<_> = rank_nodes(&full, &ft, &nodes)
@@ -406,12 +408,14 @@ mod tests {
                             mig_profile: None,
                             gpu_models: vec![],
                             weight: 1.0,
+                            ..Default::default()
                         };
                         let place = Assignment {
                             cpu: vec![],
                             memory: vec![],
                             gpus: vec![(z, pos, 1000)],
                             mig: None,
+                            ..Default::default()
                         };
                         fm.push(Movable {
                             node: i,
@@ -529,6 +533,7 @@ mod tests {
                 mig_profile: None,
                 gpu_models: vec![],
                 weight: w,
+                ..Default::default()
             })
             .collect();
         let mut compared = 0;
@@ -565,6 +570,7 @@ mod tests {
                     mig_profile: None,
                     gpu_models: vec![],
                     weight: 1.0,
+                    ..Default::default()
                 };
                 let a = best_on(&k, 0, &kt);
                 let b = best_on(&full, 0, &ft);

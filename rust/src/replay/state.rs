@@ -353,6 +353,7 @@ mod tests {
                 mig_profile: None,
                 gpu_models: vec![],
                 weight: 0.3,
+                ..Default::default()
             },
             Shape {
                 cpu_milli: 8000,
@@ -362,6 +363,7 @@ mod tests {
                 mig_profile: None,
                 gpu_models: vec![],
                 weight: 0.3,
+                ..Default::default()
             },
             Shape {
                 cpu_milli: 2000,
@@ -371,6 +373,7 @@ mod tests {
                 mig_profile: None,
                 gpu_models: vec![],
                 weight: 0.2,
+                ..Default::default()
             },
             Shape {
                 cpu_milli: 2000,
@@ -380,6 +383,7 @@ mod tests {
                 mig_profile: None,
                 gpu_models: vec!["T4".into()],
                 weight: 0.2,
+                ..Default::default()
             },
         ];
         let ks: Vec<KShape> = shapes
