@@ -13,6 +13,8 @@ zones, GPUs and MIG instances.
 - Used amounts: the requests of the pods bound to the node that have not terminated; with
   NodeResourceTopology, its per-zone usage, topped up with what the pods use and it does not
   show yet (the agent that writes it lags the scheduler).
+- Shared GPUs (time-slicing, MPS, HAMi): `pyctl.cluster.sharing` says how many physical GPUs
+  there are, in which zone, and each one's used share and holders; docs/sharing.md.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import cast
 
+from pyctl.cluster import sharing
 from pyctl.cluster.records import NodeRecord, NrtRecord, PodRecord
 from pyctl.core import mig
 from pyctl.model import TOPOLOGY_POLICIES, Gpu, MigGpu, MigInstance, Node, PolicyName, Shape, Zone
@@ -43,7 +46,12 @@ class _Draft:
     mig: dict[str, int] = field(default_factory=dict)
 
 
-def pod_shape(p: PodRecord) -> Shape:
+def pod_shape(p: PodRecord, node: NodeRecord | None = None) -> Shape:
+    """The task shape of a pod; `node`, the node it runs on, tells whether `nvidia.com/gpu` is
+    replicated there (docs/sharing.md)."""
+    shared = sharing.shared_shape(p, node)
+    if shared is not None:
+        return shared
     profile = p.mig[0][0] if p.mig else None
     return Shape(
         cpu_milli=p.cpu_milli,
@@ -105,7 +113,9 @@ def node_from_records(
     live = [p for p in pods if not p.terminated]
     used_cpu = sum(p.cpu_milli for p in live)
     used_mem = sum(p.memory_mib for p in live)
-    used_gpus = sum(p.gpus for p in live)
+    shares = sharing.plan(node)
+    # shared GPUs are laid out by `sharing`; the pods' GPU counts are replicas, not GPUs
+    used_gpus = 0 if shares else sum(p.gpus for p in live)
     used_mig: dict[str, list[str]] = defaultdict(list)
     for p in live:
         for prof, n in p.mig:
@@ -126,42 +136,62 @@ def node_from_records(
             )
             for z in nrt.zones
         ]
+        if shares:
+            _shared_zone_gpus(drafts, nrt, shares)
         # NodeResourceTopology is written by an agent on the node and can lag the pods bound
         # there: usage it does not show yet goes to the zones with room, in order
         _top_up(drafts, used_cpu, used_mem, used_gpus)
         _mig_from_allocatable(drafts, node)
     else:
+        whole = shares.gpus if shares else node.gpus
         numa_of = dict(node.gpu_numa)
+        if shares and shares.devices:
+            numa_of = {i: d.numa for i, d in enumerate(shares.devices)}
         ids = sorted(set(numa_of.values())) or [0]
         drafts = [_Draft(i) for i in ids]
         k = len(drafts)
         for i, d in enumerate(drafts):
             d.cpu = node.cpu_milli // k + (node.cpu_milli % k if i == 0 else 0)
             d.mem = node.memory_mib // k + (node.memory_mib % k if i == 0 else 0)
-            d.gpus = sum(1 for n in numa_of.values() if n == d.numa) if numa_of else node.gpus
-        if numa_of and sum(d.gpus for d in drafts) != node.gpus:
-            drafts[0].gpus = max(0, drafts[0].gpus + node.gpus - sum(d.gpus for d in drafts))
+            d.gpus = sum(1 for n in numa_of.values() if n == d.numa) if numa_of else whole
+        if numa_of and sum(d.gpus for d in drafts) != whole:
+            drafts[0].gpus = max(0, drafts[0].gpus + whole - sum(d.gpus for d in drafts))
         drafts[0].mig = dict(node.mig)
         _spread(drafts, used_cpu, used_mem, used_gpus)
     if policy not in TOPOLOGY_POLICIES:
         raise TranslateError(f"{where}: unknown Topology Manager policy {policy!r}")
-    mig_gpus = max(0, node.gpu_count_label - node.gpus) if node.mig else 0
+    whole_gpus = shares.gpus if shares else node.gpus
+    mig_gpus = max(0, node.gpu_count_label - whole_gpus) if node.mig else 0
     mig_zones = sum(1 for d in drafts if any(d.mig.values()))
+    ordered = sorted(drafts, key=lambda d: d.numa)
+    laid: list[sharing.SharedGpu] = []
+    notes: list[str] = []
+    if shares:
+        laid, notes = sharing.layout(
+            shares, [(d.numa, max(d.gpus, 0)) for d in ordered], live, policy
+        )
+    model = sharing.gpu_model(node, shares)
     zones = []
     gid = 0
-    for d in sorted(drafts, key=lambda d: d.numa):
+    k = 0
+    for d in ordered:
         gpus = []
         for j in range(max(d.gpus, 0)):
-            gpus.append(Gpu(gid, 1000 if j < d.gpus_used else 0))
+            if shares:
+                g = laid[k]
+                k += 1
+                gpus.append(Gpu(gid, g.used, tuple(sorted(g.holders.items()))))
+            else:
+                gpus.append(Gpu(gid, 1000 if j < d.gpus_used else 0))
             gid += 1
         migs = []
         if any(d.mig.values()):
-            if not node.gpu_model:
+            if not model:
                 raise TranslateError(f"{where}: MIG resources but no nvidia.com/gpu.product label")
             # the node's MIG GPUs, shared out over the zones that have MIG instances
             per_zone = max(1, -(-mig_gpus // max(1, mig_zones)))
             try:
-                layouts = mig.pack(node.gpu_model, sorted(d.mig.items()), per_zone)
+                layouts = mig.pack(model, sorted(d.mig.items()), per_zone)
             except ValueError as e:
                 raise TranslateError(f"{where}: {e}") from None
             for layout in layouts:
@@ -185,10 +215,39 @@ def node_from_records(
         )
     return Node(
         name=node.name,
-        gpu_model=node.gpu_model,
+        gpu_model=model,
         topology_policy=cast(PolicyName, policy),
         zones=tuple(zones),
+        gpu_pool=shares.pool if shares else "",
+        gpu_replicas=shares.replicas if shares else 1,
+        gpu_memory_mib=shares.memory_mib if shares else 0,
+        sharing=shares.describe(any("attributed" in n for n in notes))
+        + "".join(f"; {n}" for n in notes)
+        if shares
+        else "",
     )
+
+
+def _shared_zone_gpus(drafts: list[_Draft], nrt: NrtRecord, shares: sharing.Plan) -> None:
+    """Physical GPUs per zone on a node that shares them: HAMi's devices by their NUMA node;
+    replicas per zone (NodeResourceTopology) divided by the replicas per GPU; otherwise all in
+    the first zone. Their usage comes from `sharing.layout`."""
+    numas = [d.numa for d in drafts]
+    per = dict.fromkeys(numas, 0)
+    if shares.devices:
+        for dev in shares.devices:
+            per[sharing.zone_of_device(dev, numas)] += 1
+    else:
+        n = shares.replicas
+        for z in nrt.zones:
+            if z.numa in per:
+                per[z.numa] = (z.shared if shares.pool else z.gpus) // n
+        if sum(per.values()) != shares.gpus:
+            per = dict.fromkeys(numas, 0)
+            per[numas[0]] = shares.gpus
+    for d in drafts:
+        d.gpus = per[d.numa]
+        d.gpus_used = 0
 
 
 def attribute_pods(
@@ -196,11 +255,21 @@ def attribute_pods(
 ) -> dict[str, dict[str, list[object] | object]]:
     """Where each pod sits on `node`, as a core assignment (zone positions, GPU positions, MIG
     instance). Kubernetes shows per-zone usage (NodeResourceTopology) but not which pod holds which
-    device, so pods are attributed in order: a MIG pod to the instance translate gave it, a GPU pod
-    to the next used GPUs, zone by zone, and its CPU and memory to the zones with used CPU and
-    memory left, its GPUs' zone first. The amounts always add up to the node's usage."""
+    device, so pods are attributed in order: a MIG pod to the instance translate gave it, a pod
+    holding shares of shared GPUs to those shares, a GPU pod to the next used GPUs, zone by
+    zone, and its CPU and memory to the zones with used CPU and memory left, its GPUs' zone
+    first. The amounts always add up to the node's usage."""
+    # shared GPUs say who holds them; whole GPUs are handed out in order
+    held: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+    for zi, z in enumerate(node.zones):
+        for gi, g in enumerate(z.gpus):
+            for pod, milli in g.holders:
+                held[pod].append((zi, gi, milli))
     used_gpus = [
-        (zi, gi) for zi, z in enumerate(node.zones) for gi, g in enumerate(z.gpus) if g.used_milli
+        (zi, gi)
+        for zi, z in enumerate(node.zones)
+        for gi, g in enumerate(z.gpus)
+        if g.used_milli and not node.sharing
     ]
     cpu_left = [z.cpu_milli_used for z in node.zones]
     mem_left = [z.memory_mib_used for z in node.zones]
@@ -212,8 +281,11 @@ def attribute_pods(
                     mig_of[inst.pod] = (zi, mi, ii)
     out: dict[str, dict[str, list[object] | object]] = {}
     for p in sorted((p for p in pods if not p.terminated), key=lambda p: p.key):
-        gpus = [(zi, gi, 1000) for zi, gi in used_gpus[: p.gpus]]
-        used_gpus = used_gpus[p.gpus :]
+        if p.key in held:
+            gpus = held[p.key]
+        else:
+            gpus = [(zi, gi, 1000) for zi, gi in used_gpus[: p.gpus]]
+            used_gpus = used_gpus[p.gpus :]
         mig = mig_of.get(p.key)
         home = gpus[0][0] if gpus else (mig[0] if mig else 0)
         order = [home] + [i for i in range(len(node.zones)) if i != home]

@@ -61,7 +61,9 @@ impl Default for CompactionLimits {
     }
 }
 
-fn shape_key(s: &Shape) -> (u64, u64, u32, u32, Option<String>, Vec<String>) {
+type ShapeKey = (u64, u64, u32, u32, Option<String>, Vec<String>, String, u64);
+
+fn shape_key(s: &Shape) -> ShapeKey {
     (
         s.cpu_milli,
         s.memory_mib,
@@ -69,11 +71,12 @@ fn shape_key(s: &Shape) -> (u64, u64, u32, u32, Option<String>, Vec<String>) {
         s.gpu_milli,
         s.mig_profile.clone(),
         s.gpu_models.clone(),
+        s.gpu_pool.clone(),
+        s.gpu_memory_mib,
     )
 }
 
-type PlaceCache =
-    HashMap<(usize, (u64, u64, u32, u32, Option<String>, Vec<String>)), Option<(f64, Assignment)>>;
+type PlaceCache = HashMap<(usize, ShapeKey), Option<(f64, Assignment)>>;
 
 /// Plans up to `limits.max_moves` moves, greedily the best first, on a copy of `cluster`.
 pub fn plan(
@@ -203,6 +206,8 @@ mod tests {
             mig_profile: None,
             gpu_models: vec![],
             weight: 1.0,
+            gpu_pool: String::new(),
+            gpu_memory_mib: 0,
         }
     }
 
@@ -242,10 +247,14 @@ mod tests {
         let shapes = vec![
             Shape {
                 weight: 0.5,
+                gpu_pool: String::new(),
+                gpu_memory_mib: 0,
                 ..four.clone()
             },
             Shape {
                 weight: 0.5,
+                gpu_pool: String::new(),
+                gpu_memory_mib: 0,
                 ..one_gpu()
             },
         ];

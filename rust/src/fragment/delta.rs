@@ -3,7 +3,9 @@
 //! `delta = F_n(M) after - F_n(M) before` (negative: the change reduces fragmentation).
 
 use super::model::{Node, GPU_MILLI};
-use super::score::{admission, device_view, mig_need, score_node, MigNeed, RecoverMemo};
+use super::score::{
+    admission, allows_node, device_view, mig_need, on_node, score_node, MigNeed, RecoverMemo,
+};
 use super::workload::Shape;
 use crate::error::{CoreError, CoreResult};
 use crate::topology::Policy;
@@ -167,6 +169,7 @@ fn candidate_sets(node: &Node, shape: &Shape, need: MigNeed, usable: u64) -> Vec
 }
 
 fn candidates(node: &Node, shape: &Shape) -> Vec<Assignment> {
+    let shape = &*on_node(shape, node);
     let zones = node.zones.len();
     let cpu_free: Vec<u64> = node.zones.iter().map(|z| z.cpu_free).collect();
     let mem_free: Vec<u64> = node.zones.iter().map(|z| z.memory_free).collect();
@@ -214,7 +217,7 @@ fn candidates(node: &Node, shape: &Shape) -> Vec<Assignment> {
             })
             .unwrap_or_default();
     }
-    if !shape.allows_model(&node.gpu_model) {
+    if !allows_node(shape, node) {
         return Vec::new();
     }
     let need = mig_need(node, shape);

@@ -27,6 +27,19 @@ fn strings(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Vec<String>> {
     string_list(&item(d, key, "columns")?, || key.to_string())
 }
 
+/// A column that may be left out (then empty: the core's defaults).
+fn optional<T>(
+    d: &Bound<'_, PyDict>,
+    key: &str,
+    read: fn(&Bound<'_, PyDict>, &str) -> PyResult<Vec<T>>,
+) -> PyResult<Vec<T>> {
+    if d.contains(key)? {
+        read(d, key)
+    } else {
+        Ok(Vec::new())
+    }
+}
+
 fn bools(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Vec<bool>> {
     sequence(&item(d, key, "columns")?, || key.to_string())?
         .iter()
@@ -66,6 +79,11 @@ fn read_shape(obj: &Bound<'_, PyAny>, prefix: &str) -> PyResult<Shape> {
         Some(v) if !v.is_none() => string_list(&v, || f("gpu_models"))?,
         _ => Vec::new(),
     };
+    let gpu_pool = match d.get_item(intern!(py, "gpu_pool"))? {
+        Some(v) if !v.is_none() => string(&v, || f("gpu_pool"))?,
+        _ => String::new(),
+    };
+    let gpu_memory_mib = num(intern!(py, "gpu_memory_mib"), "gpu_memory_mib")?;
     let weight: f64 = match d.get_item(intern!(py, "weight"))? {
         None => return Err(field_error(&f("weight"), "missing")),
         Some(v) => v.extract::<f64>().map_err(|_| {
@@ -83,6 +101,8 @@ fn read_shape(obj: &Bound<'_, PyAny>, prefix: &str) -> PyResult<Shape> {
         mig_profile,
         gpu_models,
         weight,
+        gpu_pool,
+        gpu_memory_mib,
     })
 }
 
@@ -224,6 +244,9 @@ impl PyFragmentModel {
             instance_profiles: strings(columns, "instance_profiles")?,
             instance_starts: ints(columns, "instance_starts")?,
             instance_used: bools(columns, "instance_used")?,
+            node_gpu_pools: optional(columns, "node_gpu_pools", strings)?,
+            node_gpu_replicas: optional(columns, "node_gpu_replicas", ints)?,
+            node_gpu_memory_mib: optional(columns, "node_gpu_memory_mib", ints)?,
         };
         let cluster = Cluster::from_columns(&c).map_err(value_error)?;
         Ok(Self { cluster })

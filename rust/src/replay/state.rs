@@ -332,6 +332,8 @@ mod tests {
                 mig_profile: None,
                 gpu_models: vec![],
                 weight: 0.3,
+                gpu_pool: String::new(),
+                gpu_memory_mib: 0,
             },
             Shape {
                 cpu_milli: 8000,
@@ -341,6 +343,8 @@ mod tests {
                 mig_profile: None,
                 gpu_models: vec![],
                 weight: 0.3,
+                gpu_pool: String::new(),
+                gpu_memory_mib: 0,
             },
             Shape {
                 cpu_milli: 2000,
@@ -350,6 +354,8 @@ mod tests {
                 mig_profile: None,
                 gpu_models: vec![],
                 weight: 0.2,
+                gpu_pool: String::new(),
+                gpu_memory_mib: 0,
             },
             Shape {
                 cpu_milli: 2000,
@@ -359,6 +365,8 @@ mod tests {
                 mig_profile: None,
                 gpu_models: vec!["T4".into()],
                 weight: 0.2,
+                gpu_pool: String::new(),
+                gpu_memory_mib: 0,
             },
         ];
         let ks: Vec<KShape> = shapes
