@@ -31,18 +31,20 @@ def run(args: argparse.Namespace) -> int:
     raw = load_json(args.dump)
     if not is_dump(raw):
         raise UserError(f"{args.dump}: expected a kubectl -o json dump (kind: List)")
-    nodes, pods, nrts, pdbs = records(raw)
+    node_list, pods, nrts, pdbs = records(raw)
+    nodes = {n.name: n for n in node_list}
     live = [p for p in pods if not p.terminated]
     if args.workload:
         workload = load_workload(load_json(args.workload))
     else:
-        shapes = [pod_shape(p) for p in live if not pod_shape(p).is_cpu_only]
+        shapes = [pod_shape(p, nodes.get(p.node)) for p in live]
+        shapes = [s for s in shapes if not s.is_cpu_only]
         if not shapes:
             raise UserError(f"{args.dump}: no GPU pods to derive a workload from; give --workload")
         workload = derive_workload(shapes)
     pending = [pod_shape(p) for p in live if not p.node and p.unschedulable]
     plan = plan_compaction(
-        {n.name: n for n in nodes},
+        nodes,
         {t.name: t for t in nrts},
         live,
         pdbs,

@@ -75,10 +75,16 @@ class PlacementAdvisor:
             workload = self._workload()
             for name in names:
                 if self.delta(name, shape, workload) is None:
-                    policy = self._models[name].topology_policy
+                    node = self._models[name]
+                    if shape.mig_profile is None and node.gpu_pool != shape.gpu_pool:
+                        failed[name] = (
+                            f"pyctl: the pod asks for GPUs of {_pool(shape.gpu_pool)}, the "
+                            f"node shares its GPUs as {_pool(node.gpu_pool)}"
+                        )
+                        continue
                     failed[name] = (
                         f"pyctl: cannot place {_describe(shape)} within the node's free NUMA "
-                        f"resources (Topology Manager policy {policy})"
+                        f"resources (Topology Manager policy {node.topology_policy})"
                     )
         return failed
 
@@ -134,4 +140,11 @@ def idle_units(node: Node, shape: Shape) -> float:
 def _describe(s: Shape) -> str:
     if s.mig_profile:
         return f"one MIG {s.mig_profile} instance"
+    if s.gpu_milli == 0 and s.gpus:
+        return f"{s.gpus} replica{'s' if s.gpus != 1 else ''} of {_pool(s.gpu_pool)}"
     return f"{s.gpus} GPU{'s' if s.gpus != 1 else ''}"
+
+
+def _pool(pool: str) -> str:
+    """A GPU sharing pool by name (docs/sharing.md)."""
+    return {"": "nvidia.com/gpu", "hami": "HAMi"}.get(pool, pool)

@@ -82,7 +82,10 @@ class Reconciler:
             return False
         # GPU and MIG pods only: a CPU-only shape would count every idle GPU as fragment (FGD's
         # definition), which says nothing about GPU placement on a mixed pool
-        shapes = [pod_shape(p) for p in self.cache.pods.values() if not p.terminated]
+        nodes = self.cache.nodes
+        shapes = [
+            pod_shape(p, nodes.get(p.node)) for p in self.cache.pods.values() if not p.terminated
+        ]
         shapes = [s for s in shapes if not s.is_cpu_only]
         if not shapes:
             return False

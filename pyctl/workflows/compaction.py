@@ -78,7 +78,11 @@ def plan_compaction(
     index = {n: i for i, n in enumerate(names)}
     placed = [p for p in movable if p.key in where]
     items = [
-        {"node": index[p.node], "assignment": where[p.key], "shape": shape_dict(pod_shape(p))}
+        {
+            "node": index[p.node],
+            "assignment": where[p.key],
+            "shape": shape_dict(pod_shape(p, nodes[p.node])),
+        }
         for p in placed
     ]
     raw = model._core.plan_compaction(items, [shape_dict(s) for s in shapes], max_moves)

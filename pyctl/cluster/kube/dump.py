@@ -82,5 +82,6 @@ def snapshot_from_dump(data: Mapping[str, Any]) -> Snapshot:
 
 def pod_shapes(data: Mapping[str, Any]) -> list[Shape]:
     """The task shapes of every pod in a dump that has not terminated (for deriving M)."""
-    _, pods, _ = _records(data)
-    return [pod_shape(p) for p in pods if not p.terminated]
+    nodes, pods, _ = _records(data)
+    by_name = {n.name: n for n in nodes}
+    return [pod_shape(p, by_name.get(p.node)) for p in pods if not p.terminated]
