@@ -184,6 +184,7 @@ class Reconciler:
             model = self.models[name].gpu_model or "unknown"
             i, f = by_model.get(model, (0.0, 0.0))
             by_model[model] = (i + s.idle_gpu_milli, f + s.fragment_gpu_milli)
+        shared = [g for n in self.models.values() if n.sharing for z in n.zones for g in z.gpus]
         worst = sorted(
             ((s.name, s.idle_gpu_milli, s.fragment_gpu_milli) for s in scores),
             key=lambda t: (-t[2], t[0]),
@@ -202,6 +203,9 @@ class Reconciler:
             scheduling_success=self.window.ratio(now),
             worst=worst,
             by_model=by_model,
+            shared_gpus=len(shared),
+            shared_used_milli=float(sum(g.used_milli for g in shared)),
+            shared_pods=len({pod for g in shared for pod, _ in g.holders}),
         )
         self._export(summ)
         return summ
