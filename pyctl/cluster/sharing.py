@@ -9,6 +9,10 @@ to it, each physical GPU's used share (milli-GPU) and which pod holds how much o
   `distributed` policy; ties: the GPU this pod took fewest from, then the lowest index), among
   the GPUs of the NUMA zones the kubelet's Topology Manager would align the request to (the
   narrowest set of zones with enough free replicas, lowest first; none under policy `none`).
+  Given the previous layout of the node (the controller keeps it), pods already placed stay
+  where they were and only new pods are placed: followed live, the attribution is the device
+  plugin's own; from a snapshot alone (a kubectl dump) the pods present are replayed in order of
+  creation, which differs from the device plugin's history when pods have come and gone.
 - HAMi: exact, from `hami.io/vgpu-devices-allocated`. A pod's share of a device is the larger of
   its memory fraction (usedmem / devmem) and its core fraction (usedcores / devcore), at least
   1 milli; a device is full when it holds `count` (deviceSplitCount) tasks. When the shares on a
@@ -125,6 +129,8 @@ def zone_of_device(d: HamiDevice, zones: Sequence[int]) -> int:
 
 @dataclass
 class SharedGpu:
+    #: HAMi: the device's index (nvidia-smi's); -1: none
+    id: int = -1
     used: int = 0
     holders: dict[str, int] = field(default_factory=dict)
     #: time-slicing: replicas allocated; HAMi: tasks, memory, cores
@@ -148,10 +154,16 @@ def _replicas_asked(p: PodRecord, pl: Plan) -> int:
 
 
 def layout(
-    pl: Plan, zones: Sequence[tuple[int, int]], pods: Iterable[PodRecord], policy: str
+    pl: Plan,
+    zones: Sequence[tuple[int, int]],
+    pods: Iterable[PodRecord],
+    policy: str,
+    previous: Sequence[Sequence[tuple[str, int]]] | None = None,
 ) -> tuple[list[SharedGpu], list[str]]:
     """Each physical GPU's share, in the order GPUs are numbered on the node (zone by zone;
-    `zones` is (NUMA id, GPUs) in that order), and notes on what did not fit."""
+    `zones` is (NUMA id, GPUs) in that order), and notes on what did not fit. `previous`: the
+    holders of each GPU in the node's previous layout (replicas only: pods placed there keep
+    their GPUs)."""
     gpus = [SharedGpu() for _ in range(sum(n for _, n in zones))]
     zone_of = [numa for numa, n in zones for _ in range(n)]
     live = sorted(
@@ -160,10 +172,44 @@ def layout(
     )
     notes: list[str] = []
     if pl.kind == HAMI:
-        _hami(pl, gpus, zone_of, live, notes)
+        numas = [numa for numa, _ in zones]
+        devices = sorted(pl.devices, key=lambda d: (numas.index(zone_of_device(d, numas)), d.index))
+        for g, d in zip(gpus, devices, strict=False):
+            g.id = d.index
+        _hami(devices, gpus, live, notes)
     else:
+        if previous is not None and len(previous) == len(gpus):
+            live = _keep(pl, gpus, live, previous)
         _replicas(pl, gpus, zone_of, live, policy, notes)
     return gpus, notes
+
+
+def _keep(
+    pl: Plan,
+    gpus: list[SharedGpu],
+    pods: list[PodRecord],
+    previous: Sequence[Sequence[tuple[str, int]]],
+) -> list[PodRecord]:
+    """Pods of the previous layout keep their replicas (if they still ask as many and they still
+    fit); the others are returned, to be placed."""
+    where: dict[str, dict[int, int]] = {}
+    for i, holders in enumerate(previous):
+        for pod, milli in holders:
+            where.setdefault(pod, {})[i] = milli // pl.unit
+    rest = []
+    for p in pods:
+        got = where.get(p.key)
+        if (
+            got is None
+            or sum(got.values()) != _replicas_asked(p, pl)
+            or any(gpus[i].replicas + k > pl.replicas for i, k in got.items())
+        ):
+            rest.append(p)
+            continue
+        for i, k in got.items():
+            gpus[i].replicas += k
+            gpus[i].holders[p.key] = k * pl.unit
+    return rest
 
 
 def _replicas(
@@ -193,7 +239,7 @@ def _replicas(
         for i, c in picked.items():
             gpus[i].holders[p.key] = gpus[i].holders.get(p.key, 0) + c * unit
     for g in gpus:
-        g.used = GPU_MILLI - (n - g.replicas) * unit
+        g.used = GPU_MILLI - (n - min(g.replicas, n)) * unit
     if left:
         notes.append(f"{left} replicas asked for beyond the {n} per GPU")
 
@@ -221,9 +267,11 @@ def _share(mem: int, cores: int, d: HamiDevice) -> int:
 
 
 def _hami(
-    pl: Plan, gpus: list[SharedGpu], zone_of: list[int], pods: list[PodRecord], notes: list[str]
+    devices: Sequence[HamiDevice], gpus: list[SharedGpu], pods: list[PodRecord], notes: list[str]
 ) -> None:
-    index = {d.uuid: i for i, d in enumerate(pl.devices)}
+    """`devices` in the order of `gpus`."""
+    memory_mib = min((d.memory_mib for d in devices if d.memory_mib), default=0)
+    index = {d.uuid: i for i, d in enumerate(devices)}
     guessed = unknown = 0
     for p in pods:
         s = p.sharing
@@ -235,18 +283,18 @@ def _hami(
                     continue
                 g = gpus[i]
                 g.holders[p.key] = g.holders.get(p.key, 0) + _share(
-                    h.memory_mib, h.cores, pl.devices[i]
+                    h.memory_mib, h.cores, devices[i]
                 )
                 g.tasks += h.slots
             continue
         # no annotation: the device(s) with the most free share
         guessed += 1
-        want = _request_share(p, pl.memory_mib)
+        want = _request_share(p, memory_mib)
         for _ in range(max(1, p.gpus)):
             free = [
                 i
                 for i, g in enumerate(gpus)
-                if p.key not in g.holders and g.tasks < (pl.devices[i].split or 1)
+                if p.key not in g.holders and g.tasks < (devices[i].split or 1)
             ]
             if not free:
                 break
@@ -258,7 +306,7 @@ def _hami(
         if total > GPU_MILLI:
             g.holders = _scale(g.holders, GPU_MILLI)
             total = GPU_MILLI
-        full = g.tasks >= (pl.devices[i].split or 1)
+        full = g.tasks >= (devices[i].split or 1)
         g.used = GPU_MILLI if full else total
     if guessed:
         notes.append(f"{guessed} pods without HAMi's annotation attributed")

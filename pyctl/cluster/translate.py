@@ -107,8 +107,14 @@ def _mig_from_allocatable(drafts: list[_Draft], node: NodeRecord) -> None:
 
 
 def node_from_records(
-    node: NodeRecord, nrt: NrtRecord | None, pods: Iterable[PodRecord], default_policy: str = "none"
+    node: NodeRecord,
+    nrt: NrtRecord | None,
+    pods: Iterable[PodRecord],
+    default_policy: str = "none",
+    previous: Node | None = None,
 ) -> Node:
+    """The model of one node. `previous`, its last model: replicas of shared GPUs already
+    attributed stay where they were (docs/sharing.md)."""
     where = f"node {node.name}"
     live = [p for p in pods if not p.terminated]
     used_cpu = sum(p.cpu_milli for p in live)
@@ -167,10 +173,17 @@ def node_from_records(
     laid: list[sharing.SharedGpu] = []
     notes: list[str] = []
     if shares:
+        before = None
+        if previous is not None and previous.gpu_replicas == shares.replicas:
+            before = [g.holders for z in previous.zones for g in z.gpus]
         laid, notes = sharing.layout(
-            shares, [(d.numa, max(d.gpus, 0)) for d in ordered], live, policy
+            shares, [(d.numa, max(d.gpus, 0)) for d in ordered], live, policy, before
         )
     model = sharing.gpu_model(node, shares)
+    # HAMi's GPUs keep their device index as id (unless MIG GPUs share the numbering)
+    hami_ids = [g.id for g in laid]
+    use_ids = bool(laid) and min(hami_ids) >= 0 and len(set(hami_ids)) == len(hami_ids)
+    use_ids = use_ids and not node.mig
     zones = []
     gid = 0
     k = 0
@@ -180,7 +193,7 @@ def node_from_records(
             if shares:
                 g = laid[k]
                 k += 1
-                gpus.append(Gpu(gid, g.used, tuple(sorted(g.holders.items()))))
+                gpus.append(Gpu(g.id if use_ids else gid, g.used, tuple(sorted(g.holders.items()))))
             else:
                 gpus.append(Gpu(gid, 1000 if j < d.gpus_used else 0))
             gid += 1

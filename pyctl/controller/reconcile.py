@@ -114,7 +114,12 @@ class Reconciler:
             return
         try:
             node = node_from_records(
-                rec, self.cache.nrts.get(name), self.cache.pods_on(name), self.default_policy
+                rec,
+                self.cache.nrts.get(name),
+                self.cache.pods_on(name),
+                self.default_policy,
+                # shared GPUs: replicas stay on the GPUs they were attributed to
+                self.models.get(name),
             )
             score = FragmentationModel(Snapshot((node,))).score(self.workload).nodes[0]
         except (TranslateError, ValueError) as e:

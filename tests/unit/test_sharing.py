@@ -515,3 +515,40 @@ def test_replicas_beyond_the_core_limit_are_refused_by_the_reader() -> None:
     pl = sharing.plan(node)
     assert pl is not None
     assert pl.unit == 1
+
+
+def test_followed_live_replicas_stay_where_the_device_plugin_put_them() -> None:
+    """4 GPUs x 4 replicas: a, b, c, d, e go to GPUs 0, 1, 2, 3, 0. b leaves and f comes: the
+    device plugin gives f GPU 1 (fewest allocated). With the node's previous layout pyctl keeps
+    a, c, d, e where they were and puts f on GPU 1 too; from the pods alone (a dump) it replays
+    a, c, d, e, f in creation order: a 0, c 1, d 2, e 3, f 0."""
+    node = NodeRecord(
+        "n", cpu_milli=32000, gpu_count_label=4, sharing=NodeSharing("time-slicing", 4, shared=16)
+    )
+
+    def shared(name: str, t: float) -> PodRecord:
+        return _pod(name, "n", t, sharing=PodSharing(shared=1))
+
+    first = [shared(x, i) for i, x in enumerate("abcde")]
+    before = node_from_records(node, None, first)
+    assert [dict(g.holders) for z in before.zones for g in z.gpus] == [
+        {"ns/a": 250, "ns/e": 250},
+        {"ns/b": 250},
+        {"ns/c": 250},
+        {"ns/d": 250},
+    ]
+    now = [p for p in first if p.name != "b"] + [shared("f", 9)]
+    live = node_from_records(node, None, now, previous=before)
+    assert [dict(g.holders) for z in live.zones for g in z.gpus] == [
+        {"ns/a": 250, "ns/e": 250},
+        {"ns/f": 250},
+        {"ns/c": 250},
+        {"ns/d": 250},
+    ]
+    replayed = node_from_records(node, None, now)
+    assert [dict(g.holders) for z in replayed.zones for g in z.gpus] == [
+        {"ns/a": 250, "ns/f": 250},
+        {"ns/c": 250},
+        {"ns/d": 250},
+        {"ns/e": 250},
+    ]
