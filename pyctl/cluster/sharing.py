@@ -13,12 +13,13 @@ to it, each physical GPU's used share (milli-GPU) and which pod holds how much o
   where they were and only new pods are placed: followed live, the attribution is the device
   plugin's own; from a snapshot alone (a kubectl dump) the pods present are replayed in order of
   creation, which differs from the device plugin's history when pods have come and gone.
-- HAMi: exact, from `hami.io/vgpu-devices-allocated`. A pod's share of a device is the larger of
-  its memory fraction (usedmem / devmem) and its core fraction (usedcores / devcore), at least
-  1 milli; a device is full when it holds `count` (deviceSplitCount) tasks. When the shares on a
-  device add up to more than a whole GPU (HAMi packs a memory-bound and a compute-bound pod
-  together), they are scaled down to fill it exactly. A HAMi pod without the annotation is
-  attributed to the device with the most free share.
+- HAMi: exact, from `hami.io/vgpu-devices-allocated`. A device's used share is the larger of
+  the fraction of its memory in use (sum of usedmem / devmem) and of its cores (sum of
+  usedcores / devcore), rounded up; a device is full when it holds `count` (deviceSplitCount)
+  tasks. A pod holds the larger of its own memory and core fractions (at least 1 milli), scaled
+  down (largest remainder) when the holdings add up to more than the device's used share (pods
+  bound by different resources share a device). A HAMi pod without the annotation is attributed
+  to the device with the most free share.
 """
 
 from __future__ import annotations
@@ -269,9 +270,14 @@ def _share(mem: int, cores: int, d: HamiDevice) -> int:
 def _hami(
     devices: Sequence[HamiDevice], gpus: list[SharedGpu], pods: list[PodRecord], notes: list[str]
 ) -> None:
-    """`devices` in the order of `gpus`."""
+    """`devices` in the order of `gpus`. A device's used share is the larger of its memory and
+    core fractions in use (as HAMi checks both); each pod holds its own larger fraction, scaled
+    down when the holdings add up to more than the device's used share."""
     memory_mib = min((d.memory_mib for d in devices if d.memory_mib), default=0)
     index = {d.uuid: i for i, d in enumerate(devices)}
+    mem = [0] * len(gpus)
+    cores = [0] * len(gpus)
+    extra = [0] * len(gpus)
     guessed = unknown = 0
     for p in pods:
         s = p.sharing
@@ -286,6 +292,8 @@ def _hami(
                     h.memory_mib, h.cores, devices[i]
                 )
                 g.tasks += h.slots
+                mem[i] += h.memory_mib
+                cores[i] += h.cores
             continue
         # no annotation: the device(s) with the most free share
         guessed += 1
@@ -301,13 +309,17 @@ def _hami(
             i = min(free, key=lambda i: (sum(gpus[i].holders.values()), i))
             gpus[i].holders[p.key] = want
             gpus[i].tasks += 1
+            extra[i] += want
     for i, g in enumerate(gpus):
-        total = sum(g.holders.values())
-        if total > GPU_MILLI:
-            g.holders = _scale(g.holders, GPU_MILLI)
-            total = GPU_MILLI
-        full = g.tasks >= (devices[i].split or 1)
-        g.used = GPU_MILLI if full else total
+        if not g.holders:
+            continue
+        d = devices[i]
+        by_mem = math.ceil(GPU_MILLI * mem[i] / d.memory_mib) if d.memory_mib else 0
+        by_cores = math.ceil(GPU_MILLI * cores[i] / (d.cores or 100))
+        used = min(GPU_MILLI, max(by_mem, by_cores, 1) + extra[i])
+        if sum(g.holders.values()) > used:
+            g.holders = _scale(g.holders, used)
+        g.used = GPU_MILLI if g.tasks >= (d.split or 1) else used
     if guessed:
         notes.append(f"{guessed} pods without HAMi's annotation attributed")
     if unknown:

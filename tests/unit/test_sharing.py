@@ -138,42 +138,42 @@ def test_score_mps(capsys: pytest.CaptureFixture[str]) -> None:
 def test_score_hami(capsys: pytest.CaptureFixture[str]) -> None:
     """hami-a100-0: two A100-80GB registered by HAMi v2.8+ (JSON; devmem 81920, devcore 100,
     count 10), GPU 0 on NUMA 0, GPU 1 on NUMA 1. From hami.io/vgpu-devices-allocated:
-    qwen 20000 MiB / 30 cores on GPU 0: max(ceil(1000 x 20000 / 81920) = 245, 300) = 300;
-    sd-xl 40960 MiB (50 %) / 0 cores: 500; whisper 10000 MiB / 10 cores on GPU 1: max(123,
-    100) = 123; rag, two containers of 8000 MiB / 20 cores on GPU 1, collapsed to 16000 / 40:
-    max(196, 400) = 400. Used 800 and 523; idle 200 + 477 = 677.
+    GPU 0: qwen 20000 MiB / 30 cores, sd-xl 49152 MiB (60 %) / 0 cores: memory 69152 / 81920
+    = 844.1 -> 845 milli, cores 300: used 845. Holdings: qwen max(ceil(244.1), 300) = 300, sd-xl
+    600, 900 in all, scaled to 845: 281.67 -> 282, 563.33 -> 563.
+    GPU 1: whisper 10000 MiB / 10 cores, rag two containers of 8000 MiB / 20 cores (collapsed:
+    16000 / 40): memory 26000 -> 318, cores 50 -> 500: used 500. Holdings 123 and 400, scaled
+    to 500: 117.6 -> 118, 382.4 -> 382. Idle 155 + 500 = 655.
     hami-a10-1: one A10 registered in HAMi's older format (23028 MiB); ocr 12000 MiB, no core
     limit: ceil(1000 x 12000 / 23028) = 522; idle 478.
     Workload: 20000 MiB of one GPU (0.5: 245 milli of an A100, 869 of an A10), half a GPU
     (0.25), a whole nvidia.com/gpu (0.25, no access to HAMi's GPUs).
-    hami-a100-0: 20000 MiB: GPU 0's 200 free are stranded (0.5 x 200 = 100); half a GPU: no
-    GPU has 500 free: lack_gpu 0.25 x 677 = 169.25; whole GPU: no_access 169.25; 438.5.
+    hami-a100-0: 20000 MiB: GPU 0's 155 free are stranded (0.5 x 155 = 77.5); half a GPU: GPU 1
+    has 500: GPU 0 stranded again (0.25 x 155 = 38.75); whole GPU: no_access 0.25 x 655 =
+    163.75; 280, zone 0 155, zone 1 125.
     hami-a10-1: 869 > 478: lack_gpu 0.5 x 478 = 239; half: lack_gpu 119.5; whole: no_access
-    119.5; 478. Cluster: idle 1155, fragment 916.5."""
+    119.5; 478. Cluster: idle 1133, fragment 758."""
     out = score_json(capsys, "hami.json", "hami-workload.json")
-    assert out["cluster"]["idle_gpu_milli"] == 1155
-    assert out["cluster"]["fragment_gpu_milli"] == 916.5
+    assert out["cluster"]["idle_gpu_milli"] == 1133
+    assert out["cluster"]["fragment_gpu_milli"] == 758
     assert nonzero(out["cluster"]["categories"]) == {
-        "lack_gpu": 169.25 + 358.5,
-        "no_access": 169.25 + 119.5,
-        "stranded": 100,
+        "lack_gpu": 358.5,
+        "no_access": 163.75 + 119.5,
+        "stranded": 116.25,
     }
     nodes = by_name(out)
     a100 = nodes["hami-a100-0"]
-    assert a100["fragment_gpu_milli"] == 438.5
-    assert nonzero(a100["categories"]) == {
-        "lack_gpu": 169.25,
-        "no_access": 169.25,
-        "stranded": 100,
-    }
+    assert (a100["idle_gpu_milli"], a100["fragment_gpu_milli"]) == (655, 280)
+    assert nonzero(a100["categories"]) == {"no_access": 163.75, "stranded": 116.25}
     assert a100["sharing"] == "hami, exact"
-    assert [(z["numa"], z["fragment_gpu_milli"]) for z in a100["zones"]] == [(0, 200), (1, 238.5)]
+    assert [(z["numa"], z["fragment_gpu_milli"]) for z in a100["zones"]] == [(0, 155), (1, 125)]
     assert [(g["numa"], g["used_milli"], g["pods"]) for g in a100["gpus"]] == [
-        (0, 800, {S + "qwen-7b-5c4b3a2d1-v8k2m": 300, S + "sd-xl-6d5c4b3a2-q7w3e": 500}),
-        (1, 523, {S + "rag-8f7e6d5c4-x2c6v": 400, S + "whisper-7e6d5c4b3-n4b8t": 123}),
+        (0, 845, {S + "qwen-7b-5c4b3a2d1-v8k2m": 282, S + "sd-xl-6d5c4b3a2-q7w3e": 563}),
+        (1, 500, {S + "rag-8f7e6d5c4-x2c6v": 382, S + "whisper-7e6d5c4b3-n4b8t": 118}),
     ]
     a10 = nodes["hami-a10-1"]
     assert (a10["idle_gpu_milli"], a10["fragment_gpu_milli"]) == (478, 478)
+    assert nonzero(a10["categories"]) == {"lack_gpu": 358.5, "no_access": 119.5}
     assert a10["gpus"] == [
         {"numa": 0, "id": 0, "used_milli": 522, "pods": {S + "ocr-9a8f7e6d5-m5z1p": 522}}
     ]
@@ -209,13 +209,13 @@ def test_derived_workload_keeps_pools(capsys: pytest.CaptureFixture[str]) -> Non
     }
     assert hami == {
         (1, 300, 20000, "hami"),
-        (1, 1, 40960, "hami"),
+        (1, 1, 49152, "hami"),
         (1, 100, 10000, "hami"),
         (1, 400, 16000, "hami"),  # rag: two containers on one GPU, collapsed
         (1, 1, 12000, "hami"),
     }
     out = score_json(capsys, "hami.json", None)
-    assert out["cluster"]["idle_gpu_milli"] == 1155
+    assert out["cluster"]["idle_gpu_milli"] == 1133
 
 
 # ---- the readers -------------------------------------------------------------------------------
