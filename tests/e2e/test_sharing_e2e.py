@@ -176,6 +176,13 @@ async def test_time_sliced_replicas_are_where_the_device_plugin_puts_them(
             (cond,) = [c for c in p.status.conditions if c.type == "PodScheduled"]
             assert f"Insufficient {SHARED}" in cond.message
             await core.delete_namespaced_pod(big, NS, grace_period_seconds=0)
+            # half a GPU cannot be asked for (the seed's "nvidia.com/gpu: 0.5"): the API server
+            # refuses fractional extended resources
+            half = pod("ts-half", label, sel, [{GPU: "0.5"}])
+            with pytest.raises(client.ApiException) as refused:
+                await core.create_namespaced_pod(NS, body(half))
+            assert refused.value.status == 422
+            assert "must be an integer" in str(refused.value.body)
             # churn: pods go, new ones come; the device plugin fills the freed replicas first,
             # and pyctl, following the cluster, keeps every other replica where it was
             gone = ["ts-002", "ts-005", "ts-011"]
