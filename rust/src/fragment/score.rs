@@ -731,8 +731,9 @@ mod tests {
     fn placing_a_replica_takes_the_nodes_share() {
         let n = node(&[0, 1000], "nvidia.com/gpu.shared", 4, 0);
         let s = shape(1, 0, "nvidia.com/gpu.shared", 0);
-        let d = crate::fragment::delta::place_delta(&n, &s, &[s.clone()], &mut RecoverMemo::new())
-            .unwrap();
+        let shapes = std::slice::from_ref(&s);
+        let d =
+            crate::fragment::delta::place_delta(&n, &s, shapes, &mut RecoverMemo::new()).unwrap();
         assert_eq!(d.assignment.gpus, vec![(0, 0, 250)]);
         let other = shape(1, 0, "", 0);
         assert!(
