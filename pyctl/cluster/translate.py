@@ -282,7 +282,7 @@ def attribute_pods(
         (zi, gi)
         for zi, z in enumerate(node.zones)
         for gi, g in enumerate(z.gpus)
-        if g.used_milli and not node.sharing
+        if g.used_milli and not g.holders and not node.sharing
     ]
     cpu_left = [z.cpu_milli_used for z in node.zones]
     mem_left = [z.memory_mib_used for z in node.zones]

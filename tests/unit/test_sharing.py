@@ -552,3 +552,41 @@ def test_followed_live_replicas_stay_where_the_device_plugin_put_them() -> None:
         {"ns/d": 250},
         {"ns/e": 250},
     ]
+
+
+def test_shared_nodes_round_trip_through_the_snapshot_format() -> None:
+    """pyctl's snapshot format (and the federation summary built on it) keeps pools, replicas,
+    GPU memory and holders; the score is the same from either."""
+    from pyctl.snapshot import load_snapshot, load_workload, snapshot_to_json
+
+    for name in ("time-slicing", "mps", "hami"):
+        snap = snapshot_from_dump(load(f"{name}.json"))
+        back = load_snapshot(json.loads(json.dumps(snapshot_to_json(snap))))
+        assert back == snap
+        w = load_workload(load(f"{name}-workload.json"))
+        a = FragmentationModel(snap).score(w).to_json()
+        b = FragmentationModel(back).score(w).to_json()
+        assert a == b
+
+
+def test_holders_cannot_add_up_to_more_than_the_used_share() -> None:
+    from pyctl.snapshot import SnapshotError, load_snapshot
+
+    bad = {
+        "nodes": [
+            {
+                "name": "n",
+                "gpu_pool": "hami",
+                "zones": [
+                    {"numa": 0, "gpus": [{"id": 0, "used_milli": 300, "pods": {"a/b": 400}}]}
+                ],
+            }
+        ]
+    }
+    with pytest.raises(SnapshotError, match=r"gpus\[id=0\]\.pods: the pods' shares add up"):
+        load_snapshot(bad)
+    bad["nodes"][0]["zones"][0]["gpus"][0]["pods"] = {"a/b": 300}  # type: ignore[index]
+    assert load_snapshot(bad).nodes[0].zones[0].gpus[0].holders == (("a/b", 300),)
+    bad["nodes"][0]["gpu_replicas"] = 0  # type: ignore[index]
+    with pytest.raises(SnapshotError, match=r"gpu_replicas: 0 is outside 1\.\.1000"):
+        load_snapshot(bad)
