@@ -101,7 +101,20 @@ _NODE_KEYS = {
     "memory_manager_policy",
     "zones",
     "labels",
+    "gpu_pool",
+    "gpu_replicas",
+    "gpu_memory_mib",
+    "sharing",
 }
+
+
+def _holders(raw: Any, where: str, used: int) -> tuple[tuple[str, int], ...]:
+    """The pods holding shares of a GPU: {"ns/name": milli}; they add up to at most used."""
+    d = _obj(raw, f"{where}.pods")
+    out = tuple((str(k), _int(d, k, f"{where}.pods", None)) for k in sorted(d))
+    if sum(m for _, m in out) > used:
+        raise SnapshotError(f"{where}.pods: the pods' shares add up to more than used_milli {used}")
+    return out
 
 
 def _zone(raw: Any, node: str, i: int) -> Zone:
@@ -157,12 +170,13 @@ def _gpus(z: Mapping[str, Any], key: str, where: str) -> list[Gpu]:
     for j, g in enumerate(_list(z.get(key, []), f"{where}.{key}")):
         gw = f"{where}.{key}[{j}]"
         g = _obj(g, gw)
-        _known(g, {"id", "used_milli"}, gw)
+        _known(g, {"id", "used_milli", "pods"}, gw)
         gid = _int(g, "id", gw, default=None)
-        used = _int(g, "used_milli", f"{where}.{key}[id={gid}]")
+        gw = f"{where}.{key}[id={gid}]"
+        used = _int(g, "used_milli", gw)
         if used > 1000:
-            raise SnapshotError(f"{where}.{key}[id={gid}].used_milli: {used} is above 1000")
-        gpus.append(Gpu(gid, used))
+            raise SnapshotError(f"{gw}.used_milli: {used} is above 1000")
+        gpus.append(Gpu(gid, used, _holders(g.get("pods", {}), gw, used)))
     return gpus
 
 
@@ -199,7 +213,18 @@ def _node(raw: Any, i: int) -> Node:
             ManagerPolicy, _choice(n, "memory_manager_policy", where, MANAGER_POLICIES, "none")
         ),
         zones=zones,
+        gpu_pool=_str(n, "gpu_pool", where, ""),
+        gpu_replicas=_replicas(n, where),
+        gpu_memory_mib=_int(n, "gpu_memory_mib", where),
+        sharing=_str(n, "sharing", where, ""),
     )
+
+
+def _replicas(n: Mapping[str, Any], where: str) -> int:
+    r = _int(n, "gpu_replicas", where, 1)
+    if not 1 <= r <= 1000:
+        raise SnapshotError(f"{where}.gpu_replicas: {r} is outside 1..1000")
+    return r
 
 
 def load_snapshot(data: Any) -> Snapshot:
@@ -226,6 +251,8 @@ _SHAPE_KEYS = {
     "weight",
     "dra",
     "numa_aligned",
+    "gpu_pool",
+    "gpu_memory_mib",
 }
 
 
@@ -259,6 +286,8 @@ def shape_from_json(raw: Any, where: str, need_weight: bool = True) -> Shape:
         weight=float(weight),
         dra=flags["dra"],
         numa_aligned=flags["numa_aligned"],
+        gpu_pool=_str(s, "gpu_pool", where, ""),
+        gpu_memory_mib=_int(s, "gpu_memory_mib", where),
     )
 
 
@@ -283,6 +312,7 @@ def snapshot_to_json(s: Snapshot) -> dict[str, Any]:
                 "topology_policy": n.topology_policy,
                 "cpu_manager_policy": n.cpu_manager_policy,
                 "memory_manager_policy": n.memory_manager_policy,
+                **_sharing_to_json(n),
                 "zones": [
                     {
                         "numa": z.numa,
@@ -290,7 +320,11 @@ def snapshot_to_json(s: Snapshot) -> dict[str, Any]:
                         "cpu_milli_used": z.cpu_milli_used,
                         "memory_mib": z.memory_mib,
                         "memory_mib_used": z.memory_mib_used,
-                        "gpus": [{"id": g.id, "used_milli": g.used_milli} for g in z.gpus],
+                        "gpus": [
+                            {"id": g.id, "used_milli": g.used_milli}
+                            | ({"pods": dict(g.holders)} if g.holders else {})
+                            for g in z.gpus
+                        ],
                         "mig": [
                             {
                                 "gpu": m.gpu,
@@ -317,6 +351,19 @@ def snapshot_to_json(s: Snapshot) -> dict[str, Any]:
             for n in s.nodes
         ]
     }
+
+
+def _sharing_to_json(n: Node) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if n.gpu_pool:
+        out["gpu_pool"] = n.gpu_pool
+    if n.gpu_replicas != 1:
+        out["gpu_replicas"] = n.gpu_replicas
+    if n.gpu_memory_mib:
+        out["gpu_memory_mib"] = n.gpu_memory_mib
+    if n.sharing:
+        out["sharing"] = n.sharing
+    return out
 
 
 # ---- the MIG planner's demand (`pyctl mig plan --demand`) ------------------------------------

@@ -85,6 +85,14 @@ def render(
         f"idle, {s.fragment_mig_slices:.1f} fragment, "
         f"{s.recoverable_mig_slices:.0f} recoverable by re-partitioning",
     )
+    if s.shared_gpus:
+        t.add_row(
+            "shared GPUs",
+            _bar(s.shared_used_milli / (1000 * s.shared_gpus), 20),
+            f"{s.shared_used_milli / 1000:6.1f}",
+            f"of {s.shared_gpus} shared GPUs in use, by {s.shared_pods} pods "
+            "(time-slicing, MPS, HAMi)",
+        )
     blocked = (
         ", ".join(f"{k} {v}" for k, v in sorted(s.blocked.items(), key=lambda kv: -kv[1])) or "none"
     )

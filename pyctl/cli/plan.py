@@ -80,11 +80,12 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--max-moves must be 0..1000 and --rescue-depth 0..8")
     nodes, pods, nrts, pdbs = records(raw)
     dra = dra_context(raw)
+    by_name = {n.name: n for n in nodes}
     live = [p for p in pods if not p.terminated]
     if args.workload:
         workload = load_workload(load_json(args.workload))
     else:
-        got = [shape_of(p, dra) for p in live]
+        got = [shape_of(p, dra, by_name.get(p.node)) for p in live]
         shapes = [s for s in got if s is not None and not s.is_cpu_only]
         if not shapes:
             raise UserError(f"{args.dump}: no GPU pods to derive a workload from; give --workload")

@@ -133,6 +133,10 @@ def print_table(result: ClusterScore, top: int) -> None:
             mig,
         )
     console.print(t)
+    for n in worst_nodes(result, top):
+        if n.sharing:
+            gpus = " ".join(f"{gid}:{used}" for _, gid, used, _ in n.shares)
+            console.print(f"{n.name}: shared GPUs ({n.sharing}); used milli per GPU {gpus}")
     cats = ", ".join(
         f"{c} {result.categories[c]:.0f}" for c in CATEGORIES if result.categories[c] > 0.5
     )

@@ -40,6 +40,7 @@ from functools import lru_cache
 from typing import Any, Final
 
 from pyctl.cluster import dra_cel
+from pyctl.cluster import quantity as q
 from pyctl.cluster.dra_records import (
     Attr,
     ClaimRecord,
@@ -52,7 +53,6 @@ from pyctl.cluster.dra_records import (
     Request,
     SliceRecord,
 )
-from pyctl.cluster import quantity as q
 
 NVIDIA_DRIVER: Final = "gpu.nvidia.com"
 #: drivers whose devices pyctl models as GPUs

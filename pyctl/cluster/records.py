@@ -107,6 +107,40 @@ class Constraints(msgspec.Struct, frozen=True, array_like=True, omit_defaults=Tr
     spread: tuple[Spread, ...] = ()
 
 
+class HamiDevice(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+    """One GPU as HAMi's device plugin registers it (node annotation
+    ``hami.io/node-nvidia-register``)."""
+
+    uuid: str
+    index: int = 0
+    #: deviceSplitCount: the most tasks it may hold at once
+    split: int = 0
+    memory_mib: int = 0
+    #: devcore: 100, or scaled by deviceCoreScaling
+    cores: int = 0
+    type: str = ""
+    numa: int = 0
+    healthy: bool = True
+    #: hami-core, mps or mig
+    mode: str = ""
+
+
+class NodeSharing(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+    """How a node's whole GPUs are shared, as the NVIDIA device plugin (with GPU Feature
+    Discovery's labels) or HAMi show it. docs/sharing.md."""
+
+    #: GFD ``nvidia.com/gpu.sharing-strategy``: time-slicing, mps or none ("" if absent)
+    strategy: str = ""
+    #: GFD ``nvidia.com/gpu.replicas``: replicas per GPU (0 or 1: not replicated)
+    replicas: int = 0
+    #: allocatable ``nvidia.com/gpu.shared`` (replicas renamed by renameByDefault)
+    shared: int = 0
+    #: GFD ``nvidia.com/gpu.memory``: MiB per GPU
+    gpu_memory_mib: int = 0
+    #: the GPUs HAMi registered
+    hami: tuple[HamiDevice, ...] = ()
+
+
 class NodeRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
     name: str
     resource_version: str = ""
@@ -128,10 +162,39 @@ class NodeRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=Tru
     taints: tuple[Taint, ...] = ()
     ready: bool = True
     labels: tuple[tuple[str, str], ...] = ()
+    #: GPU sharing (time-slicing, MPS, HAMi); None: the GPUs are not shared
+    sharing: NodeSharing | None = None
 
     def has_taint(self, key: str) -> bool:
         """Whether a NoSchedule or NoExecute taint with this key is on the node."""
         return any(t.key == key and t.effect in ("NoSchedule", "NoExecute") for t in self.taints)
+
+
+class HamiShare(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+    """What a pod holds of one GPU, as HAMi's scheduler assigned it (pod annotation
+    ``hami.io/vgpu-devices-allocated``, containers collapsed as HAMi does)."""
+
+    uuid: str
+    memory_mib: int = 0
+    cores: int = 0
+    #: tasks (containers running at once) on the device
+    slots: int = 1
+
+
+class PodSharing(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+    """A pod's requests for shared GPUs and, for HAMi, the devices it was given."""
+
+    #: ``nvidia.com/gpu.shared`` requested: replicas
+    shared: int = 0
+    #: HAMi pod: requests HAMi's resources, names hami-scheduler or carries its annotations
+    hami: bool = False
+    #: HAMi requests per GPU: ``nvidia.com/gpumem`` (MiB), ``nvidia.com/gpumem-percentage``,
+    #: ``nvidia.com/gpucores`` (percent; -1 when not given)
+    memory_mib: int = 0
+    memory_percent: int = 0
+    cores: int = -1
+    #: ``hami.io/vgpu-devices-allocated``
+    devices: tuple[HamiShare, ...] = ()
 
 
 class PodRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
@@ -171,6 +234,8 @@ class PodRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True
     #: status.extendedResourceClaimStatus: the claim that serves its extended resources through
     #: DRA (then its `gpus`/`mig` requests are devices of that claim, not of a device plugin)
     extended_claim: str = ""
+    #: shared GPUs asked for or held (None: none)
+    sharing: PodSharing | None = None
 
     @property
     def key(self) -> str:
@@ -209,6 +274,9 @@ class ZoneRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=Tru
     gpus_available: int = 0
     #: (profile, allocatable, available)
     mig: tuple[tuple[str, int, int], ...] = ()
+    #: ``nvidia.com/gpu.shared`` replicas in the zone (allocatable, available)
+    shared: int = 0
+    shared_available: int = 0
 
 
 class NrtRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):

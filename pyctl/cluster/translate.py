@@ -17,6 +17,8 @@ zones, GPUs and MIG instances.
   their `numaNode` as DRA GPUs (`Zone.dra_gpus`, MIG GPUs with `dra`), used exactly as the
   claims' allocation results say. Extended-resource requests a DRA claim serves
   (`extendedResourceClaimStatus`) are those devices, not device-plugin GPUs: counted once.
+- Shared GPUs (time-slicing, MPS, HAMi): `pyctl.cluster.sharing` says how many physical GPUs
+  there are, in which zone, and each one's used share and holders; docs/sharing.md.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import cast
 
+from pyctl.cluster import sharing
 from pyctl.cluster.dra import DraContext, DraModel, DraNeed, gpu_model_name, model_gpus
 from pyctl.cluster.records import NodeRecord, NrtRecord, PodRecord
 from pyctl.core import mig
@@ -53,9 +56,11 @@ class _Draft:
     mig: dict[str, int] = field(default_factory=dict)
 
 
-def pod_shape(p: PodRecord, need: DraNeed | None = None) -> Shape:
-    """The pod's task shape; with `need` (its claims, `DraContext.need`), a DRA shape when the
-    claims ask for GPUs (the extended resources a DRA claim serves are not counted twice)."""
+def pod_shape(p: PodRecord, node: NodeRecord | None = None, need: DraNeed | None = None) -> Shape:
+    """The pod's task shape. `node`, the node it runs on, tells whether `nvidia.com/gpu` is
+    replicated there (docs/sharing.md); with `need` (its claims, `DraContext.need`), a DRA shape
+    when the claims ask for GPUs (the extended resources a DRA claim serves are not counted
+    twice)."""
     if need is not None and (need.gpus or need.mig_profile):
         return Shape(
             cpu_milli=p.cpu_milli,
@@ -66,6 +71,9 @@ def pod_shape(p: PodRecord, need: DraNeed | None = None) -> Shape:
             dra=True,
             numa_aligned=need.numa_aligned,
         )
+    shared = sharing.shared_shape(p, node)
+    if shared is not None:
+        return shared
     profile = p.mig[0][0] if p.mig else None
     return Shape(
         cpu_milli=p.cpu_milli,
@@ -127,16 +135,20 @@ def node_from_records(
     default_policy: str = "none",
     dra: DraModel | None = None,
     positions: DraPositions | None = None,
+    previous: Node | None = None,
 ) -> Node:
     """The node's model. `dra`: its DRA GPUs (`pyctl.cluster.dra.model_gpus`); `positions`, if
-    given, is filled with where each pod's DRA devices sit."""
+    given, is filled with where each pod's DRA devices sit; `previous`, its last model: replicas
+    of shared GPUs already attributed stay where they were (docs/sharing.md)."""
     where = f"node {node.name}"
     live = [p for p in pods if not p.terminated]
     # extended resources a DRA claim serves are that claim's devices (counted by `dra`)
     plugin = [p for p in live if not p.extended_claim]
     used_cpu = sum(p.cpu_milli for p in live)
     used_mem = sum(p.memory_mib for p in live)
-    used_gpus = sum(p.gpus for p in plugin)
+    shares = sharing.plan(node)
+    # shared GPUs are laid out by `sharing`; the pods' GPU counts are replicas, not GPUs
+    used_gpus = 0 if shares else sum(p.gpus for p in plugin)
     used_mig: dict[str, list[str]] = defaultdict(list)
     for p in plugin:
         for prof, n in p.mig:
@@ -157,13 +169,18 @@ def node_from_records(
             )
             for z in nrt.zones
         ]
+        if shares:
+            _shared_zone_gpus(drafts, nrt, shares)
         # NodeResourceTopology is written by an agent on the node and can lag the pods bound
         # there: usage it does not show yet goes to the zones with room, in order
         _top_up(drafts, used_cpu, used_mem, used_gpus)
         _mig_from_allocatable(drafts, node)
         numa_known = True
     else:
+        whole = shares.gpus if shares else node.gpus
         numa_of = dict(node.gpu_numa)
+        if shares and shares.devices:
+            numa_of = {i: d.numa for i, d in enumerate(shares.devices)}
         dra_ids = set(dra.zones) if dra is not None else set()
         ids = sorted(set(numa_of.values()) | dra_ids) or [0]
         numa_known = bool(numa_of)
@@ -173,15 +190,17 @@ def node_from_records(
             d.cpu = node.cpu_milli // k + (node.cpu_milli % k if i == 0 else 0)
             d.mem = node.memory_mib // k + (node.memory_mib % k if i == 0 else 0)
             d.gpus = sum(1 for n in numa_of.values() if n == d.numa) if numa_of else 0
-        if sum(d.gpus for d in drafts) != node.gpus:
-            drafts[0].gpus = max(0, drafts[0].gpus + node.gpus - sum(d.gpus for d in drafts))
+        if sum(d.gpus for d in drafts) != whole:
+            drafts[0].gpus = max(0, drafts[0].gpus + whole - sum(d.gpus for d in drafts))
         drafts[0].mig = dict(node.mig)
         _spread(drafts, used_cpu, used_mem, used_gpus)
     if policy not in TOPOLOGY_POLICIES:
         raise TranslateError(f"{where}: unknown Topology Manager policy {policy!r}")
-    mig_gpus = max(0, node.gpu_count_label - node.gpus) if node.mig else 0
+    whole_gpus = shares.gpus if shares else node.gpus
+    mig_gpus = max(0, node.gpu_count_label - whole_gpus) if node.mig else 0
     mig_zones = sum(1 for d in drafts if any(d.mig.values()))
-    gpu_model = node.gpu_model or (gpu_model_name(dra.product) if dra is not None else "")
+    model = sharing.gpu_model(node, shares)
+    gpu_model = model or (gpu_model_name(dra.product) if dra is not None else "")
     # DRA GPUs by zone: NUMA ids join the zones of that id; PCIe roots (or nothing) only where
     # the node shows no NUMA zones of its own, else they go to the first zone
     dra_by_zone: dict[int, list[int]] = defaultdict(list)
@@ -192,22 +211,44 @@ def node_from_records(
             if not any(d.numa == z for d in drafts):
                 drafts.append(_Draft(z))
             dra_by_zone[z].append(i)
+    ordered = sorted(drafts, key=lambda d: d.numa)
+    laid: list[sharing.SharedGpu] = []
+    notes: list[str] = []
+    if shares:
+        before = None
+        if previous is not None and previous.gpu_replicas == shares.replicas:
+            before = [g.holders for z in previous.zones for g in z.gpus]
+        laid, notes = sharing.layout(
+            shares, [(d.numa, max(d.gpus, 0)) for d in ordered], live, policy, before
+        )
+    # HAMi's GPUs keep their device index as id (unless MIG GPUs share the numbering)
+    hami_ids = [g.id for g in laid]
+    use_ids = bool(laid) and min(hami_ids) >= 0 and len(set(hami_ids)) == len(hami_ids)
+    use_ids = use_ids and not node.mig and dra is None
     zones = []
     gid = 0
-    for zi, d in enumerate(sorted(drafts, key=lambda d: d.numa)):
+    k = 0
+    for zi, d in enumerate(ordered):
         gpus = []
         for j in range(max(d.gpus, 0)):
-            gpus.append(Gpu(gid, 1000 if j < d.gpus_used else 0))
+            if shares:
+                sg = laid[k]
+                k += 1
+                gpus.append(
+                    Gpu(sg.id if use_ids else gid, sg.used, tuple(sorted(sg.holders.items())))
+                )
+            else:
+                gpus.append(Gpu(gid, 1000 if j < d.gpus_used else 0))
             gid += 1
         migs = []
         dra_gpus: list[Gpu] = []
         if any(d.mig.values()):
-            if not node.gpu_model:
+            if not model:
                 raise TranslateError(f"{where}: MIG resources but no nvidia.com/gpu.product label")
             # the node's MIG GPUs, shared out over the zones that have MIG instances
             per_zone = max(1, -(-mig_gpus // max(1, mig_zones)))
             try:
-                layouts = mig.pack(node.gpu_model, sorted(d.mig.items()), per_zone)
+                layouts = mig.pack(model, sorted(d.mig.items()), per_zone)
             except ValueError as e:
                 raise TranslateError(f"{where}: {e}") from None
             for layout in layouts:
@@ -266,6 +307,13 @@ def node_from_records(
         gpu_model=gpu_model,
         topology_policy=cast(PolicyName, policy),
         zones=tuple(zones),
+        gpu_pool=shares.pool if shares else "",
+        gpu_replicas=shares.replicas if shares else 1,
+        gpu_memory_mib=shares.memory_mib if shares else 0,
+        sharing=shares.describe(any("attributed" in n for n in notes))
+        + "".join(f"; {n}" for n in notes)
+        if shares
+        else "",
     )
 
 
@@ -294,6 +342,28 @@ def models_of(
     return out
 
 
+def _shared_zone_gpus(drafts: list[_Draft], nrt: NrtRecord, shares: sharing.Plan) -> None:
+    """Physical GPUs per zone on a node that shares them: HAMi's devices by their NUMA node;
+    replicas per zone (NodeResourceTopology) divided by the replicas per GPU; otherwise all in
+    the first zone. Their usage comes from `sharing.layout`."""
+    numas = [d.numa for d in drafts]
+    per = dict.fromkeys(numas, 0)
+    if shares.devices:
+        for dev in shares.devices:
+            per[sharing.zone_of_device(dev, numas)] += 1
+    else:
+        n = shares.replicas
+        for z in nrt.zones:
+            if z.numa in per:
+                per[z.numa] = (z.shared if shares.pool else z.gpus) // n
+        if sum(per.values()) != shares.gpus:
+            per = dict.fromkeys(numas, 0)
+            per[numas[0]] = shares.gpus
+    for d in drafts:
+        d.gpus = per[d.numa]
+        d.gpus_used = 0
+
+
 def _is_full(gpu_model: str, profile: str) -> bool:
     """Whether `profile` takes a whole GPU of `gpu_model` (a dynamic GPU's full device)."""
     try:
@@ -309,11 +379,22 @@ def attribute_pods(
 ) -> dict[str, dict[str, list[object] | object]]:
     """Where each pod sits on `node`, as a core assignment (zone positions, GPU positions, MIG
     instance). Kubernetes shows per-zone usage (NodeResourceTopology) but not which pod holds which
-    device, so pods are attributed in order: a MIG pod to the instance translate gave it, a GPU pod
-    to the next used GPUs, zone by zone, and its CPU and memory to the zones with used CPU and
-    memory left, its GPUs' zone first. The amounts always add up to the node's usage."""
+    device, so pods are attributed in order: a MIG pod to the instance translate gave it, a pod
+    holding shares of shared GPUs to those shares, a pod with DRA devices to where its
+    allocation puts them (`dra_positions`), a GPU pod to the next used GPUs, zone by zone, and
+    its CPU and memory to the zones with used CPU and memory left, its GPUs' zone first. The
+    amounts always add up to the node's usage."""
+    # shared GPUs say who holds them; whole GPUs are handed out in order
+    held: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+    for zi, z in enumerate(node.zones):
+        for gi, g in enumerate(z.gpus):
+            for pod, milli in g.holders:
+                held[pod].append((zi, gi, milli))
     used_gpus = [
-        (zi, gi) for zi, z in enumerate(node.zones) for gi, g in enumerate(z.gpus) if g.used_milli
+        (zi, gi)
+        for zi, z in enumerate(node.zones)
+        for gi, g in enumerate(z.gpus)
+        if g.used_milli and not g.holders and not node.sharing
     ]
     cpu_left = [z.cpu_milli_used for z in node.zones]
     mem_left = [z.memory_mib_used for z in node.zones]
@@ -327,9 +408,12 @@ def attribute_pods(
     out: dict[str, dict[str, list[object] | object]] = {}
     for p in sorted((p for p in pods if not p.terminated), key=lambda p: p.key):
         own = dra_positions.get(p.key, [])
-        n_plugin = 0 if p.extended_claim else p.gpus
-        gpus = [(zi, gi, 1000) for zi, gi in used_gpus[:n_plugin]]
-        used_gpus = used_gpus[n_plugin:]
+        if p.key in held:
+            gpus = held[p.key]
+        else:
+            n_plugin = 0 if p.extended_claim else p.gpus
+            gpus = [(zi, gi, 1000) for zi, gi in used_gpus[:n_plugin]]
+            used_gpus = used_gpus[n_plugin:]
         mig: tuple[int, int, int] | None = None if own else mig_of.get(p.key)
         dra_gpus = [(a[1], a[2], 1000) for a in own if a[0] == "dra_gpus"]
         dyn_whole = [(a[1], a[2]) for a in own if a[0] == "dyn_whole"]
@@ -369,15 +453,18 @@ def attribute_pods(
     return out
 
 
-def shape_of(p: PodRecord, dra: DraContext | None = None) -> Shape | None:
-    """The pod's shape, with its DRA claims resolved through `dra`; None when its claims ask for
-    something pyctl cannot tell (`DraNeed.unknown`, counted and shown by the callers)."""
+def shape_of(
+    p: PodRecord, dra: DraContext | None = None, node: NodeRecord | None = None
+) -> Shape | None:
+    """The pod's shape, with its DRA claims resolved through `dra` and its share of a shared GPU
+    sized by `node` (the node it runs on); None when its claims ask for something pyctl cannot
+    tell (`DraNeed.unknown`, counted and shown by the callers)."""
     if not p.claims or dra is None:
-        return pod_shape(p)
+        return pod_shape(p, node)
     need = dra.need(p.namespace, p.claims)
     if need.unknown:
         return None
-    return pod_shape(p, need)
+    return pod_shape(p, node, need)
 
 
 def model_of(
@@ -387,9 +474,10 @@ def model_of(
     default_policy: str = "none",
     dra: DraContext | None = None,
     positions: DraPositions | None = None,
+    previous: Node | None = None,
 ) -> tuple[Node, DraModel | None]:
     """`node_from_records` with the node's DRA devices taken from `dra`; also returns the DRA
     part (its zones' basis and notes), None if the node publishes no DRA devices."""
     nd = dra.node(node.name) if dra is not None else None
     dm = model_gpus(nd, node.gpu_model) if nd is not None else None
-    return node_from_records(node, nrt, pods, default_policy, dm, positions), dm
+    return node_from_records(node, nrt, pods, default_policy, dm, positions, previous), dm

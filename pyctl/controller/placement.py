@@ -136,7 +136,14 @@ class PlacementAdvisor:
             return failed  # the scheduler's business (DRA: its own allocator's)
         for name, r in self.rank(shape, names).items():
             if r is None and name not in failed:
-                policy_name = self._models[name].topology_policy
+                node = self._models[name]
+                if shape.mig_profile is None and node.gpu_pool != shape.gpu_pool:
+                    failed[name] = (
+                        f"pyctl: the pod asks for GPUs of {_pool(shape.gpu_pool)}, the "
+                        f"node shares its GPUs as {_pool(node.gpu_pool)}"
+                    )
+                    continue
+                policy_name = node.topology_policy
                 failed[name] = (
                     f"pyctl: cannot place {_describe(shape)} within the node's free NUMA "
                     f"resources (Topology Manager policy {policy_name})"
@@ -167,4 +174,11 @@ def workload_key(pod: PodRecord) -> str:
 def _describe(s: Shape) -> str:
     if s.mig_profile:
         return f"one MIG {s.mig_profile} instance"
+    if s.gpu_milli == 0 and s.gpus:
+        return f"{s.gpus} replica{'s' if s.gpus != 1 else ''} of {_pool(s.gpu_pool)}"
     return f"{s.gpus} GPU{'s' if s.gpus != 1 else ''}"
+
+
+def _pool(pool: str) -> str:
+    """A GPU sharing pool by name (docs/sharing.md)."""
+    return {"": "nvidia.com/gpu", "hami": "HAMi"}.get(pool, pool)

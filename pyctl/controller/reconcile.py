@@ -88,7 +88,7 @@ class Reconciler:
 
     def shape_of(self, p: PodRecord) -> Shape | None:
         """The pod's shape (its claims resolved); None if pyctl cannot tell (recorded)."""
-        s = shape_of(p, self.cache.dra)
+        s = shape_of(p, self.cache.dra, self.cache.nodes.get(p.node))
         if s is None:
             self.unknown[p.key] = self.cache.dra.need(p.namespace, p.claims).unknown
         else:
@@ -140,6 +140,8 @@ class Reconciler:
                 self.default_policy,
                 self.cache.dra,
                 positions,
+                # shared GPUs: replicas stay on the GPUs they were attributed to
+                self.models.get(name),
             )
             score = FragmentationModel(Snapshot((node,))).score(self.workload).nodes[0]
         except (TranslateError, ValueError) as e:
@@ -218,6 +220,7 @@ class Reconciler:
             model = self.models[name].gpu_model or "unknown"
             i, f = by_model.get(model, (0.0, 0.0))
             by_model[model] = (i + s.idle_gpu_milli, f + s.fragment_gpu_milli)
+        shared = [g for n in self.models.values() if n.sharing for z in n.zones for g in z.gpus]
         worst = sorted(
             ((s.name, s.idle_gpu_milli, s.fragment_gpu_milli) for s in scores),
             key=lambda t: (-t[2], t[0]),
@@ -237,6 +240,9 @@ class Reconciler:
             scheduling_success=self.window.ratio(now),
             worst=worst,
             by_model=by_model,
+            shared_gpus=len(shared),
+            shared_used_milli=float(sum(g.used_milli for g in shared)),
+            shared_pods=len({pod for g in shared for pod, _ in g.holders}),
         )
         self._export(summ)
         return summ

@@ -36,6 +36,11 @@ class Summary:
     scheduling_success: float
     worst: list[tuple[str, float, float]] = field(default_factory=list)
     by_model: dict[str, tuple[float, float]] = field(default_factory=dict)
+    #: shared GPUs (time-slicing, MPS, HAMi; docs/sharing.md): how many, their used share in
+    #: milli-GPU, and the pods holding shares of them
+    shared_gpus: int = 0
+    shared_used_milli: float = 0.0
+    shared_pods: int = 0
 
     @property
     def fragmentation_rate(self) -> float:
@@ -59,6 +64,9 @@ def summary_bytes(s: Summary) -> bytes:
         "by_model": {
             k: {"idle_gpu_milli": v[0], "fragment_gpu_milli": v[1]} for k, v in s.by_model.items()
         },
+        "shared_gpus": s.shared_gpus,
+        "shared_used_milli": s.shared_used_milli,
+        "shared_pods": s.shared_pods,
         "heartbeat": time.time(),
     }
     return msgspec.json.encode(d)

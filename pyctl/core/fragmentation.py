@@ -40,6 +40,9 @@ _COLUMNS = (
     "mig_dra",
     "mig_dynamic",
     "mig_free_slices",
+    "node_gpu_pools",
+    "node_gpu_replicas",
+    "node_gpu_memory_mib",
 )
 
 
@@ -57,6 +60,9 @@ def snapshot_columns(s: Snapshot) -> dict[str, list[Any]]:
         c["node_policies"].append(n.topology_policy)
         c["node_cpu_static"].append(n.cpu_manager_policy == "static")
         c["node_memory_static"].append(n.memory_manager_policy == "static")
+        c["node_gpu_pools"].append(n.gpu_pool)
+        c["node_gpu_replicas"].append(n.gpu_replicas)
+        c["node_gpu_memory_mib"].append(n.gpu_memory_mib)
         for z in n.zones:
             c["zone_numa"].append(z.numa)
             c["zone_cpu_milli"].append(z.cpu_milli)
@@ -95,6 +101,8 @@ def shape_dict(s: Shape) -> dict[str, Any]:
         "mig_profile": s.mig_profile,
         "gpu_models": list(s.gpu_models),
         "weight": s.weight,
+        "gpu_pool": s.gpu_pool,
+        "gpu_memory_mib": s.gpu_memory_mib,
     }
     if s.dra:
         d["dra"] = True
@@ -122,6 +130,10 @@ class NodeScore:
     mig_categories: dict[str, float]
     recoverable_mig_slices: float
     zones: tuple[ZoneScore, ...]
+    #: on a node whose GPUs are shared: how the shares were read (docs/sharing.md) and, per GPU,
+    #: (NUMA id, GPU id, used milli, ((pod, milli), ...))
+    sharing: str = ""
+    shares: tuple[tuple[int, int, int, tuple[tuple[str, int], ...]], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +175,7 @@ class ClusterScore:
                     "fragment_mig_slices": round(n.fragment_mig_slices, r),
                     "mig_categories": {k: round(v, r) for k, v in n.mig_categories.items()},
                     "recoverable_mig_slices": round(n.recoverable_mig_slices, r),
+                    **_sharing_json(n),
                     "zones": [
                         {
                             "numa": z.numa,
@@ -177,6 +190,18 @@ class ClusterScore:
                 for n in self.nodes
             ],
         }
+
+
+def _sharing_json(n: NodeScore) -> dict[str, Any]:
+    if not n.sharing:
+        return {}
+    return {
+        "sharing": n.sharing,
+        "gpus": [
+            {"numa": numa, "id": gid, "used_milli": used, "pods": dict(holders)}
+            for numa, gid, used, holders in n.shares
+        ],
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +267,10 @@ class FragmentationModel:
                     dict(zip(CATEGORIES, mcats, strict=True)),
                     rec,
                     zones,
+                    n.sharing,
+                    tuple((z.numa, g.id, g.used_milli, g.holders) for z in n.zones for g in z.gpus)
+                    if n.sharing
+                    else (),
                 )
             )
         return ClusterScore(
@@ -308,6 +337,8 @@ def derive_workload(tasks: Iterable[Shape], coverage: float = 0.95) -> Workload:
                 weight=n / covered,
                 dra=first[k].dra,
                 numa_aligned=first[k].numa_aligned,
+                gpu_pool=first[k].gpu_pool,
+                gpu_memory_mib=first[k].gpu_memory_mib,
             )
             for k, n in chosen
         )

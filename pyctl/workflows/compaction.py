@@ -144,14 +144,14 @@ def plan_compaction(
         if why is not None:
             refused[p.key] = why
             continue
-        got = shape_of(p, dra)
+        got = shape_of(p, dra, nodes.get(p.node))
         pdb = next((b for b in pdb_list if pdb_matches(b, p)), None)
         items.append(
             policy.MovablePod(
                 key=p.key,
                 node=p.node,
                 assignment=where[p.key],
-                shape=got if got is not None else pod_shape(p),
+                shape=got if got is not None else pod_shape(p, nodes.get(p.node)),
                 allowed=allowed(p),
                 pdb=pdb.key if pdb is not None else None,
                 pdb_headroom=evictor.pdb_headroom(p) or 0,

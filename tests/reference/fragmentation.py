@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,21 @@ def allows(shape: Shape, gpu_model: str) -> bool:
         m == g.lower() or m.endswith("-" + g.lower()) or g.lower().endswith("-" + m)
         for g in shape.gpu_models
     )
+
+
+def on_node(shape: Shape, node: Node) -> Shape:
+    """docs/sharing.md: a replica (gpus >= 1, gpu_milli 0) is 1000 // replicas of the node's GPU;
+    a memory request is its fraction of the node's GPU memory (a whole GPU if unknown), or
+    gpu_milli if larger."""
+    if shape.mig_profile is not None or shape.gpus == 0:
+        return shape
+    if shape.gpu_memory_mib:
+        mem = node.gpu_memory_mib
+        frac = min(1000, math.ceil(shape.gpu_memory_mib * 1000 / mem)) if mem else 1000
+        return replace(shape, gpu_milli=max(frac, shape.gpu_milli), gpu_memory_mib=0)
+    if shape.gpu_milli == 0:
+        return replace(shape, gpu_milli=1000 // node.gpu_replicas)
+    return shape
 
 
 def _mig_idle(g: MigGpu, gpu_model: str) -> float:
@@ -125,7 +141,9 @@ def _fragment(node: Node, shape: Shape, w: float, out: Score) -> None:
                 if g.used_milli < 1000:
                     gpu(zi, 1000 - g.used_milli, "stranded" if cpu_ok else "lack_cpu")
         return
-    if not allows(shape, node.gpu_model):
+    if not allows(shape, node.gpu_model) or (
+        shape.mig_profile is None and shape.gpu_pool != node.gpu_pool
+    ):
         everything("no_access")
         for zi, z in enumerate(zones):
             for g in z.dra_gpus:
@@ -429,7 +447,7 @@ def score_node(node: Node, workload: Workload) -> Score:
     out.idle_gpu = float(sum(1000 - g.used_milli for z in node.zones for g in z.gpus + z.dra_gpus))
     out.idle_mig = sum(_mig_idle(mg, node.gpu_model) for z in node.zones for mg in z.mig)
     for s in workload.shapes:
-        _fragment(node, s, s.weight / total, out)
+        _fragment(node, on_node(s, node), s.weight / total, out)
     has_mig = any(z.mig for z in node.zones)
     if has_mig:
         m = model(node.gpu_model)

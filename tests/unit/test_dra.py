@@ -470,10 +470,13 @@ def test_allocations_through_counters_match_the_catalog_geometry(data: st.DataOb
         prof = m.profile(d.profile)
         prefix = d.id.device.rsplit("-", 1)[0] + "-"
         same = sum(1 for c in claims if c.allocated[0].device.startswith(prefix))
+        # the media engines are one set per GPU: one +me instance of any size at a time
+        media = "+me" in d.profile and any("-me-" in c.allocated[0].device for c in claims)
         fits = (
             mask & taken == 0
             and _compute_left(m, claims, g) >= prof.compute_slices
-            and same < prof.max_count  # (the media engines' counters hold +me profiles to one)
+            and same < prof.max_count
+            and not media
         )
         if got.ok:
             (_, _, chosen) = got.devices[0]
@@ -640,3 +643,32 @@ def test_the_core_agrees_with_the_reference_on_dra_nodes(seed: int) -> None:
     for c, v in got.mig_categories.items():
         assert v == pytest.approx(want.mig_cats[c]), c
     assert got.recoverable_mig_slices == pytest.approx(want.recoverable)
+
+
+def test_one_media_engine_instance_per_gpu_whatever_its_size() -> None:
+    """The A30's media engines are one set: with a 2g.12gb+me allocated, a 1g.6gb+me on free
+    memory slices is refused by the counters (found by the geometry property above)."""
+    model = "A30-24GB"
+    node = SimNode("g", [SimGpu(0, 0, model=_sim_model(model), dynamic_mig=True)])
+    recs = slices(node)
+    first = allocate(
+        [("c0", claim("c0", [mig_request("2g.12gb+me")]).spec)],
+        node_devices("g", recs, []),
+        catalogue(),
+    )
+    assert first.ok
+    (_, _, dev) = first.devices[0]
+    where = [("part", "", dev.id.device)]
+    held = [claim("c0", [mig_request("2g.12gb+me")], None, where, "g", "p0")]
+    again = allocate(
+        [("c1", claim("c1", [mig_request("1g.6gb+me")]).spec)],
+        node_devices("g", recs, held),
+        catalogue(),
+    )
+    assert not again.ok
+    plain = allocate(
+        [("c1", claim("c1", [mig_request("1g.6gb")]).spec)],
+        node_devices("g", recs, held),
+        catalogue(),
+    )
+    assert plain.ok

@@ -16,8 +16,16 @@ from typing import Any, Final, TypeVar
 
 import msgspec
 
-from pyctl.cluster.kube import dra_decode, dra_wire, wire
 from pyctl.cluster import quantity as q
+from pyctl.cluster.kube import dra_decode, dra_wire, wire
+from pyctl.cluster.kube.sharing import (
+    HAMI_ALLOCATED,
+    HAMI_SCHEDULER,
+    SHARED,
+    SharingError,
+    node_sharing,
+    pod_sharing,
+)
 from pyctl.cluster.records import (
     Constraints,
     Kind,
@@ -120,8 +128,11 @@ def node_record(n: wire.Node) -> NodeRecord:
             taints=tuple(Taint(t.key, t.value, t.effect) for t in n.spec.taints),
             ready=all(c.status == "True" for c in n.status.conditions if c.type == "Ready"),
             labels=tuple(sorted(labels.items())),
+            sharing=node_sharing(
+                labels, meta.annotations, {SHARED: _count(alloc[SHARED])} if SHARED in alloc else {}
+            ),
         )
-    except q.QuantityError as e:
+    except (q.QuantityError, SharingError) as e:
         raise DecodeError(f"{_where('node', meta)}: {e}") from None
     return rec
 
@@ -193,6 +204,18 @@ def pod_record(p: wire.Pod) -> PodRecord:
                 (k[len(MIG_PREFIX) :], v) for k, v in req.items() if k.startswith(MIG_PREFIX) and v
             )
         )
+    sharing = None
+    if (
+        (req and not req.keys() <= _PLAIN)
+        or spec.schedulerName == HAMI_SCHEDULER
+        or (annotations and HAMI_ALLOCATED in annotations)
+    ):
+        try:
+            sharing = pod_sharing(
+                req, annotations, spec.schedulerName, len(spec.initContainers), req.get(GPU, 0)
+            )
+        except SharingError as e:
+            raise DecodeError(f"{_where('pod', meta)}: {e}") from None
     local = pvc = False
     for vol in spec.volumes:
         if vol.emptyDir is not None or vol.hostPath is not None:
@@ -228,6 +251,7 @@ def pod_record(p: wire.Pod) -> PodRecord:
         _constraints(spec) if _has_constraints(spec) else None,
         dra_decode.pod_claims(p) if spec.resourceClaims else (),
         ext.resourceClaimName if (ext := p.status.extendedResourceClaimStatus) else "",
+        sharing,
     )
 
 
@@ -351,7 +375,7 @@ def nrt_record(t: wire.Nrt) -> NrtRecord:
     for z in t.zones:
         if z.type != "Node":
             continue
-        cpu = cpu_av = mem = mem_av = gpus = gpus_av = 0
+        cpu = cpu_av = mem = mem_av = gpus = gpus_av = shared = shared_av = 0
         mig = []
         for r in z.resources:
             total = r.allocatable if r.allocatable is not None else r.capacity
@@ -363,13 +387,24 @@ def nrt_record(t: wire.Nrt) -> NrtRecord:
                     mem, mem_av = _mem(total, False), _mem(avail, False)
                 elif r.name == GPU:
                     gpus, gpus_av = _count(total), _count(avail)
+                elif r.name == SHARED:
+                    shared, shared_av = _count(total), _count(avail)
                 elif r.name.startswith(MIG_PREFIX):
                     mig.append((r.name[len(MIG_PREFIX) :], _count(total), _count(avail)))
             except q.QuantityError as e:
                 raise DecodeError(f"{where}: zone {z.name}: {r.name}: {e}") from None
         zones.append(
             ZoneRecord(
-                _numa_id(z.name, where), cpu, cpu_av, mem, mem_av, gpus, gpus_av, tuple(sorted(mig))
+                _numa_id(z.name, where),
+                cpu,
+                cpu_av,
+                mem,
+                mem_av,
+                gpus,
+                gpus_av,
+                tuple(sorted(mig)),
+                shared,
+                shared_av,
             )
         )
     return NrtRecord(meta.name, meta.resourceVersion, policy, scope, tuple(zones))

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Final
 
+from pyctl.cluster import quantity as q
 from pyctl.cluster.dra_records import (
     Allocated,
     Attr,
@@ -33,7 +34,6 @@ from pyctl.cluster.dra_records import (
     SliceRecord,
 )
 from pyctl.cluster.kube import dra_wire as w
-from pyctl.cluster import quantity as q
 from pyctl.cluster.kube import wire
 
 #: Limits of the objects pyctl decodes: those of k8s.io/api/resource/v1 (validation), so that

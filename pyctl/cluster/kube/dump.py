@@ -118,9 +118,10 @@ def snapshot_from_dump(data: Mapping[str, Any]) -> Snapshot:
 def pod_shapes(data: Mapping[str, Any]) -> list[Shape]:
     """The task shapes of every pod in a dump that has not terminated (for deriving M); pods
     whose claims pyctl cannot tell are left out (`dra_report` shows them)."""
-    _, pods, _ = _records(data)
+    nodes, pods, _ = _records(data)
     dra = dra_context(data)
-    got = [shape_of(p, dra) for p in pods if not p.terminated]
+    by_name = {n.name: n for n in nodes}
+    got = [shape_of(p, dra, by_name.get(p.node)) for p in pods if not p.terminated]
     return [s for s in got if s is not None]
 
 

@@ -16,7 +16,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pyctl.cluster.records import NodeRecord, NrtRecord, PodRecord, Taint, ZoneRecord
+from pyctl.cluster.records import (
+    NodeRecord,
+    NodeSharing,
+    NrtRecord,
+    PodRecord,
+    PodSharing,
+    Taint,
+    ZoneRecord,
+)
 from pyctl.core.fragmentation import FragmentationModel
 from pyctl.core.policy import (
     EXTENDER_WEIGHT,
@@ -109,13 +117,20 @@ class SimCluster:
                 for i in m.instances:
                     mig[i.profile] = mig.get(i.profile, 0) + 1
         gpus = sum(len(z.gpus) for z in n.zones)
+        # a time-sliced node as the device plugin (renameByDefault) and GFD show it
+        shared = n.gpu_replicas > 1 and n.gpu_pool == "nvidia.com/gpu.shared"
         return NodeRecord(
             name=n.name,
             resource_version=self.rv(),
             gpu_model=n.gpu_model,
             cpu_milli=sum(z.cpu_milli for z in n.zones),
             memory_mib=sum(z.memory_mib for z in n.zones),
-            gpus=gpus,
+            gpus=0 if shared else gpus,
+            sharing=NodeSharing(
+                "time-slicing", n.gpu_replicas, gpus * n.gpu_replicas, n.gpu_memory_mib
+            )
+            if shared
+            else None,
             mig=tuple(sorted(mig.items())),
             gpu_count_label=gpus + mig_gpus,
             mig_strategy="mixed" if mig else "",
@@ -136,6 +151,14 @@ class SimCluster:
                     a = mig.setdefault(prof, [0, 0])
                     a[0] += 1
                     a[1] += 0 if used else 1
+            n = self.by_name[name]
+            if n.gpu_replicas > 1:  # time-sliced: the zone's replicas of nvidia.com/gpu.shared
+                unit = 1000 // n.gpu_replicas
+                replicas = (len(z.gpu_free) * n.gpu_replicas, sum(f // unit for f in z.gpu_free))
+                zones.append(
+                    ZoneRecord(z.numa, z.cpu, z.cpu_free, z.mem, z.mem_free, 0, 0, (), *replicas)
+                )
+                continue
             zones.append(
                 ZoneRecord(
                     z.numa,
@@ -163,15 +186,19 @@ class SimCluster:
             phase="Running" if p.node else "Pending",
             cpu_milli=s.cpu_milli,
             memory_mib=s.memory_mib,
-            gpus=s.gpus,
+            gpus=0 if s.gpu_pool else s.gpus,
             mig=((s.mig_profile, 1),) if s.mig_profile else (),
+            # a replica of the time-sliced pool asks nvidia.com/gpu.shared
+            sharing=PodSharing(shared=s.gpus) if s.gpu_pool else None,
             owner_kind="ReplicaSet",
             owner_name=p.name.rsplit("-", 1)[0],
             labels=(("app", p.name.rsplit("-", 1)[0]),),
             unschedulable=p.unschedulable,
-            unschedulable_message="0/24 nodes are available: no NUMA-aligned placement"
-            if p.unschedulable
-            else "",
+            unschedulable_message=(
+                f"0/{len(self.nodes)} nodes are available: no NUMA-aligned placement"
+                if p.unschedulable
+                else ""
+            ),
         )
 
     # -- placement ------------------------------------------------------------------------

@@ -303,7 +303,9 @@ impl<V: View> Planner<'_, '_, V> {
                 .copied()
                 .filter(|&k| self.may_move(k))
                 .collect();
-            pods.sort_by_key(|&k| std::cmp::Reverse(self.v.gpu_milli(&self.input.movable[k].task)));
+            pods.sort_by_key(|&k| {
+                std::cmp::Reverse(self.v.gpu_milli(i, &self.input.movable[k].task))
+            });
             if pods.is_empty() {
                 continue;
             }
@@ -388,7 +390,7 @@ impl<V: View> Planner<'_, '_, V> {
         // the cluster as it is now (node `i` aside), so its two best destinations are computed
         // once per shape for the whole search, before anything changes
         let mut order = set.to_vec();
-        order.sort_by_key(|&k| std::cmp::Reverse(self.v.gpu_milli(&self.input.movable[k].task)));
+        order.sort_by_key(|&k| std::cmp::Reverse(self.v.gpu_milli(i, &self.input.movable[k].task)));
         let first_dest = self.first_destination(order[0], i, first);
         first_dest.as_ref()?;
         for &k in set {

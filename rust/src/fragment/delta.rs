@@ -4,8 +4,8 @@
 
 use super::model::{MigInstance, Node, GPU_MILLI};
 use super::score::{
-    admission, device_view, dynamic_placements, mig_need, node_model, score_node, MigNeed,
-    RecoverMemo,
+    admission, allows_node, device_view, dynamic_placements, mig_need, node_model, on_node,
+    score_node, MigNeed, RecoverMemo,
 };
 use super::workload::Shape;
 use crate::error::{CoreError, CoreResult};
@@ -266,6 +266,7 @@ fn candidate_sets(node: &Node, shape: &Shape, need: MigNeed, usable: u64) -> Vec
 }
 
 pub(crate) fn candidates(node: &Node, shape: &Shape) -> Vec<Assignment> {
+    let shape = &*on_node(shape, node);
     let zones = node.zones.len();
     let cpu_free: Vec<u64> = node.zones.iter().map(|z| z.cpu_free).collect();
     let mem_free: Vec<u64> = node.zones.iter().map(|z| z.memory_free).collect();
@@ -314,7 +315,7 @@ pub(crate) fn candidates(node: &Node, shape: &Shape) -> Vec<Assignment> {
             })
             .unwrap_or_default();
     }
-    if !shape.allows_model(&node.gpu_model) {
+    if !allows_node(shape, node) {
         return Vec::new();
     }
     let need = mig_need(node, shape);

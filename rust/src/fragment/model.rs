@@ -99,6 +99,12 @@ pub struct Node {
     pub cpu_static: bool,
     pub memory_static: bool,
     pub zones: Vec<Zone>,
+    /// The sharing pool of its whole/shared GPUs (see `Shape::gpu_pool`; "" by default).
+    pub gpu_pool: String,
+    /// Replicas per GPU its device plugin advertises (time-slicing, MPS); 1: not replicated.
+    pub gpu_replicas: u32,
+    /// Memory of each GPU in MiB (0: unknown), for shapes that ask for GPU memory.
+    pub gpu_memory_mib: u64,
 }
 
 impl Node {
@@ -144,7 +150,15 @@ pub struct ClusterColumns {
     pub mig_dra: Vec<bool>,
     pub mig_dynamic: Vec<bool>,
     pub mig_free_slices: Vec<i64>,
+    /// Optional (empty: every node "", 1, 0): per node, its GPU sharing pool, replicas per GPU
+    /// and per-GPU memory in MiB.
+    pub node_gpu_pools: Vec<String>,
+    pub node_gpu_replicas: Vec<i64>,
+    pub node_gpu_memory_mib: Vec<i64>,
 }
+
+/// Most replicas per GPU a node may advertise (a replica is at least 1 milli-GPU).
+pub const MAX_REPLICAS: i64 = GPU_MILLI as i64;
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Cluster {
@@ -186,6 +200,18 @@ impl Cluster {
         ] {
             if len != n {
                 return Err(CoreError::new(what, "length differs from node_names"));
+            }
+        }
+        for (what, len) in [
+            ("node_gpu_pools", c.node_gpu_pools.len()),
+            ("node_gpu_replicas", c.node_gpu_replicas.len()),
+            ("node_gpu_memory_mib", c.node_gpu_memory_mib.len()),
+        ] {
+            if len != n && len != 0 {
+                return Err(CoreError::new(
+                    what,
+                    "length differs from node_names (give one per node, or none)",
+                ));
             }
         }
         let z = c.zone_numa.len();
@@ -496,6 +522,20 @@ impl Cluster {
                     dra_gpus,
                 });
             }
+            let gpu_replicas = match c.node_gpu_replicas.get(i) {
+                None => 1,
+                Some(&r) if (1..=MAX_REPLICAS).contains(&r) => r as u32,
+                Some(&r) => {
+                    return Err(CoreError::new(
+                        nf("gpu_replicas"),
+                        format!("{r} is outside 1..={MAX_REPLICAS}"),
+                    ))
+                }
+            };
+            let gpu_memory_mib = match c.node_gpu_memory_mib.get(i) {
+                None => 0,
+                Some(&m) => amount(m, || nf("gpu_memory_mib"))?,
+            };
             nodes.push(Node {
                 name: name.clone(),
                 gpu_model: c.node_models[i].clone(),
@@ -504,6 +544,9 @@ impl Cluster {
                 cpu_static: c.node_cpu_static[i],
                 memory_static: c.node_memory_static[i],
                 zones,
+                gpu_pool: c.node_gpu_pools.get(i).cloned().unwrap_or_default(),
+                gpu_replicas,
+                gpu_memory_mib,
             });
         }
         Ok(Cluster { nodes })

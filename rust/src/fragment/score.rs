@@ -6,6 +6,7 @@
 //! shape asking for exactly their profile. Under policy `none`, on a node without MIG, the GPU
 //! fragment is exactly FGD's.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use super::model::{Cluster, MigGpu, Node, GPU_MILLI};
@@ -70,6 +71,26 @@ pub struct NodeScore {
     /// (used instances stay where they are) could turn into instances of profiles M wants.
     pub recoverable_mig_slices: f64,
     pub zones: Vec<ZoneScore>,
+}
+
+/// Whether `shape` may use the node's GPUs at all: its GPU model is allowed and, for a whole or
+/// shared GPU shape, the node's GPUs are in the shape's sharing pool.
+pub fn allows_node(shape: &Shape, node: &Node) -> bool {
+    (shape.mig_profile.is_some() || shape.dra || shape.gpu_pool == node.gpu_pool)
+        && shape.allows_model(&node.gpu_model)
+}
+
+/// The shape with the share it needs on this node (replicas and memory requests depend on the
+/// node: `Shape::share_on`); other shapes as they are.
+pub fn on_node<'a>(shape: &'a Shape, node: &Node) -> Cow<'a, Shape> {
+    if shape.is_node_relative() {
+        let mut s = shape.clone();
+        s.gpu_milli = shape.share_on(node.gpu_replicas, node.gpu_memory_mib);
+        s.gpu_memory_mib = 0;
+        Cow::Owned(s)
+    } else {
+        Cow::Borrowed(shape)
+    }
 }
 
 /// A shape as seen on one node: which MIG profile index (if any) it needs on this node's model.
@@ -180,7 +201,8 @@ impl<'a> NodeCtx<'a> {
     }
 
     fn allows(&self, shape: &Shape) -> bool {
-        shape.allows_lowercase_model(&self.model_lc)
+        (shape.mig_profile.is_some() || shape.gpu_pool == self.node.gpu_pool)
+            && shape.allows_lowercase_model(&self.model_lc)
     }
 }
 
@@ -423,7 +445,8 @@ fn admit(
     }
 }
 
-/// Admission of a shape on a node (for callers outside the scoring loop).
+/// Admission of a shape on a node (for callers outside the scoring loop; the shape as resolved
+/// by `on_node`).
 pub fn admission(node: &Node, shape: &Shape, need: MigNeed, cpu_ok: bool) -> Admission {
     let ctx = NodeCtx::new(node);
     let (elig, _, d) = device_view(node, shape, need);
@@ -817,14 +840,165 @@ pub fn score_node(node: &Node, shapes: &[Shape], memo: &mut RecoverMemo) -> Node
     let mut score = empty_score(node);
     let mut wanted = 0u64;
     for s in shapes {
-        let need = mig_need(node, s);
+        let s = on_node(s, node);
+        let need = mig_need(node, &s);
         if let MigNeed::Profile(p) = need {
-            if p < 64 && ctx.allows(s) {
+            if p < 64 && ctx.allows(&s) {
                 wanted |= 1 << p;
             }
         }
-        add_shape_fragment(&ctx, s, need, s.weight, &mut score);
+        add_shape_fragment(&ctx, &s, need, s.weight, &mut score);
     }
     score.recoverable_mig_slices = recoverable_slices(node, wanted, memo);
     score
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fragment::model::ClusterColumns;
+
+    /// One node, one zone, GPUs with `used` milli, in `pool`, shared `replicas` ways, with
+    /// `memory` MiB per GPU.
+    fn node(used: &[i64], pool: &str, replicas: i64, memory: i64) -> Node {
+        let c = ClusterColumns {
+            node_names: vec!["n".into()],
+            node_models: vec!["A100-SXM4-80GB".into()],
+            node_policies: vec!["none".into()],
+            node_cpu_static: vec![false],
+            node_memory_static: vec![false],
+            zone_offsets: vec![0, 1],
+            zone_numa: vec![0],
+            zone_cpu_milli: vec![64000],
+            zone_cpu_used: vec![0],
+            zone_memory_mib: vec![1 << 20],
+            zone_memory_used: vec![0],
+            gpu_offsets: vec![0, used.len()],
+            gpu_ids: (0..used.len() as i64).collect(),
+            gpu_used_milli: used.to_vec(),
+            mig_offsets: vec![0, 0],
+            instance_offsets: vec![0],
+            node_gpu_pools: vec![pool.into()],
+            node_gpu_replicas: vec![replicas],
+            node_gpu_memory_mib: vec![memory],
+            ..Default::default()
+        };
+        Cluster::from_columns(&c).unwrap().nodes.remove(0)
+    }
+
+    fn shape(gpus: u32, milli: u32, pool: &str, memory: u64) -> Shape {
+        Shape {
+            cpu_milli: 1000,
+            memory_mib: 0,
+            gpus,
+            gpu_milli: milli,
+            mig_profile: None,
+            gpu_models: vec![],
+            weight: 1.0,
+            gpu_pool: pool.into(),
+            gpu_memory_mib: memory,
+            ..Default::default()
+        }
+    }
+
+    fn score(n: &Node, s: Shape) -> NodeScore {
+        score_node(n, &[s], &mut RecoverMemo::new())
+    }
+
+    #[test]
+    fn another_pool_is_no_access() {
+        let n = node(&[0, 500], "nvidia.com/gpu.shared", 4, 0);
+        let s = score(&n, shape(1, 1000, "", 0));
+        assert_eq!(s.fragment_gpu_milli, 1500.0);
+        assert_eq!(s.categories[Category::NoAccess as usize], 1500.0);
+        let s = score(&n, shape(1, 0, "nvidia.com/gpu.shared", 0));
+        assert_eq!(s.fragment_gpu_milli, 0.0);
+    }
+
+    #[test]
+    fn a_replica_is_sized_by_the_node() {
+        // 3 replicas per GPU: 333 milli each; GPU 0 holds one (1000 - 2 x 333 = 334 used), GPU 1
+        // all three; GPU 2 none (the remainder 1 is counted as used)
+        let n = node(&[334, 1000, 1], "", 3, 0);
+        let s = score(&n, shape(1, 0, "", 0));
+        assert_eq!(s.idle_gpu_milli, 666.0 + 999.0);
+        assert_eq!(s.fragment_gpu_milli, 0.0);
+        // two replicas on two GPUs: still fits; on an unshared node a replica is a whole GPU
+        assert_eq!(score(&n, shape(2, 0, "", 0)).fragment_gpu_milli, 0.0);
+        let whole = node(&[0, 1000, 400], "", 1, 0);
+        let s = score(&whole, shape(1, 0, "", 0));
+        assert_eq!(s.categories[Category::Stranded as usize], 600.0);
+    }
+
+    #[test]
+    fn a_memory_request_is_a_fraction_of_the_gpu_memory() {
+        // 20000 MiB of an 80000 MiB GPU: 250 milli; GPU 1 has 200 free: stranded
+        let n = node(&[0, 800], "hami", 1, 80000);
+        let s = score(&n, shape(1, 1, "hami", 20000));
+        assert_eq!(s.categories[Category::Stranded as usize], 200.0);
+        assert_eq!(s.fragment_gpu_milli, 200.0);
+        // the core share wins when larger
+        let s = score(&n, shape(1, 300, "hami", 20000));
+        assert_eq!(s.categories[Category::Stranded as usize], 200.0);
+        let s = score(&n, shape(1, 100, "hami", 0));
+        assert_eq!(s.fragment_gpu_milli, 0.0);
+        assert_eq!(shape(1, 1, "hami", 20000).share_on(1, 0), 1000);
+    }
+
+    #[test]
+    fn shares_of_several_gpus_need_that_many_gpus_with_the_share() {
+        // two GPUs of 250 each: GPUs 0 and 2 have room, GPU 1 (100 free) is stranded
+        let n = node(&[0, 900, 700], "hami", 1, 0);
+        let s = score(&n, shape(2, 250, "hami", 0));
+        assert_eq!(s.categories[Category::Stranded as usize], 100.0);
+        assert_eq!(s.fragment_gpu_milli, 100.0);
+        let s = score(&n, shape(3, 250, "hami", 0));
+        assert_eq!(
+            s.categories[Category::LackGpu as usize],
+            1000.0 + 100.0 + 300.0
+        );
+    }
+
+    #[test]
+    fn placing_a_replica_takes_the_nodes_share() {
+        let n = node(&[0, 1000], "nvidia.com/gpu.shared", 4, 0);
+        let s = shape(1, 0, "nvidia.com/gpu.shared", 0);
+        let shapes = std::slice::from_ref(&s);
+        let d =
+            crate::fragment::delta::place_delta(&n, &s, shapes, &mut RecoverMemo::new()).unwrap();
+        assert_eq!(d.assignment.gpus, vec![(0, 0, 250)]);
+        let other = shape(1, 0, "", 0);
+        assert!(
+            crate::fragment::delta::place_delta(&n, &other, &[s], &mut RecoverMemo::new())
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn replicas_out_of_range_are_refused() {
+        let mut c = ClusterColumns {
+            node_names: vec!["n".into()],
+            node_models: vec!["x".into()],
+            node_policies: vec!["none".into()],
+            node_cpu_static: vec![false],
+            node_memory_static: vec![false],
+            zone_offsets: vec![0, 1],
+            zone_numa: vec![0],
+            zone_cpu_milli: vec![0],
+            zone_cpu_used: vec![0],
+            zone_memory_mib: vec![0],
+            zone_memory_used: vec![0],
+            gpu_offsets: vec![0, 0],
+            mig_offsets: vec![0, 0],
+            instance_offsets: vec![0],
+            node_gpu_replicas: vec![0],
+            ..Default::default()
+        };
+        let e = Cluster::from_columns(&c).unwrap_err();
+        assert_eq!(e.field, "nodes[\"n\"].gpu_replicas");
+        c.node_gpu_replicas = vec![1001];
+        assert!(Cluster::from_columns(&c).is_err());
+        c.node_gpu_replicas = vec![1, 2];
+        assert!(Cluster::from_columns(&c).is_err());
+    }
 }

@@ -8,7 +8,7 @@ use std::cell::RefCell;
 use super::{Features, View};
 use crate::fragment::delta::{apply, candidates, Assignment};
 use crate::fragment::model::{Node, GPU_MILLI};
-use crate::fragment::score::{score_node, RecoverMemo};
+use crate::fragment::score::{on_node, score_node, RecoverMemo};
 use crate::fragment::workload::ShapeKey;
 use crate::fragment::{Cluster, Shape};
 use crate::mig::catalog::Catalog;
@@ -110,7 +110,9 @@ impl View for ClusterView<'_> {
         };
         let before = self.frag(i);
         let idle = node.idle_gpu_milli() as i64;
-        let share = t.gpus == 1 && t.gpu_milli < GPU_MILLI && t.mig_profile.is_none();
+        // a replica's or a memory request's share depends on the node
+        let sized = on_node(t, node);
+        let share = t.gpus == 1 && sized.gpu_milli < GPU_MILLI && t.mig_profile.is_none();
         // GPUs of one zone with the same free share give the same node: try one of them
         let mut seen: Vec<(usize, u32)> = Vec::new();
         for a in candidates(node, t) {
@@ -122,7 +124,7 @@ impl View for ClusterView<'_> {
                         continue;
                     }
                     seen.push((zi, free));
-                    left = free as i64 - t.gpu_milli as i64;
+                    left = free as i64 - sized.gpu_milli as i64;
                 }
             }
             let mut after = node.clone();
@@ -165,7 +167,7 @@ impl View for ClusterView<'_> {
         self.score(&n)
     }
 
-    fn gpu_milli(&self, t: &Shape) -> u64 {
+    fn gpu_milli(&self, i: usize, t: &Shape) -> u64 {
         if let Some(p) = &t.mig_profile {
             // "<g>g.<mem>": g compute slices of (at most) seven
             let g: u64 = p
@@ -175,7 +177,11 @@ impl View for ClusterView<'_> {
                 .unwrap_or(1);
             return g * GPU_MILLI as u64 / 7;
         }
-        t.gpus as u64 * t.gpu_milli as u64
+        let milli = match self.cluster.nodes.get(i) {
+            Some(node) => on_node(t, node).gpu_milli,
+            None => t.gpu_milli,
+        };
+        t.gpus as u64 * milli as u64
     }
 
     fn task_key(&self, t: &Shape) -> Self::Key {

@@ -81,8 +81,9 @@ pub trait View: Sized {
     /// The node's F_n(M) if `t` at `p` were removed.
     fn frag_without(&self, i: usize, t: &Self::Task, p: &Self::Place) -> f64;
     fn task_key(&self, t: &Self::Task) -> Self::Key;
-    /// The GPU the task asks for, milli-GPU (MIG: the instance's share of its GPU).
-    fn gpu_milli(&self, t: &Self::Task) -> u64;
+    /// The GPU the task asks for on node `i`, milli-GPU (MIG: the instance's share of its GPU;
+    /// a replica or memory request: its share on that node).
+    fn gpu_milli(&self, i: usize, t: &Self::Task) -> u64;
     /// Whether node `i` would admit `t` with the tasks `removed` gone from it (a quick
     /// necessary check a view may answer without changing itself; the default does change it,
     /// and back).

@@ -81,6 +81,11 @@ fn read_shape(obj: &Bound<'_, PyAny>, prefix: &str) -> PyResult<Shape> {
         Some(v) if !v.is_none() => string_list(&v, || f("gpu_models"))?,
         _ => Vec::new(),
     };
+    let gpu_pool = match d.get_item(intern!(py, "gpu_pool"))? {
+        Some(v) if !v.is_none() => string(&v, || f("gpu_pool"))?,
+        _ => String::new(),
+    };
+    let gpu_memory_mib = num(intern!(py, "gpu_memory_mib"), "gpu_memory_mib")?;
     let weight: f64 = match d.get_item(intern!(py, "weight"))? {
         None => return Err(field_error(&f("weight"), "missing")),
         Some(v) => v.extract::<f64>().map_err(|_| {
@@ -108,6 +113,8 @@ fn read_shape(obj: &Bound<'_, PyAny>, prefix: &str) -> PyResult<Shape> {
         weight,
         dra,
         numa_aligned,
+        gpu_pool,
+        gpu_memory_mib,
     })
 }
 
@@ -315,6 +322,9 @@ impl PyFragmentModel {
             mig_dra: optional(columns, "mig_dra", |k| bools(columns, k))?,
             mig_dynamic: optional(columns, "mig_dynamic", |k| bools(columns, k))?,
             mig_free_slices: optional(columns, "mig_free_slices", |k| ints(columns, k))?,
+            node_gpu_pools: optional(columns, "node_gpu_pools", |k| strings(columns, k))?,
+            node_gpu_replicas: optional(columns, "node_gpu_replicas", |k| ints(columns, k))?,
+            node_gpu_memory_mib: optional(columns, "node_gpu_memory_mib", |k| ints(columns, k))?,
         };
         let cluster = Cluster::from_columns(&c).map_err(value_error)?;
         Ok(Self { cluster })

@@ -171,7 +171,7 @@ impl View for Kernel<'_> {
         (t.cpu, t.mem, t.num, t.milli, t.mask)
     }
 
-    fn gpu_milli(&self, t: &KTask) -> u64 {
+    fn gpu_milli(&self, _i: usize, t: &KTask) -> u64 {
         t.gpu_milli_total()
     }
 
