@@ -78,7 +78,7 @@ unit-test: build
 test-fast: lint rust-test unit-test
 
 demo: setup
-	$(VENV)/bin/pyctl run
+	$(VENV)/bin/pyctl demo
 
 # The real control plane with kwok GPU nodes, pyctl (enforce) and its scheduler extender, a fragmenting
 # workload; in the foreground with a live view; Ctrl-C stops everything (pyctl/dev/cluster.py).

@@ -4,6 +4,7 @@ that use it; nothing below the application layer builds its own collaborators.""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -43,12 +44,14 @@ def make_store(cfg: Config) -> StateStore:
     return RedisStore(cfg.redis.client_config(), cfg.cluster)
 
 
-def workflow_backends(cfg: Config) -> tuple[WorkflowStore, RateLimiter]:
+def workflow_backends(
+    cfg: Config, clock: Callable[[], float] = time.monotonic
+) -> tuple[WorkflowStore, RateLimiter]:
     """Where workflows and rate limits live: in the shared Redis when one is configured (so a
     restarted controller or a new leader resumes the workflows, and replicas and clusters
-    sharing the Redis share the limits), else in memory."""
+    sharing the Redis share the limits; their clock is Redis's), else in memory (on `clock`)."""
     if not cfg.redis.url:
-        return MemoryWorkflowStore(), MemoryRateLimiter()
+        return MemoryWorkflowStore(), MemoryRateLimiter(clock)
     from pyctl.state.redis_client import connect
     from pyctl.state.redis_ratelimit import RedisRateLimiter
     from pyctl.state.redis_workflows import RedisWorkflowStore
@@ -96,12 +99,17 @@ def attach_workflows(
     actuator: Actuator | None = None,
     limits: SafetyLimits | None = None,
     interval: float | None = None,
+    clock: Callable[[], float] | None = None,
+    loops: bool = True,
 ) -> Workflows:
     """The compaction and MIG loops, with the gate in front of the actuator (observe mode:
-    `NullActuator` unless one is given), registered as the controller's background loops."""
+    `NullActuator` unless one is given), registered as the controller's background loops
+    (`loops`; else the caller ticks them, as the simulated cluster does in virtual time).
+    `clock`: the workflows' and rate limits' clock (epoch seconds; default the wall clock)."""
     interval = cfg.workflow.interval if interval is None else interval
     actuator = actuator if actuator is not None else NullActuator()
-    workflows, limiter = workflow_backends(cfg)
+    workflows, limiter = workflow_backends(cfg, clock or time.monotonic)
+    wall = clock or time.time
     pods = ctl.cache.pods
     gate = Gate(
         cfg.mode,
@@ -124,7 +132,7 @@ def attach_workflows(
         ctl.reconciler,
         Engine(
             workflows,
-            CompactionContext(gate, pod, rescue=rescue_options),
+            CompactionContext(gate, pod, wall, rescue=rescue_options),
             registry,
             kinds=(COMPACTION_KIND, RESCUE_KIND),
         ),
@@ -137,7 +145,7 @@ def attach_workflows(
         limits=cfg.workflow.plan_limits(),
         rescue_options=rescue_options,
     )
-    mig_ctx = MigContext(gate, pod, node=ctl.cache.nodes.get, options=cfg.mig)
+    mig_ctx = MigContext(gate, pod, wall, node=ctl.cache.nodes.get, options=cfg.mig)
     holdoff = cfg.mig.node_holdoff_seconds
     mig_loop = MigLoop(
         ctl.cache,
@@ -153,9 +161,10 @@ def attach_workflows(
         options=cfg.mig,
     )
     dra_steering = DraSteering(ctl.reconciler, gate, interval)
-    ctl.background.append(lambda: compactor.run(ctl.is_leader))
-    ctl.background.append(lambda: mig_loop.run(ctl.is_leader))
-    ctl.background.append(lambda: dra_steering.run(ctl.is_leader))
+    if loops:
+        ctl.background.append(lambda: compactor.run(ctl.is_leader))
+        ctl.background.append(lambda: mig_loop.run(ctl.is_leader))
+        ctl.background.append(lambda: dra_steering.run(ctl.is_leader))
     return Workflows(gate, actuator, compactor, mig_loop, dra_steering)
 
 

@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from dataclasses import replace
 
 from pyctl.cluster.dra import DraModel, Misaligned, misaligned_pods, unknown_kind
 from pyctl.cluster.records import PodRecord
 from pyctl.cluster.translate import DraPositions, TranslateError, model_of, shape_of
 from pyctl.controller.cache import ClusterCache
 from pyctl.controller.summary import Summary
-from pyctl.core.fragmentation import CATEGORIES, FragmentationModel, NodeScore, derive_workload
+from pyctl.core.fragmentation import (
+    CATEGORIES,
+    FragmentationModel,
+    NodeScore,
+    blocked_by,
+    derive_workload,
+)
 from pyctl.metrics import Metrics
 from pyctl.model import Node, Shape, Snapshot, Workload
 
@@ -172,42 +177,12 @@ class Reconciler:
 
     def _blocked(self, pending: list[PodRecord]) -> dict[str, int]:
         """Unschedulable pods that the idle capacity could hold in total but no node admits,
-        by the reason that strands the most capacity for their shape."""
+        by the reason that strands the most capacity for their shape (`blocked_by`)."""
         if not pending or not self.models:
             return {}
-        snap = Snapshot(tuple(self.models[n] for n in sorted(self.models)))
-        model = FragmentationModel(snap)
-        idle_gpu = sum(s.idle_gpu_milli for s in self.scores.values())
-        idle_mig = sum(s.idle_mig_slices for s in self.scores.values())
-        out: Counter[str] = Counter()
-        by_shape: dict[Shape, str | None] = {}
-        for p in pending:
-            got = self.shape_of(p)
-            if got is None or got.is_cpu_only:
-                continue
-            shape = got
-            if shape not in by_shape:
-                need = shape.gpus * shape.gpu_milli
-                if shape.mig_profile is None and need > idle_gpu:
-                    by_shape[shape] = None  # the cluster is full, not fragmented
-                elif shape.mig_profile is not None and idle_mig == 0:
-                    by_shape[shape] = None
-                else:
-                    r = model.score(Workload((replace(shape, weight=1.0),)))
-                    admitted = any(
-                        n.fragment_gpu_milli < n.idle_gpu_milli - 1e-9
-                        or n.fragment_mig_slices < n.idle_mig_slices - 1e-9
-                        for n in r.nodes
-                    )
-                    if admitted:
-                        by_shape[shape] = None  # a node admits it: waiting, not blocked
-                    else:
-                        cats = r.mig_categories if shape.mig_profile else r.categories
-                        by_shape[shape] = max(CATEGORIES, key=lambda c: cats[c])
-            reason = by_shape[shape]
-            if reason is not None:
-                out[reason] += 1
-        return dict(out)
+        model = FragmentationModel(Snapshot(tuple(self.models[n] for n in sorted(self.models))))
+        shapes = [s for s in (self.shape_of(p) for p in pending) if s is not None]
+        return blocked_by(model, shapes)
 
     def summary(self, now: float | None = None) -> Summary:
         now = time.monotonic() if now is None else now

@@ -7,7 +7,6 @@ scheduler extender keeps other pods off them (`reservations`)."""
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping
 
 from pyctl.controller.cache import ClusterCache
@@ -153,13 +152,13 @@ class Compactor:
         self.departures = departures(workflows, now, self.departure_seconds)
 
     async def tick(self, leader: bool) -> None:
-        self._track(await self.engine.workflows(), time.time())
+        self._track(await self.engine.workflows(), self.engine.now())
         plan = self.plan()
         if leader:
             await self._clear_orphans()
-            await self._start(plan, time.time())
+            await self._start(plan, self.engine.now())
             self.gauge.export(await self.engine.advance_all())
-            self._track(await self.engine.workflows(), time.time())
+            self._track(await self.engine.workflows(), self.engine.now())
 
     async def run(self, leader: Callable[[], bool]) -> None:
         await run_every(self.interval, self.tick, leader, "compaction")
