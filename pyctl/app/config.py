@@ -26,6 +26,8 @@ from typing import Any, Union
 import yaml
 
 from pyctl.cluster.kube.reflector import ReflectorOptions
+from pyctl.serve.extender_server import ExtenderOptions
+from pyctl.serve.health import MetricsOptions
 from pyctl.state.ratelimit import BucketLimit, SafetyLimits
 from pyctl.state.redis_client import RedisConfig
 from pyctl.workflows.evictor import EvictorOptions
@@ -71,36 +73,9 @@ class RedisSection:
         )
 
 
-@dataclass(frozen=True)
-class MetricsSection:
-    """`/metrics`, `/healthz`, `/readyz` (and `/federation`); port 0: no server."""
-
-    host: str = "127.0.0.1"
-    port: int = 0
-
-
-@dataclass(frozen=True)
-class ExtenderSection:
-    """The kube-scheduler extender (`/scheduler/filter`, `/scheduler/prioritize`) on its own
-    server; port 0: not served."""
-
-    host: str = "127.0.0.1"
-    port: int = 0
-    #: TLS: the server's certificate and key (mounted files); with `client_ca_file`, clients
-    #: must present a certificate it signed (kube-scheduler's extender `tlsConfig`)
-    tls_cert_file: str = ""
-    tls_key_file: str = ""
-    client_ca_file: str = ""
-    #: a file holding a bearer token clients must send (`Authorization: Bearer ...`)
-    token_file: str = ""
-    #: requests answered at once (more wait for a free worker, up to the deadline)
-    max_concurrency: int = 8
-    #: the largest request body read
-    max_body_bytes: int = 4 << 20
-    #: seconds to read a request's headers and body
-    read_timeout: float = 5.0
-    #: an answer later than this is "no advice" instead
-    deadline: float = 1.5
+#: the HTTP servers' sections are their own option types (pyctl/serve/)
+MetricsSection = MetricsOptions
+ExtenderSection = ExtenderOptions
 
 
 @dataclass(frozen=True)
@@ -198,8 +173,8 @@ class Config:
     summary_interval: float = 1.0
     default_topology_policy: str = "none"
     redis: RedisSection = field(default_factory=RedisSection)
-    metrics: MetricsSection = field(default_factory=MetricsSection)
-    extender: ExtenderSection = field(default_factory=ExtenderSection)
+    metrics: MetricsOptions = field(default_factory=MetricsOptions)
+    extender: ExtenderOptions = field(default_factory=ExtenderOptions)
     lease: LeaseSection = field(default_factory=LeaseSection)
     log: LogSection = field(default_factory=LogSection)
     sim: SimSection = field(default_factory=SimSection)
@@ -460,10 +435,13 @@ _RANGES: tuple[tuple[str, float, float], ...] = (
     ("limit_workload_per_minute", 1e-3, 1e6),
     ("limit_node_cooldown_seconds", 0, 86400 * 7),
     ("limit_disruptions_per_hour", 0, 1e6),
+    ("metrics_max_connections", 1, 65536),
+    ("metrics_read_timeout", 0.1, 600),
     ("extender_max_concurrency", 1, 1024),
     ("extender_max_body_bytes", 1024, 256 << 20),
     ("extender_read_timeout", 0.1, 600),
     ("extender_deadline", 0.01, 60),
+    ("extender_max_connections", 1, 65536),
     ("mig_concurrency", 1, 1024),
     ("mig_apply_timeout", 1, 86400),
     ("mig_drain_timeout", 1, 86400),

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import anyio
 
 from pyctl.app.config import Config
-from pyctl.app.wiring import Workflows, attach_workflows, make_store, sim_limits, start_server
+from pyctl.app.wiring import Workflows, attach_workflows, make_store, sim_limits, start_servers
 from pyctl.cluster.kube.actuator import KubeActuator
 from pyctl.cluster.kube.client import connect
 from pyctl.cluster.kube.lease import LeaderElector, LeaseConfig
@@ -57,7 +57,7 @@ async def run_kube(cfg: Config, workload: Workload | None) -> int:
         KubeActuator(kube, instance=identity) if cfg.mode == "enforce" else NullActuator()
     )
     attach_workflows(ctl, cfg, actuator=actuator)
-    server = await start_server(ctl, cfg)
+    servers = await start_servers(ctl, cfg)
     if cfg.redis.url:
         ctl.background.append(lambda: watch_members(ctl.store, ctl.metrics, cfg.cluster, 10.0))
     try:
@@ -65,8 +65,7 @@ async def run_kube(cfg: Config, workload: Workload | None) -> int:
             tg.start_soon(elector.run)
             await ctl.run()
     finally:
-        if server is not None:
-            await server.stop()
+        await servers.stop()
         await kube.close()
     return 0
 
@@ -84,12 +83,11 @@ class SimRun:
     workflows: Workflows
 
     async def run(self) -> None:
-        server = await start_server(self.controller, self.cfg)
+        servers = await start_servers(self.controller, self.cfg)
         try:
             await self.controller.run(until_source_ends=not self.cfg.sim.forever)
         finally:
-            if server is not None:
-                await server.stop()
+            await servers.stop()
 
 
 def build_sim(
