@@ -25,7 +25,7 @@ from pyctl.controller.controller import Controller
 from pyctl.controller.placement import PlacementAdvisor
 from pyctl.model import Shape, Workload
 from pyctl.serve.extender import ExtenderHandler
-from pyctl.serve.health import HealthServer
+from pyctl.serve.extender_server import ExtenderOptions, ExtenderServer
 from pyctl.state.memory import MemoryStore
 from tests.e2e.conftest import wait_until
 from tests.e2e.control_plane import REPO, ControlPlane, ExtraScheduler
@@ -305,7 +305,11 @@ async def test_real_scheduler_with_the_extender_aligns_and_packs(
         summary_interval=0.5,
     )
     ext = ExtenderHandler(PlacementAdvisor.for_reconciler(ctl.reconciler))
-    server = HealthServer(ctl.metrics.registry, ctl.ready, "127.0.0.1", 0, extender=ext)
+    # the workers' handlers are separate, as in `pyctl run` (`ext` asks the same question here)
+    reconciler = ctl.reconciler
+    server = ExtenderServer(
+        lambda: ExtenderHandler(PlacementAdvisor.for_reconciler(reconciler)), ExtenderOptions()
+    )
     port = await server.start()
     sched = ExtraScheduler(
         control_plane, "pyctl-e2e", extender_config(f"http://127.0.0.1:{port}/scheduler")
