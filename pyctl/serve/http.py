@@ -101,7 +101,12 @@ class _Refused(Exception):
 
 
 class _Gone(Exception):
-    """The client closed the connection, or let it idle past `idle_timeout`."""
+    """The connection ends: the client closed it (mid-request when `why` says so), or let it
+    idle past `idle_timeout`."""
+
+    def __init__(self, why: str = "") -> None:
+        super().__init__(why)
+        self.why = why
 
 
 class _Budget:
@@ -210,8 +215,10 @@ class BearerToken:
 @dataclass(eq=False)
 class _Conn:
     writer: asyncio.StreamWriter
-    #: waiting for the first byte of a request (may be closed to make room)
-    idle: bool = True
+    #: kept alive after an answer, waiting for the first byte of the next request (may be
+    #: closed to make room); a new connection is not idle: its first request is due within
+    #: `read_timeout`
+    idle: bool = False
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
 
@@ -306,15 +313,21 @@ class HttpServer:
                     b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\n"
                     b"Content-Length: 0\r\n\r\n"
                 )
+                await self._linger(reader, writer)
             _abort(writer)
             return
         self._conns.add(conn)
         try:
             await self._connection(conn, reader, writer, peer)
-        except _Gone:
-            pass
+        except _Gone as g:
+            if g.why:
+                log.debug(
+                    "http: client gone", extra={"server": self.name, "peer": peer, "error": g.why}
+                )
         except asyncio.CancelledError:
-            raise
+            # the server stops: this task ends quietly (asyncio's stream callback would log the
+            # traceback of a cancelled connection task)
+            pass
         except (TimeoutError, ConnectionError, OSError, asyncio.IncompleteReadError) as e:
             # a client that went away, or stalled a TLS handshake: one quiet line
             if isinstance(e, ssl.SSLError | TimeoutError):
@@ -335,9 +348,10 @@ class HttpServer:
     def _make_room(self) -> bool:
         """Close one kept-alive connection that is waiting for a request, if there is one."""
         for c in self._conns:
-            if c.idle and c.task is not None:
-                c.task.cancel()
+            if c.idle:
                 self._conns.discard(c)
+                with contextlib.suppress(Exception):
+                    c.writer.transport.abort()
                 return True
         return False
 
@@ -352,10 +366,10 @@ class HttpServer:
         if self.tls is not None:
             await writer.start_tls(self.tls.context(), ssl_handshake_timeout=lim.read_timeout)
         h = h11.Connection(h11.SERVER, max_incomplete_event_size=lim.max_header_bytes)
+        opened: float | None = time.monotonic()  # the first request is due from here
         while True:
-            conn.idle = True
             try:
-                req = await self._read_request(conn, h, reader, peer)
+                req = await self._read_request(conn, h, reader, opened)
             except _Refused as r:
                 self._reject(r.reason)
                 log.debug(
@@ -364,6 +378,8 @@ class HttpServer:
                 )
                 if h.our_state in (h11.IDLE, h11.SEND_RESPONSE):
                     await self._send(h, writer, _error(r.status, r.message), close=True)
+                    self._conns.discard(conn)  # lingering does not count as open
+                    await self._linger(reader, writer)
                 return
             try:
                 resp = await self.routes[req.path].handler(req)
@@ -374,6 +390,10 @@ class HttpServer:
                 )
                 resp = _error(500, "internal error")
             await self._send(h, writer, resp, close=False)
+            if reader.at_eof():
+                raise _Gone("closed before its answer")
+            opened = None
+            conn.idle = True
             if h.our_state is h11.MUST_CLOSE or h.their_state is h11.MUST_CLOSE:
                 return
             try:
@@ -382,14 +402,22 @@ class HttpServer:
                 return
 
     async def _read_request(
-        self, conn: _Conn, h: h11.Connection, reader: asyncio.StreamReader, peer: str
+        self,
+        conn: _Conn,
+        h: h11.Connection,
+        reader: asyncio.StreamReader,
+        opened: float | None,
     ) -> Request:
+        """The next request on the connection: the first one due within `read_timeout` of
+        `opened`, a later one within `idle_timeout` of the last answer (then `read_timeout` from
+        its first byte)."""
         lim = self.limits
-        started: float | None = None
-        until = 0.0
+        started: float | None = opened
+        until = opened + lim.read_timeout if opened is not None else 0.0
+        seen = False  # a byte of this request
 
         async def event() -> h11.Event | type[h11.PAUSED]:
-            nonlocal started, until
+            nonlocal started, until, seen
             while True:
                 try:
                     ev = h.next_event()
@@ -418,8 +446,9 @@ class HttpServer:
                     started = time.monotonic()
                     until = started + lim.read_timeout
                     conn.idle = False
-                if not data and started is None:
-                    raise _Gone()
+                if not data:
+                    raise _Gone("closed mid-request" if seen else "")
+                seen = True
                 h.receive_data(data)
 
         ev = await event()
@@ -468,14 +497,14 @@ class HttpServer:
                 elif isinstance(ev, h11.EndOfMessage):
                     break
                 elif isinstance(ev, h11.ConnectionClosed):
-                    raise _Gone()
+                    raise _Gone("closed mid-request")
                 else:
                     raise _Refused(400, "bad-request", "unexpected HTTP event")
             body = b"".join(chunks)
         finally:
             chunks.clear()
             self._budget.give(held)
-        return Request(method, path, headers, body, started, peer)
+        return Request(method, path, headers, body, started, _peer(conn.writer))
 
     async def _send(
         self, h: h11.Connection, writer: asyncio.StreamWriter, resp: Response, close: bool
@@ -499,7 +528,23 @@ class HttpServer:
             await asyncio.wait_for(writer.drain(), self.limits.read_timeout)
         except TimeoutError:
             self._reject("write-timeout")
-            raise _Gone() from None
+            raise _Gone("did not read the answer in time") from None
+
+    async def _linger(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """After an error answer sent before the request was read: stop sending, and read (and
+        drop) what the client still sends for a moment, so that closing does not reset the
+        connection before the client has read the answer."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(writer.drain(), 0.5)
+            if writer.can_write_eof():
+                writer.write_eof()
+            until = time.monotonic() + min(0.5, self.limits.read_timeout)
+            got = 0
+            while got < _CHUNK and (left := until - time.monotonic()) > 0:
+                data = await asyncio.wait_for(reader.read(_CHUNK), left)
+                if not data:
+                    break
+                got += len(data)
 
 
 def _error(status: int, message: str) -> Response:
