@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -46,6 +47,10 @@ from pyctl.serve.http import (
 log = logging.getLogger("pyctl.placement")
 
 PREFIX = "/scheduler"
+#: seconds a thread holds the GIL before handing it over when another waits (Python's default is
+#: 5 ms): with the workers busy, the controller's event loop waits for the GIL at each of its
+#: steps; a shorter interval shortens each wait (docs/reliability.md has the measurements)
+SWITCH_INTERVAL = 0.001
 
 
 @dataclass(frozen=True)
@@ -64,7 +69,7 @@ class ExtenderOptions:
     #: a file holding a bearer token clients must send (`Authorization: Bearer ...`)
     token_file: str = ""
     #: requests worked on at once (more wait for a free worker, up to the deadline)
-    max_concurrency: int = 4
+    max_concurrency: int = 2
     #: the largest request body read (the scheduler's `NodeNames` for 5,000 nodes is ~0.3 MB)
     max_body_bytes: int = 4 << 20
     #: seconds for a request's headers and body to arrive (from its first byte)
@@ -235,6 +240,8 @@ class ExtenderServer:
     async def start(self) -> int:
         """Start the server's thread; returns the bound port. Raises what the server raised
         (a port in use, unreadable certificate files)."""
+        if sys.getswitchinterval() > SWITCH_INTERVAL:
+            sys.setswitchinterval(SWITCH_INTERVAL)
         self._pool = ThreadPoolExecutor(
             self.options.max_concurrency, thread_name_prefix="pyctl-extender-worker"
         )

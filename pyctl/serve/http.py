@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import hmac
 import logging
 import os
@@ -267,6 +269,8 @@ class HttpServer:
         self._budget = _Budget(budget)
         self._conns: set[_Conn] = set()
         self._server: asyncio.Server | None = None
+        self._trim = _Trim()
+        self._trimmer: asyncio.Task[None] | None = None
 
     @property
     def connections(self) -> int:
@@ -278,11 +282,15 @@ class HttpServer:
             self._serve, self.host, self.port, limit=_CHUNK, backlog=128
         )
         self.port = int(self._server.sockets[0].getsockname()[1])
+        self._trimmer = asyncio.create_task(self._trim.run())
         return self.port
 
     async def stop(self) -> None:
         if self._server is None:
             return
+        if self._trimmer is not None:
+            self._trimmer.cancel()
+            self._trimmer = None
         self._server.close()
         for c in list(self._conns):
             if c.task is not None:
@@ -438,6 +446,7 @@ class HttpServer:
                     raise _Refused(408, "read-timeout", "request not received in time")
                 try:
                     data = await asyncio.wait_for(reader.read(_CHUNK), timeout)
+                    self._trim.received += len(data)
                 except TimeoutError:
                     if why is None:
                         raise _Gone() from None
@@ -542,9 +551,54 @@ class HttpServer:
             got = 0
             while got < _CHUNK and (left := until - time.monotonic()) > 0:
                 data = await asyncio.wait_for(reader.read(_CHUNK), left)
+                self._trim.received += len(data)
                 if not data:
                     break
                 got += len(data)
+
+
+def _malloc_trim() -> Callable[[], object] | None:
+    """glibc's malloc_trim(0), or None (another C library)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return lambda: trim(0)
+
+
+_TRIM = _malloc_trim()
+
+
+class _Trim:
+    """Gives the memory of request bodies back to the system after a burst: glibc keeps freed
+    heap memory in its (per-thread) arenas, so after 1 MB bodies the process's RSS would stay
+    high though nothing holds it. Every `INTERVAL` seconds, when `THRESHOLD` bytes were received
+    since the last time, or some were and none came in the last interval (the burst is over),
+    malloc_trim(0) runs on a worker thread (ctypes releases the GIL). Measured by
+    tests/e2e/test_http_load_e2e.py: docs/reliability.md."""
+
+    THRESHOLD = 8 << 20
+    INTERVAL = 5.0
+
+    def __init__(self) -> None:
+        self.received = 0  # bytes since the last trim
+
+    async def run(self) -> None:
+        trim = _TRIM
+        if trim is None:
+            return
+        seen = 0
+        while True:
+            await asyncio.sleep(self.INTERVAL)
+            pending = self.received
+            quiet = pending == seen
+            seen = pending
+            if pending >= self.THRESHOLD or (pending and quiet):
+                self.received = seen = 0
+                await asyncio.get_running_loop().run_in_executor(None, trim)
 
 
 def _error(status: int, message: str) -> Response:
