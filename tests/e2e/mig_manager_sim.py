@@ -51,6 +51,9 @@ log = logging.getLogger("tests.mig_manager_sim")
 
 STATE_LABEL = "nvidia.com/mig.config.state"
 MERGE = "application/merge-patch+json"
+#: a JSON merge patch: the client's `_content_type` argument (accepted at run time; the package's
+#: type stubs do not list it)
+AS_MERGE: dict[str, Any] = {"_content_type": MERGE}
 #: the mig-parted config the test nodes start from (the operator's `all-1g.5gb`)
 BASE_CONFIGS = {
     "all-1g.5gb": [{"devices": "all", "mig-enabled": True, "mig-devices": {"1g.5gb": 7}}]
@@ -168,9 +171,7 @@ class MigManagerSim:
         self.ready = asyncio.Event()
 
     async def _state(self, node: str, config: str, state: str) -> None:
-        await self.core.patch_node(
-            node, {"metadata": {"labels": {STATE_LABEL: state}}}, _content_type=MERGE
-        )
+        await self.core.patch_node(node, {"metadata": {"labels": {STATE_LABEL: state}}}, **AS_MERGE)
         self.history.append((node, config, state))
 
     async def _configs(self) -> dict[str, list[dict[str, Any]]]:
@@ -201,12 +202,12 @@ class MigManagerSim:
         res: dict[str, str | None] = {k: str(v) for k, v in after.items()}
         res.update({k: None for k in before if k not in after})
         await self.core.patch_node_status(
-            node, {"status": {"capacity": res, "allocatable": res}}, _content_type=MERGE
+            node, {"status": {"capacity": res, "allocatable": res}}, **AS_MERGE
         )
         labels: dict[str, str | None] = {
             f"{k}.count": (None if v is None else v) for k, v in res.items() if k != GPU
         }
-        await self.core.patch_node(node, {"metadata": {"labels": labels}}, _content_type=MERGE)
+        await self.core.patch_node(node, {"metadata": {"labels": labels}}, **AS_MERGE)
         await self._state(node, config, "success")
 
     async def _on(self, obj: Any) -> None:

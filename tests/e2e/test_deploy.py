@@ -10,6 +10,7 @@ forbids secrets, deleting nodes and other namespaces' configmaps."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import json
 import re
@@ -235,14 +236,16 @@ async def _request(
     body: Any = None,
     *,
     content_type: str = "application/json",
-    query: list[tuple[str, str]] | None = None,
+    query: dict[str, str] | None = None,
     token: str | None = None,
 ) -> dict[str, Any]:
     headers = {"Content-Type": content_type, "Accept": "application/json"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
+    host = api.configuration.host
+    assert host is not None
     r = await api.rest_client.request(
-        method, api.configuration.host + path, query_params=query, headers=headers, body=body
+        method, host + path, query_params=query, headers=headers, body=body
     )
     data: dict[str, Any] = json.loads(r.data)
     return data
@@ -256,7 +259,7 @@ async def _apply(api: client.ApiClient, obj: dict[str, Any]) -> dict[str, Any]:
         _path(obj, obj["metadata"]["name"]),
         obj,
         content_type="application/apply-patch+yaml",
-        query=[("fieldManager", "pyctl-e2e-deploy"), ("force", "true")],
+        query={"fieldManager": "pyctl-e2e-deploy", "force": "true"},
     )
 
 
@@ -333,7 +336,7 @@ async def test_overlay_is_admitted_and_least_privilege(
         "servicemonitors.monitoring.coreos.com",
         "prometheusrules.monitoring.coreos.com",
     ]:
-        await wait_until(lambda n=name: _crd_established(api, n), f"CRD {name} established")
+        await wait_until(functools.partial(_crd_established, api, name), f"CRD {name} established")
 
     try:
         await _apply(api, _one(objs, "Namespace"))
@@ -355,7 +358,7 @@ async def test_overlay_is_admitted_and_least_privilege(
         }
         with pytest.raises(ApiException) as refused:
             await _request(
-                api, "POST", f"/api/v1/namespaces/{ns}/pods", bad_pod, query=[("dryRun", "All")]
+                api, "POST", f"/api/v1/namespaces/{ns}/pods", bad_pod, query={"dryRun": "All"}
             )
         assert refused.value.status == 403
         assert "restricted" in str(refused.value.body)
@@ -379,7 +382,7 @@ async def test_overlay_is_admitted_and_least_privilege(
                 "spec": spec,
             }
             await _request(
-                api, "POST", f"/api/v1/namespaces/{ns}/pods", pod, query=[("dryRun", "All")]
+                api, "POST", f"/api/v1/namespaces/{ns}/pods", pod, query={"dryRun": "All"}
             )
 
         # the real controller-manager creates the Deployment's two pods: admitted
@@ -388,7 +391,7 @@ async def test_overlay_is_admitted_and_least_privilege(
                 api,
                 "GET",
                 f"/api/v1/namespaces/{ns}/pods",
-                query=[("labelSelector", "app.kubernetes.io/component=controller")],
+                query={"labelSelector": "app.kubernetes.io/component=controller"},
             )
             return len(pods["items"]) == 2
 

@@ -10,6 +10,7 @@ sees exact per-zone usage instead of its in-order top-up."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -383,16 +384,18 @@ async def test_real_scheduler_with_the_extender_aligns_and_packs(
                 await core.create_namespaced_pod(
                     "default", body(gpu_pod(f"one-{i}", 1, label=label, selector=sel))
                 )
-                await wait_until(lambda i=i: _bound(core, f"one-{i}"), f"one-{i} bound", 30)
+                await wait_until(functools.partial(_bound, core, f"one-{i}"), f"one-{i} bound", 30)
                 got = await pod_node(core, f"one-{i}")
                 assert got in best, f"one-{i} went to {got}; extender scores {scores}"
                 if i == 0:
                     # the first single GPU fills a stranded GPU, not the emptiest node
                     assert got != "pl-empty", scores
+
+                def seen(i: int = i) -> bool:
+                    return updater.where.get(f"default/one-{i}") is not None and model_current()
+
                 await wait_until(
-                    lambda i=i: (
-                        updater.where.get(f"default/one-{i}") is not None and model_current()
-                    ),
+                    seen,
                     f"the controller to see one-{i}",
                     within=30,
                 )

@@ -160,7 +160,7 @@ async def test_store_outage_keeps_serving_then_catches_up() -> None:
     # list everything, then the store goes away while events keep coming
     await ctl.replace("Node", [NodeRecord("n1", gpus=8)], "1")
     for kind in ("Pod", "PodDisruptionBudget", "NodeResourceTopology"):
-        await ctl.replace(kind, [], "1")  # type: ignore[arg-type]
+        await ctl.replace(kind, [], "1")
     await ctl._flush()
     assert ctl.ready() == (True, "ok")
     store.down = True
