@@ -49,7 +49,7 @@ log = logging.getLogger("pyctl.placement")
 PREFIX = "/scheduler"
 #: seconds a thread holds the GIL before handing it over when another waits (Python's default is
 #: 5 ms): with the workers busy, the controller's event loop waits for the GIL at each of its
-#: steps; a shorter interval shortens each wait (docs/reliability.md has the measurements)
+#: steps; a shorter interval shortens each wait (docs/http.md)
 SWITCH_INTERVAL = 0.001
 
 

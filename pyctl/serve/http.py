@@ -578,7 +578,7 @@ class _Trim:
     high though nothing holds it. Every `INTERVAL` seconds, when `THRESHOLD` bytes were received
     since the last time, or some were and none came in the last interval (the burst is over),
     malloc_trim(0) runs on a worker thread (ctypes releases the GIL). Measured by
-    tests/e2e/test_http_load_e2e.py: docs/reliability.md."""
+    tests/e2e/test_http_load_e2e.py: docs/http.md."""
 
     THRESHOLD = 8 << 20
     INTERVAL = 5.0

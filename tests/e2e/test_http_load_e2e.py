@@ -16,7 +16,7 @@ It must show: the Lease renewed on time (holder unchanged, no transition, every 
 renewals shorter than the renew deadline), every probe of ``/healthz`` answered within 1 s, every
 answer to the scheduler-like client within the extender's deadline plus 0.5 s of transport, and
 the RSS back near its baseline once the load stops (RSS_TOLERANCE_MB: see there). The figures
-are printed (``pytest -s``) and quoted in docs/reliability.md.
+are printed (``pytest -s``) and quoted in docs/http.md.
 """
 
 from __future__ import annotations
@@ -257,7 +257,7 @@ class Load:
         connections join for the second half (in the first, the 1 MB clients meet the workers'
         bound and the deadline; in the second, the connection flood meets the connection limit
         too, and most connections, the 1 MB clients' and the scheduler-like one's included,
-        are refused: see docs/reliability.md)."""
+        are refused: see docs/http.md)."""
         self.until = time.monotonic() + seconds
         async with asyncio.TaskGroup() as tg:
             for k in range(BIG_CLIENTS):
