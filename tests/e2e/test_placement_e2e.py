@@ -67,6 +67,10 @@ def extender_config(url: str, scheduler_name: str = SCHEDULER_NAME) -> dict[str,
     shipped["profiles"] = [{"schedulerName": scheduler_name}]
     (ext,) = shipped["extenders"]
     ext["urlPrefix"] = url
+    # plain HTTP to the test's extender (the shipped file may configure HTTPS; the tests that
+    # need TLS set it themselves: test_extender_tls_e2e.py)
+    ext["enableHTTPS"] = False
+    ext.pop("tlsConfig", None)
     ext["ignorable"] = False
     ext["httpTimeout"] = "5s"
     config: dict[str, Any] = shipped
