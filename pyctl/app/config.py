@@ -16,6 +16,7 @@ import dataclasses
 import math
 import os
 import re
+import ssl
 import types
 import typing
 from collections.abc import Mapping
@@ -28,6 +29,7 @@ import yaml
 from pyctl.cluster.kube.reflector import ReflectorOptions
 from pyctl.serve.extender_server import ExtenderOptions
 from pyctl.serve.health import MetricsOptions
+from pyctl.serve.http import TlsFiles
 from pyctl.state.ratelimit import BucketLimit, SafetyLimits
 from pyctl.state.redis_client import RedisConfig
 from pyctl.workflows.evictor import EvictorOptions
@@ -412,7 +414,30 @@ def _validate(c: Config) -> None:
         raise bad(
             "extender_tls", "tls_cert_file and tls_key_file go together (client_ca_file needs them)"
         )
+    if c.extender.port:
+        _extender_files(c, bad)
     _ranges(c, bad)
+
+
+def _extender_files(c: Config, bad: Any) -> None:
+    """The extender's certificate, key, CA and token files can be read (a typo would otherwise
+    show only as every request refused)."""
+    e = c.extender
+    if e.tls_cert_file:
+        try:
+            TlsFiles(e.tls_cert_file, e.tls_key_file, e.client_ca_file)
+        except (OSError, ssl.SSLError, ValueError) as err:
+            why = getattr(err, "strerror", None) or str(err) or type(err).__name__
+            files = ", ".join(f for f in (e.tls_cert_file, e.tls_key_file, e.client_ca_file) if f)
+            raise bad("extender_tls", f"cannot load {files}: {why}") from None
+    if e.token_file:
+        try:
+            with open(e.token_file, "rb") as f:
+                empty = not f.read(64 << 10).strip()
+        except OSError as err:
+            raise bad("extender_token_file", f"{e.token_file}: {err.strerror or err}") from None
+        if empty:
+            raise bad("extender_token_file", f"{e.token_file} is empty")
 
 
 # (flat name, lowest, highest): every other number only has to be finite

@@ -22,6 +22,7 @@ import pytest
 import trustme
 from prometheus_client import CollectorRegistry
 
+from pyctl.app.config import ConfigError, load_config
 from pyctl.controller.placement import PlacementAdvisor
 from pyctl.log import JsonFormatter
 from pyctl.model import Workload
@@ -458,3 +459,56 @@ async def test_metrics_server_bounds(caplog: pytest.LogCaptureFixture) -> None:
     finally:
         await server.stop()
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+# ---- configuration ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"PYCTL_EXTENDER_MAX_CONCURRENCY": "0"}, "extender_max_concurrency"),
+        ({"PYCTL_EXTENDER_DEADLINE": "inf"}, "must be finite"),
+        ({"PYCTL_EXTENDER_MAX_BODY_BYTES": "10"}, "extender_max_body_bytes"),
+        ({"PYCTL_EXTENDER_MAX_CONNECTIONS": "0"}, "extender_max_connections"),
+        ({"PYCTL_METRICS_READ_TIMEOUT": "0"}, "metrics_read_timeout"),
+        ({"PYCTL_EXTENDER_TLS_CERT_FILE": "/x.pem"}, "go together"),
+        ({"PYCTL_EXTENDER_PORT": "8081", "PYCTL_METRICS_PORT": "8081"}, "must differ"),
+    ],
+)
+def test_bad_server_settings_are_refused(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, env)
+
+
+def test_extender_files_are_checked_when_the_extender_is_served(
+    pki: dict[str, Any], tmp_path: Path
+) -> None:
+    f = pki["files"]
+    tls = {
+        "PYCTL_EXTENDER_PORT": "8081",
+        "PYCTL_EXTENDER_TLS_CERT_FILE": str(f["cert"]),
+        "PYCTL_EXTENDER_TLS_KEY_FILE": str(f["key"]),
+        "PYCTL_EXTENDER_CLIENT_CA_FILE": str(f["ca"]),
+    }
+    assert load_config(None, tls).extender.client_ca_file == str(f["ca"])
+    missing = {**tls, "PYCTL_EXTENDER_CLIENT_CA_FILE": str(tmp_path / "nope.pem")}
+    with pytest.raises(ConfigError, match=r"config extender_tls: cannot load .*nope\.pem"):
+        load_config(None, missing)
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate")
+    with pytest.raises(ConfigError, match="config extender_tls: cannot load"):
+        load_config(None, {**tls, "PYCTL_EXTENDER_TLS_CERT_FILE": str(garbage)})
+    token = tmp_path / "token"
+    token.write_text("")
+    with pytest.raises(ConfigError, match=r"extender_token_file: .* is empty"):
+        load_config(None, {"PYCTL_EXTENDER_PORT": "8081", "PYCTL_EXTENDER_TOKEN_FILE": str(token)})
+    with pytest.raises(ConfigError, match="No such file"):
+        load_config(None, {"PYCTL_EXTENDER_PORT": "8081", "PYCTL_EXTENDER_TOKEN_FILE": "/nope"})
+    token.write_text("s3cret\n")
+    cfg = load_config(
+        None, {"PYCTL_EXTENDER_PORT": "8081", "PYCTL_EXTENDER_TOKEN_FILE": str(token)}
+    )
+    assert "s3cret" not in repr(cfg)  # the file's name is configured, never its content
+    # not served: not checked
+    assert load_config(None, {"PYCTL_EXTENDER_TOKEN_FILE": "/nope"}).extender.port == 0
