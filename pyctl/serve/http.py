@@ -2,19 +2,25 @@
 pyctl's servers (`pyctl.serve.health`, `pyctl.serve.extender_server`).
 
 Every resource a client can hold is bounded, so that no client, slow or hostile, can hold the
-process: open connections (`Limits.max_connections`: when full, a kept-alive idle connection is
-closed to make room, else the new one is answered 503 and closed), the time a request may take to
-arrive (`Limits.read_timeout`, headers and body together, from its first byte: slow senders get
-408), the time an idle kept-alive connection stays open (`Limits.idle_timeout`), the size of the
-headers (`Limits.max_header_bytes`, 431) and of the body (`Route.max_body_bytes`: refused from
-Content-Length before reading, or while reading a chunked body, 413), the bytes of request bodies
-held at once over all connections (`Limits.body_budget`, 503), and the time a client may take to
-read an answer (`Limits.read_timeout` again). TLS (optionally with client certificates) comes from
-mounted files, re-read when they change (`TlsFiles`); a request is authorized from its headers
-(`Authorize`, e.g. `BearerToken`) before its body is read.
+process:
 
-A client that disconnects, times out or speaks broken HTTP is one debug line in the (JSON) log;
-each refusal is counted through `on_reject(reason)`.
+- open connections (`Limits.max_connections`): when full, a connection of the client address
+  holding the most is closed to make room (the one idle longest, else the one whose request has
+  been arriving longest), so that slow clients cannot lock new ones out; only when every
+  connection holds a request being answered is the new one answered 503 and closed;
+- the time a request may take to arrive (`Limits.read_timeout`, headers and body together, from
+  its first byte; a new connection's first request from the connection): 408;
+- the time a kept-alive connection may wait for its next request (`Limits.idle_timeout`);
+- the size of the headers (`Limits.max_header_bytes`, 431) and of the body
+  (`Route.max_body_bytes`: refused from Content-Length before reading, or while reading a chunked
+  body, 413);
+- the request-body bytes held at once over all connections (`Limits.body_budget`, 503);
+- the time a client may take to read an answer (`Limits.read_timeout` again).
+
+TLS (optionally with client certificates) comes from mounted files, re-read when they change
+(`TlsFiles`); a request is authorized from its headers (`Authorize`, e.g. `BearerToken`) before
+its body is read. A client that disconnects, times out or speaks broken HTTP is one debug line in
+the (JSON) log; each refusal is counted through `on_reject(reason)`.
 """
 
 from __future__ import annotations
@@ -217,11 +223,18 @@ class BearerToken:
 @dataclass(eq=False)
 class _Conn:
     writer: asyncio.StreamWriter
-    #: kept alive after an answer, waiting for the first byte of the next request (may be
-    #: closed to make room); a new connection is not idle: its first request is due within
-    #: `read_timeout`
-    idle: bool = False
+    #: "reading" (a new connection, or a request arriving), "idle" (kept alive after an answer,
+    #: waiting for the next request) or "busy" (a request read, being answered)
+    state: str
+    #: `time.monotonic()` when it entered that state
+    since: float
     task: asyncio.Task[None] | None = field(default=None, repr=False)
+    #: the client's address (without the port)
+    host: str = ""
+
+    def enter(self, state: str, at: float | None = None) -> None:
+        self.state = state
+        self.since = time.monotonic() if at is None else at
 
 
 _REASONS = {
@@ -279,7 +292,7 @@ class HttpServer:
     async def start(self) -> int:
         """Start serving; returns the bound port (useful with port 0)."""
         self._server = await asyncio.start_server(
-            self._serve, self.host, self.port, limit=_CHUNK, backlog=128
+            self._serve, self.host, self.port, limit=_CHUNK, backlog=1024
         )
         self.port = int(self._server.sockets[0].getsockname()[1])
         self._trimmer = asyncio.create_task(self._trim.run())
@@ -309,8 +322,10 @@ class HttpServer:
     # -- a connection ------------------------------------------------------------------------------
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = _peer(writer)
-        conn = _Conn(writer, task=asyncio.current_task())
-        if len(self._conns) >= self.limits.max_connections and not self._make_room():
+        conn = _Conn(
+            writer, "reading", time.monotonic(), asyncio.current_task(), peer.rpartition(":")[0]
+        )
+        if len(self._conns) >= self.limits.max_connections and not self._make_room(peer):
             self._reject("connections")
             log.debug(
                 "http: too many connections; refused",
@@ -353,15 +368,36 @@ class HttpServer:
             self._conns.discard(conn)
             _abort(writer)
 
-    def _make_room(self) -> bool:
-        """Close one kept-alive connection that is waiting for a request, if there is one."""
+    def _make_room(self, peer: str) -> bool:
+        """At the connection limit, close a connection that holds no request being answered:
+        of the client address with the most connections, the one that has waited longest for a
+        request (kept alive after an answer), else the one whose request has been arriving
+        longest (a slow or stalled client: well-behaved clients send a request in
+        milliseconds). So slow connections cannot lock new ones out, and a client that opens
+        many cannot push out one that opens a few. False when every connection holds a request
+        being answered."""
+        per_host: dict[str, int] = {}
         for c in self._conns:
-            if c.idle:
-                self._conns.discard(c)
-                with contextlib.suppress(Exception):
-                    c.writer.transport.abort()
-                return True
-        return False
+            per_host[c.host] = per_host.get(c.host, 0) + 1
+        victim: _Conn | None = None
+        best: tuple[int, str, float] | None = None
+        for c in self._conns:
+            if c.state == "busy":
+                continue
+            key = (-per_host[c.host], c.state, c.since)  # "idle" sorts before "reading"
+            if best is None or key < best:
+                victim, best = c, key
+        if victim is None:
+            return False
+        self._conns.discard(victim)
+        self._reject("evicted")
+        log.debug(
+            "http: connection closed to make room",
+            extra={"server": self.name, "peer": _peer(victim.writer), "for": peer},
+        )
+        with contextlib.suppress(Exception):
+            victim.writer.transport.abort()
+        return True
 
     async def _connection(
         self,
@@ -401,7 +437,7 @@ class HttpServer:
             if reader.at_eof():
                 raise _Gone("closed before its answer")
             opened = None
-            conn.idle = True
+            conn.enter("idle")
             if h.our_state is h11.MUST_CLOSE or h.their_state is h11.MUST_CLOSE:
                 return
             try:
@@ -436,7 +472,7 @@ class HttpServer:
                     if started is None:
                         started = time.monotonic()
                         until = started + lim.read_timeout
-                        conn.idle = False
+                        conn.enter("reading", started)
                     return cast("h11.Event | type[h11.PAUSED]", ev)
                 if started is None:
                     timeout, why = lim.idle_timeout, None
@@ -454,7 +490,7 @@ class HttpServer:
                 if started is None and data:
                     started = time.monotonic()
                     until = started + lim.read_timeout
-                    conn.idle = False
+                    conn.enter("reading", started)
                 if not data:
                     raise _Gone("closed mid-request" if seen else "")
                 seen = True
@@ -513,6 +549,7 @@ class HttpServer:
         finally:
             chunks.clear()
             self._budget.give(held)
+        conn.enter("busy")
         return Request(method, path, headers, body, started, _peer(conn.writer))
 
     async def _send(
@@ -621,9 +658,26 @@ def _abort(writer: asyncio.StreamWriter) -> None:
     """Close without waiting for the client (a stalled client cannot hold the close)."""
     with contextlib.suppress(Exception):
         transport = writer.transport
-        if transport.is_closing():
-            return
-        if isinstance(transport, asyncio.Transport) and not transport.get_write_buffer_size():
-            writer.close()
-        else:
-            transport.abort()
+        if not transport.is_closing():
+            if isinstance(transport, asyncio.Transport) and not transport.get_write_buffer_size():
+                writer.close()
+            else:
+                transport.abort()
+    _unlink(writer.transport)
+
+
+def _unlink(transport: asyncio.BaseTransport, tries: int = 40) -> None:
+    """Break the reference cycle of a closed socket transport: asyncio's (Python 3.11) refers to
+    itself through its read callback, a cycle that only a full garbage collection frees, which
+    with a large heap comes rarely; thousands of short connections would pile up meanwhile. A
+    closed transport reads no more (its socket left the selector when it was closed). Under TLS
+    the socket's transport closes after the TLS shutdown: it is looked at again each second."""
+    inner = getattr(getattr(transport, "_ssl_protocol", None), "_transport", None)
+    for t in (transport, inner):
+        if t is None or getattr(t, "_read_ready_cb", None) is None:
+            continue
+        if t.is_closing():
+            setattr(t, "_read_ready_cb", None)  # noqa: B010 (a private attribute of asyncio)
+        elif tries > 0:
+            with contextlib.suppress(RuntimeError):  # no running loop: the server stopped
+                asyncio.get_running_loop().call_later(1.0, _unlink, t, tries - 1)
