@@ -1,12 +1,14 @@
 """Load on the HTTP servers (issue 16): `pyctl run` as deployed (a subprocess, the real API
 server, a real Redis, 40 kwok GPU nodes) holds the Lease while this test drives its scheduler
-extender with concurrent large and slow requests for LOAD_SECONDS:
+extender with concurrent large and slow requests, ROUNDS rounds of LOAD_SECONDS each followed by
+SETTLE seconds of quiet:
 
 - BIG_CLIENTS clients posting 1 MB ``NodeNames`` bodies back to back (filter and prioritize);
-- STALLED connections announcing a 1 MB body, sending half of it and stalling (re-opened as the
-  server closes them);
-- SLOWLORIS connections sending a header line a second (re-opened likewise);
-- one scheduler-like client asking for advice every 0.2 s with a normal body.
+- in the second half of each round, STALLED connections announcing a 1 MB body, sending half of
+  it and stalling, and SLOWLORIS connections sending a header line a second (each re-opened as
+  soon as the server closes it);
+- one scheduler-like client asking for advice every 0.2 s with a normal body, from another
+  address (127.0.0.2, as the scheduler's pod is not the attacker's).
 
 Measured throughout, each from outside the process: the Lease's ``renewTime`` as the API server
 has it (polled every 0.2 s), ``/healthz`` on the metrics port (a probe every 0.25 s with the
@@ -14,9 +16,10 @@ kubelet's default 1 s timeout, on its own thread), the process's VmRSS (/proc/<p
 
 It must show: the Lease renewed on time (holder unchanged, no transition, every gap between two
 renewals shorter than the renew deadline), every probe of ``/healthz`` answered within 1 s, every
-answer to the scheduler-like client within the extender's deadline plus 0.5 s of transport, and
-the RSS back near its baseline once the load stops (RSS_TOLERANCE_MB: see there). The figures
-are printed (``pytest -s``) and quoted in docs/http.md.
+request of the scheduler-like client answered (advice, or an answer saying there is none) within
+the extender's deadline plus 0.5 s of transport, the RSS back near its baseline after each round
+(RSS_TOLERANCE_MB: see there), and only JSON lines, no traceback, in pyctl's log. The figures
+are printed (``pytest -s``) and quoted in docs/http.md; a longer run: HTTP_LOAD_ROUNDS=8.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ LOAD_SECONDS = 15.0
 #: rounds of load, each followed by SETTLE seconds of quiet: the server closes what is left
 #: within its read timeout (5 s), and gives freed memory back at most 2 x 5 s after a burst
 #: (pyctl/serve/http.py, _Trim)
-ROUNDS = int(os.environ.get("XROUNDS", "2"))
+ROUNDS = int(os.environ.get("HTTP_LOAD_ROUNDS", "3"))
 SETTLE = 16.0
 BIG_CLIENTS = 4
 STALLED = 150
@@ -65,17 +68,17 @@ DEADLINE = 1.5  # the extender's default deadline (ExtenderOptions.deadline)
 #: the scheduler-like client connects from another address than the flood (in a cluster: the
 #: scheduler's pod and the attacker's); Linux routes all of 127.0.0.0/8 to the loopback
 SCHEDULER_ADDRESS = "127.0.0.2"
-#: after a round, RSS may stay this far above its baseline. What the load holds at its peak
-#: (bodies in flight, the workers' parsed bodies: a 1 MB body is ~12 MB of Python objects,
-#: connections) is freed, but CPython's allocator keeps partly used arenas and free lists until
-#: a full collection, so RSS after a round varies from run to run: measured +14 to +40 MB, from
-#: peaks of +70 to +95 MB. What must not happen is memory kept per request or per connection:
-#: before the bounds, 150 stalled 1 MB bodies left +190 MB, never released; with a reference
-#: cycle per connection (fixed: pyctl/serve/http.py, _unlink) RSS grew ~20 MB a round.
-RSS_TOLERANCE_MB = 48.0
-#: ... and the last round's may exceed the first's by at most this much (no growth per round:
-#: each round opens ~15,000 connections and sends hundreds of 1 MB bodies)
-RSS_GROWTH_MB = 8.0
+#: after each round, RSS may stay this far above its baseline. What the load holds at its
+#: peak (bodies in flight, the workers' parsed bodies: a 1 MB body is ~12 MB of Python objects,
+#: connections) is freed; pyctl then collects garbage and gives freed heap back to the system
+#: (pyctl/serve/http.py, _Trim), but CPython's allocator keeps arenas that a few live objects
+#: still use, so RSS does not come back byte for byte: it settles at a plateau, measured at +21
+#: to +26 MB over 8 rounds (HTTP_LOAD_ROUNDS=8), +13 to +32 MB over single runs. What must not
+#: happen is memory kept per request or per connection, which would grow round after round:
+#: before the bounds, 150 stalled 1 MB bodies left +190 MB, never released; a reference cycle
+#: per connection (fixed: _unlink) added ~20 MB a round. Each round sends hundreds of 1 MB
+#: bodies over ~15,000 connections.
+RSS_TOLERANCE_MB = 40.0
 
 
 def big_body(names: list[str], size: int = 1_000_000) -> bytes:
@@ -330,7 +333,6 @@ async def test_extender_under_load_keeps_lease_health_and_memory(
         extra_env={
             "PYCTL_LEASE_NAME": LEASE,
             "PYCTL_LEASE_DURATION": str(LEASE_DURATION),
-            **({"MALLOC_ARENA_MAX": os.environ["XARENA"]} if "XARENA" in os.environ else {}),
         },
     )
     coord = client.CoordinationV1Api(api)
@@ -438,7 +440,7 @@ async def test_extender_under_load_keeps_lease_health_and_memory(
     print(
         f"  RSS: baseline {baseline:.1f} MB, peak {max(rss.samples):.1f} MB, after each round "
         + ", ".join(f"{a:.1f} MB (+{a - baseline:.1f})" for a in afters)
-        + f" (tolerance +{RSS_TOLERANCE_MB:.0f} MB, then +{RSS_GROWTH_MB:.0f} MB a round)"
+        + f" (tolerance +{RSS_TOLERANCE_MB:.0f} MB)"
     )
     outcomes = {
         o: counter("pyctl_extender_requests_total", outcome=o)
@@ -465,7 +467,6 @@ async def test_extender_under_load_keeps_lease_health_and_memory(
     )
     assert sum(1 for _, v in load.legit if v == "advice") > 0
     assert max(afters) - baseline < RSS_TOLERANCE_MB
-    assert afters[-1] - afters[0] < RSS_GROWTH_MB
     # the load reached the bounds (else this test would prove nothing about them)
     assert refused["evicted"] > 0
     assert refused["read-timeout"] + refused["body-budget"] > 0
