@@ -526,6 +526,8 @@ class HttpServer:
         if not self._budget.take(declared):
             raise _Refused(503, "body-budget", "too many request bodies in flight")
         held = declared
+        if h.they_are_waiting_for_100_continue:  # curl's `Expect: 100-continue`: go on
+            conn.writer.write(h.send(h11.InformationalResponse(status_code=100, headers=[])) or b"")
         chunks: list[bytes] = []
         size = 0
         try:

@@ -588,3 +588,19 @@ async def test_closed_connections_leave_no_reference_cycles(served: Callable[...
         gc.set_debug(0)
         gc.garbage.clear()
         gc.enable()
+
+
+async def test_expect_100_continue_is_answered(served: Callable[..., Any]) -> None:
+    """curl sends `Expect: 100-continue` with a body over 1 KiB and waits a second for it."""
+    s = await served()
+    data = body()
+    head = request(data=b"", headers={"Expect": "100-continue"}).replace(
+        b"Content-Length: 0", f"Content-Length: {len(data)}".encode()
+    )
+    reader, writer = await asyncio.open_connection("127.0.0.1", s.port)
+    writer.write(head)
+    interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 0.5)
+    assert interim.startswith(b"HTTP/1.1 100 ")
+    writer.write(data)
+    assert (await read_response(reader))[0] == 200
+    writer.close()
