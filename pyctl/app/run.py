@@ -18,7 +18,7 @@ from pyctl.app.wiring import (
     attach_workflows,
     make_store,
     sim_limits,
-    start_server,
+    start_servers,
 )
 from pyctl.cluster.kube.actuator import KubeActuator
 from pyctl.cluster.kube.client import connect
@@ -67,7 +67,7 @@ async def run_kube(cfg: Config, workload: Workload | None) -> int:
     )
     flows = attach_workflows(ctl, cfg, actuator=actuator)
     attach_recommender(ctl, cfg)
-    server = await start_server(ctl, cfg, flows)
+    servers = await start_servers(ctl, cfg, flows)
     if cfg.redis.url:
         ctl.background.append(lambda: watch_members(ctl.store, ctl.metrics, cfg.cluster, 10.0))
     try:
@@ -75,8 +75,7 @@ async def run_kube(cfg: Config, workload: Workload | None) -> int:
             tg.start_soon(elector.run)
             await ctl.run()
     finally:
-        if server is not None:
-            await server.stop()
+        await servers.stop()
         await kube.close()
     return 0
 
@@ -98,12 +97,11 @@ class SimRun:
     advisor: PlacementAdvisor | None = None
 
     async def run(self) -> None:
-        server = await start_server(self.controller, self.cfg, self.workflows)
+        servers = await start_servers(self.controller, self.cfg, self.workflows)
         try:
             await self.controller.run(until_source_ends=not self.cfg.sim.forever)
         finally:
-            if server is not None:
-                await server.stop()
+            await servers.stop()
 
 
 def build_sim(

@@ -16,6 +16,7 @@ from pyctl.controller.controller import Controller
 from pyctl.controller.placement import PlacementAdvisor
 from pyctl.recommend.recommender import attach_from_config
 from pyctl.serve.extender import ExtenderHandler
+from pyctl.serve.extender_server import ExtenderServer, HttpMetrics
 from pyctl.serve.health import HealthServer
 from pyctl.state.memory import MemoryStore
 from pyctl.state.ratelimit import BucketLimit, MemoryRateLimiter, RateLimiter, SafetyLimits
@@ -185,30 +186,59 @@ def advisor(ctl: Controller, flows: Workflows | None = None) -> PlacementAdvisor
     )
 
 
-async def start_server(
-    ctl: Controller, cfg: Config, flows: Workflows | None = None
-) -> HealthServer | None:
-    """/metrics, /healthz, /readyz (and /federation with a shared Redis) on the metrics port,
-    with the kube-scheduler extender (/scheduler/filter, /scheduler/prioritize)."""
-    if not cfg.metrics.port:
-        return None
-    federation: Callable[[], Awaitable[Mapping[str, Any]]] | None = None
-    if cfg.redis.url:
-        from pyctl.federation import federation_status
+@dataclass
+class Servers:
+    """The HTTP servers of one controller (each None when its port is 0)."""
 
-        store = ctl.store
+    health: HealthServer | None = None
+    extender: ExtenderServer | None = None
 
-        async def status() -> Mapping[str, Any]:
-            return await federation_status(store, ctl.metrics, cfg.cluster)
+    async def stop(self) -> None:
+        if self.extender is not None:
+            await self.extender.stop()
+        if self.health is not None:
+            await self.health.stop()
 
-        federation = status
-    server = HealthServer(
-        ctl.metrics.registry,
-        ctl.ready,
-        cfg.metrics.host,
-        cfg.metrics.port,
-        federation=federation,
-        extender=ExtenderHandler(advisor(ctl, flows)),
-    )
-    await server.start()
-    return server
+
+async def start_servers(ctl: Controller, cfg: Config, flows: Workflows | None = None) -> Servers:
+    """/metrics, /healthz, /readyz (and /federation with a shared Redis) on the metrics port;
+    the kube-scheduler extender (/scheduler/filter, /scheduler/prioritize) on the extender port,
+    on its own server and threads. Raises (after stopping what it started) when a server cannot
+    start: a port in use, TLS files that cannot be read."""
+    servers = Servers()
+    metrics = HttpMetrics(ctl.metrics.registry, cfg.cluster)
+    try:
+        if cfg.metrics.port:
+            federation: Callable[[], Awaitable[Mapping[str, Any]]] | None = None
+            if cfg.redis.url:
+                from pyctl.federation import federation_status
+
+                store = ctl.store
+
+                async def status() -> Mapping[str, Any]:
+                    return await federation_status(store, ctl.metrics, cfg.cluster)
+
+                federation = status
+            servers.health = HealthServer(
+                ctl.metrics.registry,
+                ctl.ready,
+                cfg.metrics.host,
+                cfg.metrics.port,
+                federation=federation,
+                limits=cfg.metrics.limits(),
+                on_reject=metrics.on_reject("metrics"),
+            )
+            await servers.health.start()
+        if cfg.extender.port:
+            # one advisor per worker thread (its rank cache is not shared), each keeping the
+            # nodes of the rescues in progress for their pending pods
+            servers.extender = ExtenderServer(
+                lambda: ExtenderHandler(advisor(ctl, flows)),
+                cfg.extender,
+                metrics,
+            )
+            await servers.extender.start()
+    except BaseException:
+        await servers.stop()
+        raise
+    return servers

@@ -71,8 +71,9 @@ async def test_a_rescue_of_two_moves_under_a_pdb_places_the_pending_replica(
     pyctl = ControllerProcess(
         control_plane.kubeconfig,
         redis_server.url,
-        port,
+        free_port(),
         tmp_path,
+        extender_port=port,
         extra_env={
             "PYCTL_LEASE_NAME": "pyctl-rescue-e2e",
             "PYCTL_WORKFLOW_RESCUE_DEADLINE": "120",

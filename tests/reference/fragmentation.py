@@ -456,7 +456,9 @@ def score_node(node: Node, workload: Workload) -> Score:
             {
                 s.mig_profile
                 for s in workload.shapes
-                if s.mig_profile in names and allows(s, node.gpu_model)
+                if s.mig_profile is not None
+                and s.mig_profile in names
+                and allows(s, node.gpu_model)
             }
         )
         if wanted:
