@@ -58,8 +58,8 @@ pub struct Compaction {
     pub budget: f64,
     /// Most moves per round.
     pub max_moves: u32,
-    /// Smallest fall of F(M), milli-GPU, a periodic move must bring (the controller's planner
-    /// uses 1.0).
+    /// Smallest fall of F(M), milli-GPU, a periodic move must bring (the replay spends a fixed
+    /// eviction budget; the controller's configured default is 1000, one GPU, per restart).
     pub min_gain: f64,
     /// Fraction of the budget periodic compaction leaves to pending-driven moves once a task
     /// has failed.
