@@ -5,7 +5,7 @@
 use super::model::{MigGpu, MigInstance, Node, GPU_MILLI};
 use super::score::{
     admission, allows_node, device_view, dynamic_placements, mig_need, node_model, on_node,
-    score_node, MigNeed, RecoverMemo,
+    score_node, MigNeed, Providers, RecoverMemo,
 };
 use super::workload::Shape;
 use crate::error::{CoreError, CoreResult};
@@ -276,15 +276,14 @@ impl<'a> Host<'a> {
     fn new(node: &Node, shape: &'a Shape) -> Self {
         let strict =
             !shape.dra && matches!(node.policy, Policy::Restricted | Policy::SingleNumaNode);
-        let cpu_provider = node.cpu_static && shape.cpu_milli > 0 && shape.cpu_milli % 1000 == 0;
-        let mem_provider = node.memory_static && shape.memory_mib > 0;
+        let prov = Providers::of(node, shape);
         Host {
             shape,
             zones: node.zones.len(),
             cpu_free: node.zones.iter().map(|z| z.cpu_free).collect(),
             mem_free: node.zones.iter().map(|z| z.memory_free).collect(),
-            cpu_inside: strict && cpu_provider,
-            mem_inside: strict && mem_provider,
+            cpu_inside: strict && prov.cpu,
+            mem_inside: strict && prov.mem,
         }
     }
 
