@@ -4,6 +4,7 @@ of what `pyctl._core` returns, checked on real outputs against the TypedDicts of
 
 from __future__ import annotations
 
+import re
 import types
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints, is_typeddict
 
@@ -234,3 +235,27 @@ def test_a_replay_result_has_its_declared_types(placements: bool) -> None:
     )
     conforms(res, t.ReplayRaw)
     assert ("node_of" in res) == placements
+
+
+@pytest.mark.parametrize(
+    ("shape", "message"),
+    [
+        ({"gpus": -1, "weight": 1}, "shapes[0].gpus: must not be negative, got -1"),
+        ({"cpu_milli": "2", "weight": 1}, "shapes[0].cpu_milli: expected an integer, got str"),
+        ({"gpus": True, "weight": 1}, "shapes[0].gpus: expected an integer, got bool"),
+        ({"gpus": 1, "gpu_milli": 500}, "shapes[0].weight: missing"),
+        ({"gpus": 1, "weight": "1"}, "shapes[0].weight: expected a number, got str"),
+        ({"gpus": 1, "gpu_models": "A100", "weight": 1}, "shapes[0].gpu_models: expected a list"),
+        ([1, 2], "shapes[0]: expected an object"),
+    ],
+)
+def test_the_scorer_and_the_replay_read_a_shape_alike(shape: Any, message: str) -> None:
+    """One reader (rust/src/python/shape.rs) for every shape the extension takes: the same bad
+    shape gets the same error from the scorer and from the replay."""
+    core = _core.FragmentModel(snapshot_columns(_snapshot()))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        core.score([shape])
+    nodes = {"name": ["a"], "cpu_milli": [1000], "memory_mib": [0], "gpu": [1], "model": ["x"]}
+    tasks = {"cpu_milli": [0], "memory_mib": [0], "num_gpu": [0], "gpu_milli": [0]}
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _core.replay_run(nodes, tasks, [shape])
