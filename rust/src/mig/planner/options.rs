@@ -215,37 +215,8 @@ impl Ctx<'_> {
                 )
             })
             .collect();
-        // Groups in the placement search's order.
-        let mut groups: Vec<(usize, usize)> = creatable
-            .iter()
-            .zip(n)
-            .filter(|(_, &k)| k > 0)
-            .map(|(&p, &k)| (p, k as usize))
-            .collect();
-        groups.sort_by_key(|&(p, _)| {
-            let pr = &model.profiles[p];
-            (std::cmp::Reverse(pr.memory_slices), pr.placements.len(), p)
-        });
-        let mut reuse = Reuse {
-            model,
-            gpu,
-            groups: &groups,
-            reusable,
-            cur: Vec::new(),
-            best: None,
-            best_matches: 0,
-            remaining: groups.iter().map(|g| g.1).sum(),
-            ceiling: groups
-                .iter()
-                .map(|&(p, k)| {
-                    let current = reusable
-                        .iter()
-                        .filter(|&&i| gpu.instances[i].profile == p)
-                        .count();
-                    k.min(current)
-                })
-                .sum(),
-        };
+        let groups = search_groups(model, creatable, n);
+        let mut reuse = Reuse::new(model, gpu, &groups, reusable);
         reuse.group(0, st.occupied, 0);
         let mut room = Room {
             occupied: st.occupied,
@@ -352,7 +323,52 @@ struct Reuse<'a> {
     ceiling: usize,
 }
 
-impl Reuse<'_> {
+/// The profiles to create with their counts, in the placement search's order (largest memory
+/// first, then fewest placements).
+fn search_groups(model: &GpuModel, creatable: &[usize], n: &[u8]) -> Vec<(usize, usize)> {
+    let mut groups: Vec<(usize, usize)> = creatable
+        .iter()
+        .zip(n)
+        .filter(|(_, &k)| k > 0)
+        .map(|(&p, &k)| (p, k as usize))
+        .collect();
+    groups.sort_by_key(|&(p, _)| {
+        let pr = &model.profiles[p];
+        (std::cmp::Reverse(pr.memory_slices), pr.placements.len(), p)
+    });
+    groups
+}
+
+impl<'a> Reuse<'a> {
+    fn new(
+        model: &'a GpuModel,
+        gpu: &'a MigGpu,
+        groups: &'a [(usize, usize)],
+        reusable: &'a [usize],
+    ) -> Self {
+        let ceiling = groups
+            .iter()
+            .map(|&(p, k)| {
+                let current = reusable
+                    .iter()
+                    .filter(|&&i| gpu.instances[i].profile == p)
+                    .count();
+                k.min(current)
+            })
+            .sum();
+        Reuse {
+            model,
+            gpu,
+            groups,
+            reusable,
+            cur: Vec::new(),
+            best: None,
+            best_matches: 0,
+            remaining: groups.iter().map(|g| g.1).sum(),
+            ceiling,
+        }
+    }
+
     fn is_current(&self, p: usize, s: u8) -> bool {
         self.reusable
             .iter()
