@@ -33,4 +33,6 @@ def test_plugin_options_are_the_commands_options(command: str) -> None:
 
 def test_plugin_plan_arguments_reach_run() -> None:
     args = kubectl_plugin.build_parser().parse_args(["plan", "--rescue-depth", "2"])
-    assert args.rescue_depth == 2 and args.max_moves == 10 and not args.no_device_taint_rules
+    assert args.rescue_depth == 2
+    assert args.max_moves == 10
+    assert not args.no_device_taint_rules
