@@ -214,7 +214,7 @@ class ReplicaAllocator:
         """Follow the pods: admit the newly bound in the order they were bound (creation order
         among those bound since the last call), release the gone."""
         pods = await core.list_namespaced_pod(namespace, label_selector=f"app={label}")
-        live = {}
+        live: dict[str, client.V1Pod] = {}
         for p in pods.items:
             if p.spec.node_name in self.held and p.metadata.deletion_timestamp is None:
                 live[f"{namespace}/{p.metadata.name}"] = p

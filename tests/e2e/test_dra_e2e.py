@@ -169,6 +169,10 @@ class Dra:
             out += alloc["devices"]["results"]
         return out
 
+    async def is_allocated(self, pod: str) -> bool:
+        """All of the pod's claims are allocated (a predicate for `wait_until`)."""
+        return bool(await self.allocated(pod))
+
     async def bound(self, pod: str) -> str:
         try:
             p = await self.core.read_namespaced_pod(pod, NS)
@@ -495,7 +499,7 @@ async def test_numa_split_claim_then_compaction_frees_a_zone_for_the_real_schedu
             await core.create_namespaced_pod(
                 NS, body(claim_pod("dc-hold", {"gpus": "template:dc-three"}, node="dc-frag"))
             )
-            await wait_until(lambda: dra.allocated("dc-hold"), "the holding pod", within=60)
+            await wait_until(lambda: dra.is_allocated("dc-hold"), "the holding pod", within=60)
             await apps.patch_namespaced_deployment_scale(
                 "small", NS, body({"spec": {"replicas": 2}})
             )
@@ -570,9 +574,9 @@ async def test_numa_split_claim_then_compaction_frees_a_zone_for_the_real_schedu
     finally:
         sched.stop()
         await server.stop()
-        for d in ("small", "big", "fill-0", "fill-1"):
+        for name in ("small", "big", "fill-0", "fill-1"):
             try:
-                await apps.delete_namespaced_deployment(d, NS)
+                await apps.delete_namespaced_deployment(name, NS)
             except client.ApiException as exc:
                 if exc.status != 404:
                     raise
@@ -647,7 +651,9 @@ async def test_device_taint_rules_steer_the_real_allocator_off_stranding_placeme
             await core.create_namespaced_pod(
                 NS, body(claim_pod("ds-before", {"part": "template:ds-1g"}, node=node.name))
             )
-            await wait_until(lambda: dra.allocated("ds-before"), "the first allocation", within=60)
+            await wait_until(
+                lambda: dra.is_allocated("ds-before"), "the first allocation", within=60
+            )
             assert await start_of("ds-before") == 0
             await core.delete_namespaced_pod("ds-before", NS, grace_period_seconds=0)
 
@@ -678,7 +684,9 @@ async def test_device_taint_rules_steer_the_real_allocator_off_stranding_placeme
             await core.create_namespaced_pod(
                 NS, body(claim_pod("ds-after", {"part": "template:ds-1g"}, node=node.name))
             )
-            await wait_until(lambda: dra.allocated("ds-after"), "the steered allocation", within=60)
+            await wait_until(
+                lambda: dra.is_allocated("ds-after"), "the steered allocation", within=60
+            )
             start = await start_of("ds-after")
             assert start is not None
             assert start >= 4, f"1g.10gb allocated at slice {start}: strands the 4g.40gb window"

@@ -224,9 +224,9 @@ async def test_hami_shares_are_read_from_its_annotations(
     core = client.CoreV1Api(api)
     devices = {n: hami_devices(n, 2) for n in ("hami-e2e-0", "hami-e2e-1")}
     for n, devs in devices.items():
-        node = hami_node(n, devs)
-        node["metadata"]["labels"].update(sel)
-        await core.create_node(body(node))
+        manifest = hami_node(n, devs)
+        manifest["metadata"]["labels"].update(sel)
+        await core.create_node(body(manifest))
     await wait_nodes_ready(api, list(devices))
     sim = HamiScheduler(api, devices)
     await sim.start()
@@ -267,11 +267,11 @@ async def test_hami_shares_are_read_from_its_annotations(
                 (n, d.index): {} for n, devs in devices.items() for d in devs
             }
             use: dict[tuple[str, int], list[int]] = {k: [0, 0] for k in pods_on}
-            for key, (node, ctrs) in sim.assigned.items():
+            for key, (node, held) in sim.assigned.items():
                 if key == f"{NS}/h-huge":
                     continue
                 per: dict[str, list[int]] = {}
-                for ctr in ctrs:
+                for ctr in held:
                     for uuid, mem, cores in ctr:
                         acc = per.setdefault(uuid, [0, 0])
                         acc[0] += mem

@@ -210,7 +210,7 @@ def test_mig_results_have_their_declared_types() -> None:
 
 @pytest.mark.parametrize("placements", [False, True])
 def test_a_replay_result_has_its_declared_types(placements: bool) -> None:
-    nodes = {
+    nodes: dict[str, list[str] | list[int]] = {
         "name": ["a", "b"],
         "cpu_milli": [32000, 32000],
         "memory_mib": [65536, 65536],
@@ -255,7 +255,13 @@ def test_the_scorer_and_the_replay_read_a_shape_alike(shape: Any, message: str) 
     core = _core.FragmentModel(snapshot_columns(_snapshot()))
     with pytest.raises(ValueError, match=re.escape(message)):
         core.score([shape])
-    nodes = {"name": ["a"], "cpu_milli": [1000], "memory_mib": [0], "gpu": [1], "model": ["x"]}
+    nodes: dict[str, list[str] | list[int]] = {
+        "name": ["a"],
+        "cpu_milli": [1000],
+        "memory_mib": [0],
+        "gpu": [1],
+        "model": ["x"],
+    }
     tasks = {"cpu_milli": [0], "memory_mib": [0], "num_gpu": [0], "gpu_milli": [0]}
     with pytest.raises(ValueError, match=re.escape(message)):
         _core.replay_run(nodes, tasks, [shape])
