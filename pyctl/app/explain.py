@@ -428,6 +428,18 @@ def _explain_running(
             f"runs on {p.node}, the placement policy's choice for its shape with the pod "
             f"counted out{tie}"
         )
+    elif (
+        choice
+        and (mine := next((a for a in nodes if a.node == p.node), None)) is not None
+        and mine.fit is None
+        and mine.rank is not None
+        and mine.rank == next(a for a in nodes if a.node == choice[0]).rank
+    ):
+        verdict = (
+            f"runs on {p.node}, ranked as well as the placement policy's choice for its shape "
+            f"with the pod counted out ({mine.explain}); ties go to the first node by name, "
+            f"{', '.join(choice)}"
+        )
     elif choice:
         mine = next((a for a in nodes if a.node == p.node), None)
         best = next(a for a in nodes if a.node == choice[0])

@@ -261,6 +261,14 @@ def check_explanations(t: Truth, cfg: Config) -> dict[str, Explanation]:
             mine = [a for a in e.nodes if a.node == p.node]
             assert len(mine) == 1, (key, e.verdict)
             assert mine[0].admits, (key, e.verdict)
+            # the verdict follows the ranks: the choice, a tie with it, or a worse rank
+            best = min((a.rank for a in e.nodes if a.candidate and a.rank), default=None)
+            if p.node in e.choice:
+                assert "the placement policy's choice" in e.verdict, e.verdict
+            elif mine[0].fit is None and mine[0].rank == best:
+                assert "ranked as well as the placement policy's choice" in e.verdict, e.verdict
+            elif e.choice:
+                assert "not the policy's choice now" in e.verdict, e.verdict
     # pending pods blocked by fragmentation, pod by pod, add up to the controller's summary
     assert dict(blocked) == t.summary.blocked
     return out
