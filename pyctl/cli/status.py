@@ -92,6 +92,11 @@ def _when(t: float, now: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) + "Z"
 
 
+def _slices(n: float) -> str:
+    """MIG slices (a shared or partly used slice counts as a fraction), to a tenth."""
+    return f"{round(n, 1):g}"
+
+
 def _gpus(milli: float) -> str:
     return f"{milli / GPU:.1f}"
 
@@ -156,8 +161,9 @@ def show(console: Console, st: Status) -> None:
         )
         if s.idle_mig_slices:
             console.print(
-                f"MIG: {s.idle_mig_slices:g} slices idle, {s.fragment_mig_slices:g} stranded, "
-                f"{s.recoverable_mig_slices:g} recoverable by re-partitioning"
+                f"MIG: {_slices(s.idle_mig_slices)} slices idle, "
+                f"{_slices(s.fragment_mig_slices)} stranded, "
+                f"{_slices(s.recoverable_mig_slices)} recoverable by re-partitioning"
             )
         blocked = ", ".join(f"{c} {n}" for c, n in sorted(s.blocked.items()))
         console.print(
