@@ -116,6 +116,8 @@ def show(console: Console, st: Status) -> None:
             f"Controller: summary published {_age(hb.age_seconds)} (fresh, ttl {hb.ttl_seconds} "
             "s): the replica holding the Lease is publishing"
         )
+        if hb.error:
+            console.print(f"[yellow]Its summary in part not read[/]: {escape(hb.error)}")
     else:
         why = f": {escape(hb.error)}" if hb.error else ""
         console.print(
