@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pyctl import _core
+from pyctl.core.types import Assignment
 from pyctl.model import Shape, Snapshot, Workload
 
 CATEGORIES: tuple[str, ...] = tuple(_core.CATEGORY_NAMES)
@@ -211,7 +212,7 @@ class Delta:
 
     fragment_gpu_milli: float
     fragment_mig_slices: float
-    assignment: dict[str, Any]
+    assignment: Assignment
 
 
 class FragmentationModel:

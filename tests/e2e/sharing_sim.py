@@ -42,9 +42,8 @@ from kubernetes_asyncio import client
 
 # the API server writes quantities in canonical form ("20000" becomes "20k")
 from pyctl.cluster.quantity import count as quantity
-
-from .control_plane import KWOK_NODE_ANNOTATION
-from .gpu_nodes import E2E_NODE_LABEL, body
+from pyctl.dev.control_plane import KWOK_NODE_ANNOTATION
+from pyctl.dev.gpu_nodes import E2E_NODE_LABEL, body
 
 SHARED = "nvidia.com/gpu.shared"
 GPU = "nvidia.com/gpu"

@@ -34,6 +34,8 @@ from pyctl.cluster.kube.lease import LeaderElector, LeaseConfig
 from pyctl.cluster.kube.source import KubeClusterSource
 from pyctl.controller.controller import Controller
 from pyctl.controller.placement import PlacementAdvisor
+from pyctl.dev.control_plane import ControlPlane, ExtraScheduler
+from pyctl.dev.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body
 from pyctl.serve.extender import ExtenderHandler
 from pyctl.serve.extender_server import ExtenderOptions, ExtenderServer
 from pyctl.state.memory import MemoryStore
@@ -44,8 +46,6 @@ from pyctl.workflows.engine import Context, Engine
 from pyctl.workflows.gate import Gate
 from pyctl.workflows.kinds import builtin_registry
 from tests.e2e.conftest import wait_until
-from tests.e2e.control_plane import ControlPlane, ExtraScheduler
-from tests.e2e.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body
 from tests.e2e.test_placement_e2e import (
     WORKLOAD,
     TopologyUpdater,

@@ -15,11 +15,8 @@ from pyctl.cluster.kube.client import connect
 from pyctl.cluster.kube.lease import LeaderElector, LeaseConfig
 from pyctl.cluster.kube.source import KubeClusterSource
 from pyctl.controller.controller import Controller
-from pyctl.state.redis_client import RedisConfig
-from pyctl.state.redis_store import RedisStore
-from tests.e2e.conftest import wait_until
-from tests.e2e.control_plane import ControlPlane
-from tests.e2e.gpu_nodes import (
+from pyctl.dev.control_plane import ControlPlane
+from pyctl.dev.gpu_nodes import (
     NRT_GROUP,
     NRT_PLURAL,
     NRT_VERSION,
@@ -28,6 +25,9 @@ from tests.e2e.gpu_nodes import (
     body,
     create_gpu_nodes,
 )
+from pyctl.state.redis_client import RedisConfig
+from pyctl.state.redis_store import RedisStore
+from tests.e2e.conftest import wait_until
 from tests.integration.redis_servers import RedisServer, find_binaries
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis]

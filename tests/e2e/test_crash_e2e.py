@@ -37,13 +37,13 @@ import msgspec
 import pytest
 from kubernetes_asyncio import client, watch
 
+from pyctl.dev.control_plane import ControlPlane, ExtraScheduler, free_port
+from pyctl.dev.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body
 from pyctl.state.redis_client import RedisConfig, close_client, connect
 from pyctl.state.redis_workflows import RedisWorkflowStore
 from pyctl.workflows.engine import Workflow
 from pyctl.workflows.mig_reconfig import TAINT_KEY
 from tests.e2e.conftest import wait_until
-from tests.e2e.control_plane import ControlPlane, ExtraScheduler, free_port
-from tests.e2e.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body
 from tests.e2e.test_placement_e2e import (
     TopologyUpdater,
     create_nodes,

@@ -31,6 +31,8 @@ from pyctl.cluster.kube.source import KubeClusterSource
 from pyctl.controller.controller import Controller
 from pyctl.controller.placement import PlacementAdvisor
 from pyctl.core import mig
+from pyctl.dev.control_plane import ControlPlane, ExtraScheduler
+from pyctl.dev.gpu_nodes import GpuNodeSpec, body, node_manifest, wait_nodes_ready
 from pyctl.model import Shape, Workload
 from pyctl.serve.extender import ExtenderHandler
 from pyctl.serve.extender_server import ExtenderOptions, ExtenderServer
@@ -43,7 +45,6 @@ from pyctl.workflows.engine import Context, Engine
 from pyctl.workflows.gate import Gate
 from pyctl.workflows.kinds import builtin_registry
 from tests.e2e.conftest import wait_until
-from tests.e2e.control_plane import ControlPlane, ExtraScheduler
 from tests.e2e.dra_driver_sim import (
     GPU_CLASS,
     GROUP,
@@ -54,7 +55,6 @@ from tests.e2e.dra_driver_sim import (
     SimNode,
     slices_for,
 )
-from tests.e2e.gpu_nodes import GpuNodeSpec, body, node_manifest, wait_nodes_ready
 from tests.e2e.test_placement_e2e import SCHEDULER_NAME, extender_config, kube
 
 pytestmark = [pytest.mark.e2e]

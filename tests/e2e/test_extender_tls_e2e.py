@@ -17,11 +17,11 @@ from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
 from pyctl.controller.placement import PlacementAdvisor
+from pyctl.dev.control_plane import ControlPlane, ExtraScheduler
+from pyctl.dev.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body
 from pyctl.serve.extender import ExtenderHandler
 from pyctl.serve.extender_server import ExtenderOptions, ExtenderServer, HttpMetrics
 from tests.e2e.conftest import wait_until
-from tests.e2e.control_plane import ControlPlane, ExtraScheduler
-from tests.e2e.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body
 from tests.e2e.test_placement_e2e import (
     create_nodes,
     delete_nodes,

@@ -40,9 +40,9 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
+from pyctl.dev.control_plane import ControlPlane, free_port
+from pyctl.dev.gpu_nodes import GpuNodeSpec, apply_nrt_crd
 from tests.e2e.conftest import wait_until
-from tests.e2e.control_plane import ControlPlane, free_port
-from tests.e2e.gpu_nodes import GpuNodeSpec, apply_nrt_crd
 from tests.e2e.test_crash_e2e import ControllerProcess
 from tests.e2e.test_placement_e2e import create_nodes, delete_nodes, gpu_pod
 from tests.integration.redis_servers import RedisServer

@@ -11,10 +11,10 @@ import pytest
 from kubernetes_asyncio import client
 
 from pyctl.cluster.kube.client import KubeApiError, Timeouts, connect
+from pyctl.dev.control_plane import ControlPlane
+from pyctl.dev.gpu_nodes import body
 
 from .conftest import wait_until
-from .control_plane import ControlPlane
-from .gpu_nodes import body
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio, pytest.mark.timeout(60, func_only=True)]
 

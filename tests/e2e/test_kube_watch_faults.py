@@ -19,10 +19,10 @@ from pyctl.cluster.kube.decode import decode_object
 from pyctl.cluster.kube.reflector import ReflectorOptions
 from pyctl.cluster.kube.source import KubeClusterSource
 from pyctl.cluster.records import Kind
+from pyctl.dev.control_plane import ControlPlane, ExtraApiserver, etcd_compact, etcd_revision
+from pyctl.dev.gpu_nodes import GpuNodeSpec, body, node_manifest
 
 from .conftest import CacheSink, wait_until
-from .control_plane import ControlPlane, ExtraApiserver, etcd_compact, etcd_revision
-from .gpu_nodes import GpuNodeSpec, body, node_manifest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio, pytest.mark.timeout(120, func_only=True)]
 

@@ -41,6 +41,15 @@ from kubernetes_asyncio import client
 
 from pyctl.cluster.kube.actuator import KubeActuator
 from pyctl.cluster.kube.client import KubeApiError, connect
+from pyctl.dev.control_plane import ControlPlane, ExtraScheduler, free_port
+from pyctl.dev.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body
+from pyctl.dev.mig_manager import (
+    STATE_LABEL,
+    MigManagerSim,
+    a100_all_1g,
+    create_mig_node,
+    mig_pod,
+)
 from pyctl.state.redis_client import RedisConfig, close_client
 from pyctl.state.redis_client import connect as redis_connect
 from pyctl.state.redis_workflows import RedisWorkflowStore
@@ -57,15 +66,6 @@ from tests.deploy.tools import (
     token_kubeconfig,
 )
 from tests.e2e.conftest import wait_until
-from tests.e2e.control_plane import ControlPlane, ExtraScheduler, free_port
-from tests.e2e.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body
-from tests.e2e.mig_manager_sim import (
-    STATE_LABEL,
-    MigManagerSim,
-    a100_all_1g,
-    create_mig_node,
-    mig_pod,
-)
 from tests.e2e.test_placement_e2e import (
     TopologyUpdater,
     create_nodes,

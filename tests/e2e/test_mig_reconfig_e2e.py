@@ -21,6 +21,9 @@ from pyctl.cluster.kube.actuator import KubeActuator
 from pyctl.cluster.kube.client import connect
 from pyctl.cluster.kube.source import KubeClusterSource
 from pyctl.core import mig
+from pyctl.dev.control_plane import ControlPlane
+from pyctl.dev.gpu_nodes import body
+from pyctl.dev.mig_manager import STATE_LABEL, MigManagerSim, a100_all_1g, create_mig_node, mig_pod
 from pyctl.metrics import Metrics
 from pyctl.state.ratelimit import MemoryRateLimiter
 from pyctl.state.workflows import MemoryWorkflowStore
@@ -33,9 +36,6 @@ from tests.limits import global_only
 from tests.models import CacheModels
 
 from .conftest import CacheSink, wait_until
-from .control_plane import ControlPlane
-from .gpu_nodes import body
-from .mig_manager_sim import STATE_LABEL, MigManagerSim, a100_all_1g, create_mig_node, mig_pod
 from .test_placement_e2e import delete_nodes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio, pytest.mark.timeout(180, func_only=True)]

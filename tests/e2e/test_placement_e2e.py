@@ -24,13 +24,8 @@ from pyctl.cluster.kube.client import connect
 from pyctl.cluster.kube.source import KubeClusterSource
 from pyctl.controller.controller import Controller
 from pyctl.controller.placement import PlacementAdvisor
-from pyctl.model import Shape, Workload
-from pyctl.serve.extender import ExtenderHandler
-from pyctl.serve.extender_server import ExtenderOptions, ExtenderServer
-from pyctl.state.memory import MemoryStore
-from tests.e2e.conftest import wait_until
-from tests.e2e.control_plane import REPO, ControlPlane, ExtraScheduler
-from tests.e2e.gpu_nodes import (
+from pyctl.dev.control_plane import REPO, ControlPlane, ExtraScheduler
+from pyctl.dev.gpu_nodes import (
     GPU,
     NRT_GROUP,
     NRT_PLURAL,
@@ -42,6 +37,11 @@ from tests.e2e.gpu_nodes import (
     nrt_manifest,
     wait_nodes_ready,
 )
+from pyctl.model import Shape, Workload
+from pyctl.serve.extender import ExtenderHandler
+from pyctl.serve.extender_server import ExtenderOptions, ExtenderServer
+from pyctl.state.memory import MemoryStore
+from tests.e2e.conftest import wait_until
 
 pytestmark = [pytest.mark.e2e]
 

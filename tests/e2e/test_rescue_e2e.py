@@ -24,9 +24,9 @@ import anyio
 import pytest
 from kubernetes_asyncio import client
 
+from pyctl.dev.control_plane import ControlPlane, ExtraScheduler, free_port
+from pyctl.dev.gpu_nodes import GpuNodeSpec, body, node_manifest, wait_nodes_ready
 from tests.e2e.conftest import wait_until
-from tests.e2e.control_plane import ControlPlane, ExtraScheduler, free_port
-from tests.e2e.gpu_nodes import GpuNodeSpec, body, node_manifest, wait_nodes_ready
 from tests.e2e.test_crash_e2e import ControllerProcess
 from tests.e2e.test_placement_e2e import extender_config, gpu_deployment
 from tests.integration.redis_servers import RedisServer

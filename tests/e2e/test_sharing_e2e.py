@@ -21,10 +21,10 @@ from kubernetes_asyncio import client
 from pyctl.cluster.kube.client import connect
 from pyctl.cluster.kube.source import KubeClusterSource
 from pyctl.controller.controller import Controller
+from pyctl.dev.control_plane import ControlPlane, ExtraScheduler
+from pyctl.dev.gpu_nodes import body, wait_nodes_ready
 from pyctl.state.memory import MemoryStore
 from tests.e2e.conftest import wait_until
-from tests.e2e.control_plane import ControlPlane, ExtraScheduler
-from tests.e2e.gpu_nodes import body, wait_nodes_ready
 from tests.e2e.sharing_sim import (
     GPU,
     GPUCORES,

@@ -37,9 +37,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from pyctl.app.config import Config, load_config
 from pyctl.app.state import StoredView, read_view
 from pyctl.core.fragmentation import shape_dict
+from pyctl.dev.control_plane import ControlPlane, ExtraScheduler, free_port
+from pyctl.dev.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body
 from tests.e2e.conftest import wait_until
-from tests.e2e.control_plane import ControlPlane, ExtraScheduler, free_port
-from tests.e2e.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body
 from tests.e2e.test_crash_e2e import ControllerProcess
 from tests.e2e.test_placement_e2e import (
     WORKLOAD,
