@@ -118,7 +118,16 @@ def decode_member(cluster: str, m: MemberSummary) -> Member:
         error = ""
     except (msgspec.DecodeError, ValueError) as e:
         d, error = {}, f"summary does not decode: {e}"
-    return Member(cluster, m.stale, m.age_seconds, m.ttl_seconds, d, error)
+    member = Member(cluster, m.stale, m.age_seconds, m.ttl_seconds, d, error)
+    try:  # a field of the wrong type (a hostile or foreign summary) is said, never raised later
+        member.to_json()
+        _ = member.blocked
+    except (TypeError, ValueError, AttributeError, OverflowError) as e:
+        why = " ".join(str(e).split())[:200]
+        return Member(
+            cluster, m.stale, m.age_seconds, m.ttl_seconds, {}, f"summary does not decode: {why}"
+        )
+    return member
 
 
 async def read_members(store: StateStore) -> list[Member]:

@@ -143,6 +143,7 @@ def build_sim(
         s = ctl.summarize()
         if on_summary is not None:
             on_summary(s)
+        await ctl.publish(s)  # the heartbeat `pyctl status` reads (with a shared Redis)
         leader = ctl.is_leader()
         await flows.compactor.tick(leader)
         await flows.mig_loop.tick(leader)

@@ -10,6 +10,7 @@ from pyctl import __version__
 from pyctl.cli import (
     demo,
     dev,
+    explain,
     federation,
     mig,
     plan,
@@ -17,6 +18,7 @@ from pyctl.cli import (
     run,
     score,
     simulate,
+    status,
     topology,
 )
 from pyctl.cli.errors import EXIT_BAD_INPUT, UserError
@@ -31,7 +33,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"pyctl {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (demo, dev, federation, mig, plan, recommend, run, score, simulate, topology):
+    for module in (
+        demo,
+        dev,
+        explain,
+        federation,
+        mig,
+        plan,
+        recommend,
+        run,
+        score,
+        simulate,
+        status,
+        topology,
+    ):
         module.register(sub)
     return parser
 

@@ -141,7 +141,9 @@ def node_from_records(
     given, is filled with where each pod's DRA devices sit; `previous`, its last model: replicas
     of shared GPUs already attributed stay where they were (docs/sharing.md)."""
     where = f"node {node.name}"
-    live = [p for p in pods if not p.terminated]
+    # in name order: the model is a function of the records, not of the order they arrived in
+    # (MIG instances and shared GPUs are attributed to pods in this order)
+    live = sorted((p for p in pods if not p.terminated), key=lambda p: p.key)
     # extended resources a DRA claim serves are that claim's devices (counted by `dra`)
     plugin = [p for p in live if not p.extended_claim]
     used_cpu = sum(p.cpu_milli for p in live)

@@ -87,6 +87,8 @@ class Controller:
         self._pending_events: list[Event] = []
         self._pending_rv: dict[Kind, str] = {}
         self._pending_replace: dict[Kind, tuple[list[Record], str]] = {}
+        #: the last resourceVersion seen per kind (what a re-sync writes with the records)
+        self._seen_rv: dict[Kind, str] = {}
         self._store_wakeup = anyio.Event()
         self._logged_errors: set[str] = set()
         self.last_summary: Summary | None = None
@@ -106,6 +108,7 @@ class Controller:
         self.synced.add(kind)
         self.metrics.relists.labels(self.cluster, kind).inc()
         self._pending_replace[kind] = (list(records), resource_version)
+        self._seen_rv[kind] = resource_version
         self._pending_events = [e for e in self._pending_events if record_kind(e.record) != kind]
         self._store_wakeup.set()
 
@@ -129,6 +132,7 @@ class Controller:
         self.stats.events += len(events)
         self._pending_events.extend(events)
         self._pending_rv.update(resource_versions)
+        self._seen_rv.update(resource_versions)
         if len(self._pending_events) >= self.flush_events:
             self._store_wakeup.set()
 
@@ -169,7 +173,7 @@ class Controller:
             for kind in KINDS:
                 if kind in self.synced:
                     table = self.cache._table(kind)
-                    replaces[kind] = (list(table.values()), rvs.get(kind, ""))
+                    replaces[kind] = (list(table.values()), self._seen_rv.get(kind, ""))
             events = []
         try:
             if self._reopen:
@@ -243,21 +247,34 @@ class Controller:
         self.metrics.leader.labels(self.cluster).set(1 if self.is_leader() else 0)
         return s
 
+    async def publish(self, s: Summary) -> bool:
+        """Publish the federation summary (with every node's model, M and a heartbeat) when the
+        store works, this replica holds the Lease and `federation_interval` has passed (wall
+        clock) since the last; True if it was published. Only the leader publishes: a fresh
+        heartbeat says the replica that acts is alive and its writes to the store succeed
+        (`pyctl status`, docs/state.md)."""
+        now = time.monotonic()
+        if not self.store_ok or now - self._published_at < self.federation_interval:
+            return False
+        if not self.is_leader():
+            return False
+        # the federation summary carries every node's model: published at a slow rate
+        self._published_at = now
+        data = federation_summary_bytes(s, self.reconciler.models, self.reconciler.workload)
+        try:
+            await self.store.put_summary(data, int(max(30, 3 * self.federation_interval)))
+        except StoreError:
+            self.metrics.store_errors.labels(self.cluster).inc()
+            return False
+        return True
+
     async def _summary_loop(self) -> None:
         while True:
             await anyio.sleep(self.summary_interval)
             s = self.summarize()
             if self.on_summary:
                 self.on_summary(s)
-            now = time.monotonic()
-            if self.store_ok and now - self._published_at >= self.federation_interval:
-                # the federation summary carries every node's model: published at a slow rate
-                self._published_at = now
-                data = federation_summary_bytes(s, self.reconciler.models, self.reconciler.workload)
-                try:
-                    await self.store.put_summary(data, int(max(30, 3 * self.federation_interval)))
-                except StoreError:
-                    self.metrics.store_errors.labels(self.cluster).inc()
+            await self.publish(s)
 
     async def drain(self) -> None:
         """Process everything queued now (tests, finite runs, the simulated cluster's lockstep)."""

@@ -10,6 +10,7 @@ Per cluster ``c`` (``P`` is the prefix)::
 
     P:{c}:schema                  string  the schema version the state was written with
     P:{c}:rv                      hash    Kind -> resourceVersion the stored objects are at
+    P:{c}:written                 hash    Kind -> when it was last written (Redis TIME, seconds)
     P:{c}:obj:<Kind>              hash    record key (name, or namespace/name) -> encoded record
                                           (msgspec JSON array, `pyctl.cluster.records`)
     P:{c}:summary                 hash    data (the federation summary), published (Redis TIME,
@@ -89,6 +90,10 @@ class Keys:
     @property
     def resource_versions(self) -> str:
         return f"{self.base}:rv"
+
+    @property
+    def written(self) -> str:
+        return f"{self.base}:written"
 
     def objects(self, kind: Kind) -> str:
         return f"{self.base}:obj:{kind}"

@@ -16,7 +16,14 @@ from pyctl.cluster.records import (
     record_key,
     record_kind,
 )
-from pyctl.state.store import SCHEMA_VERSION, MemberSummary, StoreError
+from pyctl.state.store import (
+    SCHEMA_VERSION,
+    MemberSummary,
+    StoredKind,
+    StoredState,
+    StoreError,
+    decode_stored,
+)
 
 
 class MemoryStore:
@@ -30,6 +37,7 @@ class MemoryStore:
         self._clock = clock
         self._objects: dict[Kind, dict[str, bytes]] = {k: {} for k in KINDS}
         self._rv: dict[Kind, str] = dict.fromkeys(KINDS, "")
+        self._written: dict[Kind, float] = {}
         #: cluster -> (summary, published at, ttl seconds)
         self._summaries: dict[str, tuple[bytes, float, int]] = {}
         self._open = False
@@ -57,11 +65,15 @@ class MemoryStore:
             else:
                 self._objects[kind][key] = encode_record(ev.record)
         self._rv.update(resource_versions)
+        now = self._clock()
+        for kind in {record_kind(ev.record) for ev in events} | set(resource_versions):
+            self._written[kind] = now
 
     async def replace(self, kind: Kind, records: Sequence[Record], resource_version: str) -> None:
         self._check()
         self._objects[kind] = {record_key(r): encode_record(r) for r in records}
         self._rv[kind] = resource_version
+        self._written[kind] = self._clock()
 
     async def load(self, kind: Kind) -> tuple[dict[str, Record], str]:
         self._check()
@@ -84,3 +96,23 @@ class MemoryStore:
             c: MemberSummary(summary=s, age_seconds=max(0.0, now - t), ttl_seconds=ttl)
             for c, (s, t, ttl) in self._summaries.items()
         }
+
+    # -- reading back (`StateReader`) -------------------------------------------------------
+
+    async def read(self) -> StoredState:
+        self._check()
+        kinds: dict[Kind, StoredKind] = {}
+        for kind in KINDS:
+            records, skipped = decode_stored(kind, self._objects[kind].items())
+            kinds[kind] = StoredKind(
+                kind, records, self._rv[kind], self._written.get(kind), skipped
+            )
+        return StoredState(self.cluster, kinds, self._clock())
+
+    async def read_summary(self) -> MemberSummary | None:
+        self._check()
+        got = self._summaries.get(self.cluster)
+        if got is None:
+            return None
+        s, t, ttl = got
+        return MemberSummary(summary=s, age_seconds=max(0.0, self._clock() - t), ttl_seconds=ttl)

@@ -16,12 +16,14 @@ on ages.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import msgspec
 
 from pyctl.cluster.records import (
+    KINDS,
     Event,
     Kind,
     Record,
@@ -40,7 +42,15 @@ from pyctl.state.redis_client import (
     ready,
     redis_errors,
 )
-from pyctl.state.store import SCHEMA_VERSION, MemberSummary, SchemaError, StoreError
+from pyctl.state.store import (
+    SCHEMA_VERSION,
+    MemberSummary,
+    SchemaError,
+    StoredKind,
+    StoredState,
+    StoreError,
+    decode_stored,
+)
 
 __all__ = ["CHUNK", "RedisConfig", "RedisStore"]
 
@@ -85,7 +95,7 @@ end
 return have
 """)
 
-# KEYS: schema, rv, obj:<kind 1>, ..., obj:<kind m>.
+# KEYS: schema, rv, obj:<kind 1>, ..., obj:<kind m>, written.
 # ARGV: version, m, then per kind: name, n_set, n_del, has_rv, rv; then per kind its n_set
 # field/value pairs followed by its n_del fields.
 _APPLY = Script(
@@ -104,17 +114,22 @@ for k = 1, m do
   pos = pos + ndel
   if ARGV[h + 3] == '1' then redis.call('HSET', KEYS[2], ARGV[h], ARGV[h + 4]) end
 end
+local t = redis.call('TIME')
+local now = string.format('%d.%06d', t[1], t[2])
+for k = 1, m do redis.call('HSET', KEYS[#KEYS], ARGV[3 + 5 * (k - 1)], now) end
 return 1
 """
 )
 
-# KEYS: schema, rv, obj:<kind>. ARGV: version, kind, rv, field/value pairs...
+# KEYS: schema, rv, obj:<kind>, written. ARGV: version, kind, rv, field/value pairs...
 _REPLACE = Script(
     _CHECKS
     + """
 redis.call('UNLINK', KEYS[3])
 chunked('HSET', KEYS[3], 4, #ARGV)
 redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+local t = redis.call('TIME')
+redis.call('HSET', KEYS[4], ARGV[2], string.format('%d.%06d', t[1], t[2]))
 return 1
 """
 )
@@ -150,6 +165,33 @@ _FORGET_MEMBER = Script("""
 local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if s and tonumber(s) == tonumber(ARGV[2]) then return redis.call('ZREM', KEYS[1], ARGV[1]) end
 return 0
+""")
+
+
+# KEYS: schema, rv, written, obj:<kind 1>, ..., obj:<kind n>. ARGV: version, kind 1, ..., kind n.
+# Reads only. Returns {now, {{rv, written, type of obj:<kind>, {field, value, ...}}, ...}}: every
+# kind at one instant (a key of another type than a hash is reported with its type, not read).
+_READ = Script("""
+local have = redis.call('GET', KEYS[1])
+if not have then return redis.error_reply('PYCTL_LOST') end
+if have ~= ARGV[1] then
+  return redis.error_reply('PYCTL_SCHEMA redis holds pyctl state of schema version ' .. have ..
+    ', this pyctl uses schema version ' .. ARGV[1] .. ' (key ' .. KEYS[1] .. ')')
+end
+local function field(key, f)
+  if redis.call('TYPE', key)['ok'] ~= 'hash' then return '' end
+  return redis.call('HGET', key, f) or ''
+end
+local out = {}
+for i = 2, #ARGV do
+  local key = KEYS[i + 2]
+  local t = redis.call('TYPE', key)['ok']
+  local flat = {}
+  if t == 'hash' then flat = redis.call('HGETALL', key) end
+  out[#out + 1] = {field(KEYS[2], ARGV[i]), field(KEYS[3], ARGV[i]), t, flat}
+end
+local t = redis.call('TIME')
+return {string.format('%d.%06d', t[1], t[2]), out}
 """)
 
 
@@ -247,6 +289,7 @@ class RedisStore:
             header += (kind, str(n_set), str(len(dels)), "0" if rv is None else "1", rv or "")
         keys = [self.keys.schema, self.keys.resource_versions]
         keys += [self.keys.objects(kind) for kind in kinds]
+        keys.append(self.keys.written)
         async with redis_errors(f"apply ({len(events)} events)", self.config):
             await _APPLY(client, keys, header + body)
 
@@ -256,6 +299,7 @@ class RedisStore:
         for r in records:
             args += (record_key(r), encode_record(r))
         keys = [self.keys.schema, self.keys.resource_versions, self.keys.objects(kind)]
+        keys.append(self.keys.written)
         async with redis_errors(f"replace {kind} ({len(records)} records)", self.config):
             await _REPLACE(client, keys, args)
 
@@ -323,3 +367,53 @@ class RedisStore:
                     ttl_seconds=int(_text(ttl)),
                 )
         return out
+
+    # -- reading back (`StateReader`): no writes, and no `open()` needed -----------------------
+
+    def _reader(self) -> RedisClient:
+        if self._client is None:
+            self._client = connect(self.config)
+        return self._client
+
+    async def read(self) -> StoredState:
+        client = self._reader()
+        keys = [self.keys.schema, self.keys.resource_versions, self.keys.written]
+        keys += [self.keys.objects(kind) for kind in KINDS]
+        async with redis_errors(f"read the state of cluster {self.cluster!r}", self.config):
+            now, rows = await _READ(client, keys, [str(self.schema_version), *KINDS])
+        kinds: dict[Kind, StoredKind] = {}
+        for kind, (rv, written, typ, flat) in zip(KINDS, rows, strict=True):
+            if _text(typ) not in ("hash", "none"):
+                key = self.keys.objects(kind)
+                records: dict[str, Record] = {}
+                skipped = {key: f"key {key} holds a {_text(typ)}, not a hash: not read"}
+            else:
+                pairs = ((flat[i], flat[i + 1]) for i in range(0, len(flat), 2))
+                records, skipped = decode_stored(kind, pairs)
+            kinds[kind] = StoredKind(kind, records, _text(rv), _seconds(written), skipped)
+        return StoredState(self.cluster, kinds, float(_text(now)))
+
+    async def read_summary(self) -> MemberSummary | None:
+        client = self._reader()
+        async with redis_errors(f"read the summary of cluster {self.cluster!r}", self.config):
+            got = await _READ_SUMMARY(client, [self.keys.summary], [])
+        if not got:
+            return None
+        data, published, ttl, now = got
+        try:
+            age = max(0.0, float(_text(now)) - float(_text(published)))
+            return MemberSummary(bytes(data), age, int(_text(ttl)))
+        except (TypeError, ValueError) as e:
+            raise StoreError(
+                f"the summary of cluster {self.cluster!r} in {self.keys.summary} has a "
+                f"published time or ttl that is not a number ({e})"
+            ) from None
+
+
+def _seconds(value: bytes | str) -> float | None:
+    """A stored time (seconds), None when absent or not a finite number."""
+    try:
+        t = float(_text(value))
+    except (TypeError, ValueError, UnicodeDecodeError):
+        return None
+    return t if math.isfinite(t) else None

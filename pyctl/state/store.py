@@ -8,11 +8,13 @@ relist (`replace`), each atomic. Key layout for Redis: `keys.py`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from pyctl.cluster.records import Event, Kind, Record
+import msgspec
+
+from pyctl.cluster.records import Event, Kind, Record, decode_record, record_key
 
 SCHEMA_VERSION = 4
 
@@ -77,3 +79,81 @@ class StateStore(Protocol):
 
     async def get_members(self) -> dict[str, MemberSummary]:
         """Every federation member still known, fresh or stale, with its summary's age."""
+
+
+# ---- reading the state back (`pyctl status`, `pyctl explain`: pyctl/app/state.py) --------------
+
+
+@dataclass(frozen=True)
+class StoredKind:
+    """One kind as read back: the records that decode, by key; those that do not, by key, with
+    why (they are skipped and left where they are: a reader never writes); the resourceVersion
+    the kind was stored at ("" if none); and when it was last written, on the store's clock
+    (None when no write of this pyctl recorded it)."""
+
+    kind: Kind
+    records: dict[str, Record]
+    resource_version: str
+    written: float | None
+    skipped: dict[str, str]
+
+
+@dataclass(frozen=True)
+class StoredState:
+    """Every kind of one cluster, read at one instant (`now`, on the store's clock: Redis TIME
+    for Redis, so ages do not depend on the reader's clock)."""
+
+    cluster: str
+    kinds: dict[Kind, StoredKind]
+    now: float
+
+    def records(self, kind: Kind) -> dict[str, Record]:
+        return self.kinds[kind].records
+
+    @property
+    def skipped(self) -> list[tuple[Kind, str, str]]:
+        """(kind, key, why) of every record that did not decode."""
+        return [(k, key, why) for k, s in self.kinds.items() for key, why in s.skipped.items()]
+
+
+#: the longest reason kept for a skipped record
+_WHY = 300
+
+
+def decode_stored(
+    kind: Kind, pairs: Iterable[tuple[bytes | str, bytes]]
+) -> tuple[dict[str, Record], dict[str, str]]:
+    """Decode stored (key, record) pairs one at a time. A record that does not decode, or that
+    names another object than the key it is stored under, is skipped with a one-line reason;
+    it never stops the others."""
+    records: dict[str, Record] = {}
+    skipped: dict[str, str] = {}
+    for raw_key, data in pairs:
+        key = raw_key.decode(errors="replace") if isinstance(raw_key, bytes) else raw_key
+        shown = key[:200]
+        try:
+            rec = decode_record(kind, bytes(data))
+        except (msgspec.MsgspecError, ValueError, RecursionError) as e:
+            why = " ".join(str(e).split()) or type(e).__name__
+            skipped[shown] = f"does not decode as a {kind} record: {why}"[:_WHY]
+            continue
+        if record_key(rec) != key:
+            skipped[shown] = f"stored under {shown!r} but names {record_key(rec)[:200]!r}"[:_WHY]
+            continue
+        records[key] = rec
+    return records, skipped
+
+
+@runtime_checkable
+class StateReader(Protocol):
+    """What reads a cluster's state back without writing anything. May raise `StoreError`
+    (`StateLostError` when the store holds no state of the cluster, `SchemaError` when it holds
+    another schema version's)."""
+
+    cluster: str
+
+    async def read(self) -> StoredState:
+        """Every kind, read at one instant; records that do not decode are skipped and named."""
+
+    async def read_summary(self) -> MemberSummary | None:
+        """This cluster's published summary and its age (None: none published, or expired)."""

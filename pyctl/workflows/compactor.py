@@ -39,6 +39,47 @@ def departures(workflows: list[Workflow], now: float, seconds: float) -> dict[st
     return out
 
 
+def departure_seconds(interval: float) -> float:
+    """How long after an eviction its workload's pods are kept off the node it left, for a
+    compaction loop planning every `interval` seconds."""
+    return max(60.0, 4 * interval)
+
+
+def plan_round(
+    cache: ClusterCache,
+    reconciler: Reconciler,
+    options: EvictorOptions,
+    limits: PlanLimits,
+    reservations: Mapping[str, str],
+) -> CompactionPlan:
+    """What one compaction round plans on the controller's view (`cache`, `reconciler`): moves
+    and rescues of the unschedulable pods, keeping the nodes of the rescues in progress
+    (`reservations`: node -> the pending pod it is kept for) out of reach, and those pods out of
+    the new rescues. `pyctl explain` asks the same question of the stored state.
+
+    The plan is a function of the state, not of the order events arrived in: pending pods are
+    rescued oldest first (creation time, then name), and pods and budgets are offered to the
+    planner in name order (its ties go to the first)."""
+    rescued = set(reservations.values())
+    pending = sorted(
+        (p for p in cache.pending_pods() if p.unschedulable and p.key not in rescued),
+        key=lambda p: (p.created, p.key),
+    )
+    return plan_compaction(
+        reconciler.models,
+        cache.nodes,
+        sorted(cache.pods.values(), key=lambda p: p.key),
+        sorted(cache.pdbs.values(), key=lambda b: b.key),
+        reconciler.workload,
+        pending=pending,
+        options=options,
+        limits=limits,
+        reserved=set(reservations),
+        dra=cache.dra,
+        dra_positions=reconciler.dra_positions,
+    )
+
+
 class Compactor:
     def __init__(
         self,
@@ -67,7 +108,7 @@ class Compactor:
         self.gate = gate
         self.rescue_options = rescue_options or rescue.RescueOptions()
         #: how long after an eviction its workload's pods are kept off the node it left
-        self.departure_seconds = max(60.0, 4 * interval)
+        self.departure_seconds = departure_seconds(interval)
         self.last_plan: CompactionPlan | None = None
         self.gauge = WorkflowGauge(metrics, cluster)
         #: node -> the pending pod ("namespace/name") an active rescue makes room for
@@ -76,22 +117,7 @@ class Compactor:
         self.departures: Mapping[str, str] = {}
 
     def plan(self) -> CompactionPlan:
-        reserved = set(self.reservations)
-        rescued = set(self.reservations.values())
-        pending = [p for p in self.cache.pending_pods() if p.unschedulable and p.key not in rescued]
-        plan = plan_compaction(
-            self.reconciler.models,
-            self.cache.nodes,
-            list(self.cache.pods.values()),
-            list(self.cache.pdbs.values()),
-            self.reconciler.workload,
-            pending=pending,
-            options=self.options,
-            limits=self.limits,
-            reserved=reserved,
-            dra=self.cache.dra,
-            dra_positions=self.reconciler.dra_positions,
-        )
+        plan = plan_round(self.cache, self.reconciler, self.options, self.limits, self.reservations)
         w = self.metrics.workflow
         w.planned_moves.labels(self.cluster).set(len(plan.moves))
         w.planned_rescues.labels(self.cluster).set(len(plan.rescues))

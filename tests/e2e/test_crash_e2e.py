@@ -82,6 +82,8 @@ class ControllerProcess:
         logs: Path,
         extender_port: int = 0,
         extra_env: dict[str, str] | None = None,
+        cluster: str = CLUSTER,
+        mode: str = "enforce",
     ) -> None:
         self.port = port
         self.logs = logs
@@ -95,9 +97,9 @@ class ControllerProcess:
             "--redis",
             redis_url,
             "--cluster",
-            CLUSTER,
+            cluster,
             "--mode",
-            "enforce",
+            mode,
             "--metrics-port",
             str(port),
             "--extender-port",

@@ -164,6 +164,7 @@ async def test_one_cluster_one_slot(redis_cluster: RedisClusterServers, cluster_
         expected = {
             keys.schema,
             keys.resource_versions,
+            keys.written,
             keys.objects("Node"),
             keys.objects("Pod"),
             keys.summary,

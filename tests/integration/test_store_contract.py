@@ -8,7 +8,7 @@ import pytest
 from pyctl.cluster.records import KINDS, record_key
 from pyctl.state.memory import MemoryStore
 from pyctl.state.redis_store import CHUNK, RedisStore
-from pyctl.state.store import StateStore, StoreError
+from pyctl.state.store import StateReader, StateStore, StoreError
 
 from .records import ev, node, nrt, pdb, pod
 
@@ -115,3 +115,43 @@ async def test_closed_store_refuses(store: Store) -> None:
         await store.apply([ev("ADDED", node("gpu-1"))], {})
     with pytest.raises(StoreError, match=r"not open|closed"):
         await store.load("Node")
+
+
+# ---- reading back (`StateReader`: pyctl status, pyctl explain) ---------------------------------
+
+
+async def test_read_is_every_kind_at_one_instant(store: Store) -> None:
+    assert isinstance(store, StateReader)
+    n1, p1 = node("gpu-1", rv="7"), pod("ml", "llama-0", "gpu-1", rv="9")
+    await store.apply([ev("ADDED", n1), ev("ADDED", p1)], {"Node": "100", "Pod": "101"})
+    await store.replace("PodDisruptionBudget", [pdb("ml", "llama")], "102")
+    state = await store.read()
+    assert state.cluster == store.cluster
+    assert set(state.kinds) == set(KINDS)
+    assert state.records("Node") == {"gpu-1": n1}
+    assert state.records("Pod") == {"ml/llama-0": p1}
+    assert state.records("PodDisruptionBudget") == {"ml/llama": pdb("ml", "llama")}
+    assert state.kinds["Node"].resource_version == "100"
+    assert state.kinds["PodDisruptionBudget"].resource_version == "102"
+    assert state.skipped == []
+    # written: by the store's clock, for the kinds written only
+    for kind in ("Node", "Pod", "PodDisruptionBudget"):
+        written = state.kinds[kind].written
+        assert written is not None, kind
+        assert 0 <= state.now - written < 5, kind
+    assert state.kinds["ResourceSlice"].written is None
+    # the same records `load` gives
+    for kind in KINDS:
+        records, rv = await store.load(kind)
+        assert state.records(kind) == records
+        assert state.kinds[kind].resource_version == rv
+
+
+async def test_read_summary_of_this_cluster(store: Store) -> None:
+    assert await store.read_summary() is None
+    await store.put_summary(b'{"nodes": 3}', ttl_seconds=30)
+    got = await store.read_summary()
+    assert got is not None
+    assert got.summary == b'{"nodes": 3}'
+    assert got.ttl_seconds == 30
+    assert 0 <= got.age_seconds < 5

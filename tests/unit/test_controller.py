@@ -173,8 +173,30 @@ async def test_store_outage_keeps_serving_then_catches_up() -> None:
     store.down = False
     await ctl._flush()  # catches up with a full re-sync
     assert ctl.ready() == (True, "ok")
-    pods, _ = await store.load("Pod")
+    pods, rv = await store.load("Pod")
     assert set(pods) == {"ns/p", "ns/q"}
+    # the re-sync writes every kind at the resourceVersion last seen, not ""
+    assert rv == "3"
+    assert (await store.load("Node"))[1] == "1"
+
+
+@pytest.mark.anyio
+async def test_only_the_leader_publishes_its_summary() -> None:
+    store = MemoryStore("sim")
+    await store.open()
+    leader = [False]
+    ctl = Controller("sim", SimClusterSource(inference_day()), store, is_leader=lambda: leader[0])
+    ctl.store_ok = True
+    ctl.federation_interval = 0.0
+    await ctl.replace("Node", [NodeRecord("n1", gpus=8)], "1")
+    ctl.reconciler.reconcile("n1")  # no worker runs here: reconcile the node as one would
+    assert await ctl.publish(ctl.summarize()) is False
+    assert await store.read_summary() is None
+    leader[0] = True
+    assert await ctl.publish(ctl.summarize()) is True
+    got = await store.read_summary()
+    assert got is not None
+    assert b'"nodes":1' in got.summary
 
 
 @pytest.mark.anyio

@@ -1,0 +1,68 @@
+"""The stored view (`pyctl.app.state`) with a published summary that is hostile: a summary that
+does not decode, or whose fields have the wrong types, is said in one line and the rest of the
+view is built from the records; nothing raises."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+
+from pyctl.app.config import load_config
+from pyctl.app.state import build_view
+from pyctl.app.status import status_of
+from pyctl.cli.status import show
+from pyctl.cluster.records import KINDS, NodeRecord
+from pyctl.federation import decode_member
+from pyctl.state.store import MemberSummary, StoredKind, StoredState
+
+HOSTILE = [
+    (b"\xff\x00", "summary does not decode: JSON is malformed"),
+    (b"[1, 2]", "summary does not decode: not a JSON object"),
+    (b'{"nodes": "many"}', "summary does not decode: invalid literal for int()"),
+    (b'{"nodes": 1e999}', "summary does not decode: Number out of range"),
+    (b'{"idle_gpu_milli": "lots"}', "summary does not decode: could not convert string to float"),
+    (b'{"categories": [1]}', "summary does not decode: 'list' object has no attribute 'items'"),
+    (b'{"blocked": {"lack_gpu": "x"}}', "summary does not decode: invalid literal for int()"),
+    (b'{"workload": 5, "snapshot": "x"}', "the published workload or node models do not decode"),
+    (
+        b'{"workload": [], "snapshot": {"nodes": []}}',
+        "the published workload or node models do not decode",
+    ),
+]
+
+
+def _state() -> StoredState:
+    kinds = {k: StoredKind(k, {}, "1", None, {}) for k in KINDS}
+    kinds["Node"] = StoredKind("Node", {"n1": NodeRecord("n1", gpus=8)}, "7", 990.0, {})
+    return StoredState("c", kinds, 1000.0)
+
+
+@pytest.mark.parametrize(("data", "said"), HOSTILE)
+def test_a_hostile_summary_is_said_and_the_records_still_read(data: bytes, said: str) -> None:
+    cfg = load_config(None, {}, {"cluster": "c"})
+    view = build_view(cfg, "test", _state(), MemberSummary(data, 1.0, 30))
+    st = status_of(view)
+    assert st.heartbeat.published
+    assert st.heartbeat.error.startswith(said), st.heartbeat.error
+    assert "\n" not in st.heartbeat.error
+    # M comes from the records (no GPU pods: the default), the node is modelled and scored
+    assert view.workload_source == "default"
+    assert st.summary is not None
+    assert st.summary.nodes == 1
+    assert st.summary.idle_gpu_milli == 8000
+    out = io.StringIO()
+    show(Console(file=out, width=200), st)
+    assert said in out.getvalue()
+    assert st.to_json()["controller"]["error"].startswith(said)
+
+
+def test_decode_member_says_a_field_of_the_wrong_type() -> None:
+    m = decode_member("c", MemberSummary(b'{"pending": [], "nodes": 3}', 1.0, 30))
+    assert m.error.startswith("summary does not decode:")
+    assert m.summary == {}
+    assert m.to_json()["nodes"] == 0
+    good = decode_member("c", MemberSummary(b'{"pending": 2, "nodes": 3}', 1.0, 30))
+    assert good.error == ""
+    assert (good.pending, good.nodes) == (2, 3)
