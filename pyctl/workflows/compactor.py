@@ -79,6 +79,7 @@ class Compactor:
     def plan(self) -> CompactionPlan:
         reserved = set(self.reservations)
         rescued = set(self.reservations.values())
+        t0 = time.perf_counter()
         pending = [p for p in self.cache.pending_pods() if p.unschedulable and p.key not in rescued]
         plan = plan_compaction(
             self.reconciler.models,
@@ -94,6 +95,7 @@ class Compactor:
             dra_positions=self.reconciler.dra_positions,
         )
         w = self.metrics.workflow
+        w.plan_duration.labels(self.cluster, "compaction").set(time.perf_counter() - t0)
         w.planned_moves.labels(self.cluster).set(len(plan.moves))
         w.planned_rescues.labels(self.cluster).set(len(plan.rescues))
         w.expected_gain.labels(self.cluster).set(plan.gain_gpu_milli / 1000)
