@@ -9,13 +9,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
+import anyio
+
+from pyctl.cluster.dra import DraContext
 from pyctl.controller.cache import ClusterCache
 from pyctl.controller.reconcile import Reconciler
 from pyctl.core.policy import PlanLimits
 from pyctl.metrics import Metrics
 from pyctl.workflows import rescue
-from pyctl.workflows.compaction import KIND, CompactionPlan, plan_compaction
+from pyctl.workflows.compaction import KIND, Attributions, CompactionPlan, plan_compaction
 from pyctl.workflows.engine import Engine, Workflow
 from pyctl.workflows.evictor import EvictorOptions
 from pyctl.workflows.gate import Gate
@@ -70,29 +74,54 @@ class Compactor:
         #: how long after an eviction its workload's pods are kept off the node it left
         self.departure_seconds = max(60.0, 4 * interval)
         self.last_plan: CompactionPlan | None = None
+        self._attributions = Attributions()
         self.gauge = WorkflowGauge(metrics, cluster)
         #: node -> the pending pod ("namespace/name") an active rescue makes room for
         self.reservations: Mapping[str, str] = {}
         #: workload ("namespace/kind/name") -> the node a recent move took one of its pods off
         self.departures: Mapping[str, str] = {}
 
-    def plan(self) -> CompactionPlan:
-        reserved = set(self.reservations)
+    def _inputs(self) -> dict[str, Any]:
+        """What a planning round reads, taken at one moment: copies of the live tables (records
+        and models are immutable, so copying the containers is enough; the DRA view is made
+        anew over copies of its indexes), so the round can run away from the event loop
+        while events keep changing the cache."""
+        c = self.cache
         rescued = set(self.reservations.values())
+        pods = list(c.pods.values())
+        return {
+            "models": dict(self.reconciler.models),
+            "nodes": dict(c.nodes),
+            "pods": pods,
+            "pdbs": list(c.pdbs.values()),
+            "workload": self.reconciler.workload,
+            "pending": [
+                p
+                for p in pods
+                if not p.node
+                and not p.terminated
+                and not p.deleting
+                and p.unschedulable
+                and p.key not in rescued
+            ],
+            "reserved": set(self.reservations),
+            "dra": DraContext(
+                dict(c.device_classes),
+                dict(c.claims),
+                dict(c.claim_templates),
+                {n: dict(v) for n, v in c.slices_by_node.items()},
+                {n: dict(v) for n, v in c.claims_by_node.items()},
+            ),
+            "dra_positions": dict(self.reconciler.dra_positions),
+        }
+
+    def _plan(self, inputs: Mapping[str, Any]) -> CompactionPlan:
         t0 = time.perf_counter()
-        pending = [p for p in self.cache.pending_pods() if p.unschedulable and p.key not in rescued]
         plan = plan_compaction(
-            self.reconciler.models,
-            self.cache.nodes,
-            list(self.cache.pods.values()),
-            list(self.cache.pdbs.values()),
-            self.reconciler.workload,
-            pending=pending,
             options=self.options,
             limits=self.limits,
-            reserved=reserved,
-            dra=self.cache.dra,
-            dra_positions=self.reconciler.dra_positions,
+            attributions=self._attributions,
+            **inputs,
         )
         w = self.metrics.workflow
         w.plan_duration.labels(self.cluster, "compaction").set(time.perf_counter() - t0)
@@ -101,6 +130,18 @@ class Compactor:
         w.expected_gain.labels(self.cluster).set(plan.gain_gpu_milli / 1000)
         self.last_plan = plan
         return plan
+
+    def plan(self) -> CompactionPlan:
+        """A planning round on the cluster as the controller sees it now."""
+        return self._plan(self._inputs())
+
+    async def plan_off_loop(self) -> CompactionPlan:
+        """A planning round in a worker thread: its inputs are taken on the event loop, the
+        round itself (seconds on thousands of nodes) runs beside it, so watch events, scoring
+        and the scheduler extender's answers do not wait for it (the core's planner releases
+        the GIL; the Python around it shares the GIL in slices)."""
+        inputs = self._inputs()
+        return await anyio.to_thread.run_sync(self._plan, inputs)
 
     async def _start(self, plan: CompactionPlan, now: float) -> None:
         pods = self.cache.pods
@@ -156,7 +197,7 @@ class Compactor:
 
     async def tick(self, leader: bool) -> None:
         self._track(await self.engine.workflows(), time.time())
-        plan = self.plan()
+        plan = await self.plan_off_loop()
         if leader:
             await self._clear_orphans()
             await self._start(plan, time.time())
