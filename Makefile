@@ -54,7 +54,7 @@ setup: system-deps build
 lint: venv
 	$(VENV)/bin/ruff check pyctl tests bench deploy
 	$(VENV)/bin/ruff format --check pyctl tests bench deploy
-	$(VENV)/bin/mypy --strict pyctl
+	$(VENV)/bin/mypy --strict pyctl tests bench
 	$(VENV)/bin/lint-imports --no-cache
 	@# the Rust extension is imported by the core facade only (import-linter cannot see it)
 	@! grep -rnE '(from pyctl import .*\b_core\b|pyctl\._core)' pyctl --include='*.py' \
@@ -78,7 +78,7 @@ unit-test: build
 test-fast: lint rust-test unit-test
 
 demo: setup
-	$(VENV)/bin/pyctl run
+	$(VENV)/bin/pyctl demo
 
 # The real control plane with kwok GPU nodes, pyctl (enforce) and its scheduler extender, a fragmenting
 # workload; in the foreground with a live view; Ctrl-C stops everything (pyctl/dev/cluster.py).

@@ -23,18 +23,17 @@ import json
 import random
 import re
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import anyio.lowlevel
 from _common import REPO  # noqa: F401
 
 from pyctl.cluster.kube.decode import decode_watch_line
-from pyctl.cluster.records import KINDS, Event, Kind
+from pyctl.cluster.records import KINDS, Event, EventType, Kind
 from pyctl.controller.controller import Controller
 from pyctl.state.redis_client import RedisConfig
 from pyctl.state.redis_store import RedisStore
@@ -107,15 +106,15 @@ def pod_obj(j: int, rv: int, node: str, phase: str) -> dict[str, Any]:
     }
 
 
-def record(path: Path) -> tuple[int, list[tuple[str, int, int]]]:
+def record(path: Path) -> tuple[int, list[tuple[Kind, int, int]]]:
     """Writes the stream; returns (events, index of (kind, offset, length))."""
     rnd = random.Random(1)
     rv = 1000
     n = 0
-    index: list[tuple[str, int, int]] = []
+    index: list[tuple[Kind, int, int]] = []
     with path.open("wb") as f:
 
-        def emit(kind: str, typ: str, obj: dict[str, Any]) -> None:
+        def emit(kind: Kind, typ: str, obj: dict[str, Any]) -> None:
             nonlocal n
             line = json.dumps({"type": typ, "object": obj}, separators=(",", ":")).encode() + b"\n"
             index.append((kind, f.tell(), len(line)))
@@ -154,7 +153,7 @@ class Replay:
 
     name = "replay"
 
-    def __init__(self, path: Path, index: list[tuple[str, int, int]], rate: float = 0.0) -> None:
+    def __init__(self, path: Path, index: list[tuple[Kind, int, int]], rate: float = 0.0) -> None:
         self.data = path.read_bytes()
         self.index = index
         #: offered events per second (0 = as fast as the controller takes them)
@@ -174,10 +173,10 @@ class Replay:
                 if delay > 0:
                     await anyio.sleep(delay)
             t = time.monotonic()
-            typ, rec, rv = decode_watch_line(kind, data[off : off + ln])  # type: ignore[arg-type]
+            typ, rec, rv = decode_watch_line(kind, data[off : off + ln])
             assert rec is not None
-            batch.append(Event(typ, rec, t))  # type: ignore[arg-type]
-            rvs[kind] = rv  # type: ignore[index]
+            batch.append(Event(cast(EventType, typ), rec, t))  # as the reflector does
+            rvs[kind] = rv
             if len(batch) >= BATCH:
                 await sink.apply(batch, rvs)
                 batch, rvs = [], {}
@@ -242,7 +241,7 @@ def redis_benchmark_ceiling(port: int, n: int) -> float:
 
 
 async def replay(
-    url: str, path: Path, index: list[tuple[str, int, int]], rate: float = 0.0
+    url: str, path: Path, index: list[tuple[Kind, int, int]], rate: float = 0.0
 ) -> tuple[float, float, Controller]:
     store = RedisStore(RedisConfig(url=url), f"bench{int(rate)}")
     ctl = Controller(
@@ -306,4 +305,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -23,7 +23,7 @@ import time
 
 from _common import REPO
 
-from pyctl.recommend.evaluate import replay_normalized, trace_tradeoff
+from pyctl.recommend.evaluate import TraceRun, replay_normalized, trace_tradeoff
 from pyctl.replay.trace import TraceError, load_trace
 
 
@@ -67,8 +67,9 @@ def main() -> int:
             base = [p[0] for p in pairs]
             norm = [p[1] for p in pairs]
 
-            def med(rs: list, attr: str) -> float:  # type: ignore[type-arg]
-                return statistics.median(getattr(r, attr) for r in rs)
+            def med(rs: list[TraceRun], attr: str) -> float:
+                values: list[float] = [getattr(r, attr) for r in rs]
+                return statistics.median(values)
 
             sb, sn = med(base, "served_pct"), med(norm, "served_pct")
             ub, un = med(base, "unallocated_pct"), med(norm, "unallocated_pct")

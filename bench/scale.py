@@ -420,6 +420,7 @@ class Pyctl:
         self, kubeconfig: Path, redis_url: str, log: Path, workflow_interval: float | None = None
     ) -> None:
         self.port = free_port()
+        self.extender_port = free_port()
         self.log_path = log
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYCTL_")}
         env.update(
@@ -427,6 +428,7 @@ class Pyctl:
             PYCTL_LEASE_NAMESPACE="pyctl-system",
             PYCTL_LOG_FORMAT="json",
             PYCTL_LOG_LEVEL="info",
+            PYCTL_EXTENDER_PORT=str(self.extender_port),
         )
         if workflow_interval is not None:
             env["PYCTL_WORKFLOW_INTERVAL"] = str(workflow_interval)
@@ -910,7 +912,9 @@ class Bench:
         query = pod_manifest("probe-query", gpus=PROBE_QUERY_GPUS, cpu_milli=1000, mem_gib=4,
                              app="probe-query")  # fmt: skip
         body = {"Pod": query, "Nodes": None, "NodeNames": [node]}
-        async with session.post(f"http://127.0.0.1:{ctl.port}/scheduler/filter", json=body) as resp:
+        async with session.post(
+            f"http://127.0.0.1:{ctl.extender_port}/scheduler/filter", json=body
+        ) as resp:
             got = await resp.json(content_type=None)
         if got.get("Error"):
             raise RuntimeError(f"extender filter: {got['Error']}")
@@ -1067,9 +1071,9 @@ class Bench:
         if label == "without":
             config: dict[str, Any] = {"profiles": [{"schedulerName": scheduler}]}
         else:
-            port = ctl.port
+            port = ctl.extender_port
             if label == "timed":
-                proxy = Proxy(ctl.port)
+                proxy = Proxy(ctl.extender_port)
                 proxy.start()
                 port = proxy.port
             config = extender_config(f"http://127.0.0.1:{port}/scheduler")

@@ -2,7 +2,16 @@
 from collections.abc import Mapping, Sequence
 from typing import Any, final
 
-from pyctl.core.types import PlanRaw, RankedRaw, ReplayRaw
+from pyctl.core.types import (
+    Assignment,
+    DeltaRaw,
+    MigModelRaw,
+    MigPlanRaw,
+    PlanRaw,
+    RankedRaw,
+    ReplayRaw,
+    ScoreColumns,
+)
 
 __version__: str
 
@@ -22,14 +31,18 @@ class FragmentModel:
     def __init__(self, columns: dict[str, list[Any]]) -> None: ...
     @property
     def node_count(self) -> int: ...
-    def score(self, shapes: Sequence[Mapping[str, Any]]) -> dict[str, Any]: ...
+    def score(self, shapes: Sequence[Mapping[str, Any]]) -> ScoreColumns: ...
     def place_delta(
         self, node: int, task: Mapping[str, Any], shapes: Sequence[Mapping[str, Any]]
-    ) -> dict[str, Any] | None: ...
+    ) -> DeltaRaw | None: ...
+    # an assignment is read from a dict with its keys (`Assignment`, or one a caller built)
     def remove_delta(
-        self, node: int, assignment: dict[str, Any], shapes: Sequence[Mapping[str, Any]]
-    ) -> dict[str, Any]: ...
-    def apply(self, node: int, assignment: dict[str, Any], place: bool) -> None: ...
+        self,
+        node: int,
+        assignment: Assignment | dict[str, Any],
+        shapes: Sequence[Mapping[str, Any]],
+    ) -> DeltaRaw: ...
+    def apply(self, node: int, assignment: Assignment | dict[str, Any], place: bool) -> None: ...
     def rank(
         self,
         task: Mapping[str, Any],
@@ -74,8 +87,8 @@ def merge_hints(
 
 # ---- MIG geometry and planner (rust/src/python/mig.rs) ------------------------------------------
 
-def mig_models() -> list[dict[str, Any]]: ...
-def mig_model(gpu_model: str) -> dict[str, Any]: ...
+def mig_models() -> list[MigModelRaw]: ...
+def mig_model(gpu_model: str) -> MigModelRaw: ...
 def mig_validate(
     gpu_model: str, instances: Sequence[str], pre_r510: bool = False
 ) -> tuple[bool, list[tuple[str, int]], str]: ...
@@ -95,7 +108,7 @@ def mig_plan(
     pending: Sequence[Mapping[str, Any]] | Mapping[str, int],
     workload: Sequence[Mapping[str, Any]] | None = None,
     limits: Mapping[str, Any] | None = None,
-) -> dict[str, Any]: ...
+) -> MigPlanRaw: ...
 
 # ---- end of MIG ---------------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ import anyio
 import msgspec
 
 from pyctl.core.fragmentation import FragmentationModel, shape_dict
+from pyctl.core.types import Assignment
 from pyctl.metrics import Metrics
 from pyctl.model import Shape, Snapshot, Workload
 from pyctl.snapshot import SnapshotError, load_snapshot, shape_from_json
@@ -255,7 +256,7 @@ class NodeRank:
     #: fragment after minus before, in GPUs (negative: the placement reduces fragmentation)
     delta_gpus: float
     delta_mig_slices: float
-    assignment: dict[str, Any]
+    assignment: Assignment
 
 
 @dataclass(frozen=True)

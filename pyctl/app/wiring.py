@@ -4,6 +4,7 @@ that use it; nothing below the application layer builds its own collaborators.""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,7 @@ from pyctl.controller.controller import Controller
 from pyctl.controller.placement import PlacementAdvisor
 from pyctl.recommend.recommender import attach_from_config
 from pyctl.serve.extender import ExtenderHandler
+from pyctl.serve.extender_server import ExtenderServer, HttpMetrics
 from pyctl.serve.health import HealthServer
 from pyctl.state.memory import MemoryStore
 from pyctl.state.ratelimit import BucketLimit, MemoryRateLimiter, RateLimiter, SafetyLimits
@@ -43,12 +45,14 @@ def make_store(cfg: Config) -> StateStore:
     return RedisStore(cfg.redis.client_config(), cfg.cluster)
 
 
-def workflow_backends(cfg: Config) -> tuple[WorkflowStore, RateLimiter]:
+def workflow_backends(
+    cfg: Config, clock: Callable[[], float] = time.monotonic
+) -> tuple[WorkflowStore, RateLimiter]:
     """Where workflows and rate limits live: in the shared Redis when one is configured (so a
     restarted controller or a new leader resumes the workflows, and replicas and clusters
-    sharing the Redis share the limits), else in memory."""
+    sharing the Redis share the limits; their clock is Redis's), else in memory (on `clock`)."""
     if not cfg.redis.url:
-        return MemoryWorkflowStore(), MemoryRateLimiter()
+        return MemoryWorkflowStore(), MemoryRateLimiter(clock)
     from pyctl.state.redis_client import connect
     from pyctl.state.redis_ratelimit import RedisRateLimiter
     from pyctl.state.redis_workflows import RedisWorkflowStore
@@ -96,12 +100,17 @@ def attach_workflows(
     actuator: Actuator | None = None,
     limits: SafetyLimits | None = None,
     interval: float | None = None,
+    clock: Callable[[], float] | None = None,
+    loops: bool = True,
 ) -> Workflows:
     """The compaction and MIG loops, with the gate in front of the actuator (observe mode:
-    `NullActuator` unless one is given), registered as the controller's background loops."""
+    `NullActuator` unless one is given), registered as the controller's background loops
+    (`loops`; else the caller ticks them, as the simulated cluster does in virtual time).
+    `clock`: the workflows' and rate limits' clock (epoch seconds; default the wall clock)."""
     interval = cfg.workflow.interval if interval is None else interval
     actuator = actuator if actuator is not None else NullActuator()
-    workflows, limiter = workflow_backends(cfg)
+    workflows, limiter = workflow_backends(cfg, clock or time.monotonic)
+    wall = clock or time.time
     pods = ctl.cache.pods
     gate = Gate(
         cfg.mode,
@@ -124,7 +133,7 @@ def attach_workflows(
         ctl.reconciler,
         Engine(
             workflows,
-            CompactionContext(gate, pod, rescue=rescue_options),
+            CompactionContext(gate, pod, wall, rescue=rescue_options),
             registry,
             kinds=(COMPACTION_KIND, RESCUE_KIND),
         ),
@@ -137,7 +146,7 @@ def attach_workflows(
         limits=cfg.workflow.plan_limits(),
         rescue_options=rescue_options,
     )
-    mig_ctx = MigContext(gate, pod, node=ctl.cache.nodes.get, options=cfg.mig)
+    mig_ctx = MigContext(gate, pod, wall, node=ctl.cache.nodes.get, options=cfg.mig)
     holdoff = cfg.mig.node_holdoff_seconds
     mig_loop = MigLoop(
         ctl.cache,
@@ -153,9 +162,10 @@ def attach_workflows(
         options=cfg.mig,
     )
     dra_steering = DraSteering(ctl.reconciler, gate, interval)
-    ctl.background.append(lambda: compactor.run(ctl.is_leader))
-    ctl.background.append(lambda: mig_loop.run(ctl.is_leader))
-    ctl.background.append(lambda: dra_steering.run(ctl.is_leader))
+    if loops:
+        ctl.background.append(lambda: compactor.run(ctl.is_leader))
+        ctl.background.append(lambda: mig_loop.run(ctl.is_leader))
+        ctl.background.append(lambda: dra_steering.run(ctl.is_leader))
     return Workflows(gate, actuator, compactor, mig_loop, dra_steering)
 
 
@@ -176,30 +186,59 @@ def advisor(ctl: Controller, flows: Workflows | None = None) -> PlacementAdvisor
     )
 
 
-async def start_server(
-    ctl: Controller, cfg: Config, flows: Workflows | None = None
-) -> HealthServer | None:
-    """/metrics, /healthz, /readyz (and /federation with a shared Redis) on the metrics port,
-    with the kube-scheduler extender (/scheduler/filter, /scheduler/prioritize)."""
-    if not cfg.metrics.port:
-        return None
-    federation: Callable[[], Awaitable[Mapping[str, Any]]] | None = None
-    if cfg.redis.url:
-        from pyctl.federation import federation_status
+@dataclass
+class Servers:
+    """The HTTP servers of one controller (each None when its port is 0)."""
 
-        store = ctl.store
+    health: HealthServer | None = None
+    extender: ExtenderServer | None = None
 
-        async def status() -> Mapping[str, Any]:
-            return await federation_status(store, ctl.metrics, cfg.cluster)
+    async def stop(self) -> None:
+        if self.extender is not None:
+            await self.extender.stop()
+        if self.health is not None:
+            await self.health.stop()
 
-        federation = status
-    server = HealthServer(
-        ctl.metrics.registry,
-        ctl.ready,
-        cfg.metrics.host,
-        cfg.metrics.port,
-        federation=federation,
-        extender=ExtenderHandler(advisor(ctl, flows)),
-    )
-    await server.start()
-    return server
+
+async def start_servers(ctl: Controller, cfg: Config, flows: Workflows | None = None) -> Servers:
+    """/metrics, /healthz, /readyz (and /federation with a shared Redis) on the metrics port;
+    the kube-scheduler extender (/scheduler/filter, /scheduler/prioritize) on the extender port,
+    on its own server and threads. Raises (after stopping what it started) when a server cannot
+    start: a port in use, TLS files that cannot be read."""
+    servers = Servers()
+    metrics = HttpMetrics(ctl.metrics.registry, cfg.cluster)
+    try:
+        if cfg.metrics.port:
+            federation: Callable[[], Awaitable[Mapping[str, Any]]] | None = None
+            if cfg.redis.url:
+                from pyctl.federation import federation_status
+
+                store = ctl.store
+
+                async def status() -> Mapping[str, Any]:
+                    return await federation_status(store, ctl.metrics, cfg.cluster)
+
+                federation = status
+            servers.health = HealthServer(
+                ctl.metrics.registry,
+                ctl.ready,
+                cfg.metrics.host,
+                cfg.metrics.port,
+                federation=federation,
+                limits=cfg.metrics.limits(),
+                on_reject=metrics.on_reject("metrics"),
+            )
+            await servers.health.start()
+        if cfg.extender.port:
+            # one advisor per worker thread (its rank cache is not shared), each keeping the
+            # nodes of the rescues in progress for their pending pods
+            servers.extender = ExtenderServer(
+                lambda: ExtenderHandler(advisor(ctl, flows)),
+                cfg.extender,
+                metrics,
+            )
+            await servers.extender.start()
+    except BaseException:
+        await servers.stop()
+        raise
+    return servers

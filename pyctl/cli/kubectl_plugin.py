@@ -77,14 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     sc = sub.add_parser("score", help="the cluster's GPU fragmentation (as pyctl score)")
-    sc.add_argument("--workload", help="workload JSON (default: derived from the GPU pods)")
-    sc.add_argument("--json", action="store_true", help="print JSON")
-    sc.add_argument("--top", type=int, default=20, help="nodes to show in the table (default 20)")
+    score.add_options(sc)
     sc.set_defaults(handler=score.run, source_arg="snapshot")
     pl = sub.add_parser("plan", help="the compaction pyctl would do now (as pyctl plan)")
-    pl.add_argument("--workload", help="workload JSON (default: derived from the GPU pods)")
-    pl.add_argument("--max-moves", type=int, default=10)
-    pl.add_argument("--json", action="store_true")
+    plan.add_options(pl)
     pl.set_defaults(handler=plan.run, source_arg="dump")
     for p in (sc, pl):
         p.add_argument(

@@ -30,6 +30,12 @@ from pyctl.workflows.dra_taints import describe, steering_rules
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("plan", help="print what the controller would do now (nothing is changed)")
     p.add_argument("dump", help="kubectl get nodes,pods,pdb,noderesourcetopologies -o json")
+    add_options(p)
+    p.set_defaults(handler=run)
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    """`plan`'s options besides its input (shared with `kubectl pyctl plan`)."""
     p.add_argument("--workload", help="workload JSON (default: derived from the GPU pods)")
     p.add_argument("--max-moves", type=int, default=10)
     p.add_argument("--rescue-depth", type=int, default=3, help="most evictions per rescue")
@@ -39,7 +45,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="the API server does not serve DeviceTaintRules (say what pyctl would do there)",
     )
-    p.set_defaults(handler=run)
 
 
 def _json(plan: CompactionPlan, dra_lines: list[str]) -> dict[str, Any]:

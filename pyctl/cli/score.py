@@ -29,10 +29,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "snapshot", help="snapshot JSON (pyctl format or kubectl get nodes,pods -o json)"
     )
+    add_options(p)
+    p.set_defaults(handler=run)
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    """`score`'s options besides its input (shared with `kubectl pyctl score`)."""
     p.add_argument("--workload", help="workload JSON: {shapes: [...]} (default: derived from pods)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--top", type=int, default=20, help="nodes to show in the table (default 20)")
-    p.set_defaults(handler=run)
 
 
 def _workload(args: argparse.Namespace, raw: object) -> Workload:

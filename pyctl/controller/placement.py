@@ -68,6 +68,9 @@ class PlacementAdvisor:
         #: (shape, workload) -> node -> (model node it was computed on, rank)
         self._ranks: dict[tuple[Shape, Workload], dict[str, tuple[Node, policy.Ranked | None]]] = {}
         self._cached = 0
+        #: prioritize answers that preferred a node, filter answers that removed one
+        self.advised = 0
+        self.filtered = 0
 
     @classmethod
     def for_reconciler(
@@ -133,7 +136,7 @@ class PlacementAdvisor:
             failed[left] = "pyctl: compaction moved this workload's pod off this node"
         shape = self._shape_of(pod)
         if shape is None or shape.is_cpu_only or shape.dra:
-            return failed  # the scheduler's business (DRA: its own allocator's)
+            return self._count(failed)  # the scheduler's business (DRA: its own allocator's)
         for name, r in self.rank(shape, names).items():
             if r is None and name not in failed:
                 node = self._models[name]
@@ -148,6 +151,11 @@ class PlacementAdvisor:
                     f"pyctl: cannot place {_describe(shape)} within the node's free NUMA "
                     f"resources (Topology Manager policy {policy_name})"
                 )
+        return self._count(failed)
+
+    def _count(self, failed: dict[str, str]) -> dict[str, str]:
+        if failed:
+            self.filtered += 1
         return failed
 
     def prioritize(self, pod: PodRecord, names: tuple[str, ...]) -> dict[str, int]:
@@ -163,7 +171,10 @@ class PlacementAdvisor:
         for node, holder in self.reservations().items():
             if holder == pod.key and node in scores and scores[node] > 0:
                 scores[node] = policy.MAX_EXTENDER_PRIORITY
-        return {n: scores.get(n, 0) for n in names}
+        out = {n: scores.get(n, 0) for n in names}
+        if any(out.values()):
+            self.advised += 1
+        return out
 
 
 def workload_key(pod: PodRecord) -> str:

@@ -17,7 +17,14 @@ from pyctl.cluster.records import PodRecord
 from pyctl.cluster.translate import DraPositions, TranslateError, model_of, shape_of
 from pyctl.controller.cache import ClusterCache
 from pyctl.controller.summary import Summary
-from pyctl.core.fragmentation import CATEGORIES, FragmentationModel, NodeScore, derive_workload
+from pyctl.core.fragmentation import (
+    CATEGORIES,
+    FragmentationModel,
+    NodeScore,
+    admits,
+    derive_workload,
+    too_full_for,
+)
 from pyctl.metrics import Metrics
 from pyctl.model import Node, Shape, Snapshot, Workload
 
@@ -100,10 +107,7 @@ class _ShapeView:
         if present:
             r = FragmentationModel(Snapshot(tuple(models[n] for n in present))).score(self.workload)
             for name, ns in zip(present, r.nodes, strict=True):
-                ok = (
-                    ns.fragment_gpu_milli < ns.idle_gpu_milli - 1e-9
-                    or ns.fragment_mig_slices < ns.idle_mig_slices - 1e-9
-                )
+                ok = admits(ns)
                 cats = ns.mig_categories if self.mig else ns.categories
                 row = tuple(cats[c] for c in CATEGORIES)
                 self.per_node[name] = (ok, row)
@@ -245,9 +249,9 @@ class Reconciler:
 
     def _blocked(self, pending: list[PodRecord]) -> dict[str, int]:
         """Unschedulable pods that the idle capacity could hold in total but no node admits,
-        by the reason that strands the most capacity for their shape. Each pending shape's
-        view of the nodes is kept between summaries and updated for the nodes re-scored since
-        the last one, so a summary costs what changed, not the cluster."""
+        by the reason that strands the most capacity for their shape, as `blocked_by` decides it.
+        Each pending shape's view of the nodes is kept between summaries and updated for the
+        nodes re-scored since the last one, so a summary costs what changed, not the cluster."""
         touched, self._touched = self._touched, set()
         if not pending or not self.models:
             self._shape_views.clear()
@@ -261,13 +265,10 @@ class Reconciler:
             got = self.shape_of(p)
             if got is None or got.is_cpu_only:
                 continue
-            shape = got
+            shape = replace(got, weight=1.0)
             if shape not in by_shape:
-                need = shape.gpus * shape.gpu_milli
-                if shape.mig_profile is None and need > idle_gpu:
+                if too_full_for(shape, idle_gpu, idle_mig):
                     by_shape[shape] = None  # the cluster is full, not fragmented
-                elif shape.mig_profile is not None and idle_mig == 0:
-                    by_shape[shape] = None
                 else:
                     view = self._shape_views.get(shape)
                     if view is None:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pyctl import _core
+from pyctl.core.types import Assignment
 from pyctl.model import Shape, Snapshot, Workload
 
 CATEGORIES: tuple[str, ...] = tuple(_core.CATEGORY_NAMES)
@@ -211,7 +212,7 @@ class Delta:
 
     fragment_gpu_milli: float
     fragment_mig_slices: float
-    assignment: dict[str, Any]
+    assignment: Assignment
 
 
 class FragmentationModel:
@@ -343,6 +344,54 @@ def derive_workload(tasks: Iterable[Shape], coverage: float = 0.95) -> Workload:
             for k, n in chosen
         )
     )
+
+
+def admits(n: NodeScore) -> bool:
+    """Whether a node scored for one shape alone admits it (a part of its idle capacity is not
+    fragment for that shape)."""
+    return (
+        n.fragment_gpu_milli < n.idle_gpu_milli - 1e-9
+        or n.fragment_mig_slices < n.idle_mig_slices - 1e-9
+    )
+
+
+def too_full_for(shape: Shape, idle_gpu_milli: float, idle_mig_slices: float) -> bool:
+    """Whether the cluster's idle capacity could not hold the shape even unfragmented."""
+    if shape.mig_profile is None:
+        return shape.gpus * shape.gpu_milli > idle_gpu_milli
+    return idle_mig_slices == 0
+
+
+def blocked_by(model: FragmentationModel, shapes: Iterable[Shape]) -> dict[str, int]:
+    """Pending pods (their shapes, one per pod) that the idle capacity could hold in total but no
+    node admits, counted by the category that strands the most capacity for their shape; a pod
+    the cluster is too full for, or that some node admits (waiting, not blocked), is not
+    counted. GPU and MIG shapes only."""
+    out: Counter[str] = Counter()
+    by_shape: dict[Shape, str | None] = {}
+    idle: tuple[float, float] | None = None
+    for shape in shapes:
+        if shape.is_cpu_only:
+            continue
+        key = replace(shape, weight=1.0)
+        if key not in by_shape:
+            r = model.score(Workload((key,)))
+            if idle is None:
+                idle = (
+                    sum(n.idle_gpu_milli for n in r.nodes),
+                    sum(n.idle_mig_slices for n in r.nodes),
+                )
+            if too_full_for(key, *idle):
+                by_shape[key] = None  # the cluster is full, not fragmented
+            elif any(admits(n) for n in r.nodes):
+                by_shape[key] = None  # a node admits it: waiting, not blocked
+            else:
+                cats = r.mig_categories if key.mig_profile else r.categories
+                by_shape[key] = max(CATEGORIES, key=lambda c: cats[c])
+        reason = by_shape[key]
+        if reason is not None:
+            out[reason] += 1
+    return dict(out)
 
 
 def worst_nodes(result: ClusterScore, limit: int | None = None) -> Sequence[NodeScore]:

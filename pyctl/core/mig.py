@@ -23,6 +23,7 @@ from typing import Any, Final
 import yaml
 
 from pyctl import _core
+from pyctl.core.types import MigModelRaw, MigPlanRaw
 from pyctl.model import Node, Shape, Snapshot
 
 EXECUTORS: Final[tuple[str, ...]] = ("placement", "mig-parted")
@@ -64,7 +65,7 @@ class GpuModel:
         raise ValueError(f"unknown MIG profile {name!r} for {self.name}")
 
 
-def _model(raw: Mapping[str, Any]) -> GpuModel:
+def _model(raw: MigModelRaw) -> GpuModel:
     return GpuModel(
         name=raw["name"],
         aliases=tuple(raw["aliases"]),
@@ -252,14 +253,14 @@ def plan(
     pending: Sequence[Mapping[str, Any]] | Mapping[str, int],
     workload: Sequence[Mapping[str, Any]] | None = None,
     limits: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> MigPlanRaw:
     """Plan one node's MIG GPUs (the definition: `rust/src/mig/planner.rs`).
 
     ``gpus``: ``[{"gpu": 0, "instances": [{"profile", "start", "used", "pod"?}]}]``;
     ``pending``: ``[{"profile", "count"}]`` or ``{profile: count}``; ``workload``:
     ``[{"profile", "weight"}]`` (the MIG shapes of M); ``limits``: ``{"gpus", "max_used_destroyed",
-    "executor"}``. Returns the plan as a dict (per GPU: new layout, destroyed instances, pods to
-    move, demand served, fragment before/after)."""
+    "executor"}``. Returns the plan (`MigPlanRaw`: per GPU the new layout, destroyed instances,
+    pods to move, demand served, fragment before/after)."""
     return _core.mig_plan(gpu_model, gpus, pending, workload, limits)
 
 
@@ -268,7 +269,7 @@ class NodePlan:
     node: str
     gpu_model: str
     placements_inferred: bool
-    plan: dict[str, Any]
+    plan: MigPlanRaw
 
 
 def _node_gpus(node: Node) -> list[dict[str, Any]]:
@@ -365,7 +366,7 @@ def plan_snapshot(snapshot: Snapshot, demand: Demand) -> list[NodePlan]:
 # ---- mig-parted -------------------------------------------------------------------------------
 
 
-def mig_parted_entries(node_plan: Mapping[str, Any]) -> list[dict[str, Any]]:
+def mig_parted_entries(node_plan: MigPlanRaw) -> list[dict[str, Any]]:
     """One mig-parted v1 entry per GPU of a node plan: ``devices: [index]``, MIG on, and the
     profile counts of its new layout."""
     entries = []

@@ -14,6 +14,7 @@ from typing import Any
 
 from pyctl import _core
 from pyctl.core.fragmentation import FragmentationModel, shape_dict
+from pyctl.core.types import Assignment, RankedRaw
 from pyctl.model import Shape, Workload
 
 Rank = tuple[int, int, int]
@@ -34,7 +35,7 @@ class Ranked:
     left: int
     #: the node's idle GPU before, milli-GPU
     idle: int
-    assignment: Mapping[str, Any]
+    assignment: Assignment
 
     def explain(self, shape: Shape) -> str:
         """The rank in words (for `pyctl explain` and the extender's logs)."""
@@ -47,7 +48,7 @@ class Ranked:
         return ", ".join(parts)
 
 
-def _ranked(names: Sequence[str], raw: Mapping[str, Any]) -> Ranked:
+def _ranked(names: Sequence[str], raw: RankedRaw) -> Ranked:
     r = raw["rank"]
     return Ranked(
         names[int(raw["node"])],
@@ -161,7 +162,7 @@ class Move:
     to_node: str
     #: fall of F(M), milli-GPU, by this move alone
     gain: float
-    assignment: Mapping[str, Any]
+    assignment: Assignment
     #: index of the rescue it belongs to
     rescue: int | None = None
 
@@ -170,7 +171,7 @@ class Move:
 class Rescue:
     pending: str
     node: str
-    assignment: Mapping[str, Any]
+    assignment: Assignment
     moves: tuple[Move, ...]
     #: evictions that wait for an earlier one's replacement (PodDisruptionBudgets)
     waits: int

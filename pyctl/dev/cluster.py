@@ -148,12 +148,14 @@ class Pyctl:
 
     def __init__(self, kubeconfig: Path, work_dir: Path, redis_url: str) -> None:
         self.port = free_port()
+        self.extender_port = free_port()
         self.log = work_dir / "pyctl.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYCTL_")}
         env.update(
             PYCTL_CLUSTER="dev",
             PYCTL_LEASE_NAMESPACE="default",
             PYCTL_METRICS_PORT=str(self.port),
+            PYCTL_EXTENDER_PORT=str(self.extender_port),
             PYCTL_WORKFLOW_INTERVAL="2",
             PYCTL_SUMMARY_INTERVAL="1",
             PYCTL_LEASE_DURATION="5",
@@ -510,7 +512,7 @@ def up(opts: Options, console: Console | None = None) -> int:
             sched = ExtraScheduler(
                 plane,
                 "pyctl",
-                extender_config(f"http://127.0.0.1:{pyctl.port}/scheduler"),
+                extender_config(f"http://127.0.0.1:{pyctl.extender_port}/scheduler"),
                 ["--pod-max-in-unschedulable-pods-duration=5s"],
             )
             sched.start()

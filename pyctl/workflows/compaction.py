@@ -25,6 +25,8 @@ from pyctl.workflows.base import Context, Workflow, WorkflowKind
 from pyctl.workflows.evictor import Evictor, EvictorOptions, pdb_matches
 
 KIND = "compaction"
+#: the Event reason of a compaction's eviction
+REASON = "PyctlCompaction"
 
 
 @dataclass(frozen=True)
@@ -274,7 +276,7 @@ async def _evicting(ctx: Context, wf: Workflow) -> Workflow:
     if pod is None or pod.uid != uid or pod.deleting or pod.node != wf.node:
         # the eviction already happened (or the pod moved on by itself): never evict twice
         return msgspec.structs.replace(wf, step="done", result="pod already gone")
-    r = await ctx.gate.evict(pod, wf.node, workload=wf.data.get("workload", ""))
+    r = await ctx.gate.evict(pod, wf.node, workload=wf.data.get("workload", ""), reason=REASON)
     if r.outcome == "done":
         return msgspec.structs.replace(wf, step="done", result="evicted")
     if r.outcome == "dry-run":

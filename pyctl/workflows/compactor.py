@@ -196,13 +196,13 @@ class Compactor:
         self.departures = departures(workflows, now, self.departure_seconds)
 
     async def tick(self, leader: bool) -> None:
-        self._track(await self.engine.workflows(), time.time())
+        self._track(await self.engine.workflows(), self.engine.now())
         plan = await self.plan_off_loop()
         if leader:
             await self._clear_orphans()
-            await self._start(plan, time.time())
+            await self._start(plan, self.engine.now())
             self.gauge.export(await self.engine.advance_all())
-            self._track(await self.engine.workflows(), time.time())
+            self._track(await self.engine.workflows(), self.engine.now())
 
     async def run(self, leader: Callable[[], bool]) -> None:
         await run_every(self.interval, self.tick, leader, "compaction")

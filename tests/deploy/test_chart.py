@@ -157,9 +157,14 @@ def test_observe_mode_grants_no_write_verb_and_enforce_adds_only_the_actions() -
         ("*", "", "pods/eviction", "create"),
         ("*", "", "events", "create"),
         ("gpu-operator", "", "configmaps", "patch"),
+        # DRA steering (docs/dra.md): pyctl's own DeviceTaintRules
+        ("*", "resource.k8s.io", "devicetaintrules", "create"),
+        ("*", "resource.k8s.io", "devicetaintrules", "delete"),
     }
     for verb in ("*", "delete", "escalate", "bind", "impersonate"):
-        assert not [r for r in enforce if r[3] == verb]
+        # delete: only pyctl's own DeviceTaintRules (an admission policy confines it to them)
+        allowed = {("*", "resource.k8s.io", "devicetaintrules", "delete")}
+        assert not [r for r in enforce if r[3] == verb and r not in allowed]
     assert not [r for r in enforce if r[2] in ("secrets", "*")]
 
 
@@ -264,7 +269,7 @@ def test_admission_policies_name_the_service_account_and_the_excluded_namespaces
         {"mode": "enforce", "evictor.excludedNamespaces": ["kube-system", "batch"]}, namespace="ops"
     )
     policies = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"}
-    assert set(policies) == {"pyctl-node-changes", "pyctl-evictions"}
+    assert set(policies) == {"pyctl-node-changes", "pyctl-evictions", "pyctl-device-taint-rules"}
     for p in policies.values():
         (cond,) = p["spec"]["matchConditions"]
         assert (

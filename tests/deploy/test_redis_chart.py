@@ -138,13 +138,14 @@ async def test_members_are_confined_to_their_own_keys(chart_redis: ChartRedis) -
         password=chart_redis.passwords["member-east"],
     )  # fmt: skip
     try:
-        for cmd in (("GET", "pyctl:{west}:schema"), ("HGETALL", "pyctl:{west}:obj:Node")):
-            with pytest.raises(rexc.NoPermissionError):
-                await raw.execute_command(*cmd)
         with pytest.raises(rexc.NoPermissionError):
-            await raw.execute_command("FLUSHALL")
+            await raw.get("pyctl:{west}:schema")
         with pytest.raises(rexc.NoPermissionError):
-            await raw.execute_command("CONFIG", "SET", "maxmemory", "0")
+            await raw.hgetall("pyctl:{west}:obj:Node")
+        with pytest.raises(rexc.NoPermissionError):
+            await raw.flushall()
+        with pytest.raises(rexc.NoPermissionError):
+            await raw.config_set("maxmemory", "0")
     finally:
         await raw.aclose()
     # no password, no access

@@ -13,15 +13,14 @@ from kubernetes_asyncio import client, config
 
 from pyctl.cluster.records import Event, Kind, Record, record_key
 from pyctl.controller.cache import ClusterCache
-from tests.integration.redis_servers import RedisServer, RedisServerError, find_binaries
-
-from .control_plane import (
+from pyctl.dev.control_plane import (
     Binaries,
     ControlPlane,
     ControlPlaneError,
     ExtraApiserver,
     ensure_binaries,
 )
+from tests.integration.redis_servers import RedisServer, RedisServerError, find_binaries
 
 _started: list[ControlPlane] = []
 

@@ -38,8 +38,7 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from pyctl.core import mig
-
-from .gpu_nodes import E2E_NODE_LABEL, body
+from pyctl.dev.gpu_nodes import E2E_NODE_LABEL, body
 
 DRIVER = "gpu.nvidia.com"
 GROUP, VERSION = "resource.k8s.io", "v1"

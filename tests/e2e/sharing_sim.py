@@ -42,9 +42,8 @@ from kubernetes_asyncio import client
 
 # the API server writes quantities in canonical form ("20000" becomes "20k")
 from pyctl.cluster.quantity import count as quantity
-
-from .control_plane import KWOK_NODE_ANNOTATION
-from .gpu_nodes import E2E_NODE_LABEL, body
+from pyctl.dev.control_plane import KWOK_NODE_ANNOTATION
+from pyctl.dev.gpu_nodes import E2E_NODE_LABEL, body
 
 SHARED = "nvidia.com/gpu.shared"
 GPU = "nvidia.com/gpu"
@@ -215,7 +214,7 @@ class ReplicaAllocator:
         """Follow the pods: admit the newly bound in the order they were bound (creation order
         among those bound since the last call), release the gone."""
         pods = await core.list_namespaced_pod(namespace, label_selector=f"app={label}")
-        live = {}
+        live: dict[str, client.V1Pod] = {}
         for p in pods.items:
             if p.spec.node_name in self.held and p.metadata.deletion_timestamp is None:
                 live[f"{namespace}/{p.metadata.name}"] = p

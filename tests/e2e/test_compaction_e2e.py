@@ -34,8 +34,10 @@ from pyctl.cluster.kube.lease import LeaderElector, LeaseConfig
 from pyctl.cluster.kube.source import KubeClusterSource
 from pyctl.controller.controller import Controller
 from pyctl.controller.placement import PlacementAdvisor
+from pyctl.dev.control_plane import ControlPlane, ExtraScheduler
+from pyctl.dev.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body
 from pyctl.serve.extender import ExtenderHandler
-from pyctl.serve.health import HealthServer
+from pyctl.serve.extender_server import ExtenderOptions, ExtenderServer
 from pyctl.state.memory import MemoryStore
 from pyctl.state.ratelimit import BucketLimit, MemoryRateLimiter, SafetyLimits
 from pyctl.state.workflows import MemoryWorkflowStore
@@ -44,8 +46,6 @@ from pyctl.workflows.engine import Context, Engine
 from pyctl.workflows.gate import Gate
 from pyctl.workflows.kinds import builtin_registry
 from tests.e2e.conftest import wait_until
-from tests.e2e.control_plane import ControlPlane, ExtraScheduler
-from tests.e2e.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body
 from tests.e2e.test_placement_e2e import (
     WORKLOAD,
     TopologyUpdater,
@@ -102,8 +102,10 @@ async def test_compaction_frees_a_zone_for_the_pending_replica_respecting_the_pd
         workload=WORKLOAD,
         summary_interval=0.5,
     )
-    ext = ExtenderHandler(PlacementAdvisor.for_reconciler(ctl.reconciler))
-    server = HealthServer(ctl.metrics.registry, ctl.ready, "127.0.0.1", 0, extender=ext)
+    reconciler = ctl.reconciler
+    server = ExtenderServer(
+        lambda: ExtenderHandler(PlacementAdvisor.for_reconciler(reconciler)), ExtenderOptions()
+    )
     port = await server.start()
     sched = ExtraScheduler(
         control_plane,

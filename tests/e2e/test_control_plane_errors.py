@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .control_plane import (
+from pyctl.dev.control_plane import (
     APISERVER,
     ETCD,
     Binaries,

@@ -15,11 +15,8 @@ from pyctl.cluster.kube.client import connect
 from pyctl.cluster.kube.lease import LeaderElector, LeaseConfig
 from pyctl.cluster.kube.source import KubeClusterSource
 from pyctl.controller.controller import Controller
-from pyctl.state.redis_client import RedisConfig
-from pyctl.state.redis_store import RedisStore
-from tests.e2e.conftest import wait_until
-from tests.e2e.control_plane import ControlPlane
-from tests.e2e.gpu_nodes import (
+from pyctl.dev.control_plane import ControlPlane
+from pyctl.dev.gpu_nodes import (
     NRT_GROUP,
     NRT_PLURAL,
     NRT_VERSION,
@@ -28,6 +25,9 @@ from tests.e2e.gpu_nodes import (
     body,
     create_gpu_nodes,
 )
+from pyctl.state.redis_client import RedisConfig
+from pyctl.state.redis_store import RedisStore
+from tests.e2e.conftest import wait_until
 from tests.integration.redis_servers import RedisServer, find_binaries
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis]
@@ -157,6 +157,6 @@ async def test_controller_follows_the_cluster_into_redis_with_one_leader(
             await s.close()
         await core.delete_collection_namespaced_pod("default", label_selector="app=ctl-e2e")
         custom = client.CustomObjectsApi(api)
-        for s in specs:
-            await core.delete_node(s.name)
-            await custom.delete_cluster_custom_object(NRT_GROUP, NRT_VERSION, NRT_PLURAL, s.name)
+        for spec in specs:
+            await core.delete_node(spec.name)
+            await custom.delete_cluster_custom_object(NRT_GROUP, NRT_VERSION, NRT_PLURAL, spec.name)

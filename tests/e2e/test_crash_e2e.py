@@ -6,7 +6,7 @@ workflow record in Redis is finished) and no pod was evicted twice.
 
 The cluster is test_compaction_e2e.py's (2-NUMA 8-GPU kwok nodes under ``single-numa-node``,
 `TopologyUpdater` playing NFD's topology-updater, a second kube-scheduler calling pyctl's extender
-on the controller's metrics port). A driver keeps it supplying work across the rounds: each time
+on the controller's extender port). A driver keeps it supplying work across the rounds: each time
 compaction has placed the 4-GPU replica, it scales that replica to 0, re-fragments ``c-frag`` (one
 1-GPU replica in each NUMA zone, with ``c-full`` cordoned by the test meanwhile) and scales the
 4-GPU replica back to 1.
@@ -37,13 +37,13 @@ import msgspec
 import pytest
 from kubernetes_asyncio import client, watch
 
+from pyctl.dev.control_plane import ControlPlane, ExtraScheduler, free_port
+from pyctl.dev.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body
 from pyctl.state.redis_client import RedisConfig, close_client, connect
 from pyctl.state.redis_workflows import RedisWorkflowStore
 from pyctl.workflows.engine import Workflow
 from pyctl.workflows.mig_reconfig import TAINT_KEY
 from tests.e2e.conftest import wait_until
-from tests.e2e.control_plane import ControlPlane, ExtraScheduler, free_port
-from tests.e2e.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body
 from tests.e2e.test_placement_e2e import (
     TopologyUpdater,
     create_nodes,
@@ -80,6 +80,7 @@ class ControllerProcess:
         redis_url: str,
         port: int,
         logs: Path,
+        extender_port: int = 0,
         extra_env: dict[str, str] | None = None,
     ) -> None:
         self.port = port
@@ -99,6 +100,8 @@ class ControllerProcess:
             "enforce",
             "--metrics-port",
             str(port),
+            "--extender-port",
+            str(extender_port),
             "--no-live",
         ]
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYCTL_")}
@@ -336,17 +339,19 @@ async def test_sigkill_at_random_points_always_converges(
     specs = [GpuNodeSpec(n, labels=SEL) for n in ("c-frag", "c-full")]
     scenario = Scenario(api, specs)
     updater = scenario.updater
-    port = free_port()
+    port, extender_port = free_port(), free_port()
     logs = tmp_path / "logs"
     logs.mkdir()
-    pyctl = ControllerProcess(control_plane.kubeconfig, redis_server.url, port, logs)
+    pyctl = ControllerProcess(
+        control_plane.kubeconfig, redis_server.url, port, logs, extender_port=extender_port
+    )
     rc = RedisConfig(url=redis_server.url)
     redis = connect(rc)
     store = RedisWorkflowStore(redis, rc, CLUSTER)
     sched = ExtraScheduler(
         control_plane,
         "pyctl-crash",
-        extender_config(f"http://127.0.0.1:{port}/scheduler"),
+        extender_config(f"http://127.0.0.1:{extender_port}/scheduler"),
         ["--pod-max-in-unschedulable-pods-duration=5s"],
     )
     kills: list[dict[str, Any]] = []

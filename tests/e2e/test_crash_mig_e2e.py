@@ -26,19 +26,19 @@ import pytest
 from kubernetes_asyncio import client
 
 from pyctl.core import mig
-from pyctl.state.redis_client import RedisConfig, close_client, connect
-from pyctl.state.redis_workflows import RedisWorkflowStore
-from pyctl.workflows.mig_reconfig import TAINT_KEY, MigOptions
-from tests.e2e.conftest import wait_until
-from tests.e2e.control_plane import ControlPlane, free_port
-from tests.e2e.gpu_nodes import body
-from tests.e2e.mig_manager_sim import (
+from pyctl.dev.control_plane import ControlPlane, free_port
+from pyctl.dev.gpu_nodes import body
+from pyctl.dev.mig_manager import (
     STATE_LABEL,
     MigManagerSim,
     a100_all_1g,
     create_mig_node,
     mig_pod,
 )
+from pyctl.state.redis_client import RedisConfig, close_client, connect
+from pyctl.state.redis_workflows import RedisWorkflowStore
+from pyctl.workflows.mig_reconfig import TAINT_KEY, MigOptions
+from tests.e2e.conftest import wait_until
 from tests.e2e.test_crash_e2e import (
     CLAIM_TTL,
     CLUSTER,

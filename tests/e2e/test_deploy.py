@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from pyctl.dev.control_plane import ControlPlane
 from tests.deploy.tools import (
     CHART,
     OVERLAYS,
@@ -24,8 +25,6 @@ from tests.deploy.tools import (
     kubectl,
     restricted_namespace,
 )
-
-from .control_plane import ControlPlane
 
 pytestmark = [pytest.mark.e2e]
 

@@ -31,9 +31,11 @@ from pyctl.cluster.kube.source import KubeClusterSource
 from pyctl.controller.controller import Controller
 from pyctl.controller.placement import PlacementAdvisor
 from pyctl.core import mig
+from pyctl.dev.control_plane import ControlPlane, ExtraScheduler
+from pyctl.dev.gpu_nodes import GpuNodeSpec, body, node_manifest, wait_nodes_ready
 from pyctl.model import Shape, Workload
 from pyctl.serve.extender import ExtenderHandler
-from pyctl.serve.health import HealthServer
+from pyctl.serve.extender_server import ExtenderOptions, ExtenderServer
 from pyctl.state.memory import MemoryStore
 from pyctl.state.ratelimit import BucketLimit, MemoryRateLimiter, SafetyLimits
 from pyctl.state.workflows import MemoryWorkflowStore
@@ -43,7 +45,6 @@ from pyctl.workflows.engine import Context, Engine
 from pyctl.workflows.gate import Gate
 from pyctl.workflows.kinds import builtin_registry
 from tests.e2e.conftest import wait_until
-from tests.e2e.control_plane import ControlPlane, ExtraScheduler
 from tests.e2e.dra_driver_sim import (
     GPU_CLASS,
     GROUP,
@@ -54,7 +55,6 @@ from tests.e2e.dra_driver_sim import (
     SimNode,
     slices_for,
 )
-from tests.e2e.gpu_nodes import GpuNodeSpec, body, node_manifest, wait_nodes_ready
 from tests.e2e.test_placement_e2e import SCHEDULER_NAME, extender_config, kube
 
 pytestmark = [pytest.mark.e2e]
@@ -168,6 +168,10 @@ class Dra:
                 return []
             out += alloc["devices"]["results"]
         return out
+
+    async def is_allocated(self, pod: str) -> bool:
+        """All of the pod's claims are allocated (a predicate for `wait_until`)."""
+        return bool(await self.allocated(pod))
 
     async def bound(self, pod: str) -> str:
         try:
@@ -416,8 +420,10 @@ async def test_numa_split_claim_then_compaction_frees_a_zone_for_the_real_schedu
         workload=Workload((one, four)),
         summary_interval=0.3,
     )
-    ext = ExtenderHandler(PlacementAdvisor.for_reconciler(ctl.reconciler))
-    server = HealthServer(ctl.metrics.registry, ctl.ready, "127.0.0.1", 0, extender=ext)
+    reconciler = ctl.reconciler
+    server = ExtenderServer(
+        lambda: ExtenderHandler(PlacementAdvisor.for_reconciler(reconciler)), ExtenderOptions()
+    )
     port = await server.start()
     sched = ExtraScheduler(
         control_plane,
@@ -493,7 +499,7 @@ async def test_numa_split_claim_then_compaction_frees_a_zone_for_the_real_schedu
             await core.create_namespaced_pod(
                 NS, body(claim_pod("dc-hold", {"gpus": "template:dc-three"}, node="dc-frag"))
             )
-            await wait_until(lambda: dra.allocated("dc-hold"), "the holding pod", within=60)
+            await wait_until(lambda: dra.is_allocated("dc-hold"), "the holding pod", within=60)
             await apps.patch_namespaced_deployment_scale(
                 "small", NS, body({"spec": {"replicas": 2}})
             )
@@ -568,9 +574,9 @@ async def test_numa_split_claim_then_compaction_frees_a_zone_for_the_real_schedu
     finally:
         sched.stop()
         await server.stop()
-        for d in ("small", "big", "fill-0", "fill-1"):
+        for name in ("small", "big", "fill-0", "fill-1"):
             try:
-                await apps.delete_namespaced_deployment(d, NS)
+                await apps.delete_namespaced_deployment(name, NS)
             except client.ApiException as exc:
                 if exc.status != 404:
                     raise
@@ -645,7 +651,9 @@ async def test_device_taint_rules_steer_the_real_allocator_off_stranding_placeme
             await core.create_namespaced_pod(
                 NS, body(claim_pod("ds-before", {"part": "template:ds-1g"}, node=node.name))
             )
-            await wait_until(lambda: dra.allocated("ds-before"), "the first allocation", within=60)
+            await wait_until(
+                lambda: dra.is_allocated("ds-before"), "the first allocation", within=60
+            )
             assert await start_of("ds-before") == 0
             await core.delete_namespaced_pod("ds-before", NS, grace_period_seconds=0)
 
@@ -676,7 +684,9 @@ async def test_device_taint_rules_steer_the_real_allocator_off_stranding_placeme
             await core.create_namespaced_pod(
                 NS, body(claim_pod("ds-after", {"part": "template:ds-1g"}, node=node.name))
             )
-            await wait_until(lambda: dra.allocated("ds-after"), "the steered allocation", within=60)
+            await wait_until(
+                lambda: dra.is_allocated("ds-after"), "the steered allocation", within=60
+            )
             start = await start_of("ds-after")
             assert start is not None
             assert start >= 4, f"1g.10gb allocated at slice {start}: strands the 4g.40gb window"

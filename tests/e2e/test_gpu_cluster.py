@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import pytest
 from kubernetes_asyncio import client
 
-from .gpu_nodes import (
+from pyctl.dev.gpu_nodes import (
     E2E_NODE_LABEL,
     GPU,
     NRT_GROUP,

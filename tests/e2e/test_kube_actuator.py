@@ -11,10 +11,10 @@ from kubernetes_asyncio import client
 
 from pyctl.cluster.kube.actuator import KubeActuator
 from pyctl.cluster.kube.client import KubeClient, connect
+from pyctl.dev.control_plane import ControlPlane
+from pyctl.dev.gpu_nodes import GpuNodeSpec, body, node_manifest
 
 from .conftest import wait_until
-from .control_plane import ControlPlane
-from .gpu_nodes import GpuNodeSpec, body, node_manifest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio, pytest.mark.timeout(90, func_only=True)]
 

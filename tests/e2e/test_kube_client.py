@@ -5,15 +5,16 @@ from __future__ import annotations
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
 
 from pyctl.cluster.kube.client import KubeApiError, Timeouts, connect
+from pyctl.dev.control_plane import ControlPlane
+from pyctl.dev.gpu_nodes import body
 
 from .conftest import wait_until
-from .control_plane import ControlPlane
-from .gpu_nodes import body
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio, pytest.mark.timeout(60, func_only=True)]
 
@@ -87,7 +88,9 @@ async def test_a_silent_connection_times_out(control_plane: ControlPlane) -> Non
                 await resp.content.read()
 
         async def read_generated() -> None:
-            resp = await client.CoreV1Api(kube.api).list_node(
+            # with _preload_content=False the answer is the HTTP response, not a V1NodeList (the
+            # package's type stubs say the latter)
+            resp: Any = await client.CoreV1Api(kube.api).list_node(
                 watch=True, label_selector=quiet[1][1], timeout_seconds=30, _preload_content=False
             )
             await resp.content.read()

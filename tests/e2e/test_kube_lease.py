@@ -15,9 +15,9 @@ import pytest
 
 from pyctl.cluster.kube.client import KubeClient, connect
 from pyctl.cluster.kube.lease import LeaderElector, LeaseConfig
+from pyctl.dev.control_plane import ControlPlane, ExtraApiserver
 
 from .conftest import wait_until
-from .control_plane import ControlPlane, ExtraApiserver
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio, pytest.mark.timeout(90, func_only=True)]
 

@@ -15,10 +15,8 @@ from kubernetes_asyncio import client
 from pyctl.cluster.kube.client import KubeClient, connect
 from pyctl.cluster.kube.reflector import Reflector, ReflectorOptions, Resource
 from pyctl.cluster.kube.source import KubeClusterSource
-
-from .conftest import CacheSink, wait_until
-from .control_plane import ControlPlane
-from .gpu_nodes import (
+from pyctl.dev.control_plane import ControlPlane
+from pyctl.dev.gpu_nodes import (
     NRT_GROUP,
     NRT_PLURAL,
     NRT_VERSION,
@@ -30,6 +28,8 @@ from .gpu_nodes import (
     nrt_crd_manifest,
     nrt_manifest,
 )
+
+from .conftest import CacheSink, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio, pytest.mark.timeout(90, func_only=True)]
 

@@ -19,10 +19,10 @@ from pyctl.cluster.kube.decode import decode_object
 from pyctl.cluster.kube.reflector import ReflectorOptions
 from pyctl.cluster.kube.source import KubeClusterSource
 from pyctl.cluster.records import Kind
+from pyctl.dev.control_plane import ControlPlane, ExtraApiserver, etcd_compact, etcd_revision
+from pyctl.dev.gpu_nodes import GpuNodeSpec, body, node_manifest
 
 from .conftest import CacheSink, wait_until
-from .control_plane import ControlPlane, ExtraApiserver, etcd_compact, etcd_revision
-from .gpu_nodes import GpuNodeSpec, body, node_manifest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio, pytest.mark.timeout(120, func_only=True)]
 
@@ -60,7 +60,10 @@ async def _scenario(
     selector = f"{TEST_LABEL}={tag}"
     core = client.CoreV1Api(api)
     await core.create_namespace(body({"metadata": {"name": ns}}))
-    spec = lambda i: GpuNodeSpec(f"kube-fault-{tag}-{i}", labels={TEST_LABEL: tag})  # noqa: E731
+
+    def spec(i: int) -> GpuNodeSpec:
+        return GpuNodeSpec(f"kube-fault-{tag}-{i}", labels={TEST_LABEL: tag})
+
     for i in range(3):
         await core.create_node(body(node_manifest(spec(i))))
         await core.create_namespaced_pod(ns, pod(f"p{i}"))

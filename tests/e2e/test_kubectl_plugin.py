@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio import client
 
+from pyctl.dev.control_plane import ControlPlane
+from pyctl.dev.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body
 from tests.deploy.tools import tool
-from tests.e2e.control_plane import ControlPlane
-from tests.e2e.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body
 from tests.e2e.test_placement_e2e import create_nodes, delete_nodes, gpu_pod
 
 pytestmark = [pytest.mark.e2e]

@@ -40,7 +40,16 @@ import pytest
 from kubernetes_asyncio import client
 
 from pyctl.cluster.kube.actuator import KubeActuator
-from pyctl.cluster.kube.client import connect
+from pyctl.cluster.kube.client import KubeApiError, connect
+from pyctl.dev.control_plane import ControlPlane, ExtraScheduler, free_port
+from pyctl.dev.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body
+from pyctl.dev.mig_manager import (
+    STATE_LABEL,
+    MigManagerSim,
+    a100_all_1g,
+    create_mig_node,
+    mig_pod,
+)
 from pyctl.state.redis_client import RedisConfig, close_client
 from pyctl.state.redis_client import connect as redis_connect
 from pyctl.state.redis_workflows import RedisWorkflowStore
@@ -57,15 +66,6 @@ from tests.deploy.tools import (
     token_kubeconfig,
 )
 from tests.e2e.conftest import wait_until
-from tests.e2e.control_plane import ControlPlane, ExtraScheduler, free_port
-from tests.e2e.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body
-from tests.e2e.mig_manager_sim import (
-    STATE_LABEL,
-    MigManagerSim,
-    a100_all_1g,
-    create_mig_node,
-    mig_pod,
-)
 from tests.e2e.test_placement_e2e import (
     TopologyUpdater,
     create_nodes,
@@ -123,12 +123,15 @@ class Pyctl:
         mode: str = "enforce",
     ) -> None:
         self.port = free_port()
+        self.extender_port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYCTL_")}
         env.update(config)
         env.update(
             PYCTL_IN_CLUSTER="false",
             PYCTL_METRICS_HOST="127.0.0.1",
             PYCTL_METRICS_PORT=str(self.port),
+            PYCTL_EXTENDER_HOST="127.0.0.1",
+            PYCTL_EXTENDER_PORT=str(self.extender_port),
             PYCTL_LEASE_NAMESPACE=namespace,  # the Deployment's downward API
             PYCTL_LEASE_IDENTITY="pyctl-lp-0",
             PYCTL_LEASE_DURATION="3",
@@ -228,6 +231,16 @@ async def steer_as(kubeconfig: Path) -> None:
         assert await act.device_taint_rules() == {}
 
 
+async def refused_foreign_rule(kubeconfig: Path) -> None:
+    """The admission policy: a DeviceTaintRule that is not pyctl's is refused to its account."""
+    rule = TaintRule("vendor-rule", "gpu.nvidia.com", "lp-pool", "gpu-0", "vendor/x", "x", "test")
+    foreign = rule.manifest()
+    foreign["metadata"]["labels"] = {}
+    async with await connect(kubeconfig=kubeconfig) as k:
+        with pytest.raises(KubeApiError, match="only its own DeviceTaintRules"):
+            await KubeActuator(k, instance="lp").put_device_taint_rule(foreign, on=True)
+
+
 @pytest.mark.anyio
 async def test_the_controller_needs_exactly_the_charts_rbac_and_admission_confines_it(
     control_plane: ControlPlane,
@@ -272,7 +285,7 @@ async def test_the_controller_needs_exactly_the_charts_rbac_and_admission_confin
         sched = ExtraScheduler(
             control_plane,
             "pyctl-lp",
-            extender_config(f"http://127.0.0.1:{pyctl.port}/scheduler"),
+            extender_config(f"http://127.0.0.1:{pyctl.extender_port}/scheduler"),
             ["--pod-max-in-unschedulable-pods-duration=5s"],
         )
         sched.start()
@@ -333,7 +346,8 @@ async def test_the_controller_needs_exactly_the_charts_rbac_and_admission_confin
                 kinds = Counter(w.kind for w in wfs if w.step == "done")
                 return (
                     all(w.finished for w in wfs)
-                    and kinds["compaction"] >= 1
+                    # the 4-GPU replica's room: made by a rescue (or a defragmentation move)
+                    and kinds["rescue"] + kinds["compaction"] >= 1
                     and kinds["mig-reconfigure"] >= 1
                 )
 
@@ -344,6 +358,7 @@ async def test_the_controller_needs_exactly_the_charts_rbac_and_admission_confin
         pyctl.stop()
         await steer_as(sa_kubeconfig)
         log_end = control_plane.audit_log.stat().st_size
+        await refused_foreign_rule(sa_kubeconfig)
 
         # -- the audit log: what the controller did, against what the chart grants -------------
         found = audit.calls(control_plane.audit_log, USER, log_start, log_end)

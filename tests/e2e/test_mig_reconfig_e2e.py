@@ -7,6 +7,7 @@ pods get served. A `failed` state rolls the label back and leaves the node sched
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -20,6 +21,9 @@ from pyctl.cluster.kube.actuator import KubeActuator
 from pyctl.cluster.kube.client import connect
 from pyctl.cluster.kube.source import KubeClusterSource
 from pyctl.core import mig
+from pyctl.dev.control_plane import ControlPlane
+from pyctl.dev.gpu_nodes import body
+from pyctl.dev.mig_manager import STATE_LABEL, MigManagerSim, a100_all_1g, create_mig_node, mig_pod
 from pyctl.metrics import Metrics
 from pyctl.state.ratelimit import MemoryRateLimiter
 from pyctl.state.workflows import MemoryWorkflowStore
@@ -32,9 +36,6 @@ from tests.limits import global_only
 from tests.models import CacheModels
 
 from .conftest import CacheSink, wait_until
-from .control_plane import ControlPlane
-from .gpu_nodes import body
-from .mig_manager_sim import STATE_LABEL, MigManagerSim, a100_all_1g, create_mig_node, mig_pod
 from .test_placement_e2e import delete_nodes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio, pytest.mark.timeout(180, func_only=True)]
@@ -126,7 +127,7 @@ async def setup(control_plane: ControlPlane, api: client.ApiClient) -> AsyncIter
             tg.start_soon(mgr.run)
             await wait_until(lambda: node in sink.cache.nodes, "the node in the cache")
             for i in range(2):
-                await wait_until(lambda i=i: s.bound(f"small-{i}"), f"small-{i} bound", 60)
+                await wait_until(functools.partial(s.bound, f"small-{i}"), f"small-{i} bound", 60)
             try:
                 yield s
             finally:
@@ -159,7 +160,7 @@ async def test_pending_3g_pods_are_served_after_a_reconfiguration(setup: Setup) 
     async with anyio.create_task_group() as tg:
         tg.start_soon(s.loop.run, lambda: True)
         for n in names:
-            await wait_until(lambda n=n: s.bound(n), f"{n} bound after the re-partition", 90)
+            await wait_until(functools.partial(s.bound, n), f"{n} bound after the re-partition", 90)
         tg.cancel_scope.cancel()
     node = await s.node_obj()
     labels = node.metadata.labels

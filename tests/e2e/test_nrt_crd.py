@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from .gpu_nodes import (
+from pyctl.dev.gpu_nodes import (
     NRT_GROUP,
     NRT_PLURAL,
     NRT_VERSION,

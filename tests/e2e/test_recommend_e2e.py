@@ -36,9 +36,8 @@ from kubernetes_asyncio import client
 
 from pyctl.cluster.kube.client import connect
 from pyctl.core import mig
-from tests.e2e.conftest import wait_until
-from tests.e2e.control_plane import ControlPlane
-from tests.e2e.gpu_nodes import (
+from pyctl.dev.control_plane import ControlPlane
+from pyctl.dev.gpu_nodes import (
     NRT_GROUP,
     NRT_PLURAL,
     NRT_VERSION,
@@ -46,6 +45,7 @@ from tests.e2e.gpu_nodes import (
     apply_nrt_crd,
     body,
 )
+from tests.e2e.conftest import wait_until
 from tests.e2e.test_placement_e2e import create_nodes, delete_nodes
 from tests.paths import REPO
 

@@ -24,9 +24,9 @@ import anyio
 import pytest
 from kubernetes_asyncio import client
 
+from pyctl.dev.control_plane import ControlPlane, ExtraScheduler, free_port
+from pyctl.dev.gpu_nodes import GpuNodeSpec, body, node_manifest, wait_nodes_ready
 from tests.e2e.conftest import wait_until
-from tests.e2e.control_plane import ControlPlane, ExtraScheduler, free_port
-from tests.e2e.gpu_nodes import GpuNodeSpec, body, node_manifest, wait_nodes_ready
 from tests.e2e.test_crash_e2e import ControllerProcess
 from tests.e2e.test_placement_e2e import extender_config, gpu_deployment
 from tests.integration.redis_servers import RedisServer
@@ -71,8 +71,9 @@ async def test_a_rescue_of_two_moves_under_a_pdb_places_the_pending_replica(
     pyctl = ControllerProcess(
         control_plane.kubeconfig,
         redis_server.url,
-        port,
+        free_port(),
         tmp_path,
+        extender_port=port,
         extra_env={
             "PYCTL_LEASE_NAME": "pyctl-rescue-e2e",
             "PYCTL_WORKFLOW_RESCUE_DEADLINE": "120",

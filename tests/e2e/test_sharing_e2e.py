@@ -21,10 +21,10 @@ from kubernetes_asyncio import client
 from pyctl.cluster.kube.client import connect
 from pyctl.cluster.kube.source import KubeClusterSource
 from pyctl.controller.controller import Controller
+from pyctl.dev.control_plane import ControlPlane, ExtraScheduler
+from pyctl.dev.gpu_nodes import body, wait_nodes_ready
 from pyctl.state.memory import MemoryStore
 from tests.e2e.conftest import wait_until
-from tests.e2e.control_plane import ControlPlane, ExtraScheduler
-from tests.e2e.gpu_nodes import body, wait_nodes_ready
 from tests.e2e.sharing_sim import (
     GPU,
     GPUCORES,
@@ -224,9 +224,9 @@ async def test_hami_shares_are_read_from_its_annotations(
     core = client.CoreV1Api(api)
     devices = {n: hami_devices(n, 2) for n in ("hami-e2e-0", "hami-e2e-1")}
     for n, devs in devices.items():
-        node = hami_node(n, devs)
-        node["metadata"]["labels"].update(sel)
-        await core.create_node(body(node))
+        manifest = hami_node(n, devs)
+        manifest["metadata"]["labels"].update(sel)
+        await core.create_node(body(manifest))
     await wait_nodes_ready(api, list(devices))
     sim = HamiScheduler(api, devices)
     await sim.start()
@@ -267,11 +267,11 @@ async def test_hami_shares_are_read_from_its_annotations(
                 (n, d.index): {} for n, devs in devices.items() for d in devs
             }
             use: dict[tuple[str, int], list[int]] = {k: [0, 0] for k in pods_on}
-            for key, (node, ctrs) in sim.assigned.items():
+            for key, (node, held) in sim.assigned.items():
                 if key == f"{NS}/h-huge":
                     continue
                 per: dict[str, list[int]] = {}
-                for ctr in ctrs:
+                for ctr in held:
                     for uuid, mem, cores in ctr:
                         acc = per.setdefault(uuid, [0, 0])
                         acc[0] += mem

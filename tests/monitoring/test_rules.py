@@ -16,6 +16,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from pyctl.metrics import Metrics
+from pyctl.serve.extender_server import HttpMetrics
 
 from .promtool import DASHBOARD, MONITORING, RULES, RULES_TEST, binary
 
@@ -90,6 +91,7 @@ def test_chart_is_rendered_from_the_sources() -> None:
 def _exported() -> set[str]:
     reg = CollectorRegistry()
     Metrics(reg)
+    HttpMetrics(reg, "c")
     names: set[str] = set()
     for fam in reg.collect():
         for s in fam.samples:

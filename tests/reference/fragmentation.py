@@ -280,9 +280,11 @@ def _dynamic_fit(m: dict[str, Any], name: str, mg: MigGpu) -> int:
         ):
             best = k
             break
-    left = m["compute_slices"] - used_compute
+    left: int = m["compute_slices"] - used_compute
     count = sum(1 for i in mg.instances if i.profile == name)
-    return min(best, left // p["compute_slices"], p["max_count"] - count)
+    cost: int = p["compute_slices"]
+    room: int = p["max_count"] - count
+    return min(best, left // cost, room)
 
 
 def _fragment_dra(node: Node, shape: Shape, cpu_ok: bool, gpu: Any, mig: Any) -> None:
@@ -456,7 +458,9 @@ def score_node(node: Node, workload: Workload) -> Score:
             {
                 s.mig_profile
                 for s in workload.shapes
-                if s.mig_profile in names and allows(s, node.gpu_model)
+                if s.mig_profile is not None
+                and s.mig_profile in names
+                and allows(s, node.gpu_model)
             }
         )
         if wanted:

@@ -4,7 +4,6 @@ simulated day, every summary says what scoring the whole cluster for each shape 
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import replace
 
 import pytest
@@ -14,7 +13,7 @@ from pyctl.cluster.sim.source import SimClusterSource
 from pyctl.controller.controller import Controller
 from pyctl.controller.reconcile import Reconciler
 from pyctl.controller.summary import Summary
-from pyctl.core.fragmentation import CATEGORIES, FragmentationModel
+from pyctl.core.fragmentation import FragmentationModel, blocked_by
 from pyctl.model import Shape, Snapshot, Workload
 from pyctl.state.memory import MemoryStore
 
@@ -25,36 +24,12 @@ def anyio_backend() -> str:
 
 
 def blocked_from_scratch(r: Reconciler) -> dict[str, int]:
-    """The whole cluster scored once per pending shape (what a summary did before the views)."""
+    """The whole cluster scored once per pending shape: `blocked_by`, the one definition."""
     pending = [p for p in r.cache.pending_pods() if p.unschedulable]
     if not pending or not r.models:
         return {}
     model = FragmentationModel(Snapshot(tuple(r.models[n] for n in sorted(r.models))))
-    idle_gpu = sum(s.idle_gpu_milli for s in r.scores.values())
-    idle_mig = sum(s.idle_mig_slices for s in r.scores.values())
-    out: Counter[str] = Counter()
-    by_shape: dict[Shape, str | None] = {}
-    for p in pending:
-        shape = r.shape_of(p)
-        if shape is None or shape.is_cpu_only:
-            continue
-        if shape not in by_shape:
-            full = shape.gpus * shape.gpu_milli > idle_gpu
-            if full if shape.mig_profile is None else idle_mig == 0:
-                by_shape[shape] = None  # the cluster is full for it, not fragmented
-            else:
-                res = model.score(Workload((replace(shape, weight=1.0),)))
-                admitted = any(
-                    n.fragment_gpu_milli < n.idle_gpu_milli - 1e-9
-                    or n.fragment_mig_slices < n.idle_mig_slices - 1e-9
-                    for n in res.nodes
-                )
-                cats = res.mig_categories if shape.mig_profile else res.categories
-                by_shape[shape] = None if admitted else max(CATEGORIES, key=lambda c: cats[c])
-        reason = by_shape[shape]
-        if reason is not None:
-            out[reason] += 1
-    return dict(out)
+    return blocked_by(model, [s for s in (r.shape_of(p) for p in pending) if s is not None])
 
 
 @pytest.mark.anyio

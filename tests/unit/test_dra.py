@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -118,8 +120,8 @@ ALIGNED = [{"matchAttribute": "resource.kubernetes.io/numaNode"}]
 EIGHT = SimNode("n", [SimGpu(i, i // 4) for i in range(8)])
 
 
-def catalogue(claims: list[ClaimRecord] = ()) -> Catalogue:  # type: ignore[assignment]
-    return Catalogue({c.name: c for c in classes()}, {c.key: c for c in claims}, {})  # type: ignore[union-attr]
+def catalogue(claims: Sequence[ClaimRecord] = ()) -> Catalogue:
+    return Catalogue({c.name: c for c in classes()}, {c.key: c for c in claims}, {})
 
 
 # ---- decoding --------------------------------------------------------------------------------
@@ -628,8 +630,7 @@ def test_the_core_agrees_with_the_reference_on_dra_nodes(seed: int) -> None:
     rnd = random.Random(seed)
     node = random_dra_node(rnd, "n")
     shapes = tuple(
-        Shape(**{**{f: getattr(s, f) for f in s.__slots__}, "weight": rnd.randint(1, 5)})  # type: ignore[arg-type]
-        for s in rnd.sample(DRA_SHAPES, rnd.randint(1, 4))
+        replace(s, weight=rnd.randint(1, 5)) for s in rnd.sample(DRA_SHAPES, rnd.randint(1, 4))
     )
     w = Workload(shapes)
     got = FragmentationModel(Snapshot((node,))).score(w).nodes[0]

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from pyctl.core import mig
+from pyctl.core.types import DemandLineRaw, GpuPlanRaw, MigPlanRaw
 from pyctl.snapshot import load_demand, load_snapshot
 from tests.reference import mig as reference
 
@@ -48,11 +49,11 @@ BLOCKED = [
 PENDING_3G = [{"profile": "3g.20gb", "count": 1}]
 
 
-def _layout(g: dict[str, Any]) -> list[str]:
+def _layout(g: GpuPlanRaw) -> list[str]:
     return [f"{x['profile']}@{x['start']}:{x['state']}" for x in g["layout"]]
 
 
-def _demand(plan: dict[str, Any], profile: str) -> dict[str, Any]:
+def _demand(plan: MigPlanRaw, profile: str) -> DemandLineRaw:
     return next(d for d in plan["demand"] if d["profile"] == profile)
 
 

@@ -59,11 +59,11 @@ class Clock:
 
 @dataclass
 class FakeMigCluster:
-    """The API server (nodes, pods, ConfigMaps, evictions) and a mig-manager that follows the
-    label protocol: on a new `nvidia.com/mig.config`, `pending`, then the config applied (the
-    node's MIG capacity changes) and `success`; or `failed` (mode "fail": any config but the
-    node's first, which re-applies fine; mode "fail-all": every config, the rollback's too; or an
-    unknown config); or nothing at all (mode "silent")."""
+    """The API server (nodes, pods, ConfigMaps, DeviceTaintRules, evictions) and a mig-manager
+    that follows the label protocol: on a new `nvidia.com/mig.config`, `pending`, then the
+    config applied (the node's MIG capacity changes) and `success`; or `failed` (mode "fail":
+    any config but the node's first, which re-applies fine; mode "fail-all": every config, the
+    rollback's too; or an unknown config); or nothing at all (mode "silent")."""
 
     nodes: dict[str, NodeRecord]
     pods: dict[str, PodRecord]
@@ -78,6 +78,7 @@ class FakeMigCluster:
     kill_at: int | None = None
     applied: dict[str, str] = field(default_factory=dict)
     initial: dict[str, str] = field(default_factory=dict)
+    device_rules: dict[str, dict[str, object]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.initial = {name: n.mig_config for name, n in self.nodes.items()}
@@ -89,7 +90,7 @@ class FakeMigCluster:
             raise Killed(what)
 
     def _node(self, name: str, **changes: object) -> None:
-        self.nodes[name] = msgspec.structs.replace(self.nodes[name], **changes)  # type: ignore[arg-type]
+        self.nodes[name] = msgspec.structs.replace(self.nodes[name], **changes)
 
     async def cordon(self, node: str, on: bool) -> None:
         self._node(node, unschedulable=on)
@@ -131,6 +132,20 @@ class FakeMigCluster:
     async def apply_configmap(self, namespace: str, name: str, data: Mapping[str, str]) -> None:
         self.configmaps.setdefault((namespace, name), {}).update(data)
         self._act(f"configmap {namespace}/{name}")
+
+    async def device_taint_rules(self) -> dict[str, dict[str, object]] | None:
+        return dict(self.device_rules)
+
+    async def put_device_taint_rule(self, manifest: Mapping[str, object], on: bool) -> None:
+        meta = manifest.get("metadata")
+        name = meta.get("name") if isinstance(meta, Mapping) else None
+        if not isinstance(name, str) or not name:
+            raise ValueError("DeviceTaintRule without metadata.name")
+        if on:
+            self.device_rules.setdefault(name, dict(manifest))  # exists already: 409, kept
+        else:
+            self.device_rules.pop(name, None)  # gone already: 404, fine
+        self._act(f"devicetaintrule {name} {on}")
 
     async def event(
         self,
@@ -395,7 +410,8 @@ async def test_a_refusal_waits_as_long_as_the_api_server_asks() -> None:
     for _ in range(3):  # acquiring, isolating, evicting: 429
         await h.engine.advance_all()
     wf = await h.wf()
-    assert (wf.step, wf.not_before) == ("evicting", pytest.approx(h.clock() + 5.0)), wf
+    assert wf.step == "evicting", wf
+    assert wf.not_before == pytest.approx(h.clock() + 5.0), wf
     h.clock.t += 5
     wf = await h.run()
     assert wf.step == "done"

@@ -15,6 +15,7 @@ from pyctl.core.fragmentation import FragmentationModel
 from pyctl.core.policy import choose
 from pyctl.model import Gpu, Node, Shape, Snapshot, Workload, Zone
 from pyctl.serve.extender import ExtenderHandler
+from pyctl.serve.extender_server import ExtenderOptions, ExtenderServer
 from pyctl.serve.health import HealthServer
 
 W = Workload(
@@ -226,8 +227,9 @@ def test_models_are_rebuilt_only_when_a_node_changes() -> None:
 
 
 @pytest.mark.anyio
-async def test_served_by_the_health_server(ext: PlacementExtender) -> None:
-    server = HealthServer(CollectorRegistry(), lambda: (True, "ok"), extender=ext)
+async def test_served_by_the_extender_server(ext: PlacementExtender) -> None:
+    handler = ext.handler
+    server = ExtenderServer(lambda: handler, ExtenderOptions(port=0))
     port = await server.start()
     try:
         base = f"http://127.0.0.1:{port}/scheduler"
@@ -246,9 +248,12 @@ async def test_served_by_the_health_server(ext: PlacementExtender) -> None:
                 assert r.status == 200
                 assert (await r.json())["Error"]
             async with s.post(f"{base}/bind", data=b"{}") as r:
-                assert r.status in (404, 405)
+                assert r.status == 404
+            async with s.get(f"{base}/filter") as r:
+                assert r.status == 405
     finally:
         await server.stop()
+    # the metrics port does not answer the extender
     plain = HealthServer(CollectorRegistry(), lambda: (True, "ok"))
     port = await plain.start()
     try:
@@ -264,19 +269,24 @@ async def test_served_by_the_health_server(ext: PlacementExtender) -> None:
 async def test_pyctl_run_serves_the_extender_from_the_controllers_models() -> None:
     import socket
 
-    from pyctl.app.config import Config, MetricsSection
-    from pyctl.app.wiring import start_server
+    from pyctl.app.config import Config, ExtenderSection, MetricsSection
+    from pyctl.app.wiring import start_servers
     from pyctl.cluster.sim.scenario import inference_day
     from pyctl.cluster.sim.source import SimClusterSource
     from pyctl.controller.controller import Controller
     from pyctl.state.memory import MemoryStore
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        free = int(s.getsockname()[1])
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+
+    free, metrics_port = free_port(), free_port()
     ctl = Controller("sim", SimClusterSource(inference_day(), speed=None), MemoryStore())
-    server = await start_server(ctl, Config(metrics=MetricsSection(port=free)))
-    assert server is not None
+    cfg = Config(metrics=MetricsSection(port=metrics_port), extender=ExtenderSection(port=free))
+    servers = await start_servers(ctl, cfg)
+    assert servers.extender is not None
+    assert servers.health is not None
     try:
         await ctl.run(until_source_ends=True)
         names = sorted(ctl.reconciler.models)
@@ -288,10 +298,17 @@ async def test_pyctl_run_serves_the_extender_from_the_controllers_models() -> No
             url = f"http://127.0.0.1:{free}/scheduler/prioritize"
             async with s.post(url, json=args(pod(1), names)) as r:
                 ranked = await r.json()
+            url = f"http://127.0.0.1:{metrics_port}/metrics"
+            async with s.get(url) as r:
+                exposition = await r.text()
     finally:
-        await server.stop()
+        await servers.stop()
     assert got["Error"] == ""
     assert "not-a-node" in got["NodeNames"]
     assert set(got["NodeNames"]) | set(got["FailedNodes"]) == {*names, "not-a-node"}
     assert [h["Host"] for h in ranked] == names
     assert all(0 <= h["Score"] <= MAX_EXTENDER_PRIORITY for h in ranked)
+    # counted by verb and outcome on the controller's registry
+    for verb in ("filter", "prioritize"):
+        line = f'pyctl_extender_requests_total{{cluster="default",outcome="ok",verb="{verb}"}} 1.0'
+        assert line in exposition

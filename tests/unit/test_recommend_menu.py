@@ -39,7 +39,7 @@ def test_shares_hand_worked() -> None:
     assert [n for _, _, n in ev.scaled] == [3, 3]
     # menu {0.5}: 6 x 0.5, two per GPU: 4 placed, each with the average need 0.35 -> 1.4 of 2
     e = ev.evaluate([pool.size("0.5gpu")])
-    assert (e.served_gpus, e.allocated_gpus) == (Fraction(7, 5), 2)
+    assert (e.served_gpus, e.allocated_gpus) == (Fraction(7, 5), Fraction(2))
     assert (e.served_pct, e.waste_pct, e.unallocated_pct) == (70.0, 30.0, 0.0)
     # menu {0.3, 0.5}: 0.5 x3 fill GPU 1 and half of GPU 2; one 0.3 joins it (0.8), two fail:
     # served 3 x 0.45 + 0.25 = 1.6, allocated 1.8

@@ -9,6 +9,7 @@ placement it reports must be a real one (never above it)."""
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from itertools import combinations
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ Task = tuple[int, int, int, int, tuple[str, ...]]  # cpu, mem, num_gpu, gpu_mill
 Columns = dict[str, list[Any]]
 
 
-def columns(nodes: list[Node], tasks: list[Task]) -> tuple[Columns, Columns]:
+def columns(nodes: Sequence[Node], tasks: Sequence[Task]) -> tuple[Columns, Columns]:
     nc: dict[str, list[Any]] = {
         "name": [f"n{i}" for i in range(len(nodes))],
         "cpu_milli": [n[0] for n in nodes],
@@ -50,7 +51,7 @@ def columns(nodes: list[Node], tasks: list[Task]) -> tuple[Columns, Columns]:
     return nc, tc
 
 
-def brute_force(nodes: list[Node], tasks: list[Task], numa: bool) -> int:
+def brute_force(nodes: Sequence[Node], tasks: Sequence[Task], numa: bool) -> int:
     """The most GPU milli any placement of a subset of the tasks allocates."""
     cpu = [n[0] for n in nodes]
     mem = [n[1] for n in nodes]
@@ -110,7 +111,7 @@ def brute_force(nodes: list[Node], tasks: list[Task], numa: bool) -> int:
     return best
 
 
-def solve(nodes: list[Node], tasks: list[Task], numa: bool) -> tuple[bound.Bound, int]:
+def solve(nodes: Sequence[Node], tasks: Sequence[Task], numa: bool) -> tuple[bound.Bound, int]:
     nc, tc = columns(nodes, tasks)
     p = bound.make_problem(nc, tc, numa=numa)
     b = bound.solve(p)

@@ -574,7 +574,7 @@ def test_shared_nodes_round_trip_through_the_snapshot_format() -> None:
 def test_holders_cannot_add_up_to_more_than_the_used_share() -> None:
     from pyctl.snapshot import SnapshotError, load_snapshot
 
-    bad = {
+    bad: dict[str, Any] = {
         "nodes": [
             {
                 "name": "n",
@@ -587,8 +587,8 @@ def test_holders_cannot_add_up_to_more_than_the_used_share() -> None:
     }
     with pytest.raises(SnapshotError, match=r"gpus\[id=0\]\.pods: the pods' shares add up"):
         load_snapshot(bad)
-    bad["nodes"][0]["zones"][0]["gpus"][0]["pods"] = {"a/b": 300}  # type: ignore[index]
+    bad["nodes"][0]["zones"][0]["gpus"][0]["pods"] = {"a/b": 300}
     assert load_snapshot(bad).nodes[0].zones[0].gpus[0].holders == (("a/b", 300),)
-    bad["nodes"][0]["gpu_replicas"] = 0  # type: ignore[index]
+    bad["nodes"][0]["gpu_replicas"] = 0
     with pytest.raises(SnapshotError, match=r"gpu_replicas: 0 is outside 1\.\.1000"):
         load_snapshot(bad)

@@ -27,13 +27,16 @@ def anyio_backend() -> str:
 
 @dataclass
 class FakeCluster:
-    """Pods the actuator can evict (standing in for the API server in unit tests)."""
+    """Pods the actuator can evict (standing in for the API server in unit tests); the MIG
+    mutations are not used here (no-ops); DeviceTaintRules are kept as the API server keeps
+    them (create and delete idempotent, by metadata.name)."""
 
     pods: dict[str, PodRecord] = field(default_factory=dict)
     evictions: list[str] = field(default_factory=list)
     refuse: bool = False
     retry_after: float | None = None
     events: list[tuple[str, str]] = field(default_factory=list)
+    device_rules: dict[str, dict[str, object]] = field(default_factory=dict)
 
     async def cordon(self, node: str, on: bool) -> None: ...
 
@@ -58,6 +61,30 @@ class FakeCluster:
         warning: bool = False,
     ) -> None:
         self.events.append((f"{namespace}/{name}", uid))
+
+    async def taint(
+        self, node: str, key: str, effect: str = "NoSchedule", *, value: str = "", on: bool = True
+    ) -> bool:
+        return False
+
+    async def read_configmap(self, namespace: str, name: str) -> dict[str, str] | None:
+        return None
+
+    async def apply_configmap(self, namespace: str, name: str, data: Mapping[str, str]) -> None:
+        pass
+
+    async def device_taint_rules(self) -> dict[str, dict[str, object]] | None:
+        return dict(self.device_rules)
+
+    async def put_device_taint_rule(self, manifest: Mapping[str, object], on: bool) -> None:
+        meta = manifest.get("metadata")
+        name = meta.get("name") if isinstance(meta, Mapping) else None
+        if not isinstance(name, str) or not name:
+            raise ValueError("DeviceTaintRule without metadata.name")
+        if on:
+            self.device_rules.setdefault(name, dict(manifest))  # exists already: 409, kept
+        else:
+            self.device_rules.pop(name, None)  # gone already: 404, fine
 
 
 LOOSE = global_only(100, 100.0)

@@ -59,6 +59,11 @@ class SimPod:
     node: str = ""
     assignment: dict[str, Any] | None = None
     unschedulable: bool = False
+    #: the replica it is an incarnation of (its first pod's name; evictions make new pods)
+    root: str = ""
+
+    def __post_init__(self) -> None:
+        self.root = self.root or self.name
 
 
 @dataclass

@@ -2,10 +2,10 @@
 //! where the node would put it with the least fragment growth, or removing a task that is there.
 //! `delta = F_n(M) after - F_n(M) before` (negative: the change reduces fragmentation).
 
-use super::model::{MigInstance, Node, GPU_MILLI};
+use super::model::{MigGpu, MigInstance, Node, GPU_MILLI};
 use super::score::{
     admission, allows_node, device_view, dynamic_placements, mig_need, node_model, on_node,
-    score_node, MigNeed, RecoverMemo,
+    score_node, MigNeed, Providers, RecoverMemo,
 };
 use super::workload::Shape;
 use crate::error::{CoreError, CoreResult};
@@ -43,108 +43,86 @@ fn total_fragment(node: &Node, shapes: &[Shape], memo: &mut RecoverMemo) -> (f64
     (s.fragment_gpu_milli, s.fragment_mig_slices)
 }
 
+/// An error about the assignment (it does not fit the node).
+fn bad(what: &str) -> CoreError {
+    CoreError::new("assignment", what.to_string())
+}
+
 /// Applies (`place = true`) or undoes an assignment. Fails, leaving the node unchanged, when the
 /// assignment does not fit the node (out of range, not enough free, instance busy or idle).
 pub fn apply(node: &mut Node, a: &Assignment, place: bool) -> CoreResult<()> {
     let mut n = node.clone();
-    let bad = |what: &str| CoreError::new("assignment", what.to_string());
+    apply_host(&mut n, a, place)?;
+    apply_gpus(&mut n, a, place)?;
+    apply_mig(&mut n, a, place)?;
+    *node = n;
+    Ok(())
+}
+
+/// Takes `v` from (`place`) or gives it back to a free amount of capacity `cap`.
+fn take_amount(free: &mut u64, cap: u64, v: u64, place: bool, what: &str) -> CoreResult<()> {
+    *free = if place {
+        free.checked_sub(v)
+            .ok_or_else(|| bad(&format!("not enough free {what}")))?
+    } else {
+        free.checked_add(v)
+            .filter(|&f| f <= cap)
+            .ok_or_else(|| bad(&format!("removing more {what} than is used")))?
+    };
+    Ok(())
+}
+
+/// CPU and memory per zone.
+fn apply_host(n: &mut Node, a: &Assignment, place: bool) -> CoreResult<()> {
     for &(zi, v) in &a.cpu {
         let z = n
             .zones
             .get_mut(zi)
             .ok_or_else(|| bad("zone out of range"))?;
-        if place {
-            z.cpu_free = z
-                .cpu_free
-                .checked_sub(v)
-                .ok_or_else(|| bad("not enough free CPU"))?;
-        } else {
-            z.cpu_free += v;
-            if z.cpu_free > z.cpu_milli {
-                return Err(bad("removing more CPU than is used"));
-            }
-        }
+        take_amount(&mut z.cpu_free, z.cpu_milli, v, place, "CPU")?;
     }
     for &(zi, v) in &a.memory {
         let z = n
             .zones
             .get_mut(zi)
             .ok_or_else(|| bad("zone out of range"))?;
-        if place {
-            z.memory_free = z
-                .memory_free
-                .checked_sub(v)
-                .ok_or_else(|| bad("not enough free memory"))?;
-        } else {
-            z.memory_free += v;
-            if z.memory_free > z.memory_mib {
-                return Err(bad("removing more memory than is used"));
-            }
+        take_amount(&mut z.memory_free, z.memory_mib, v, place, "memory")?;
+    }
+    Ok(())
+}
+
+/// Shares of whole/shared GPUs, of the device plugin and of DRA drivers.
+fn apply_gpus(n: &mut Node, a: &Assignment, place: bool) -> CoreResult<()> {
+    for (list, dra, missing) in [
+        (&a.gpus, false, "GPU out of range"),
+        (&a.dra_gpus, true, "DRA GPU out of range"),
+    ] {
+        for &(zi, gi, v) in list {
+            let z = n
+                .zones
+                .get_mut(zi)
+                .ok_or_else(|| bad("zone out of range"))?;
+            let gpus = if dra { &mut z.dra_gpus } else { &mut z.gpus };
+            let g = gpus.get_mut(gi).ok_or_else(|| bad(missing))?;
+            let mut free = g.1 as u64;
+            take_amount(&mut free, GPU_MILLI as u64, v as u64, place, "GPU share")?;
+            g.1 = free as u32;
         }
     }
-    for &(zi, gi, v) in &a.gpus {
-        let z = n
-            .zones
-            .get_mut(zi)
-            .ok_or_else(|| bad("zone out of range"))?;
-        let g = z.gpus.get_mut(gi).ok_or_else(|| bad("GPU out of range"))?;
-        if place {
-            g.1 =
-                g.1.checked_sub(v)
-                    .ok_or_else(|| bad("not enough free GPU share"))?;
-        } else {
-            g.1 += v;
-            if g.1 > GPU_MILLI {
-                return Err(bad("removing more GPU share than is used"));
-            }
-        }
-    }
-    for &(zi, gi, v) in &a.dra_gpus {
-        let z = n
-            .zones
-            .get_mut(zi)
-            .ok_or_else(|| bad("zone out of range"))?;
-        let g = z
-            .dra_gpus
-            .get_mut(gi)
-            .ok_or_else(|| bad("DRA GPU out of range"))?;
-        if place {
-            g.1 =
-                g.1.checked_sub(v)
-                    .ok_or_else(|| bad("not enough free GPU share"))?;
-        } else {
-            g.1 += v;
-            if g.1 > GPU_MILLI {
-                return Err(bad("removing more GPU share than is used"));
-            }
-        }
-    }
-    let model = node_model(&n);
+    Ok(())
+}
+
+/// MIG: dynamic GPUs taken whole, a new placement on a dynamic GPU, an existing instance.
+fn apply_mig(n: &mut Node, a: &Assignment, place: bool) -> CoreResult<()> {
+    let model = node_model(n);
     for &(zi, mi) in &a.dyn_whole {
         let m = model.ok_or_else(|| bad("no MIG model on the node"))?;
-        let full = (0..m.profiles.len())
-            .find(|&p| {
-                m.profiles[p].memory_slices == m.memory_slices
-                    && m.profiles[p].compute_slices == m.compute_slices
-            })
-            .ok_or_else(|| bad("the GPU model has no whole-GPU profile"))?;
-        let g = n
-            .zones
-            .get_mut(zi)
-            .and_then(|z| z.mig.get_mut(mi))
-            .filter(|g| g.dynamic)
-            .ok_or_else(|| bad("dynamic MIG GPU out of range"))?;
-        take_placement(g, m, full, 0, place)?;
+        let full = whole_gpu_profile(m)?;
+        take_placement(dynamic_gpu(n, zi, mi)?, m, full, 0, place)?;
     }
     if let Some((zi, mi, p, start)) = a.mig_new {
         let m = model.ok_or_else(|| bad("no MIG model on the node"))?;
-        let g = n
-            .zones
-            .get_mut(zi)
-            .and_then(|z| z.mig.get_mut(mi))
-            .filter(|g| g.dynamic)
-            .ok_or_else(|| bad("dynamic MIG GPU out of range"))?;
-        take_placement(g, m, p, start, place)?;
+        take_placement(dynamic_gpu(n, zi, mi)?, m, p, start, place)?;
     }
     if let Some((zi, mi, ii)) = a.mig {
         let inst = n
@@ -163,19 +141,34 @@ pub fn apply(node: &mut Node, a: &Assignment, place: bool) -> CoreResult<()> {
         }
         inst.used = place;
     }
-    *node = n;
     Ok(())
+}
+
+/// Dynamic MIG GPU `mi` of zone `zi`.
+fn dynamic_gpu(n: &mut Node, zi: usize, mi: usize) -> CoreResult<&mut MigGpu> {
+    n.zones
+        .get_mut(zi)
+        .and_then(|z| z.mig.get_mut(mi))
+        .filter(|g| g.dynamic)
+        .ok_or_else(|| bad("dynamic MIG GPU out of range"))
+}
+
+/// The profile that takes the whole GPU (every memory and compute slice).
+fn whole_gpu_profile(m: &crate::mig::catalog::GpuModel) -> CoreResult<usize> {
+    m.profiles
+        .iter()
+        .position(|p| p.memory_slices == m.memory_slices && p.compute_slices == m.compute_slices)
+        .ok_or_else(|| bad("the GPU model has no whole-GPU profile"))
 }
 
 /// Allocates (`place`) or releases the placement of profile `p` at `start` on a dynamic GPU.
 fn take_placement(
-    g: &mut super::model::MigGpu,
+    g: &mut MigGpu,
     m: &crate::mig::catalog::GpuModel,
     p: usize,
     start: u8,
     place: bool,
 ) -> CoreResult<()> {
-    let bad = |what: &str| CoreError::new("assignment", what.to_string());
     let prof = m
         .profiles
         .get(p)
@@ -265,47 +258,60 @@ fn candidate_sets(node: &Node, shape: &Shape, need: MigNeed, usable: u64) -> Vec
     sets
 }
 
-pub(crate) fn candidates(node: &Node, shape: &Shape) -> Vec<Assignment> {
-    let shape = &*on_node(shape, node);
-    let zones = node.zones.len();
-    let cpu_free: Vec<u64> = node.zones.iter().map(|z| z.cpu_free).collect();
-    let mem_free: Vec<u64> = node.zones.iter().map(|z| z.memory_free).collect();
-    let cpu_ok = cpu_free.iter().sum::<u64>() >= shape.cpu_milli
-        && mem_free.iter().sum::<u64>() >= shape.memory_mib;
-    if !cpu_ok {
-        return Vec::new();
+/// Where a task's CPU and memory can come from on a node: from a placement's zones first, and
+/// only from them when the kubelet's manager for that resource takes part in the alignment.
+struct Host<'a> {
+    shape: &'a Shape,
+    zones: usize,
+    cpu_free: Vec<u64>,
+    mem_free: Vec<u64>,
+    /// CPUs only from the placement's zones (static CPU manager, whole CPUs, an aligning
+    /// policy; the Topology Manager does not align DRA devices, so not for DRA shapes).
+    cpu_inside: bool,
+    /// Memory only from the placement's zones (static memory manager, an aligning policy).
+    mem_inside: bool,
+}
+
+impl<'a> Host<'a> {
+    fn new(node: &Node, shape: &'a Shape) -> Self {
+        let strict =
+            !shape.dra && matches!(node.policy, Policy::Restricted | Policy::SingleNumaNode);
+        let prov = Providers::of(node, shape);
+        Host {
+            shape,
+            zones: node.zones.len(),
+            cpu_free: node.zones.iter().map(|z| z.cpu_free).collect(),
+            mem_free: node.zones.iter().map(|z| z.memory_free).collect(),
+            cpu_inside: strict && prov.cpu,
+            mem_inside: strict && prov.mem,
+        }
     }
-    // CPU and memory: from the placement's zones first; only from them when the kubelet's
-    // manager for that resource takes part in the alignment.
-    // (the Topology Manager does not align DRA devices, so DRA shapes' CPUs are not held to it)
-    let strict = !shape.dra && matches!(node.policy, Policy::Restricted | Policy::SingleNumaNode);
-    let cpu_provider = node.cpu_static && shape.cpu_milli > 0 && shape.cpu_milli % 1000 == 0;
-    let mem_provider = node.memory_static && shape.memory_mib > 0;
-    let host = |set: u64| -> Option<(ZoneAmounts, ZoneAmounts)> {
-        let inside = zones_of(set, zones);
+
+    /// Whether the node has the CPU and memory at all.
+    fn enough(&self) -> bool {
+        self.cpu_free.iter().sum::<u64>() >= self.shape.cpu_milli
+            && self.mem_free.iter().sum::<u64>() >= self.shape.memory_mib
+    }
+
+    /// The CPU and memory taken per zone for a placement on the zones of `set`.
+    fn take(&self, set: u64) -> Option<(ZoneAmounts, ZoneAmounts)> {
+        let inside = zones_of(set, self.zones);
         let mut all = inside.clone();
-        all.extend((0..zones).filter(|i| set & (1u64 << i) == 0));
-        let cpu_order = if strict && cpu_provider {
-            &inside
-        } else {
-            &all
-        };
-        let mem_order = if strict && mem_provider {
-            &inside
-        } else {
-            &all
-        };
+        all.extend((0..self.zones).filter(|i| set & (1u64 << i) == 0));
+        let cpu_order = if self.cpu_inside { &inside } else { &all };
+        let mem_order = if self.mem_inside { &inside } else { &all };
         Some((
-            take(&cpu_free, cpu_order, shape.cpu_milli)?,
-            take(&mem_free, mem_order, shape.memory_mib)?,
+            take(&self.cpu_free, cpu_order, self.shape.cpu_milli)?,
+            take(&self.mem_free, mem_order, self.shape.memory_mib)?,
         ))
-    };
-    if shape.is_cpu_only() {
-        // the zone with the most free CPU first
-        let best = (0..zones)
-            .max_by_key(|&i| (cpu_free[i], std::cmp::Reverse(i)))
+    }
+
+    /// A CPU-only task: on the zone with the most free CPU (the first of equals).
+    fn cpu_only(&self) -> Vec<Assignment> {
+        let best = (0..self.zones)
+            .max_by_key(|&i| (self.cpu_free[i], std::cmp::Reverse(i)))
             .unwrap_or(0);
-        return host(1u64 << best)
+        self.take(1u64 << best)
             .map(|(cpu, memory)| {
                 vec![Assignment {
                     cpu,
@@ -313,19 +319,32 @@ pub(crate) fn candidates(node: &Node, shape: &Shape) -> Vec<Assignment> {
                     ..Assignment::default()
                 }]
             })
-            .unwrap_or_default();
+            .unwrap_or_default()
+    }
+}
+
+/// Every placement of `shape` the node could admit now, in FGD's order of trial: per candidate
+/// zone set, its CPU and memory and each way to give it its devices.
+pub(crate) fn candidates(node: &Node, shape: &Shape) -> Vec<Assignment> {
+    let shape = &*on_node(shape, node);
+    let host = Host::new(node, shape);
+    if !host.enough() {
+        return Vec::new();
+    }
+    if shape.is_cpu_only() {
+        return host.cpu_only();
     }
     if !allows_node(shape, node) {
         return Vec::new();
     }
     let need = mig_need(node, shape);
-    let adm = admission(node, shape, need, cpu_ok);
+    let adm = admission(node, shape, need, true);
     if adm.fail.is_some() {
         return Vec::new();
     }
     let mut out = Vec::new();
     for set in candidate_sets(node, shape, need, adm.usable) {
-        let Some((cpu, memory)) = host(set) else {
+        let Some((cpu, memory)) = host.take(set) else {
             continue;
         };
         let base = Assignment {
@@ -333,85 +352,14 @@ pub(crate) fn candidates(node: &Node, shape: &Shape) -> Vec<Assignment> {
             memory,
             ..Assignment::default()
         };
+        let zones = zones_of(set, node.zones.len());
         match need {
-            MigNeed::Profile(p) => {
-                for zi in zones_of(set, zones) {
-                    let found = node.zones[zi].mig.iter().enumerate().find_map(|(mi, g)| {
-                        if g.dra != shape.dra || g.dynamic {
-                            return None;
-                        }
-                        g.instances
-                            .iter()
-                            .position(|i| i.profile == p && !i.used)
-                            .map(|ii| (zi, mi, ii))
-                    });
-                    if let Some(slot) = found {
-                        out.push(Assignment {
-                            mig: Some(slot),
-                            ..base.clone()
-                        });
-                    }
-                    // dynamic GPUs: every placement that can be allocated now is a candidate
-                    if let Some(m) = node_model(node) {
-                        for (mi, g) in node.zones[zi].mig.iter().enumerate() {
-                            if !(g.dynamic && g.dra == shape.dra) {
-                                continue;
-                            }
-                            for pl in dynamic_placements(m, p, g) {
-                                out.push(Assignment {
-                                    mig_new: Some((zi, mi, p, pl.start)),
-                                    ..base.clone()
-                                });
-                            }
-                        }
-                    }
-                }
-            }
+            MigNeed::Profile(p) => mig_candidates(node, shape, &zones, p, &base, &mut out),
             MigNeed::Unavailable => {}
-            MigNeed::None if shape.dra => {
-                // DRA devices: whole/shared DRA GPUs, and free dynamic MIG GPUs taken whole
-                let mut order = zones_of(set, zones);
-                let (elig, _, _) = device_view(node, shape, need);
-                order.sort_by_key(|&zi| (elig[zi], zi));
-                let mut devices: Vec<(usize, Option<usize>, Option<usize>)> = Vec::new();
-                for &zi in &order {
-                    let z = &node.zones[zi];
-                    for (gi, &(_, f)) in z.dra_gpus.iter().enumerate() {
-                        if f >= shape.gpu_milli {
-                            devices.push((zi, Some(gi), None));
-                        }
-                    }
-                    if shape.gpu_milli == GPU_MILLI {
-                        for (mi, g) in z.mig.iter().enumerate() {
-                            if g.dra && g.dynamic && g.instances.is_empty() {
-                                devices.push((zi, None, Some(mi)));
-                            }
-                        }
-                    }
-                }
-                let as_assignment = |picked: &[(usize, Option<usize>, Option<usize>)]| {
-                    let mut a = base.clone();
-                    for &(zi, gi, mi) in picked {
-                        if let Some(gi) = gi {
-                            a.dra_gpus.push((zi, gi, shape.gpu_milli));
-                        }
-                        if let Some(mi) = mi {
-                            a.dyn_whole.push((zi, mi));
-                        }
-                    }
-                    a
-                };
-                if shape.gpus == 1 {
-                    for dev in &devices {
-                        out.push(as_assignment(std::slice::from_ref(dev)));
-                    }
-                } else if devices.len() >= shape.gpus as usize {
-                    out.push(as_assignment(&devices[..shape.gpus as usize]));
-                }
-            }
+            MigNeed::None if shape.dra => dra_candidates(node, shape, need, zones, &base, &mut out),
             MigNeed::None if shape.gpus == 1 => {
                 // every eligible GPU in the set is a candidate (FGD tries each)
-                for zi in zones_of(set, zones) {
+                for &zi in &zones {
                     for (gi, &(_, f)) in node.zones[zi].gpus.iter().enumerate() {
                         if f >= shape.gpu_milli {
                             out.push(Assignment {
@@ -422,39 +370,139 @@ pub(crate) fn candidates(node: &Node, shape: &Shape) -> Vec<Assignment> {
                     }
                 }
             }
-            MigNeed::None => {
-                // d whole GPUs: from the set's zones with the fewest eligible GPUs first (packing),
-                // lowest position first within a zone
-                let mut order = zones_of(set, zones);
-                let elig = |zi: usize| {
-                    node.zones[zi]
-                        .gpus
-                        .iter()
-                        .filter(|&&(_, f)| f >= shape.gpu_milli)
-                        .count()
-                };
-                order.sort_by_key(|&zi| (elig(zi), zi));
-                let mut gpus = Vec::new();
-                'outer: for zi in order {
-                    for (gi, &(_, f)) in node.zones[zi].gpus.iter().enumerate() {
-                        if gpus.len() == shape.gpus as usize {
-                            break 'outer;
-                        }
-                        if f >= shape.gpu_milli {
-                            gpus.push((zi, gi, shape.gpu_milli));
-                        }
-                    }
-                }
-                if gpus.len() == shape.gpus as usize {
-                    out.push(Assignment {
-                        gpus,
-                        ..base.clone()
-                    });
+            MigNeed::None => out.extend(whole_gpus_candidate(node, shape, zones, base)),
+        }
+    }
+    out
+}
+
+/// A MIG shape on zones `zones`: per zone, the first free instance of the profile on a GPU of
+/// the shape's source, and on dynamic GPUs every placement that can be allocated now.
+fn mig_candidates(
+    node: &Node,
+    shape: &Shape,
+    zones: &[usize],
+    p: usize,
+    base: &Assignment,
+    out: &mut Vec<Assignment>,
+) {
+    for &zi in zones {
+        let found = node.zones[zi].mig.iter().enumerate().find_map(|(mi, g)| {
+            if g.dra != shape.dra || g.dynamic {
+                return None;
+            }
+            g.instances
+                .iter()
+                .position(|i| i.profile == p && !i.used)
+                .map(|ii| (zi, mi, ii))
+        });
+        if let Some(slot) = found {
+            out.push(Assignment {
+                mig: Some(slot),
+                ..base.clone()
+            });
+        }
+        let Some(m) = node_model(node) else { continue };
+        for (mi, g) in node.zones[zi].mig.iter().enumerate() {
+            if !(g.dynamic && g.dra == shape.dra) {
+                continue;
+            }
+            for pl in dynamic_placements(m, p, g) {
+                out.push(Assignment {
+                    mig_new: Some((zi, mi, p, pl.start)),
+                    ..base.clone()
+                });
+            }
+        }
+    }
+}
+
+/// A DRA device (zone, DRA GPU position, or dynamic MIG GPU position taken whole).
+type DraDevice = (usize, Option<usize>, Option<usize>);
+
+/// A whole/shared-GPU DRA shape on zones `zones`: whole/shared DRA GPUs with the share, and free
+/// dynamic MIG GPUs taken whole; zones with the fewest eligible devices first. One GPU: each
+/// device is a candidate; several: the first ones in that order.
+fn dra_candidates(
+    node: &Node,
+    shape: &Shape,
+    need: MigNeed,
+    mut zones: Vec<usize>,
+    base: &Assignment,
+    out: &mut Vec<Assignment>,
+) {
+    let (elig, _, _) = device_view(node, shape, need);
+    zones.sort_by_key(|&zi| (elig[zi], zi));
+    let mut devices: Vec<DraDevice> = Vec::new();
+    for &zi in &zones {
+        let z = &node.zones[zi];
+        for (gi, &(_, f)) in z.dra_gpus.iter().enumerate() {
+            if f >= shape.gpu_milli {
+                devices.push((zi, Some(gi), None));
+            }
+        }
+        if shape.gpu_milli == GPU_MILLI {
+            for (mi, g) in z.mig.iter().enumerate() {
+                if g.dra && g.dynamic && g.instances.is_empty() {
+                    devices.push((zi, None, Some(mi)));
                 }
             }
         }
     }
-    out
+    let as_assignment = |picked: &[DraDevice]| {
+        let mut a = base.clone();
+        for &(zi, gi, mi) in picked {
+            if let Some(gi) = gi {
+                a.dra_gpus.push((zi, gi, shape.gpu_milli));
+            }
+            if let Some(mi) = mi {
+                a.dyn_whole.push((zi, mi));
+            }
+        }
+        a
+    };
+    let want = shape.gpus as usize;
+    if want == 1 {
+        out.extend(
+            devices
+                .iter()
+                .map(|dev| as_assignment(std::slice::from_ref(dev))),
+        );
+    } else if let Some(picked) = devices.get(..want) {
+        out.push(as_assignment(picked));
+    }
+}
+
+/// Several whole/shared GPUs of the device plugin on zones `zones`: from the zones with the
+/// fewest eligible GPUs first (packing), lowest position first within a zone.
+fn whole_gpus_candidate(
+    node: &Node,
+    shape: &Shape,
+    mut zones: Vec<usize>,
+    base: Assignment,
+) -> Option<Assignment> {
+    let elig = |zi: usize| {
+        node.zones[zi]
+            .gpus
+            .iter()
+            .filter(|&&(_, f)| f >= shape.gpu_milli)
+            .count()
+    };
+    zones.sort_by_key(|&zi| (elig(zi), zi));
+    let want = shape.gpus as usize;
+    let gpus: Vec<(usize, usize, u32)> = zones
+        .iter()
+        .flat_map(|&zi| {
+            node.zones[zi]
+                .gpus
+                .iter()
+                .enumerate()
+                .filter(|&(_, &(_, f))| f >= shape.gpu_milli)
+                .map(move |(gi, _)| (zi, gi, shape.gpu_milli))
+        })
+        .take(want)
+        .collect();
+    (gpus.len() == want).then_some(Assignment { gpus, ..base })
 }
 
 /// The best placement of `task` on `node` for the workload `shapes`: the admissible candidate with
@@ -508,4 +556,384 @@ pub fn remove_delta(
         fragment_mig_slices: mig1 - mig0,
         assignment: a.clone(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fragment::model::{Cluster, ClusterColumns};
+    use crate::fragment::score::score_node;
+    use crate::replay::rng::Rng;
+
+    /// A MIG instance: (profile, start, used).
+    type Inst = (&'static str, i64, bool);
+    /// A zone: device-plugin GPUs' used milli, MIG GPUs' instances.
+    type ZoneSpec<'a> = (&'a [i64], &'a [&'a [Inst]]);
+
+    /// One node under `policy`, a zone per entry of `zones` (NUMA ids 0, 1, ...), each with 16
+    /// CPUs, 64 GiB and device-plugin GPUs used by the given milli-GPU; MIG GPUs (A100-40GB)
+    /// per zone as lists of (profile, start, used).
+    fn node(policy: &str, zones: &[ZoneSpec<'_>]) -> Node {
+        let mut c = ClusterColumns {
+            node_names: vec!["n".into()],
+            node_models: vec!["A100-SXM4-40GB".into()],
+            node_policies: vec![policy.into()],
+            node_cpu_static: vec![true],
+            node_memory_static: vec![false],
+            zone_offsets: vec![0, zones.len()],
+            gpu_offsets: vec![0],
+            mig_offsets: vec![0],
+            instance_offsets: vec![0],
+            ..Default::default()
+        };
+        let mut id = 0;
+        for (z, (gpus, migs)) in zones.iter().enumerate() {
+            c.zone_numa.push(z as i64);
+            c.zone_cpu_milli.push(16000);
+            c.zone_cpu_used.push(0);
+            c.zone_memory_mib.push(65536);
+            c.zone_memory_used.push(0);
+            for &u in *gpus {
+                c.gpu_ids.push(id);
+                c.gpu_used_milli.push(u);
+                id += 1;
+            }
+            c.gpu_offsets.push(c.gpu_ids.len());
+            for insts in *migs {
+                c.mig_gpu_ids.push(id);
+                id += 1;
+                for &(p, s, used) in *insts {
+                    c.instance_profiles.push(p.into());
+                    c.instance_starts.push(s);
+                    c.instance_used.push(used);
+                }
+                c.instance_offsets.push(c.instance_profiles.len());
+            }
+            c.mig_offsets.push(c.mig_gpu_ids.len());
+        }
+        Cluster::from_columns(&c).unwrap().nodes.remove(0)
+    }
+
+    fn gpu_shape(gpus: u32, milli: u32) -> Shape {
+        Shape {
+            cpu_milli: 1000,
+            memory_mib: 1024,
+            gpus,
+            gpu_milli: milli,
+            weight: 1.0,
+            ..Default::default()
+        }
+    }
+
+    fn mig_shape(profile: &str) -> Shape {
+        Shape {
+            cpu_milli: 1000,
+            gpus: 1,
+            mig_profile: Some(profile.into()),
+            weight: 1.0,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn placing_a_half_gpu_fills_the_half_used_gpu() {
+        // GPU 0 idle, GPU 1 half used; M = one whole GPU: GPU 1's 500 are fragment (stranded).
+        // A half-GPU task on GPU 0 would strand 500 more (+500); on GPU 1 it frees the node of
+        // fragment (-500): the delta picks GPU 1.
+        let n = node("none", &[(&[0, 500], &[])]);
+        let m = [gpu_shape(1, 1000)];
+        let mut memo = RecoverMemo::new();
+        assert_eq!(score_node(&n, &m, &mut memo).fragment_gpu_milli, 500.0);
+        let all = candidates(&n, &gpu_shape(1, 500));
+        assert_eq!(all.len(), 2);
+        assert_eq!(all[0].gpus, vec![(0, 0, 500)]);
+        assert_eq!(all[0].cpu, vec![(0, 1000)]);
+        assert_eq!(all[0].memory, vec![(0, 1024)]);
+        let d = place_delta(&n, &gpu_shape(1, 500), &m, &mut memo).unwrap();
+        assert_eq!(d.fragment_gpu_milli, -500.0);
+        assert_eq!(d.fragment_mig_slices, 0.0);
+        assert_eq!(d.assignment.gpus, vec![(0, 1, 500)]);
+        // removing it again: +500
+        let mut after = n.clone();
+        apply(&mut after, &d.assignment, true).unwrap();
+        assert_eq!(after.zones[0].gpus, vec![(0, 1000), (1, 0)]);
+        assert_eq!(after.zones[0].cpu_free, 15000);
+        let r = remove_delta(&after, &d.assignment, &m, &mut memo).unwrap();
+        assert_eq!(r.fragment_gpu_milli, 500.0);
+        // a task that fits nowhere has no delta
+        assert!(place_delta(&n, &gpu_shape(3, 1000), &m, &mut memo).is_none());
+    }
+
+    #[test]
+    fn whole_gpus_come_from_one_zone_under_single_numa_node() {
+        // one idle GPU in each of two zones: two GPUs need both zones
+        let split = [(&[0i64][..], &[][..]), (&[0i64][..], &[][..])];
+        let two = gpu_shape(2, 1000);
+        assert!(candidates(&node("single-numa-node", &split), &two).is_empty());
+        let any = candidates(&node("none", &split), &two);
+        assert_eq!(any.len(), 1);
+        assert_eq!(any[0].gpus, vec![(0, 0, 1000), (1, 0, 1000)]);
+        // two idle GPUs in zone 1: the narrowest set is zone 1 alone, under any policy, and the
+        // task's CPUs come from it first
+        let packed = node("single-numa-node", &[(&[0], &[]), (&[0, 0], &[])]);
+        let got = candidates(&packed, &two);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].gpus, vec![(1, 0, 1000), (1, 1, 1000)]);
+        assert_eq!(got[0].cpu, vec![(1, 1000)]);
+    }
+
+    #[test]
+    fn a_cpu_only_task_goes_to_the_zone_with_most_free_cpu() {
+        let mut n = node("none", &[(&[], &[]), (&[], &[])]);
+        n.zones[0].cpu_free = 4000;
+        let task = Shape {
+            cpu_milli: 6000,
+            weight: 1.0,
+            ..Default::default()
+        };
+        let got = candidates(&n, &task);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].cpu, vec![(1, 6000)]);
+        assert!(got[0].gpus.is_empty() && got[0].mig.is_none());
+        // more than the node has: none
+        let huge = Shape {
+            cpu_milli: 40000,
+            ..task
+        };
+        assert!(candidates(&n, &huge).is_empty());
+    }
+
+    #[test]
+    fn a_mig_task_takes_a_free_instance_of_its_profile() {
+        // 1g.5gb@0 and @1 free, 3g.20gb@4 used: 1 + 1 + 3 of 7 compute slices, 2 unpartitioned.
+        // M = 2g.10gb: every idle slice (2 free 1g + 2 unpartitioned) is fragment; placing a
+        // 1g.5gb task uses one: -1 slice.
+        let layout: &[Inst] = &[
+            ("1g.5gb", 0, false),
+            ("1g.5gb", 1, false),
+            ("3g.20gb", 4, true),
+        ];
+        let n = node("none", &[(&[], &[layout])]);
+        let m = [mig_shape("2g.10gb")];
+        let mut memo = RecoverMemo::new();
+        let before = score_node(&n, &m, &mut memo);
+        assert_eq!(before.idle_mig_slices, 4.0);
+        assert_eq!(before.fragment_mig_slices, 4.0);
+        let d = place_delta(&n, &mig_shape("1g.5gb"), &m, &mut memo).unwrap();
+        assert_eq!(d.assignment.mig, Some((0, 0, 0)));
+        assert_eq!(d.fragment_mig_slices, -1.0);
+        assert_eq!(d.fragment_gpu_milli, 0.0);
+        // no free instance of the profile: no placement (a re-partition is the MIG planner's)
+        assert!(place_delta(&n, &mig_shape("2g.10gb"), &m, &mut memo).is_none());
+        // removing a free instance's task is refused, a used one's is fine
+        let free = Assignment {
+            mig: Some((0, 0, 1)),
+            ..Assignment::default()
+        };
+        let e = remove_delta(&n, &free, &m, &mut memo).unwrap_err();
+        assert_eq!(e.message, "MIG instance is not in use");
+        let used = Assignment {
+            mig: Some((0, 0, 2)),
+            ..Assignment::default()
+        };
+        let r = remove_delta(&n, &used, &m, &mut memo).unwrap();
+        // the freed 3g.20gb is 3 more idle slices, all fragment for 2g.10gb
+        assert_eq!(r.fragment_mig_slices, 3.0);
+    }
+
+    #[test]
+    fn an_assignment_that_does_not_fit_leaves_the_node_unchanged() {
+        let n = node("none", &[(&[0, 500], &[])]);
+        let cases = [
+            (
+                Assignment {
+                    cpu: vec![(0, 1000)],
+                    gpus: vec![(0, 5, 100)],
+                    ..Assignment::default()
+                },
+                true,
+                "GPU out of range",
+            ),
+            (
+                Assignment {
+                    cpu: vec![(0, 1000)],
+                    memory: vec![(3, 1)],
+                    ..Assignment::default()
+                },
+                true,
+                "zone out of range",
+            ),
+            (
+                Assignment {
+                    cpu: vec![(0, 16001)],
+                    ..Assignment::default()
+                },
+                true,
+                "not enough free CPU",
+            ),
+            (
+                Assignment {
+                    gpus: vec![(0, 1, 600)],
+                    ..Assignment::default()
+                },
+                true,
+                "not enough free GPU share",
+            ),
+            (
+                Assignment {
+                    gpus: vec![(0, 1, 600)],
+                    ..Assignment::default()
+                },
+                false,
+                "removing more GPU share than is used",
+            ),
+            (
+                Assignment {
+                    memory: vec![(0, 1)],
+                    ..Assignment::default()
+                },
+                false,
+                "removing more memory than is used",
+            ),
+            (
+                // would overflow the counter
+                Assignment {
+                    cpu: vec![(0, u64::MAX)],
+                    ..Assignment::default()
+                },
+                false,
+                "removing more CPU than is used",
+            ),
+            (
+                Assignment {
+                    dra_gpus: vec![(0, 0, 1)],
+                    ..Assignment::default()
+                },
+                true,
+                "DRA GPU out of range",
+            ),
+            (
+                Assignment {
+                    mig: Some((0, 0, 0)),
+                    ..Assignment::default()
+                },
+                true,
+                "MIG instance out of range",
+            ),
+            (
+                Assignment {
+                    mig_new: Some((0, 0, 0, 0)),
+                    ..Assignment::default()
+                },
+                true,
+                "no MIG model on the node",
+            ),
+        ];
+        for (a, place, message) in cases {
+            let mut m = n.clone();
+            let e = apply(&mut m, &a, place).unwrap_err();
+            assert_eq!(
+                (e.field.as_str(), e.message.as_str()),
+                ("assignment", message)
+            );
+            assert_eq!(m, n);
+        }
+    }
+
+    /// A random node of 1-3 zones under a random policy: GPUs with random use, a MIG GPU now
+    /// and then (1g.5gb / 2g.10gb at random, used or not).
+    fn random_node(rng: &mut Rng) -> Node {
+        let policies = ["none", "best-effort", "restricted", "single-numa-node"];
+        let policy = policies[rng.below(4) as usize];
+        let uses = [0i64, 0, 250, 500, 750, 1000];
+        let zones: Vec<(Vec<i64>, Vec<Vec<Inst>>)> = (0..1 + rng.below(3))
+            .map(|_| {
+                let gpus = (0..rng.below(4))
+                    .map(|_| uses[rng.below(uses.len() as u64) as usize])
+                    .collect();
+                let mut migs = Vec::new();
+                if rng.below(3) == 0 {
+                    let mut layout = Vec::new();
+                    for s in [0, 2, 4] {
+                        match rng.below(3) {
+                            0 => {}
+                            1 => layout.push(("2g.10gb", s, rng.below(2) == 0)),
+                            _ => layout.push(("1g.5gb", s, rng.below(2) == 0)),
+                        }
+                    }
+                    migs.push(layout);
+                }
+                (gpus, migs)
+            })
+            .collect();
+        let views: Vec<Vec<&[Inst]>> = zones
+            .iter()
+            .map(|(_, m)| m.iter().map(|l| l.as_slice()).collect())
+            .collect();
+        let spec: Vec<ZoneSpec<'_>> = zones
+            .iter()
+            .zip(&views)
+            .map(|((g, _), v)| (g.as_slice(), v.as_slice()))
+            .collect();
+        node(policy, &spec)
+    }
+
+    fn random_shape(rng: &mut Rng) -> Shape {
+        match rng.below(5) {
+            0 => mig_shape(["1g.5gb", "2g.10gb"][rng.below(2) as usize]),
+            1 => gpu_shape(1 + rng.below(3) as u32, 1000),
+            2 => Shape {
+                cpu_milli: 1000 * (1 + rng.below(8)),
+                weight: 1.0,
+                ..Default::default()
+            },
+            _ => gpu_shape(1, [100, 250, 500, 1000][rng.below(4) as usize]),
+        }
+    }
+
+    #[test]
+    fn every_candidate_fits_and_removing_it_restores_the_node() {
+        let mut rng = Rng::new(3);
+        let mut memo = RecoverMemo::new();
+        let mut placed = 0;
+        for _ in 0..300 {
+            let n = random_node(&mut rng);
+            let task = random_shape(&mut rng);
+            let m = [random_shape(&mut rng), random_shape(&mut rng)];
+            let before = score_node(&n, &m, &mut memo);
+            for a in candidates(&n, &task) {
+                let mut after = n.clone();
+                apply(&mut after, &a, true).unwrap();
+                assert_ne!(after, n, "{a:?} changed nothing");
+                // the delta of removing it is exactly the reverse of placing it
+                let back = remove_delta(&after, &a, &m, &mut memo).unwrap();
+                let s = score_node(&after, &m, &mut memo);
+                assert!(
+                    (back.fragment_gpu_milli + s.fragment_gpu_milli - before.fragment_gpu_milli)
+                        .abs()
+                        < 1e-9
+                );
+                apply(&mut after, &a, false).unwrap();
+                assert_eq!(after, n);
+                placed += 1;
+            }
+            // the best placement is a candidate with the least fragment growth
+            if let Some(d) = place_delta(&n, &task, &m, &mut memo) {
+                let mut after = n.clone();
+                apply(&mut after, &d.assignment, true).unwrap();
+                let s = score_node(&after, &m, &mut memo);
+                let grew = s.fragment_gpu_milli - before.fragment_gpu_milli;
+                assert!((grew - d.fragment_gpu_milli).abs() < 1e-9);
+                for a in candidates(&n, &task) {
+                    let mut other = n.clone();
+                    apply(&mut other, &a, true).unwrap();
+                    let o = score_node(&other, &m, &mut memo).fragment_gpu_milli;
+                    assert!(o - before.fragment_gpu_milli >= d.fragment_gpu_milli - 1e-9);
+                }
+            } else {
+                assert!(candidates(&n, &task).is_empty());
+            }
+        }
+        assert!(placed > 100, "only {placed} placements tried");
+    }
 }

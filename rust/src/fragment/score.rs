@@ -9,7 +9,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 
-use super::model::{Cluster, MigGpu, Node, GPU_MILLI};
+use super::model::{Cluster, MigGpu, Node, Zone, GPU_MILLI};
 use super::workload::Shape;
 use crate::mig::catalog::{Catalog, GpuModel, Placement};
 use crate::mig::placement::place;
@@ -332,6 +332,58 @@ fn sum_over(free: &[u64; 64], mask: u64) -> u64 {
     sum
 }
 
+/// Which of the kubelet's resource managers take part in the Topology Manager's alignment for
+/// a shape on a node (the device managers always do).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Providers {
+    /// The static CPU manager, for a request of whole CPUs.
+    pub cpu: bool,
+    /// The static memory manager, for a request with memory.
+    pub mem: bool,
+}
+
+impl Providers {
+    pub(crate) fn of(node: &Node, shape: &Shape) -> Self {
+        Providers {
+            cpu: node.cpu_static && shape.cpu_milli > 0 && shape.cpu_milli % 1000 == 0,
+            mem: node.memory_static && shape.memory_mib > 0,
+        }
+    }
+}
+
+impl Admission {
+    /// Admitted where `usable` says, or refused as NUMA split when no zone is usable.
+    fn of_usable(usable: u64) -> Self {
+        if usable == 0 {
+            Admission {
+                fail: Some(Category::NumaSplit),
+                usable: 0,
+            }
+        } else {
+            Admission { fail: None, usable }
+        }
+    }
+}
+
+/// The mask of a node's `zones` zones.
+fn all_zones_mask(zones: usize) -> u64 {
+    if zones >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << zones) - 1
+    }
+}
+
+/// Why a shape cannot be admitted for lack of devices or of CPU/memory, if it cannot.
+fn lack(gpu_ok: bool, cpu_ok: bool) -> Option<Category> {
+    match (gpu_ok, cpu_ok) {
+        (false, false) => Some(Category::LackBoth),
+        (false, true) => Some(Category::LackGpu),
+        (true, false) => Some(Category::LackCpu),
+        (true, true) => None,
+    }
+}
+
 /// Admission of a GPU or MIG shape (not CPU-only, model allowed), given the eligible devices.
 fn admit(
     ctx: &NodeCtx<'_>,
@@ -341,108 +393,116 @@ fn admit(
     d: u64,
     cpu_ok: bool,
 ) -> Admission {
-    let node = ctx.node;
     let zones = ctx.zones;
     let gpu_ok = elig[..zones].iter().sum::<u64>() >= d;
-    let fail = match (gpu_ok, cpu_ok) {
-        (false, false) => Some(Category::LackBoth),
-        (false, true) => Some(Category::LackGpu),
-        (true, false) => Some(Category::LackCpu),
-        (true, true) => None,
-    };
-    let all_zones = if zones >= 64 {
-        u64::MAX
-    } else {
-        (1u64 << zones) - 1
-    };
-    let policy = node.policy;
+    let fail = lack(gpu_ok, cpu_ok);
     if fail.is_some() {
         return Admission { fail, usable: 0 };
     }
+    let all_zones = all_zones_mask(zones);
     if shape.dra {
-        // The kubelet's Topology Manager does not see DRA devices: the claim's own constraint
-        // decides (all its devices on one NUMA node, or anywhere).
-        if !shape.numa_aligned || d <= 1 {
-            return Admission {
-                fail: None,
-                usable: all_zones,
-            };
-        }
-        let mut usable = 0u64;
-        for (zi, &e) in elig.iter().enumerate().take(zones) {
-            if e >= d {
-                usable |= 1 << zi;
-            }
-        }
-        return if usable == 0 {
-            Admission {
-                fail: Some(Category::NumaSplit),
-                usable: 0,
-            }
-        } else {
-            Admission { fail: None, usable }
-        };
+        return dra_admission(shape, elig, zones, d, all_zones);
     }
+    let policy = ctx.node.policy;
     if matches!(policy, Policy::None | Policy::BestEffort) {
         return Admission {
             fail: None,
             usable: all_zones,
         };
     }
-    // Providers: the devices always; CPUs and memory when their manager aligns them.
+    let prov = Providers::of(ctx.node, shape);
+    let usable = match aligned_width(ctx, shape, need, d, prov) {
+        None => 0,
+        Some(w) if policy == Policy::SingleNumaNode && w != 1 => 0,
+        Some(w) if w as usize > zones => 0,
+        Some(w) => fitting_sets(ctx, shape, elig, d, w, prov, all_zones),
+    };
+    Admission::of_usable(usable)
+}
+
+/// Admission of a DRA shape: the kubelet's Topology Manager does not see DRA devices, so the
+/// claim's own constraint decides (all its devices on one NUMA node, or anywhere).
+fn dra_admission(
+    shape: &Shape,
+    elig: &[u64; 64],
+    zones: usize,
+    d: u64,
+    all_zones: u64,
+) -> Admission {
+    if !shape.numa_aligned || d <= 1 {
+        return Admission {
+            fail: None,
+            usable: all_zones,
+        };
+    }
+    let mut usable = 0u64;
+    for (zi, &e) in elig.iter().enumerate().take(zones) {
+        if e >= d {
+            usable |= 1 << zi;
+        }
+    }
+    Admission::of_usable(usable)
+}
+
+/// The narrowest number of zones every provider could serve the shape from (by capacity), or
+/// None when the providers disagree: the width of the kubelet's preferred merged hint.
+fn aligned_width(
+    ctx: &NodeCtx<'_>,
+    shape: &Shape,
+    need: MigNeed,
+    d: u64,
+    prov: Providers,
+) -> Option<u32> {
     let dev_width = match need {
         MigNeed::None => ctx.gpu_prefix.narrowest(d),
         _ => {
-            let (_, cap, _) = device_view(node, shape, need);
-            CapacityPrefix::new(&cap[..zones]).narrowest(d)
+            let (_, cap, _) = device_view(ctx.node, shape, need);
+            CapacityPrefix::new(&cap[..ctx.zones]).narrowest(d)
         }
     };
-    let cpu_provider = node.cpu_static && shape.cpu_milli > 0 && shape.cpu_milli % 1000 == 0;
-    let mem_provider = node.memory_static && shape.memory_mib > 0;
     let mut width = dev_width;
     for (on, w) in [
-        (cpu_provider, ctx.cpu_prefix.narrowest(shape.cpu_milli)),
-        (mem_provider, ctx.mem_prefix.narrowest(shape.memory_mib)),
+        (prov.cpu, ctx.cpu_prefix.narrowest(shape.cpu_milli)),
+        (prov.mem, ctx.mem_prefix.narrowest(shape.memory_mib)),
     ] {
         if on && w != width {
             width = None;
         }
     }
-    let usable = match width {
-        None => 0,
-        Some(w) if policy == Policy::SingleNumaNode && w != 1 => 0,
-        Some(w) if w as usize > zones => 0,
-        Some(w) => {
-            let fits = |mask: u64| {
-                sum_over(elig, mask) >= d
-                    && (!cpu_provider || sum_over(&ctx.cpu_free, mask) >= shape.cpu_milli)
-                    && (!mem_provider || sum_over(&ctx.mem_free, mask) >= shape.memory_mib)
-            };
-            let mut union = 0u64;
-            let mut mask: u64 = if w >= 64 { u64::MAX } else { (1u64 << w) - 1 };
-            // every mask of `w` bits among the node's zones (Gosper's hack)
-            while mask & !all_zones == 0 {
-                if mask & !union != 0 && fits(mask) {
-                    union |= mask;
-                }
-                let c = mask & mask.wrapping_neg();
-                let r = mask.wrapping_add(c);
-                if r == 0 {
-                    break;
-                }
-                mask = (((r ^ mask) >> 2) / c) | r;
-            }
-            union
-        }
+    width
+}
+
+/// The union of every set of `w` zones that holds the shape now (its devices, and its CPUs and
+/// memory where their managers align): the zones some admissible placement uses.
+fn fitting_sets(
+    ctx: &NodeCtx<'_>,
+    shape: &Shape,
+    elig: &[u64; 64],
+    d: u64,
+    w: u32,
+    prov: Providers,
+    all_zones: u64,
+) -> u64 {
+    let fits = |mask: u64| {
+        sum_over(elig, mask) >= d
+            && (!prov.cpu || sum_over(&ctx.cpu_free, mask) >= shape.cpu_milli)
+            && (!prov.mem || sum_over(&ctx.mem_free, mask) >= shape.memory_mib)
     };
-    if usable == 0 {
-        Admission {
-            fail: Some(Category::NumaSplit),
-            usable: 0,
+    let mut union = 0u64;
+    let mut mask: u64 = if w >= 64 { u64::MAX } else { (1u64 << w) - 1 };
+    // every mask of `w` bits among the node's zones (Gosper's hack)
+    while mask & !all_zones == 0 {
+        if mask & !union != 0 && fits(mask) {
+            union |= mask;
         }
-    } else {
-        Admission { fail: None, usable }
+        let c = mask & mask.wrapping_neg();
+        let r = mask.wrapping_add(c);
+        if r == 0 {
+            break;
+        }
+        mask = (((r ^ mask) >> 2) / c) | r;
     }
+    union
 }
 
 /// Admission of a shape on a node (for callers outside the scoring loop; the shape as resolved
@@ -545,7 +605,15 @@ pub fn add_shape_fragment(
         } else {
             fail.unwrap_or(Category::LackCpu)
         };
-        dra_zones(ctx, shape, need, fail, usable, other, foreign, &mut acc);
+        let view = DraView {
+            shape,
+            need,
+            model: node_model(node),
+            fail,
+            other,
+            foreign,
+        };
+        dra_zones(ctx, &view, usable, &mut acc);
     }
 }
 
@@ -616,44 +684,46 @@ fn plain_zones(
     }
 }
 
-/// The fragment of a shape on a node with DRA devices: capacity of the other source is
-/// `foreign`; dynamic MIG GPUs count what the shape could allocate on them now.
-#[allow(clippy::too_many_arguments)]
-fn dra_zones(
-    ctx: &NodeCtx<'_>,
-    shape: &Shape,
+/// One shape's view of a node with DRA devices: why each kind of idle capacity is fragment.
+struct DraView<'a> {
+    shape: &'a Shape,
     need: MigNeed,
+    model: Option<&'static GpuModel>,
+    /// Why the shape cannot be admitted at all, if it cannot.
     fail: Option<Category>,
-    usable: u64,
+    /// The reason for capacity of a kind the shape cannot use (MIG for a GPU shape, ...).
     other: Category,
+    /// The reason for capacity of the other allocation mechanism (DRA vs the device plugin).
     foreign: Category,
-    acc: &mut Acc<'_>,
-) {
-    let node = ctx.node;
-    let model = node_model(node);
-    let ok_or = |in_u: bool| -> Option<Category> {
-        if let Some(c) = fail {
+}
+
+impl DraView<'_> {
+    /// Why capacity the shape could use is fragment (`fail`, or NUMA split outside the usable
+    /// zones); None when it is not fragment.
+    fn unusable(&self, in_u: bool) -> Option<Category> {
+        if let Some(c) = self.fail {
             Some(c)
         } else if !in_u {
             Some(Category::NumaSplit)
         } else {
             None
         }
-    };
-    for (zi, z) in node.zones.iter().take(64).enumerate() {
-        let in_u = usable & (1u64 << zi) != 0;
+    }
+
+    /// Whole/shared GPUs of both sources in one zone.
+    fn whole_gpus(&self, zi: usize, in_u: bool, z: &Zone, acc: &mut Acc<'_>) {
         for (dra, list) in [(false, &z.gpus), (true, &z.dra_gpus)] {
             for &(_, f) in list {
                 if f == 0 {
                     continue;
                 }
-                let cat = if dra != shape.dra {
-                    foreign
-                } else if need != MigNeed::None {
-                    other
-                } else if let Some(c) = fail {
+                let cat = if dra != self.shape.dra {
+                    self.foreign
+                } else if self.need != MigNeed::None {
+                    self.other
+                } else if let Some(c) = self.fail {
                     c
-                } else if f < shape.gpu_milli {
+                } else if f < self.shape.gpu_milli {
                     Category::Stranded
                 } else if !in_u {
                     Category::NumaSplit
@@ -663,56 +733,77 @@ fn dra_zones(
                 acc.gpu(zi, f as f64, cat);
             }
         }
-        for g in &z.mig {
-            let idle = g.idle_slices();
-            if g.dra != shape.dra {
+    }
+
+    /// One MIG GPU: of the other source, foreign; dynamic, what the shape could allocate on it
+    /// now; else its free instances by profile and its unpartitioned slices.
+    fn mig_gpu(&self, zi: usize, in_u: bool, g: &MigGpu, acc: &mut Acc<'_>) {
+        let idle = g.idle_slices();
+        if g.dra != self.shape.dra {
+            if idle > 0 {
+                acc.mig(zi, idle as f64, self.foreign);
+            }
+            return;
+        }
+        if g.dynamic {
+            self.dynamic_gpu(zi, in_u, g, idle, acc);
+            return;
+        }
+        if g.unpartitioned_slices > 0 {
+            acc.mig(zi, g.unpartitioned_slices as f64, self.other);
+        }
+        for i in g.instances.iter().filter(|i| !i.used) {
+            let cat = if MigNeed::Profile(i.profile) != self.need {
+                self.other
+            } else if let Some(c) = self.unusable(in_u) {
+                c
+            } else {
+                continue;
+            };
+            acc.mig(zi, i.compute_slices as f64, cat);
+        }
+    }
+
+    /// A dynamic MIG GPU with `idle` compute slices: the slices placements of the shape's
+    /// profile (or the whole GPU) would cover are usable, the rest is fragment.
+    fn dynamic_gpu(&self, zi: usize, in_u: bool, g: &MigGpu, idle: u64, acc: &mut Acc<'_>) {
+        match (self.need, self.model) {
+            (MigNeed::Profile(p), Some(m)) => {
+                let per = m.profiles.get(p).map_or(0, |pr| pr.compute_slices as u64);
+                let fit = (dynamic_fit(m, p, g) * per).min(idle);
+                if idle > fit {
+                    acc.mig(zi, (idle - fit) as f64, self.other);
+                }
+                if fit > 0 {
+                    if let Some(c) = self.unusable(in_u) {
+                        acc.mig(zi, fit as f64, c);
+                    }
+                }
+            }
+            (MigNeed::None, _) if dynamic_whole(self.shape, g) => {
                 if idle > 0 {
-                    acc.mig(zi, idle as f64, foreign);
-                }
-                continue;
-            }
-            if g.dynamic {
-                match (need, model) {
-                    (MigNeed::Profile(p), Some(m)) => {
-                        let fit = dynamic_fit(m, p, g) * m.profiles[p].compute_slices as u64;
-                        let fit = fit.min(idle);
-                        if idle > fit {
-                            acc.mig(zi, (idle - fit) as f64, other);
-                        }
-                        if fit > 0 {
-                            if let Some(c) = ok_or(in_u) {
-                                acc.mig(zi, fit as f64, c);
-                            }
-                        }
-                    }
-                    (MigNeed::None, _) if dynamic_whole(shape, g) => {
-                        if idle > 0 {
-                            if let Some(c) = ok_or(in_u) {
-                                acc.mig(zi, idle as f64, c);
-                            }
-                        }
-                    }
-                    _ => {
-                        if idle > 0 {
-                            acc.mig(zi, idle as f64, other);
-                        }
+                    if let Some(c) = self.unusable(in_u) {
+                        acc.mig(zi, idle as f64, c);
                     }
                 }
-                continue;
             }
-            if g.unpartitioned_slices > 0 {
-                acc.mig(zi, g.unpartitioned_slices as f64, other);
+            _ => {
+                if idle > 0 {
+                    acc.mig(zi, idle as f64, self.other);
+                }
             }
-            for i in g.instances.iter().filter(|i| !i.used) {
-                let cat = if MigNeed::Profile(i.profile) != need {
-                    other
-                } else if let Some(c) = ok_or(in_u) {
-                    c
-                } else {
-                    continue;
-                };
-                acc.mig(zi, i.compute_slices as f64, cat);
-            }
+        }
+    }
+}
+
+/// The fragment of a shape on a node with DRA devices: capacity of the other source is
+/// `foreign`; dynamic MIG GPUs count what the shape could allocate on them now.
+fn dra_zones(ctx: &NodeCtx<'_>, view: &DraView<'_>, usable: u64, acc: &mut Acc<'_>) {
+    for (zi, z) in ctx.node.zones.iter().take(64).enumerate() {
+        let in_u = usable & (1u64 << zi) != 0;
+        view.whole_gpus(zi, in_u, z, acc);
+        for g in &z.mig {
+            view.mig_gpu(zi, in_u, g, acc);
         }
     }
 }
@@ -1000,5 +1091,292 @@ mod tests {
         assert!(Cluster::from_columns(&c).is_err());
         c.node_gpu_replicas = vec![1, 2];
         assert!(Cluster::from_columns(&c).is_err());
+    }
+
+    /// One node of zones (free CPU milli of 16000, device-plugin GPUs' used milli), with 64 GiB
+    /// per zone, under `policy`, with the static CPU manager or not.
+    fn zoned(policy: &str, cpu_static: bool, zones: &[(i64, &[i64])]) -> Node {
+        let mut c = ClusterColumns {
+            node_names: vec!["n".into()],
+            node_models: vec!["L40S".into()],
+            node_policies: vec![policy.into()],
+            node_cpu_static: vec![cpu_static],
+            node_memory_static: vec![false],
+            zone_offsets: vec![0, zones.len()],
+            gpu_offsets: vec![0],
+            mig_offsets: vec![0; zones.len() + 1],
+            instance_offsets: vec![0],
+            ..Default::default()
+        };
+        for (z, &(cpu_free, used)) in zones.iter().enumerate() {
+            c.zone_numa.push(z as i64);
+            c.zone_cpu_milli.push(16000);
+            c.zone_cpu_used.push(16000 - cpu_free);
+            c.zone_memory_mib.push(65536);
+            c.zone_memory_used.push(0);
+            for &u in used {
+                c.gpu_ids.push(c.gpu_ids.len() as i64);
+                c.gpu_used_milli.push(u);
+            }
+            c.gpu_offsets.push(c.gpu_ids.len());
+        }
+        Cluster::from_columns(&c).unwrap().nodes.remove(0)
+    }
+
+    fn gpus(n: u32, milli: u32, cpu: u64) -> Shape {
+        Shape {
+            cpu_milli: cpu,
+            gpus: n,
+            gpu_milli: milli,
+            weight: 1.0,
+            ..Default::default()
+        }
+    }
+
+    fn cat(s: &NodeScore, c: Category) -> f64 {
+        s.categories[c as usize]
+    }
+
+    #[test]
+    fn fgd_quadrants_on_one_zone() {
+        // idle: 1000 + 1000 + 300 + 0 = 2300 milli-GPU, 8 free CPUs
+        let n = zoned("none", false, &[(8000, &[0, 0, 700, 1000])]);
+        assert_eq!(empty_score(&n).idle_gpu_milli, 2300.0);
+        // half a GPU: only the 300 left on GPU 2 is too small for it (Q3)
+        let s = score(&n, gpus(1, 500, 1000));
+        assert_eq!(
+            (s.fragment_gpu_milli, cat(&s, Category::Stranded)),
+            (300.0, 300.0)
+        );
+        assert_eq!(s.zones[0].fragment_gpu_milli, 300.0);
+        // four whole GPUs: only two are free, every idle milli is fragment (Q2)
+        let s = score(&n, gpus(4, 1000, 1000));
+        assert_eq!(cat(&s, Category::LackGpu), 2300.0);
+        // more CPU than the node has free (Q4), and both (Q1)
+        assert_eq!(
+            cat(&score(&n, gpus(1, 500, 9000)), Category::LackCpu),
+            2300.0
+        );
+        assert_eq!(
+            cat(&score(&n, gpus(4, 1000, 9000)), Category::LackBoth),
+            2300.0
+        );
+        // a CPU-only task uses no GPU (XL); with too little CPU it is Q4 (XR)
+        assert_eq!(
+            cat(&score(&n, gpus(0, 0, 1000)), Category::Stranded),
+            2300.0
+        );
+        assert_eq!(cat(&score(&n, gpus(0, 0, 9000)), Category::LackCpu), 2300.0);
+        // a model the shape does not accept
+        let h100 = Shape {
+            gpu_models: vec!["H100-80GB".into()],
+            ..gpus(1, 500, 1000)
+        };
+        assert_eq!(cat(&score(&n, h100), Category::NoAccess), 2300.0);
+        // M is weighted: 0.25 x 300 + 0.75 x 2300 (weights as given: validate_shapes
+        // normalises them before the core scores)
+        let m = [
+            Shape {
+                weight: 0.25,
+                ..gpus(1, 500, 1000)
+            },
+            Shape {
+                weight: 0.75,
+                ..gpus(4, 1000, 1000)
+            },
+        ];
+        let s = score_node(&n, &m, &mut RecoverMemo::new());
+        assert_eq!(s.fragment_gpu_milli, 0.25 * 300.0 + 0.75 * 2300.0);
+        assert_eq!(cat(&s, Category::Stranded), 75.0);
+        assert_eq!(cat(&s, Category::LackGpu), 1725.0);
+    }
+
+    #[test]
+    fn numa_alignment_strands_what_no_zone_can_hold() {
+        // two zones of two idle GPUs each: four GPUs need both zones
+        let both: &[(i64, &[i64])] = &[(16000, &[0, 0]), (16000, &[0, 0])];
+        let four = gpus(4, 1000, 1000);
+        let s = score(&zoned("single-numa-node", false, both), four.clone());
+        assert_eq!(cat(&s, Category::NumaSplit), 4000.0);
+        assert_eq!(s.zones[0].fragment_gpu_milli, 2000.0);
+        // restricted admits the narrowest alignment there is (both zones)
+        assert_eq!(
+            score(&zoned("restricted", false, both), four.clone()).fragment_gpu_milli,
+            0.0
+        );
+        // best-effort and none admit anything that fits node-wide
+        assert_eq!(
+            score(&zoned("best-effort", false, both), four).fragment_gpu_milli,
+            0.0
+        );
+        // zone 0 has the idle GPU, zone 1 the free CPUs: with the static CPU manager whole CPUs
+        // must come from the GPU's zone, so the GPU is stranded by NUMA; without it, it is not
+        let split: &[(i64, &[i64])] = &[(0, &[0]), (16000, &[1000])];
+        let task = gpus(1, 1000, 2000);
+        let s = score(&zoned("single-numa-node", true, split), task.clone());
+        assert_eq!(cat(&s, Category::NumaSplit), 1000.0);
+        let a = admission(
+            &zoned("single-numa-node", true, split),
+            &task,
+            MigNeed::None,
+            true,
+        );
+        assert_eq!(
+            a,
+            Admission {
+                fail: Some(Category::NumaSplit),
+                usable: 0
+            }
+        );
+        let s = score(&zoned("single-numa-node", false, split), task.clone());
+        assert_eq!(s.fragment_gpu_milli, 0.0);
+        let a = admission(
+            &zoned("single-numa-node", false, split),
+            &task,
+            MigNeed::None,
+            true,
+        );
+        assert_eq!(
+            a,
+            Admission {
+                fail: None,
+                usable: 0b01
+            }
+        );
+        // a fractional CPU request is not pinned by the CPU manager
+        let s = score(&zoned("single-numa-node", true, split), gpus(1, 1000, 1500));
+        assert_eq!(s.fragment_gpu_milli, 0.0);
+    }
+
+    /// A100-SXM4-40GB with 1g.5gb@0 and @1 free and 3g.20gb@4 used: 2 compute slices
+    /// unpartitioned, 4 idle in all.
+    fn mig_node() -> Node {
+        let c = ClusterColumns {
+            node_names: vec!["m".into()],
+            node_models: vec!["A100-SXM4-40GB".into()],
+            node_policies: vec!["none".into()],
+            node_cpu_static: vec![false],
+            node_memory_static: vec![false],
+            zone_offsets: vec![0, 1],
+            zone_numa: vec![0],
+            zone_cpu_milli: vec![16000],
+            zone_cpu_used: vec![0],
+            zone_memory_mib: vec![65536],
+            zone_memory_used: vec![0],
+            gpu_offsets: vec![0, 0],
+            mig_offsets: vec![0, 1],
+            mig_gpu_ids: vec![0],
+            instance_offsets: vec![0, 3],
+            instance_profiles: vec!["1g.5gb".into(), "1g.5gb".into(), "3g.20gb".into()],
+            instance_starts: vec![0, 1, 4],
+            instance_used: vec![false, false, true],
+            ..Default::default()
+        };
+        Cluster::from_columns(&c).unwrap().nodes.remove(0)
+    }
+
+    fn mig(profile: &str) -> Shape {
+        Shape {
+            cpu_milli: 1000,
+            gpus: 1,
+            mig_profile: Some(profile.into()),
+            weight: 1.0,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn mig_capacity_of_the_wrong_geometry() {
+        let n = mig_node();
+        let geometry = |s: &NodeScore| s.mig_categories[Category::MigGeometry as usize];
+        // 1g.5gb: the two free 1g instances serve it; the 2 unpartitioned slices do not
+        let s = score(&n, mig("1g.5gb"));
+        assert_eq!((s.idle_mig_slices, s.fragment_mig_slices), (4.0, 2.0));
+        assert_eq!(geometry(&s), 2.0);
+        assert_eq!(s.fragment_gpu_milli, 0.0);
+        // re-partitioning the free memory slices 0-3 (the used 3g stays) would hold four 1g
+        // instances: two more than now
+        assert_eq!(s.recoverable_mig_slices, 2.0);
+        // 2g.10gb: no instance of it, so every idle slice; two 2g.10gb would fit in slices 0-3
+        let s = score(&n, mig("2g.10gb"));
+        assert_eq!((s.fragment_mig_slices, geometry(&s)), (4.0, 4.0));
+        assert_eq!(s.recoverable_mig_slices, 4.0);
+        // a whole-GPU shape cannot use MIG instances at all
+        let s = score(&n, gpus(1, 1000, 1000));
+        assert_eq!(geometry(&s), 4.0);
+        assert_eq!(s.recoverable_mig_slices, 0.0);
+        // a MIG shape of a profile the model lacks
+        assert_eq!(mig_need(&n, &mig("1g.10gb+me")), MigNeed::Unavailable);
+        assert_eq!(score(&n, mig("1g.10gb+me")).fragment_mig_slices, 4.0);
+    }
+
+    #[test]
+    fn capacity_prefix_gives_the_narrowest_width() {
+        let p = CapacityPrefix::new(&[2, 0, 3, 1]);
+        assert_eq!(p.narrowest(0), Some(1));
+        assert_eq!(p.narrowest(3), Some(1));
+        assert_eq!(p.narrowest(4), Some(2));
+        // sorted 3, 2, 1, 0: running sums 3, 5, 6, 6
+        assert_eq!(p.narrowest(6), Some(3));
+        assert_eq!(p.narrowest(7), None);
+    }
+
+    #[test]
+    fn scores_add_up_on_random_nodes() {
+        use crate::replay::rng::Rng;
+        let policies = ["none", "best-effort", "restricted", "single-numa-node"];
+        let uses = [0i64, 0, 100, 500, 700, 1000];
+        let mut rng = Rng::new(5);
+        let mut memo = RecoverMemo::new();
+        for _ in 0..500 {
+            let zones: Vec<(i64, Vec<i64>)> = (0..1 + rng.below(4))
+                .map(|_| {
+                    let cpu = 1000 * rng.below(17) as i64;
+                    let g = (0..rng.below(5))
+                        .map(|_| uses[rng.below(6) as usize])
+                        .collect();
+                    (cpu, g)
+                })
+                .collect();
+            let spec: Vec<(i64, &[i64])> = zones.iter().map(|(c, g)| (*c, g.as_slice())).collect();
+            let n = zoned(policies[rng.below(4) as usize], rng.below(2) == 0, &spec);
+            let shapes: Vec<Shape> = (0..1 + rng.below(4))
+                .map(|_| {
+                    let k = rng.below(3) as u32;
+                    let milli = if k == 1 {
+                        [250, 500, 1000][rng.below(3) as usize]
+                    } else {
+                        1000 * (k > 0) as u32
+                    };
+                    Shape {
+                        weight: 1.0 + rng.below(3) as f64,
+                        ..gpus(k, milli, 1000 * rng.below(12))
+                    }
+                })
+                .collect();
+            let whole = score_node(&n, &shapes, &mut memo);
+            // the categories, the zones and the shapes each add up to the fragment, which never
+            // exceeds what is idle (times the total weight)
+            let total_w: f64 = shapes.iter().map(|s| s.weight).sum();
+            let by_cat: f64 = whole.categories.iter().sum();
+            let by_zone: f64 = whole.zones.iter().map(|z| z.fragment_gpu_milli).sum();
+            let by_shape: f64 = shapes
+                .iter()
+                .map(|s| score_node(&n, std::slice::from_ref(s), &mut memo).fragment_gpu_milli)
+                .sum();
+            for v in [by_cat, by_zone, by_shape] {
+                assert!(
+                    (v - whole.fragment_gpu_milli).abs() < 1e-6,
+                    "{v} vs {whole:?}"
+                );
+            }
+            assert!(whole.fragment_gpu_milli <= total_w * whole.idle_gpu_milli + 1e-6);
+            assert_eq!(whole.idle_gpu_milli, n.idle_gpu_milli() as f64);
+            // a policy never admits more than `none` does: aligning only adds fragment
+            let mut free = n.clone();
+            free.policy = Policy::None;
+            let loose = score_node(&free, &shapes, &mut memo);
+            assert!(loose.fragment_gpu_milli <= whole.fragment_gpu_milli + 1e-6);
+        }
     }
 }

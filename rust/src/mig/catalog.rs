@@ -348,6 +348,71 @@ fn small(v: u32, field: impl Fn() -> String, max: u32) -> CoreResult<u8> {
     Ok(v as u8)
 }
 
+/// One profile of a GPU with `memory_slices` and `compute_slices`: slices within the GPU's, a
+/// count, and placements of its size inside the GPU, each listed once (sorted).
+fn convert_profile(
+    p: RawProfile,
+    pf: impl Fn(&str) -> String,
+    memory_slices: u8,
+    compute_slices: u8,
+) -> CoreResult<Profile> {
+    let cs = small(
+        p.compute_slices,
+        || pf("compute_slices"),
+        compute_slices as u32,
+    )?;
+    let ms = small(
+        p.memory_slices,
+        || pf("memory_slices"),
+        memory_slices as u32,
+    )?;
+    let max_count = small(p.max_count, || pf("max_count"), 255)?;
+    if cs == 0 || ms == 0 || max_count == 0 || p.placements.is_empty() {
+        return Err(CoreError::new(
+            pf("placements"),
+            "a profile needs slices, a count and a placement",
+        ));
+    }
+    let mut placements = Vec::with_capacity(p.placements.len());
+    for (j, pl) in p.placements.iter().enumerate() {
+        let plf = || pf(&format!("placements[{j}]"));
+        if pl.size != p.memory_slices || pl.start + pl.size > memory_slices as u32 {
+            return Err(CoreError::new(
+                plf(),
+                format!(
+                    "{{start {}, size {}}} is not {} slices inside the GPU's {memory_slices}",
+                    pl.start, pl.size, p.memory_slices
+                ),
+            ));
+        }
+        let placement = Placement {
+            start: pl.start as u8,
+            size: pl.size as u8,
+        };
+        if placements.contains(&placement) {
+            return Err(CoreError::new(plf(), "listed twice"));
+        }
+        placements.push(placement);
+    }
+    placements.sort();
+    let placements_inferred = p
+        .provenance
+        .and_then(|pv| pv.placements)
+        .is_some_and(|s| s.trim_start().starts_with("inferred"));
+    Ok(Profile {
+        name: p.name,
+        id: p.id,
+        compute_slices: cs,
+        memory_slices: ms,
+        max_count,
+        placements,
+        media_extensions: p.media_extensions,
+        placements_inferred,
+    })
+}
+
+/// One GPU model of the data file: its slices, profiles (1..=`MAX_PROFILES`, names unique) and
+/// aliases (parenthetical remarks removed).
 fn convert_model(key: String, g: RawGpu) -> CoreResult<GpuModel> {
     let f = |s: &str| format!("gpus[{key:?}].{s}");
     let memory_slices = small(
@@ -368,68 +433,16 @@ fn convert_model(key: String, g: RawGpu) -> CoreResult<GpuModel> {
             format!("expected 1..={MAX_PROFILES} profiles"),
         ));
     }
-    let mut profiles = Vec::with_capacity(g.profiles.len());
+    let mut profiles: Vec<Profile> = Vec::with_capacity(g.profiles.len());
     for (i, p) in g.profiles.into_iter().enumerate() {
         let pf = |s: &str| format!("gpus[{key:?}].profiles[{i}].{s}");
-        if profiles.iter().any(|q: &Profile| q.name == p.name) || p.name.is_empty() {
+        if profiles.iter().any(|q| q.name == p.name) || p.name.is_empty() {
             return Err(CoreError::new(
                 pf("name"),
                 format!("duplicate or empty name {:?}", p.name),
             ));
         }
-        let cs = small(
-            p.compute_slices,
-            || pf("compute_slices"),
-            compute_slices as u32,
-        )?;
-        let ms = small(
-            p.memory_slices,
-            || pf("memory_slices"),
-            memory_slices as u32,
-        )?;
-        let max_count = small(p.max_count, || pf("max_count"), 255)?;
-        if cs == 0 || ms == 0 || max_count == 0 || p.placements.is_empty() {
-            return Err(CoreError::new(
-                pf("placements"),
-                "a profile needs slices, a count and a placement",
-            ));
-        }
-        let mut placements = Vec::with_capacity(p.placements.len());
-        for (j, pl) in p.placements.iter().enumerate() {
-            let plf = || pf(&format!("placements[{j}]"));
-            if pl.size != p.memory_slices || pl.start + pl.size > memory_slices as u32 {
-                return Err(CoreError::new(
-                    plf(),
-                    format!(
-                        "{{start {}, size {}}} is not {} slices inside the GPU's {memory_slices}",
-                        pl.start, pl.size, p.memory_slices
-                    ),
-                ));
-            }
-            let placement = Placement {
-                start: pl.start as u8,
-                size: pl.size as u8,
-            };
-            if placements.contains(&placement) {
-                return Err(CoreError::new(plf(), "listed twice"));
-            }
-            placements.push(placement);
-        }
-        placements.sort();
-        let placements_inferred = p
-            .provenance
-            .and_then(|pv| pv.placements)
-            .is_some_and(|s| s.trim_start().starts_with("inferred"));
-        profiles.push(Profile {
-            name: p.name,
-            id: p.id,
-            compute_slices: cs,
-            memory_slices: ms,
-            max_count,
-            placements,
-            media_extensions: p.media_extensions,
-            placements_inferred,
-        });
+        profiles.push(convert_profile(p, pf, memory_slices, compute_slices)?);
     }
     let placements_inferred = profiles.iter().any(|p| p.placements_inferred);
     Ok(GpuModel {

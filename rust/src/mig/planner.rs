@@ -217,6 +217,8 @@ impl Default for How {
     }
 }
 
+/// Plans one node (see the module docs): checks the input, finds the relevant profiles, lists
+/// each GPU's options, chooses one per GPU and writes the answer.
 pub(crate) fn plan_with(
     model: &GpuModel,
     gpus: &[MigGpu],
@@ -224,8 +226,66 @@ pub(crate) fn plan_with(
     limits: &Limits,
     how: How,
 ) -> CoreResult<Plan> {
-    let np = model.profiles.len();
-    // ---- check the input
+    check_gpus(model, gpus)?;
+    let wants = Wants::read(model, demand)?;
+    let limit = limits.max_used_destroyed;
+    // Moving pods can only add to the demand served when some pending pod is left unserved
+    // without moving any (net served is at most the pending count, and fewer moves come
+    // first): then the plan without moves is the plan. Skip the costlier search for moves.
+    if limit > 0 && !how.exhaustive {
+        let no_moves = Limits {
+            max_used_destroyed: 0,
+            ..limits.clone()
+        };
+        let p = plan_with(model, gpus, demand, &no_moves, how)?;
+        if p.demand.iter().all(|l| l.served_after == l.pending) {
+            return Ok(p);
+        }
+    }
+    let touchable: Vec<bool> = gpus
+        .iter()
+        .map(|g| limits.gpus.as_ref().is_none_or(|ids| ids.contains(&g.id)))
+        .collect();
+    let (relevant, r_of) = relevant_profiles(&wants.demanded, gpus, &touchable, limit)?;
+    let ctx = Ctx {
+        model,
+        relevant: &relevant,
+        demanded: &wants.demanded,
+        r_of: &r_of,
+        wanted: &wants.wanted_fixed,
+    };
+    let mut cache = VectorCache::new();
+    let options: Vec<Vec<Opt>> = gpus
+        .iter()
+        .zip(&touchable)
+        .map(|(gpu, &t)| {
+            let opts = ctx.options(gpu, t, limit, limits.executor, &mut cache);
+            if how.prune {
+                prune_dominated(opts)
+            } else {
+                opts
+            }
+        })
+        .collect();
+    let pending_r: Vec<u32> = relevant.iter().map(|&p| wants.pending[p]).collect();
+    let goal = Goal {
+        pending: &pending_r,
+        limit,
+    };
+    let (choice, exact) = if how.exhaustive {
+        (choose_exhaustive(&options, &goal), true)
+    } else {
+        choose(&options, &goal)
+    };
+    let chosen: Vec<&Opt> = options.iter().zip(&choice).map(|(o, &c)| &o[c]).collect();
+    Ok(answer(
+        model, gpus, &wants, &relevant, &options, &chosen, exact,
+    ))
+}
+
+/// Checks the current layouts: GPU ids listed once, instances of the model's profiles at valid
+/// starts that fit the GPU together.
+fn check_gpus(model: &GpuModel, gpus: &[MigGpu]) -> CoreResult<()> {
     for (g, gpu) in gpus.iter().enumerate() {
         if gpus[..g].iter().any(|o| o.id == gpu.id) {
             return Err(CoreError::new(
@@ -265,70 +325,90 @@ pub(crate) fn plan_with(
             }
         }
     }
-    let mut pending = vec![0u32; np];
-    for (i, &(p, c)) in demand.pending.iter().enumerate() {
-        if p >= np {
-            return Err(CoreError::new(
-                format!("pending[{i}].profile"),
-                format!("profile index {p} is not a profile of {}", model.name),
-            ));
-        }
-        pending[p] = pending[p].saturating_add(c);
-    }
-    let mut weight = vec![0f64; np];
-    for (i, &(p, w)) in demand.workload.iter().enumerate() {
-        if p >= np {
-            return Err(CoreError::new(
-                format!("workload[{i}].profile"),
-                format!("profile index {p} is not a profile of {}", model.name),
-            ));
-        }
-        if !(w.is_finite() && w > 0.0) {
-            return Err(CoreError::new(
-                format!("workload[{i}].weight"),
-                format!("weight {w} is not a positive number"),
-            ));
-        }
-        weight[p] += w;
-    }
-    if weight.iter().all(|&w| w == 0.0) {
-        for p in 0..np {
-            weight[p] = pending[p] as f64;
-        }
-    }
-    let total_w: f64 = weight.iter().sum();
-    let wanted: Vec<(usize, f64)> = (0..np)
-        .filter(|&p| weight[p] > 0.0)
-        .map(|p| (p, weight[p] / total_w))
-        .collect();
-    let wanted_fixed: Vec<(usize, i64)> = wanted
-        .iter()
-        .map(|&(p, w)| (p, (w * WEIGHT_ONE + 0.5).floor() as i64))
-        .collect();
+    Ok(())
+}
 
-    let touchable: Vec<bool> = gpus
-        .iter()
-        .map(|g| limits.gpus.as_ref().is_none_or(|ids| ids.contains(&g.id)))
-        .collect();
-    let limit = limits.max_used_destroyed;
-    let demanded: Vec<usize> = (0..np)
-        .filter(|&p| pending[p] > 0 || weight[p] > 0.0)
-        .collect();
-    // Moving pods can only add to the demand served when some pending pod is left unserved
-    // without moving any (net served is at most the pending count, and fewer moves come
-    // first): then the plan without moves is the plan. Skip the costlier search for moves.
-    if limit > 0 && !how.exhaustive {
-        let no_moves = Limits {
-            max_used_destroyed: 0,
-            ..limits.clone()
-        };
-        let p = plan_with(model, gpus, demand, &no_moves, how)?;
-        if p.demand.iter().all(|l| l.served_after == l.pending) {
-            return Ok(p);
+/// The demand per profile of the model: pending pods, the weights of M, the wanted profiles
+/// and their weights normalised (M's, or without M the pending counts').
+struct Wants {
+    /// Pending pods per profile index.
+    pending: Vec<u32>,
+    /// Profiles with pending pods or weight in M, ascending.
+    demanded: Vec<usize>,
+    /// (profile, normalised weight).
+    wanted: Vec<(usize, f64)>,
+    /// The same weights in fixed point (`WEIGHT_ONE`).
+    wanted_fixed: Vec<(usize, i64)>,
+}
+
+impl Wants {
+    /// Reads the demand; errors name a profile index the model lacks or a weight that is not
+    /// positive and finite.
+    fn read(model: &GpuModel, demand: &Demand) -> CoreResult<Wants> {
+        let np = model.profiles.len();
+        let mut pending = vec![0u32; np];
+        for (i, &(p, c)) in demand.pending.iter().enumerate() {
+            let slot = pending.get_mut(p).ok_or_else(|| {
+                CoreError::new(
+                    format!("pending[{i}].profile"),
+                    format!("profile index {p} is not a profile of {}", model.name),
+                )
+            })?;
+            *slot = slot.saturating_add(c);
         }
+        let mut weight = vec![0f64; np];
+        for (i, &(p, w)) in demand.workload.iter().enumerate() {
+            let slot = weight.get_mut(p).ok_or_else(|| {
+                CoreError::new(
+                    format!("workload[{i}].profile"),
+                    format!("profile index {p} is not a profile of {}", model.name),
+                )
+            })?;
+            if !(w.is_finite() && w > 0.0) {
+                return Err(CoreError::new(
+                    format!("workload[{i}].weight"),
+                    format!("weight {w} is not a positive number"),
+                ));
+            }
+            *slot += w;
+        }
+        if weight.iter().all(|&w| w == 0.0) {
+            for (w, &c) in weight.iter_mut().zip(&pending) {
+                *w = c as f64;
+            }
+        }
+        let total_w: f64 = weight.iter().sum();
+        let wanted: Vec<(usize, f64)> = (0..np)
+            .filter(|&p| weight[p] > 0.0)
+            .map(|p| (p, weight[p] / total_w))
+            .collect();
+        let wanted_fixed = wanted
+            .iter()
+            .map(|&(p, w)| (p, (w * WEIGHT_ONE + 0.5).floor() as i64))
+            .collect();
+        let demanded = (0..np)
+            .filter(|&p| pending[p] > 0 || weight[p] > 0.0)
+            .collect();
+        Ok(Wants {
+            pending,
+            demanded,
+            wanted,
+            wanted_fixed,
+        })
     }
-    let mut relevant = demanded.clone();
-    for (gpu, &t) in gpus.iter().zip(&touchable) {
+}
+
+/// The relevant profiles R (the demanded ones, plus those of used instances that may be
+/// destroyed), ascending, and each profile's position in R (`usize::MAX`: not in R). At most
+/// `MAX_R`.
+fn relevant_profiles(
+    demanded: &[usize],
+    gpus: &[MigGpu],
+    touchable: &[bool],
+    limit: u32,
+) -> CoreResult<(Vec<usize>, [usize; MAX_PROFILES])> {
+    let mut relevant = demanded.to_vec();
+    for (gpu, &t) in gpus.iter().zip(touchable) {
         for inst in gpu.instances.iter().filter(|i| i.used) {
             if t && limit > 0 && !relevant.contains(&inst.profile) {
                 relevant.push(inst.profile);
@@ -336,13 +416,6 @@ pub(crate) fn plan_with(
         }
     }
     relevant.sort_unstable();
-    let r_of = {
-        let mut r_of = [usize::MAX; MAX_PROFILES];
-        for (r, &p) in relevant.iter().enumerate() {
-            r_of[p] = r;
-        }
-        r_of
-    };
     let nr = relevant.len();
     if nr > MAX_R {
         return Err(CoreError::new(
@@ -352,153 +425,168 @@ pub(crate) fn plan_with(
             ),
         ));
     }
-
-    // ---- options per GPU
-    let mut cache = VectorCache::new();
-    let ctx = Ctx {
-        model,
-        relevant: &relevant,
-        demanded: &demanded,
-        r_of: &r_of,
-        wanted: &wanted_fixed,
-    };
-    let mut options: Vec<Vec<Opt>> = Vec::with_capacity(gpus.len());
-    for (gpu, &t) in gpus.iter().zip(&touchable) {
-        let opts = ctx.options(gpu, t, limit, limits.executor, &mut cache);
-        options.push(if how.prune {
-            prune_dominated(opts)
-        } else {
-            opts
-        });
-    }
-
-    // ---- dynamic programme over the GPUs
-    let pending_r: Vec<u32> = relevant.iter().map(|&p| pending[p]).collect();
-    let goal = Goal {
-        pending: &pending_r,
-        limit,
-    };
-    let (choice, exact) = if how.exhaustive {
-        (choose_exhaustive(&options, &goal), true)
-    } else {
-        choose(&options, &goal)
-    };
-
-    // ---- the answer
-    let mut moved_r = vec![0u32; nr];
-    let mut free_r = vec![0u32; nr];
-    let mut free_before_r = vec![0u32; nr];
-    for (g, &o) in choice.iter().enumerate() {
-        let opt = &options[g][o];
-        for r in 0..nr {
-            moved_r[r] += opt.moved[r] as u32;
-            free_r[r] += opt.n[r] as u32;
-            free_before_r[r] += options[g][0].n[r] as u32;
-        }
-    }
-    let mut demand_lines = Vec::with_capacity(nr);
-    let mut remaining = vec![0u32; nr];
-    let mut net: i64 = 0;
+    let mut r_of = [usize::MAX; MAX_PROFILES];
     for (r, &p) in relevant.iter().enumerate() {
-        let total = (pending[p] + moved_r[r]).min(free_r[r]);
-        let rehoused = moved_r[r].min(total);
-        net += total as i64 - moved_r[r] as i64;
-        remaining[r] = pending[p] + moved_r[r];
-        if !demanded.contains(&p) && moved_r[r] == 0 {
-            continue;
+        if let Some(slot) = r_of.get_mut(p) {
+            *slot = r;
         }
-        demand_lines.push(DemandLine {
-            profile: p,
-            pending: pending[p],
-            served_before: pending[p].min(free_before_r[r]),
-            served_after: total - rehoused,
-            moved: moved_r[r],
-            rehoused,
-        });
     }
+    Ok((relevant, r_of))
+}
+
+/// The plan for the chosen option of every GPU: the demand lines, then per GPU its layout, what
+/// it destroys, the pods that must move and the demand it serves, and the totals.
+fn answer(
+    model: &GpuModel,
+    gpus: &[MigGpu],
+    wants: &Wants,
+    relevant: &[usize],
+    options: &[Vec<Opt>],
+    chosen: &[&Opt],
+    exact: bool,
+) -> Plan {
+    let unchanged: Vec<&Opt> = options.iter().map(|o| &o[0]).collect();
+    let (demand, mut remaining, net_served) = demand_lines(wants, relevant, &unchanged, chosen);
     let mut out = Plan {
         gpus: Vec::with_capacity(gpus.len()),
-        wanted: wanted.clone(),
-        demand: demand_lines,
+        wanted: wants.wanted.clone(),
+        demand,
         used_destroyed: 0,
         free_destroyed: 0,
         changed_gpus: 0,
-        net_served: net,
+        net_served,
         fragment_before: 0.0,
         fragment_after: 0.0,
         exact,
     };
     let (mut before, mut after) = (0i64, 0i64);
-    for (g, gpu) in gpus.iter().enumerate() {
-        let opt = &options[g][choice[g]];
-        let kept: Vec<bool> = {
-            let mut k = vec![false; gpu.instances.len()];
-            for &(_, _, _, src) in &opt.layout {
-                if let Some(i) = src {
-                    k[i] = true;
-                }
-            }
-            k
-        };
-        let destroyed: Vec<GpuInstance> = gpu
-            .instances
-            .iter()
-            .zip(&kept)
-            .filter(|(_, &k)| !k)
-            .map(|(i, _)| i.clone())
-            .collect();
-        let pods_to_move: Vec<String> = destroyed
-            .iter()
-            .filter(|i| i.used)
-            .map(|i| {
-                i.pod.clone().unwrap_or_else(|| {
-                    format!(
-                        "(GPU {} {}@{})",
-                        gpu.id, model.profiles[i.profile].name, i.start
-                    )
-                })
-            })
-            .collect();
-        let mut layout: Vec<PlannedInstance> = opt
-            .layout
-            .iter()
-            .map(|&(p, s, fate, src)| PlannedInstance {
-                profile: p,
-                start: s,
-                fate,
-                pod: src
-                    .and_then(|i| gpu.instances[i].pod.clone())
-                    .filter(|_| fate == Fate::KeptUsed),
-            })
-            .collect();
-        layout.sort_by_key(|i| (i.start, i.profile));
-        let mut serves = Vec::new();
-        for (r, &p) in relevant.iter().enumerate() {
-            let take = remaining[r].min(opt.n[r] as u32);
-            if take > 0 {
-                serves.push((p, take));
-                remaining[r] -= take;
-            }
-        }
-        out.used_destroyed += destroyed.iter().filter(|i| i.used).count() as u32;
+    for ((gpu, opt), was) in gpus.iter().zip(chosen).zip(&unchanged) {
+        let g = gpu_plan(model, gpu, opt, was, relevant, &mut remaining);
+        out.used_destroyed += g.destroyed.iter().filter(|i| i.used).count() as u32;
         out.free_destroyed += opt.destroyed_free;
         out.changed_gpus += opt.changed as u32;
-        before += options[g][0].fragment;
+        before += was.fragment;
         after += opt.fragment;
-        out.gpus.push(GpuPlan {
-            id: gpu.id,
-            changed: opt.changed,
-            layout,
-            destroyed,
-            pods_to_move,
-            serves,
-            fragment_before: slices(options[g][0].fragment),
-            fragment_after: slices(opt.fragment),
-        });
+        out.gpus.push(g);
     }
     out.fragment_before = slices(before);
     out.fragment_after = slices(after);
-    Ok(out)
+    out
+}
+
+/// Per relevant profile with demand or moved pods: pending, served before and after, moved and
+/// rehoused; with the pods each profile still has to place (pending and moved, for
+/// `gpu_plan`'s `serves`) and the net demand served.
+fn demand_lines(
+    wants: &Wants,
+    relevant: &[usize],
+    unchanged: &[&Opt],
+    chosen: &[&Opt],
+) -> (Vec<DemandLine>, Vec<u32>, i64) {
+    let nr = relevant.len();
+    let mut moved_r = vec![0u32; nr];
+    let mut free_r = vec![0u32; nr];
+    let mut free_before_r = vec![0u32; nr];
+    for (opt, was) in chosen.iter().zip(unchanged) {
+        for r in 0..nr {
+            moved_r[r] += opt.moved[r] as u32;
+            free_r[r] += opt.n[r] as u32;
+            free_before_r[r] += was.n[r] as u32;
+        }
+    }
+    let mut lines = Vec::with_capacity(nr);
+    let mut remaining = vec![0u32; nr];
+    let mut net: i64 = 0;
+    for (r, &p) in relevant.iter().enumerate() {
+        let pending = wants.pending[p];
+        let total = (pending + moved_r[r]).min(free_r[r]);
+        let rehoused = moved_r[r].min(total);
+        net += total as i64 - moved_r[r] as i64;
+        remaining[r] = pending + moved_r[r];
+        if !wants.demanded.contains(&p) && moved_r[r] == 0 {
+            continue;
+        }
+        lines.push(DemandLine {
+            profile: p,
+            pending,
+            served_before: pending.min(free_before_r[r]),
+            served_after: total - rehoused,
+            moved: moved_r[r],
+            rehoused,
+        });
+    }
+    (lines, remaining, net)
+}
+
+/// One GPU's plan for its chosen option `opt` (`was`: its unchanged option): the new layout
+/// ascending by start, the current instances destroyed, the pods that must move, and the
+/// demand its free instances take (from `remaining`, in R order).
+fn gpu_plan(
+    model: &GpuModel,
+    gpu: &MigGpu,
+    opt: &Opt,
+    was: &Opt,
+    relevant: &[usize],
+    remaining: &mut [u32],
+) -> GpuPlan {
+    let mut kept = vec![false; gpu.instances.len()];
+    for &(_, _, _, src) in &opt.layout {
+        if let Some(k) = src.and_then(|i| kept.get_mut(i)) {
+            *k = true;
+        }
+    }
+    let destroyed: Vec<GpuInstance> = gpu
+        .instances
+        .iter()
+        .zip(&kept)
+        .filter(|(_, &k)| !k)
+        .map(|(i, _)| i.clone())
+        .collect();
+    let pods_to_move: Vec<String> = destroyed
+        .iter()
+        .filter(|i| i.used)
+        .map(|i| {
+            i.pod.clone().unwrap_or_else(|| {
+                let name = model
+                    .profiles
+                    .get(i.profile)
+                    .map_or("?", |p| p.name.as_str());
+                format!("(GPU {} {name}@{})", gpu.id, i.start)
+            })
+        })
+        .collect();
+    let mut layout: Vec<PlannedInstance> = opt
+        .layout
+        .iter()
+        .map(|&(p, s, fate, src)| PlannedInstance {
+            profile: p,
+            start: s,
+            fate,
+            pod: src
+                .and_then(|i| gpu.instances.get(i))
+                .and_then(|i| i.pod.clone())
+                .filter(|_| fate == Fate::KeptUsed),
+        })
+        .collect();
+    layout.sort_by_key(|i| (i.start, i.profile));
+    let mut serves = Vec::new();
+    for (r, &p) in relevant.iter().enumerate() {
+        let take = remaining[r].min(opt.n[r] as u32);
+        if take > 0 {
+            serves.push((p, take));
+            remaining[r] -= take;
+        }
+    }
+    GpuPlan {
+        id: gpu.id,
+        changed: opt.changed,
+        layout,
+        destroyed,
+        pods_to_move,
+        serves,
+        fragment_before: slices(was.fragment),
+        fragment_after: slices(opt.fragment),
+    }
 }
 
 /// Fixed-point fragment to compute slices.

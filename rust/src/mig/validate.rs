@@ -109,13 +109,52 @@ fn show(model: &GpuModel, inst: &Instance) -> String {
 }
 
 /// Can these instances exist together on one GPU of `model`? Pins stay where they are.
+/// Bad input is an error; a well-formed list that cannot exist is a verdict with the reason.
 pub fn check(model: &GpuModel, instances: &[Instance], rules: Rules) -> CoreResult<Verdict> {
-    let invalid = |reason: String| Verdict {
+    check_input(model, instances)?;
+    let reason = misplaced_pin(model, instances).or_else(|| over_limits(model, instances, rules));
+    if let Some(reason) = reason {
+        return Ok(invalid(reason));
+    }
+    let pinned: Vec<(usize, u8)> = instances
+        .iter()
+        .filter_map(|i| i.start.map(|s| (i.profile, s)))
+        .collect();
+    let unpinned: Vec<usize> = instances
+        .iter()
+        .filter(|i| i.start.is_none())
+        .map(|i| i.profile)
+        .collect();
+    let Some(chosen) = place(model, &pinned, &unpinned) else {
+        return Ok(invalid(
+            "no placement: the free memory slices cannot hold the unpinned instances without overlap"
+                .to_string(),
+        ));
+    };
+    let mut next = chosen.into_iter();
+    let starts = instances
+        .iter()
+        .map(|i| i.start.or_else(|| next.next()).unwrap_or(0))
+        .collect();
+    Ok(Verdict {
+        valid: true,
+        starts,
+        reason: String::new(),
+    })
+}
+
+/// A verdict `valid: false` with its reason.
+fn invalid(reason: String) -> Verdict {
+    Verdict {
         valid: false,
         starts: Vec::new(),
         reason,
-    };
-    // Bad input first: unknown indices, pins outside the GPU, overlapping pins.
+    }
+}
+
+/// Bad input: a profile index the model lacks, a pin outside the GPU, two pins that share
+/// memory slices. Errors name the instance.
+fn check_input(model: &GpuModel, instances: &[Instance]) -> CoreResult<()> {
     let mut spans: Vec<(usize, u32)> = Vec::new();
     for (i, inst) in instances.iter().enumerate() {
         let Some(prof) = model.profiles.get(inst.profile) else {
@@ -127,46 +166,54 @@ pub fn check(model: &GpuModel, instances: &[Instance], rules: Rules) -> CoreResu
                 ),
             ));
         };
-        if let Some(s) = inst.start {
-            let end = s as u32 + prof.memory_slices as u32;
-            if end > model.memory_slices as u32 {
-                return Err(CoreError::new(
-                    format!("instances[{i}]"),
-                    format!("{} is outside the GPU", show(model, inst)),
-                ));
-            }
-            let mask = ((1u32 << prof.memory_slices) - 1) << s;
-            if let Some(&(j, _)) = spans.iter().find(|&&(_, m)| m & mask != 0) {
-                return Err(CoreError::new(
-                    format!("instances[{i}]"),
-                    format!(
-                        "{} overlaps instances[{j}] ({}): pinned instances cannot share memory slices",
-                        show(model, inst),
-                        show(model, &instances[j])
-                    ),
-                ));
-            }
-            spans.push((i, mask));
+        let Some(s) = inst.start else { continue };
+        let end = s as u32 + prof.memory_slices as u32;
+        if end > model.memory_slices as u32 {
+            return Err(CoreError::new(
+                format!("instances[{i}]"),
+                format!("{} is outside the GPU", show(model, inst)),
+            ));
         }
+        let mask = ((1u32 << prof.memory_slices) - 1) << s;
+        if let Some(&(j, _)) = spans.iter().find(|&&(_, m)| m & mask != 0) {
+            return Err(CoreError::new(
+                format!("instances[{i}]"),
+                format!(
+                    "{} overlaps instances[{j}] ({}): pinned instances cannot share memory slices",
+                    show(model, inst),
+                    show(model, &instances[j])
+                ),
+            ));
+        }
+        spans.push((i, mask));
     }
-    // Now the geometry.
-    for inst in instances {
+    Ok(())
+}
+
+/// A pin at a start that is not one of its profile's placements (input already checked).
+fn misplaced_pin(model: &GpuModel, instances: &[Instance]) -> Option<String> {
+    instances.iter().find_map(|inst| {
         let prof = &model.profiles[inst.profile];
-        if let Some(s) = inst.start {
-            if prof.placement_at(s).is_none() {
-                let starts: Vec<String> = prof
-                    .placements
-                    .iter()
-                    .map(|p| p.start.to_string())
-                    .collect();
-                return Ok(invalid(format!(
-                    "{} cannot start at memory slice {s} (its placements start at {})",
-                    prof.name,
-                    starts.join(", ")
-                )));
-            }
+        let s = inst.start?;
+        if prof.placement_at(s).is_some() {
+            return None;
         }
-    }
+        let starts: Vec<String> = prof
+            .placements
+            .iter()
+            .map(|p| p.start.to_string())
+            .collect();
+        Some(format!(
+            "{} cannot start at memory slice {s} (its placements start at {})",
+            prof.name,
+            starts.join(", ")
+        ))
+    })
+}
+
+/// A profile over its instance count, more compute slices than the GPU has, or a combination
+/// the driver forbids.
+fn over_limits(model: &GpuModel, instances: &[Instance], rules: Rules) -> Option<String> {
     let mut counts = vec![0u8; model.profiles.len()];
     let mut compute = 0u32;
     for inst in instances {
@@ -176,51 +223,25 @@ pub fn check(model: &GpuModel, instances: &[Instance], rules: Rules) -> CoreResu
     }
     for (p, &c) in model.profiles.iter().zip(&counts) {
         if c > p.max_count {
-            return Ok(invalid(format!(
+            return Some(format!(
                 "{c} x {} but at most {} fit on one {}",
                 p.name, p.max_count, model.name
-            )));
+            ));
         }
     }
     if compute > model.compute_slices as u32 {
-        return Ok(invalid(format!(
+        return Some(format!(
             "{compute} compute slices but {} has {}",
             model.name, model.compute_slices
-        )));
-    }
-    if rules.forbids(model, &counts) {
-        return Ok(invalid(
-            "a 4g and a 3g profile on 4 memory slices each cannot be combined before driver R510"
-                .to_string(),
         ));
     }
-    let pinned: Vec<(usize, u8)> = instances
-        .iter()
-        .filter_map(|i| i.start.map(|s| (i.profile, s)))
-        .collect();
-    let unpinned: Vec<usize> = instances
-        .iter()
-        .filter(|i| i.start.is_none())
-        .map(|i| i.profile)
-        .collect();
-    match place(model, &pinned, &unpinned) {
-        None => Ok(invalid(
-            "no placement: the free memory slices cannot hold the unpinned instances without overlap"
+    if rules.forbids(model, &counts) {
+        return Some(
+            "a 4g and a 3g profile on 4 memory slices each cannot be combined before driver R510"
                 .to_string(),
-        )),
-        Some(chosen) => {
-            let mut next = chosen.into_iter();
-            let starts = instances
-                .iter()
-                .map(|i| i.start.or_else(|| next.next()).unwrap_or(0))
-                .collect();
-            Ok(Verdict {
-                valid: true,
-                starts,
-                reason: String::new(),
-            })
-        }
+        );
     }
+    None
 }
 
 /// `check` on profile strings: `validate(model, ["3g.20gb", "1g.10gb@6"])`.

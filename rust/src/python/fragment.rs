@@ -1,13 +1,13 @@
 //! Python face of the fragmentation scorer: `FragmentModel` (a cluster in columns) with
 //! `score`, `place_delta`, `remove_delta` and `apply`.
 
-use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyString};
+use pyo3::types::{PyDict, PyList};
 
 use super::convert::{
-    field_error, int, int_list, item, sequence, string, string_list, type_name, value_error,
+    field_error, int, int_list, item, sequence, string, string_list, value_error,
 };
+use super::shape::{read_shape, read_shape_list, Weight};
 use crate::compaction::{self, Input, Limits, Movable, NodeSet, Pending, Plan};
 use crate::fragment::delta::{apply, place_delta, remove_delta, Assignment, Delta};
 use crate::fragment::score::{node_model, score_node, RecoverMemo};
@@ -49,94 +49,16 @@ fn optional<T>(
     }
 }
 
-fn read_shape(obj: &Bound<'_, PyAny>, prefix: &str) -> PyResult<Shape> {
-    let py = obj.py();
-    let f = |k: &str| format!("{prefix}.{k}");
-    let d = obj
-        .cast::<PyDict>()
-        .map_err(|_| field_error(prefix, "expected an object"))?;
-    let num = |k: &Bound<'_, PyString>, name: &str| -> PyResult<u64> {
-        match d.get_item(k)? {
-            None => Ok(0),
-            Some(v) if v.is_none() => Ok(0),
-            Some(v) => {
-                let x = int(&v, || f(name))?;
-                u64::try_from(x)
-                    .map_err(|_| field_error(&f(name), format!("must not be negative, got {x}")))
-            }
-        }
-    };
-    let cpu_milli = num(intern!(py, "cpu_milli"), "cpu_milli")?;
-    let memory_mib = num(intern!(py, "memory_mib"), "memory_mib")?;
-    let gpus = num(intern!(py, "gpus"), "gpus")?;
-    let gpu_milli = num(intern!(py, "gpu_milli"), "gpu_milli")?;
-    let gpus = u32::try_from(gpus).map_err(|_| field_error(&f("gpus"), "too large"))?;
-    let gpu_milli =
-        u32::try_from(gpu_milli).map_err(|_| field_error(&f("gpu_milli"), "too large"))?;
-    let mig_profile = match d.get_item(intern!(py, "mig_profile"))? {
-        Some(v) if !v.is_none() => Some(string(&v, || f("mig_profile"))?),
-        _ => None,
-    };
-    let gpu_models = match d.get_item(intern!(py, "gpu_models"))? {
-        Some(v) if !v.is_none() => string_list(&v, || f("gpu_models"))?,
-        _ => Vec::new(),
-    };
-    let gpu_pool = match d.get_item(intern!(py, "gpu_pool"))? {
-        Some(v) if !v.is_none() => string(&v, || f("gpu_pool"))?,
-        _ => String::new(),
-    };
-    let gpu_memory_mib = num(intern!(py, "gpu_memory_mib"), "gpu_memory_mib")?;
-    let weight: f64 = match d.get_item(intern!(py, "weight"))? {
-        None => return Err(field_error(&f("weight"), "missing")),
-        Some(v) => v.extract::<f64>().map_err(|_| {
-            field_error(
-                &f("weight"),
-                format!("expected a number, got {}", type_name(&v)),
-            )
-        })?,
-    };
-    let flag = |k: &Bound<'_, PyString>| -> PyResult<bool> {
-        Ok(match d.get_item(k)? {
-            Some(v) if !v.is_none() => v.is_truthy()?,
-            _ => false,
-        })
-    };
-    let dra = flag(intern!(py, "dra"))?;
-    let numa_aligned = flag(intern!(py, "numa_aligned"))?;
-    Ok(Shape {
-        cpu_milli,
-        memory_mib,
-        gpus,
-        gpu_milli,
-        mig_profile,
-        gpu_models,
-        weight,
-        dra,
-        numa_aligned,
-        gpu_pool,
-        gpu_memory_mib,
-    })
-}
-
+/// The workload's shapes, validated by the core (weights normalised).
 fn read_shapes(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Shape>> {
-    let items = sequence(obj, || "shapes".to_string())?;
-    let mut shapes: Vec<Shape> = items
-        .iter()
-        .enumerate()
-        .map(|(i, x)| read_shape(x, &format!("shapes[{i}]")))
-        .collect::<PyResult<_>>()?;
+    let mut shapes = read_shape_list(obj)?;
     validate_shapes(&mut shapes).map_err(value_error)?;
     Ok(shapes)
 }
 
-/// A single task shape (its weight, if any, is ignored).
+/// A single task shape (its weight, if any, is ignored), validated by the core.
 fn read_task(obj: &Bound<'_, PyAny>) -> PyResult<Shape> {
-    let d = obj
-        .cast::<PyDict>()
-        .map_err(|_| field_error("task", "expected an object"))?
-        .copy()?;
-    d.set_item("weight", 1.0)?;
-    let mut one = vec![read_shape(d.as_any(), "task")?];
+    let mut one = vec![read_shape(obj, "task", Weight::Ignored)?];
     validate_shapes(&mut one).map_err(|e| {
         value_error(crate::error::CoreError::new(
             e.field.replace("shapes[0]", "task"),
@@ -193,88 +115,81 @@ fn rows(obj: &Bound<'_, PyAny>, field: &str, arity: usize) -> PyResult<Vec<Vec<u
     Ok(out)
 }
 
+/// `assignment.<key>` as (zone, amount) rows, or none when absent.
+fn zone_rows(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Vec<(usize, u64)>> {
+    let Some(v) = d.get_item(key)? else {
+        return Ok(Vec::new());
+    };
+    Ok(rows(&v, &format!("assignment.{key}"), 2)?
+        .into_iter()
+        .map(|r| (r[0] as usize, r[1]))
+        .collect())
+}
+
+/// `assignment.<key>` as (zone, GPU, milli-GPU) rows, or none when absent.
+fn gpu_rows(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Vec<(usize, usize, u32)>> {
+    let Some(v) = d.get_item(key)? else {
+        return Ok(Vec::new());
+    };
+    rows(&v, &format!("assignment.{key}"), 3)?
+        .into_iter()
+        .map(|r| {
+            let milli =
+                u32::try_from(r[2]).map_err(|_| field_error("assignment", "value out of range"))?;
+            Ok((r[0] as usize, r[1] as usize, milli))
+        })
+        .collect()
+}
+
+/// Where a task sits on `node` (`Assignment`): as `assignment_dict` writes it.
 fn read_assignment(obj: &Bound<'_, PyAny>, node: &Node) -> PyResult<Assignment> {
     let d = obj
         .cast::<PyDict>()
         .map_err(|_| field_error("assignment", "expected an object"))?;
-    let mut a = Assignment::default();
-    let big = |_| field_error("assignment", "value out of range");
-    if let Some(v) = d.get_item("cpu")? {
-        a.cpu = rows(&v, "assignment.cpu", 2)?
-            .into_iter()
-            .map(|r| (r[0] as usize, r[1]))
-            .collect();
-    }
-    if let Some(v) = d.get_item("memory")? {
-        a.memory = rows(&v, "assignment.memory", 2)?
-            .into_iter()
-            .map(|r| (r[0] as usize, r[1]))
-            .collect();
-    }
-    if let Some(v) = d.get_item("gpus")? {
-        a.gpus = rows(&v, "assignment.gpus", 3)?
-            .into_iter()
-            .map(|r| {
-                Ok((
-                    r[0] as usize,
-                    r[1] as usize,
-                    u32::try_from(r[2]).map_err(big)?,
-                ))
-            })
-            .collect::<PyResult<_>>()?;
-    }
-    if let Some(v) = d.get_item("mig")? {
-        if !v.is_none() {
-            let r = super::convert::int_list(&v, || "assignment.mig".to_string())?;
-            if r.len() != 3 || r.iter().any(|&x| x < 0) {
-                return Err(field_error(
-                    "assignment.mig",
-                    "expected [zone, gpu, instance]",
-                ));
-            }
-            a.mig = Some((r[0] as usize, r[1] as usize, r[2] as usize));
+    let mut a = Assignment {
+        cpu: zone_rows(d, "cpu")?,
+        memory: zone_rows(d, "memory")?,
+        gpus: gpu_rows(d, "gpus")?,
+        ..Assignment::default()
+    };
+    if let Some(v) = d.get_item("mig")?.filter(|v| !v.is_none()) {
+        let r = super::convert::int_list(&v, || "assignment.mig".to_string())?;
+        if r.len() != 3 || r.iter().any(|&x| x < 0) {
+            return Err(field_error(
+                "assignment.mig",
+                "expected [zone, gpu, instance]",
+            ));
         }
+        a.mig = Some((r[0] as usize, r[1] as usize, r[2] as usize));
     }
-    if let Some(v) = d.get_item("dra_gpus")? {
-        a.dra_gpus = rows(&v, "assignment.dra_gpus", 3)?
-            .into_iter()
-            .map(|r| {
-                Ok((
-                    r[0] as usize,
-                    r[1] as usize,
-                    u32::try_from(r[2]).map_err(big)?,
-                ))
-            })
-            .collect::<PyResult<_>>()?;
-    }
-    if let Some(v) = d.get_item("dyn_whole")? {
-        a.dyn_whole = rows(&v, "assignment.dyn_whole", 2)?
-            .into_iter()
-            .map(|r| (r[0] as usize, r[1] as usize))
-            .collect();
-    }
-    if let Some(v) = d.get_item("mig_new")? {
-        if !v.is_none() {
-            let bad = || field_error("assignment.mig_new", "expected [zone, gpu, profile, start]");
-            let items = sequence(&v, || "assignment.mig_new".to_string())?;
-            if items.len() != 4 {
-                return Err(bad());
-            }
-            let zi = usize::try_from(int(&items[0], || "assignment.mig_new".into())?)
-                .map_err(|_| bad())?;
-            let mi = usize::try_from(int(&items[1], || "assignment.mig_new".into())?)
-                .map_err(|_| bad())?;
-            let name = string(&items[2], || "assignment.mig_new".into())?;
-            let start =
-                u8::try_from(int(&items[3], || "assignment.mig_new".into())?).map_err(|_| bad())?;
-            let model = node_model(node).ok_or_else(|| {
-                field_error("assignment.mig_new", "the node has no MIG GPU model")
-            })?;
-            let p = model.profile_index(&name).map_err(value_error)?;
-            a.mig_new = Some((zi, mi, p, start));
-        }
+    a.dra_gpus = gpu_rows(d, "dra_gpus")?;
+    a.dyn_whole = zone_rows(d, "dyn_whole")?
+        .into_iter()
+        .map(|(z, g)| (z, g as usize))
+        .collect();
+    if let Some(v) = d.get_item("mig_new")?.filter(|v| !v.is_none()) {
+        a.mig_new = Some(read_mig_new(&v, node)?);
     }
     Ok(a)
+}
+
+/// `assignment.mig_new`: [zone, MIG GPU, profile name, start] with the profile of the node's
+/// model.
+fn read_mig_new(v: &Bound<'_, PyAny>, node: &Node) -> PyResult<(usize, usize, usize, u8)> {
+    let f = || "assignment.mig_new".to_string();
+    let bad = || field_error("assignment.mig_new", "expected [zone, gpu, profile, start]");
+    let items = sequence(v, f)?;
+    let [zi, mi, name, start] = items.as_slice() else {
+        return Err(bad());
+    };
+    let zi = usize::try_from(int(zi, f)?).map_err(|_| bad())?;
+    let mi = usize::try_from(int(mi, f)?).map_err(|_| bad())?;
+    let name = string(name, f)?;
+    let start = u8::try_from(int(start, f)?).map_err(|_| bad())?;
+    let model = node_model(node)
+        .ok_or_else(|| field_error("assignment.mig_new", "the node has no MIG GPU model"))?;
+    let p = model.profile_index(&name).map_err(value_error)?;
+    Ok((zi, mi, p, start))
 }
 
 /// A cluster snapshot prepared for scoring (build once, score many times).

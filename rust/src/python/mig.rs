@@ -8,7 +8,7 @@ use pyo3::types::{PyDict, PyFloat, PyInt, PyList, PyString};
 use super::convert::{
     boolean, field_error, int, member, required, sequence, string, value_error, Field,
 };
-use crate::mig::planner::{Demand, Executor, GpuInstance, Limits, MigGpu, Plan};
+use crate::mig::planner::{Demand, Executor, GpuInstance, GpuPlan, Limits, MigGpu, Plan};
 use crate::mig::{self, Catalog, GpuModel, Rules};
 
 fn model_of(name: &Bound<'_, PyAny>) -> PyResult<&'static GpuModel> {
@@ -390,44 +390,55 @@ fn plan_dict<'py>(
     d.set_item("demand", demand)?;
     let gpus = PyList::empty(py);
     for g in &plan.gpus {
-        let x = PyDict::new(py);
-        x.set_item("gpu", g.id)?;
-        x.set_item("changed", g.changed)?;
-        let layout = PyList::empty(py);
-        for i in &g.layout {
-            let y = PyDict::new(py);
-            y.set_item("profile", name(i.profile))?;
-            y.set_item("start", i.start)?;
-            y.set_item("state", i.fate.name())?;
-            y.set_item("pod", &i.pod)?;
-            layout.append(y)?;
-        }
-        x.set_item("layout", layout)?;
-        let destroyed = PyList::empty(py);
-        for i in &g.destroyed {
-            let y = PyDict::new(py);
-            y.set_item("profile", name(i.profile))?;
-            y.set_item("start", i.start)?;
-            y.set_item("used", i.used)?;
-            y.set_item("pod", &i.pod)?;
-            destroyed.append(y)?;
-        }
-        x.set_item("destroyed", destroyed)?;
-        x.set_item("pods_to_move", &g.pods_to_move)?;
-        let serves = PyList::empty(py);
-        for &(p, c) in &g.serves {
-            let y = PyDict::new(py);
-            y.set_item("profile", name(p))?;
-            y.set_item("count", c)?;
-            serves.append(y)?;
-        }
-        x.set_item("serves", serves)?;
-        x.set_item("fragment_before", g.fragment_before)?;
-        x.set_item("fragment_after", g.fragment_after)?;
-        gpus.append(x)?;
+        gpus.append(gpu_plan_dict(py, model, g)?)?;
     }
     d.set_item("gpus", gpus)?;
     Ok(d)
+}
+
+/// One GPU of a plan: its layout after the plan (each instance with its fate), what it
+/// destroys, the pods to move and what it serves.
+fn gpu_plan_dict<'py>(
+    py: Python<'py>,
+    model: &GpuModel,
+    g: &GpuPlan,
+) -> PyResult<Bound<'py, PyDict>> {
+    let name = |p: usize| model.profiles[p].name.as_str();
+    let x = PyDict::new(py);
+    x.set_item("gpu", g.id)?;
+    x.set_item("changed", g.changed)?;
+    let layout = PyList::empty(py);
+    for i in &g.layout {
+        let y = PyDict::new(py);
+        y.set_item("profile", name(i.profile))?;
+        y.set_item("start", i.start)?;
+        y.set_item("state", i.fate.name())?;
+        y.set_item("pod", &i.pod)?;
+        layout.append(y)?;
+    }
+    x.set_item("layout", layout)?;
+    let destroyed = PyList::empty(py);
+    for i in &g.destroyed {
+        let y = PyDict::new(py);
+        y.set_item("profile", name(i.profile))?;
+        y.set_item("start", i.start)?;
+        y.set_item("used", i.used)?;
+        y.set_item("pod", &i.pod)?;
+        destroyed.append(y)?;
+    }
+    x.set_item("destroyed", destroyed)?;
+    x.set_item("pods_to_move", &g.pods_to_move)?;
+    let serves = PyList::empty(py);
+    for &(p, c) in &g.serves {
+        let y = PyDict::new(py);
+        y.set_item("profile", name(p))?;
+        y.set_item("count", c)?;
+        serves.append(y)?;
+    }
+    x.set_item("serves", serves)?;
+    x.set_item("fragment_before", g.fragment_before)?;
+    x.set_item("fragment_after", g.fragment_after)?;
+    Ok(x)
 }
 
 /// mig_plan(gpu_model, gpus, pending, workload=None, limits=None) -> dict

@@ -5,6 +5,7 @@ mod convert;
 mod fragment;
 mod mig;
 mod replay;
+mod shape;
 mod topology;
 
 use pyo3::prelude::*;

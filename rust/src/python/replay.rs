@@ -5,7 +5,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use super::convert::{field_error, int_list, item, sequence, string_list, value_error};
-use crate::replay::{run, Compaction, Config, NodeSpec, Policy, ShapeSpec, TaskSpec, POLICY_NAMES};
+use super::shape::read_shape_list;
+use crate::replay::{
+    run, Compaction, Config, NodeSpec, Policy, ReplayResult, ShapeSpec, TaskSpec, POLICY_NAMES,
+};
 
 fn column<'py>(d: &Bound<'py, PyDict>, key: &str, what: &str) -> PyResult<Bound<'py, PyAny>> {
     item(d, key, what)
@@ -35,19 +38,24 @@ fn model_lists(
     }
 }
 
+/// The common length of parallel columns; an error names the first that differs.
 fn same_len(lens: &[(&str, usize)], what: &str) -> PyResult<usize> {
-    let n = lens[0].1;
+    let Some(&(first, n)) = lens.first() else {
+        return Ok(0);
+    };
     for (k, l) in lens {
         if *l != n {
             return Err(field_error(
                 &format!("{what}.{k}"),
-                format!("{l} entries, but {} has {n}", lens[0].0),
+                format!("{l} entries, but {first} has {n}"),
             ));
         }
     }
     Ok(n)
 }
 
+/// replay_run(nodes, tasks, shapes, policy="fgd", seed=42, ...) -> dict: one replay
+/// (`crate::replay::run`), nodes and tasks in columns, the workload's shapes as dicts.
 #[pyfunction]
 #[pyo3(signature = (nodes, tasks, shapes, policy = "fgd", seed = 42, tune = 1.3, shuffle = true, numa = false, compaction = None, max_pct = 130, placements = false))]
 #[allow(clippy::too_many_arguments)]
@@ -71,12 +79,32 @@ fn replay_run<'py>(
             format!("unknown policy {policy:?}; one of {POLICY_NAMES:?}"),
         )
     })?;
+    let node_specs = read_nodes(nodes)?;
+    let task_specs = read_tasks(tasks)?;
+    let shape_specs = read_shapes(shapes)?;
+    let cfg = Config {
+        policy,
+        seed: seed as u64,
+        tune,
+        shuffle,
+        numa,
+        compaction: read_compaction(compaction)?,
+        max_pct,
+    };
+    let res = py
+        .detach(|| run(&node_specs, &task_specs, &shape_specs, &cfg))
+        .map_err(value_error)?;
+    result_dict(py, policy, seed, &res, placements)
+}
+
+/// The nodes' columns: name, cpu_milli, memory_mib, gpu, model (one entry per node each).
+fn read_nodes(nodes: &Bound<'_, PyDict>) -> PyResult<Vec<NodeSpec>> {
     let names = strs(&column(nodes, "name", "nodes")?, "nodes.name")?;
     let cpu = ints(nodes, "cpu_milli", "nodes")?;
     let mem = ints(nodes, "memory_mib", "nodes")?;
     let gpu = ints(nodes, "gpu", "nodes")?;
     let models = strs(&column(nodes, "model", "nodes")?, "nodes.model")?;
-    let n = same_len(
+    same_len(
         &[
             ("name", names.len()),
             ("cpu_milli", cpu.len()),
@@ -86,129 +114,119 @@ fn replay_run<'py>(
         ],
         "nodes",
     )?;
-    let node_specs: Vec<NodeSpec> = (0..n)
-        .map(|i| NodeSpec {
-            name: names[i].clone(),
-            cpu_milli: cpu[i],
-            memory_mib: mem[i],
-            gpus: gpu[i],
-            model: models[i].clone(),
-        })
-        .collect();
-    let tcpu = ints(tasks, "cpu_milli", "tasks")?;
-    let tmem = ints(tasks, "memory_mib", "tasks")?;
-    let tnum = ints(tasks, "num_gpu", "tasks")?;
-    let tmilli = ints(tasks, "gpu_milli", "tasks")?;
+    let rows = names.into_iter().zip(cpu).zip(mem).zip(gpu).zip(models);
+    Ok(rows
+        .map(
+            |((((name, cpu_milli), memory_mib), gpus), model)| NodeSpec {
+                name,
+                cpu_milli,
+                memory_mib,
+                gpus,
+                model,
+            },
+        )
+        .collect())
+}
+
+/// The tasks' columns: cpu_milli, memory_mib, num_gpu, gpu_milli, and optionally gpu_models
+/// (a list of model names per task).
+fn read_tasks(tasks: &Bound<'_, PyDict>) -> PyResult<Vec<TaskSpec>> {
+    let cpu = ints(tasks, "cpu_milli", "tasks")?;
+    let mem = ints(tasks, "memory_mib", "tasks")?;
+    let num = ints(tasks, "num_gpu", "tasks")?;
+    let milli = ints(tasks, "gpu_milli", "tasks")?;
     let m = same_len(
         &[
-            ("cpu_milli", tcpu.len()),
-            ("memory_mib", tmem.len()),
-            ("num_gpu", tnum.len()),
-            ("gpu_milli", tmilli.len()),
+            ("cpu_milli", cpu.len()),
+            ("memory_mib", mem.len()),
+            ("num_gpu", num.len()),
+            ("gpu_milli", milli.len()),
         ],
         "tasks",
     )?;
-    let tmodels = model_lists(tasks, "gpu_models", "tasks", m)?;
-    if tmodels.len() != m {
+    let models = model_lists(tasks, "gpu_models", "tasks", m)?;
+    if models.len() != m {
         return Err(field_error(
             "tasks.gpu_models",
             "length differs from cpu_milli",
         ));
     }
-    let task_specs: Vec<TaskSpec> = (0..m)
-        .map(|i| TaskSpec {
-            cpu_milli: tcpu[i],
-            memory_mib: tmem[i],
-            num_gpu: tnum[i],
-            gpu_milli: tmilli[i],
-            models: tmodels[i].clone(),
+    let rows = cpu.into_iter().zip(mem).zip(num).zip(milli).zip(models);
+    Ok(rows
+        .map(
+            |((((cpu_milli, memory_mib), num_gpu), gpu_milli), models)| TaskSpec {
+                cpu_milli,
+                memory_mib,
+                num_gpu,
+                gpu_milli,
+                models,
+            },
+        )
+        .collect())
+}
+
+/// The workload's shapes (read as every shape is: `super::shape`); the replay uses their CPU,
+/// GPU request, models and weight.
+fn read_shapes(shapes: &Bound<'_, PyAny>) -> PyResult<Vec<ShapeSpec>> {
+    Ok(read_shape_list(shapes)?
+        .into_iter()
+        .map(|s| ShapeSpec {
+            // read as a non-negative i64: it fits
+            cpu_milli: i64::try_from(s.cpu_milli).unwrap_or(i64::MAX),
+            num_gpu: s.gpus as i64,
+            gpu_milli: s.gpu_milli as i64,
+            models: s.gpu_models,
+            weight: s.weight,
         })
-        .collect();
-    let mut shape_specs = Vec::new();
-    for (i, s) in sequence(shapes, || "shapes".to_string())?
-        .iter()
-        .enumerate()
-    {
-        let d = s
-            .cast::<PyDict>()
-            .map_err(|_| field_error(&format!("shapes[{i}]"), "expected a dict"))?;
-        let get_i = |k: &str| -> PyResult<i64> {
-            match d.get_item(k)? {
-                None => Ok(0),
-                Some(v) if v.is_none() => Ok(0),
-                Some(v) => v
-                    .extract::<i64>()
-                    .map_err(|_| field_error(&format!("shapes[{i}].{k}"), "expected an integer")),
-            }
-        };
-        let weight: f64 = match d.get_item("weight")? {
-            None => return Err(field_error(&format!("shapes[{i}].weight"), "missing")),
+        .collect())
+}
+
+/// The compaction settings (absent keys: the defaults); counts must be whole and in range.
+fn read_compaction(c: Option<&Bound<'_, PyDict>>) -> PyResult<Option<Compaction>> {
+    let Some(c) = c else { return Ok(None) };
+    let get = |k: &str, dflt: f64| -> PyResult<f64> {
+        match c.get_item(k)? {
+            None => Ok(dflt),
             Some(v) => v
-                .extract()
-                .map_err(|_| field_error(&format!("shapes[{i}].weight"), "expected a number"))?,
-        };
-        let models = match d.get_item("gpu_models")? {
-            None => Vec::new(),
-            Some(v) if v.is_none() => Vec::new(),
-            Some(v) => strs(&v, &format!("shapes[{i}].gpu_models"))?,
-        };
-        shape_specs.push(ShapeSpec {
-            cpu_milli: get_i("cpu_milli")?,
-            num_gpu: get_i("gpus")?,
-            gpu_milli: get_i("gpu_milli")?,
-            models,
-            weight,
-        });
-    }
-    let compaction = match compaction {
-        None => None,
-        Some(c) => {
-            let get = |k: &str, dflt: f64| -> PyResult<f64> {
-                match c.get_item(k)? {
-                    None => Ok(dflt),
-                    Some(v) => v
-                        .extract::<f64>()
-                        .map_err(|_| field_error(&format!("compaction.{k}"), "expected a number")),
-                }
-            };
-            let d = Compaction::default();
-            let every = get("every", d.every as f64)?;
-            let max_moves = get("max_moves", d.max_moves as f64)?;
-            let depth = get("rescue_depth", d.rescue_depth as f64)?;
-            let rescue_budget = get("rescue_budget", d.rescue_budget as f64)?;
-            if !(1.0..=1e9).contains(&every)
-                || !(0.0..=1e9).contains(&max_moves)
-                || !(0.0..=8.0).contains(&depth)
-                || !(0.0..=1e9).contains(&rescue_budget)
-            {
-                return Err(field_error(
-                    "compaction",
-                    "every must be >= 1, max_moves and rescue_budget >= 0, rescue_depth 0..=8",
-                ));
-            }
-            Some(Compaction {
-                every: every as u32,
-                budget: get("budget", d.budget)?,
-                max_moves: max_moves as u32,
-                min_gain: get("min_gain", d.min_gain)?,
-                reserve: get("reserve", d.reserve)?,
-                rescue_depth: depth as u32,
-                rescue_budget: rescue_budget as u32,
-            })
+                .extract::<f64>()
+                .map_err(|_| field_error(&format!("compaction.{k}"), "expected a number")),
         }
     };
-    let cfg = Config {
-        policy,
-        seed: seed as u64,
-        tune,
-        shuffle,
-        numa,
-        compaction,
-        max_pct,
-    };
-    let res = py
-        .detach(|| run(&node_specs, &task_specs, &shape_specs, &cfg))
-        .map_err(value_error)?;
+    let d = Compaction::default();
+    let every = get("every", d.every as f64)?;
+    let max_moves = get("max_moves", d.max_moves as f64)?;
+    let depth = get("rescue_depth", d.rescue_depth as f64)?;
+    let rescue_budget = get("rescue_budget", d.rescue_budget as f64)?;
+    if !(1.0..=1e9).contains(&every)
+        || !(0.0..=1e9).contains(&max_moves)
+        || !(0.0..=8.0).contains(&depth)
+        || !(0.0..=1e9).contains(&rescue_budget)
+    {
+        return Err(field_error(
+            "compaction",
+            "every must be >= 1, max_moves and rescue_budget >= 0, rescue_depth 0..=8",
+        ));
+    }
+    Ok(Some(Compaction {
+        every: every as u32,
+        budget: get("budget", d.budget)?,
+        max_moves: max_moves as u32,
+        min_gain: get("min_gain", d.min_gain)?,
+        reserve: get("reserve", d.reserve)?,
+        rescue_depth: depth as u32,
+        rescue_budget: rescue_budget as u32,
+    }))
+}
+
+/// The result as `pyctl/_core.pyi`'s `ReplayResult`: counts, checkpoints, and with
+/// `placements` the node of every replayed task.
+fn result_dict<'py>(
+    py: Python<'py>,
+    policy: Policy,
+    seed: i64,
+    res: &ReplayResult,
+    placements: bool,
+) -> PyResult<Bound<'py, PyDict>> {
     let out = PyDict::new(py);
     out.set_item("policy", policy.name())?;
     out.set_item("seed", seed)?;
@@ -235,8 +253,8 @@ fn replay_run<'py>(
     }
     out.set_item("checkpoints", cps)?;
     if placements {
-        out.set_item("node_of", res.node_of)?;
-        out.set_item("task_of", res.task_of)?;
+        out.set_item("node_of", &res.node_of)?;
+        out.set_item("task_of", &res.task_of)?;
     }
     Ok(out)
 }

@@ -58,8 +58,8 @@ pub struct Compaction {
     pub budget: f64,
     /// Most moves per round.
     pub max_moves: u32,
-    /// Smallest fall of F(M), milli-GPU, a periodic move must bring (the controller's planner
-    /// uses 1.0).
+    /// Smallest fall of F(M), milli-GPU, a periodic move must bring (the replay spends a fixed
+    /// eviction budget; the controller's configured default is 1000, one GPU, per restart).
     pub min_gain: f64,
     /// Fraction of the budget periodic compaction leaves to pending-driven moves once a task
     /// has failed.
@@ -225,6 +225,40 @@ fn prepare_in_order(
     if nodes.is_empty() {
         return Err(CoreError::new("nodes", "the cluster has no nodes"));
     }
+    let models = gpu_models(nodes)?;
+    let (mut st, capacity) = node_state(nodes, order, &models, numa)?;
+    let ks = kernel_shapes(shapes, &models)?;
+    let kt = tasks
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let f = format!("tasks[{i}]");
+            let cpu = nonneg(t.cpu_milli, || format!("{f}.cpu_milli"))?;
+            let mem = nonneg(t.memory_mib, || format!("{f}.memory_mib"))?;
+            let (num, milli) = gpu_request(t.num_gpu, t.gpu_milli, &f)?;
+            Ok(KTask {
+                cpu,
+                mem,
+                num,
+                milli,
+                mask: resolve_models(&t.models, &models),
+            })
+        })
+        .collect::<CoreResult<Vec<_>>>()?;
+    for i in 0..nodes.len() {
+        st.refresh(i, &ks);
+    }
+    Ok(Prepared {
+        state: st,
+        shapes: ks,
+        tasks: kt,
+        capacity_milli: capacity,
+    })
+}
+
+/// The distinct GPU models of the nodes (case-insensitive), in order of appearance: a model's
+/// position is its bit in model masks (at most 64).
+fn gpu_models(nodes: &[NodeSpec]) -> CoreResult<Vec<String>> {
     let mut models: Vec<String> = Vec::new();
     for n in nodes {
         if !models.iter().any(|m| m.eq_ignore_ascii_case(&n.model)) {
@@ -237,6 +271,17 @@ fn prepare_in_order(
             "more than 64 distinct GPU models",
         ));
     }
+    Ok(models)
+}
+
+/// The replay state of the nodes in `order` (all idle; each node's GPUs split over two zones
+/// with `numa`), and the cluster's GPU capacity in milli-GPU.
+fn node_state(
+    nodes: &[NodeSpec],
+    order: &[usize],
+    models: &[String],
+    numa: bool,
+) -> CoreResult<(State, u64)> {
     let k = nodes.len();
     let mut st = State {
         cpu_cap: Vec::with_capacity(k),
@@ -255,7 +300,9 @@ fn prepare_in_order(
     };
     let mut capacity = 0u64;
     for &i in order {
-        let n = &nodes[i];
+        let n = nodes
+            .get(i)
+            .ok_or_else(|| CoreError::new("nodes", "internal: node order"))?;
         let f = |x: &str| format!("nodes[{i}] ({}).{x}", n.name);
         let cpu = nonneg(n.cpu_milli, || f("cpu_milli"))?;
         let mem = nonneg(n.memory_mib, || f("memory_mib"))?;
@@ -284,6 +331,11 @@ fn prepare_in_order(
         }
         st.free.push(free);
     }
+    Ok((st, capacity))
+}
+
+/// The workload's shapes for the kernel, weights normalised to 1 (errors name the shape).
+fn kernel_shapes(shapes: &[ShapeSpec], models: &[String]) -> CoreResult<Vec<KShape>> {
     let mut ks = Vec::with_capacity(shapes.len());
     for (i, s) in shapes.iter().enumerate() {
         let f = format!("shapes[{i}]");
@@ -299,7 +351,7 @@ fn prepare_in_order(
             cpu,
             milli,
             num,
-            mask: resolve_models(&s.models, &models),
+            mask: resolve_models(&s.models, models),
             w: s.weight,
         });
     }
@@ -310,29 +362,7 @@ fn prepare_in_order(
     for s in &mut ks {
         s.w /= total_w;
     }
-    let mut kt = Vec::with_capacity(tasks.len());
-    for (i, t) in tasks.iter().enumerate() {
-        let f = format!("tasks[{i}]");
-        let cpu = nonneg(t.cpu_milli, || format!("{f}.cpu_milli"))?;
-        let mem = nonneg(t.memory_mib, || format!("{f}.memory_mib"))?;
-        let (num, milli) = gpu_request(t.num_gpu, t.gpu_milli, &f)?;
-        kt.push(KTask {
-            cpu,
-            mem,
-            num,
-            milli,
-            mask: resolve_models(&t.models, &models),
-        });
-    }
-    for i in 0..k {
-        st.refresh(i, &ks);
-    }
-    Ok(Prepared {
-        state: st,
-        shapes: ks,
-        tasks: kt,
-        capacity_milli: capacity,
-    })
+    Ok(ks)
 }
 
 /// The order in which ties between nodes are broken: the caller's, or with `shuffle` a seeded
@@ -588,31 +618,7 @@ pub fn run(
     shapes: &[ShapeSpec],
     cfg: &Config,
 ) -> CoreResult<ReplayResult> {
-    if let Some(c) = &cfg.compaction {
-        if c.every == 0 {
-            return Err(CoreError::new("compaction.every", "must be at least 1"));
-        }
-        for (name, v) in [("budget", c.budget), ("reserve", c.reserve)] {
-            if !(v.is_finite() && (0.0..=1.0).contains(&v)) {
-                return Err(CoreError::new(
-                    format!("compaction.{name}"),
-                    format!("must be a fraction in 0..=1, got {v}"),
-                ));
-            }
-        }
-        if !(c.min_gain.is_finite() && c.min_gain >= 0.0) {
-            return Err(CoreError::new(
-                "compaction.min_gain",
-                format!("must be a finite number >= 0, got {}", c.min_gain),
-            ));
-        }
-    }
-    if !(cfg.tune.is_finite() && cfg.tune >= 0.0 && cfg.tune <= 100.0) {
-        return Err(CoreError::new(
-            "tune",
-            format!("must be in 0..=100, got {}", cfg.tune),
-        ));
-    }
+    check_config(cfg)?;
     let node_ids = node_order(nodes.len(), cfg);
     let prep = prepare_in_order(nodes, &node_ids, tasks, shapes, cfg.numa)?;
     let mut rng = Rng::new(cfg.seed);
@@ -642,42 +648,14 @@ pub fn run(
         next_pct = 1;
     }
     for &ti in &order {
-        let t = prep.tasks[ti as usize];
+        let Some(&t) = prep.tasks.get(ti as usize) else {
+            continue;
+        };
         arrived += 1;
         arrived_milli += t.gpu_milli_total();
-        let mut choice = policy::choose(cfg.policy, &run.k, &t, &mut rng, None);
-        if choice.is_none() && cfg.policy.is_pyctl() {
-            if let Some(c) = &cfg.compaction {
-                choice = run.rescue(&t, c, arrived, &mut rng);
-            }
-        }
-        let mut node = -1i64;
-        match choice {
-            Some(mut c) => {
-                // The kubelet's admission on a split node (a blind scheduler may pick a node
-                // whose whole GPUs are not within one zone).
-                let mut ok = true;
-                if run.k.st.split[c.node] != 0 && t.num > 0 {
-                    if t.is_share() {
-                        ok = true;
-                    } else {
-                        match run.k.st.admit_whole(c.node, &t, c.gpus) {
-                            Some(g) => c.gpus = g,
-                            None => ok = false,
-                        }
-                    }
-                }
-                if ok {
-                    run.place(ti, c);
-                    res.placed += 1;
-                    node = node_ids[c.node] as i64;
-                } else {
-                    res.failed += 1;
-                    res.failed_admission += 1;
-                }
-            }
-            None => res.failed += 1,
-        }
+        let node = run
+            .arrive(ti, &t, cfg, arrived, &mut rng, &mut res)
+            .map_or(-1, |k| node_ids[k] as i64);
         res.node_of.push(node);
         res.task_of.push(ti);
         if let Some(c) = &cfg.compaction {
@@ -694,6 +672,80 @@ pub fn run(
     res.evictions = run.evictions;
     res.compaction_rounds = run.rounds;
     Ok(res)
+}
+
+/// Checks the compaction settings (a round at least every arrival, fractions in 0..=1, a
+/// gain >= 0) and the resampling factor (0..=100).
+fn check_config(cfg: &Config) -> CoreResult<()> {
+    if let Some(c) = &cfg.compaction {
+        if c.every == 0 {
+            return Err(CoreError::new("compaction.every", "must be at least 1"));
+        }
+        for (name, v) in [("budget", c.budget), ("reserve", c.reserve)] {
+            if !(v.is_finite() && (0.0..=1.0).contains(&v)) {
+                return Err(CoreError::new(
+                    format!("compaction.{name}"),
+                    format!("must be a fraction in 0..=1, got {v}"),
+                ));
+            }
+        }
+        if !(c.min_gain.is_finite() && c.min_gain >= 0.0) {
+            return Err(CoreError::new(
+                "compaction.min_gain",
+                format!("must be a finite number >= 0, got {}", c.min_gain),
+            ));
+        }
+    }
+    if !(cfg.tune.is_finite() && cfg.tune >= 0.0 && cfg.tune <= 100.0) {
+        return Err(CoreError::new(
+            "tune",
+            format!("must be in 0..=100, got {}", cfg.tune),
+        ));
+    }
+    Ok(())
+}
+
+impl Run<'_> {
+    /// One task arrives: the policy's choice (or, for pyctl, a rescue when nothing fits), then
+    /// the kubelet's admission on the chosen node. Places it and returns the node (the kernel's
+    /// index), or counts it failed.
+    fn arrive(
+        &mut self,
+        ti: u32,
+        t: &KTask,
+        cfg: &Config,
+        arrived: u64,
+        rng: &mut Rng,
+        res: &mut ReplayResult,
+    ) -> Option<usize> {
+        let mut choice = policy::choose(cfg.policy, &self.k, t, rng, None);
+        if choice.is_none() && cfg.policy.is_pyctl() {
+            if let Some(c) = &cfg.compaction {
+                choice = self.rescue(t, c, arrived, rng);
+            }
+        }
+        let Some(c) = choice else {
+            res.failed += 1;
+            return None;
+        };
+        let Some(c) = self.admitted(c, t) else {
+            res.failed += 1;
+            res.failed_admission += 1;
+            return None;
+        };
+        self.place(ti, c);
+        res.placed += 1;
+        Some(c.node)
+    }
+
+    /// The kubelet's admission on a split node (a blind scheduler may pick a node whose whole
+    /// GPUs are not within one zone): the choice, with the GPUs admission gives, or None.
+    fn admitted(&self, mut c: policy::Choice, t: &KTask) -> Option<policy::Choice> {
+        if self.k.st.split[c.node] != 0 && t.num > 0 && !t.is_share() {
+            c.gpus = self.k.st.admit_whole(c.node, t, c.gpus)?;
+        }
+        Some(c)
+    }
 }
 
 #[cfg(test)]

@@ -48,7 +48,9 @@ impl Ctx<'_> {
         f
     }
 
-    /// The options of one GPU; the first is "unchanged".
+    /// The options of one GPU; the first is "unchanged". The others, when the GPU may be
+    /// touched: for every set of used instances it may destroy, every maximal vector of new
+    /// free instances beside the rest (`destroying`).
     pub(super) fn options(
         &self,
         gpu: &MigGpu,
@@ -57,36 +59,43 @@ impl Ctx<'_> {
         executor: Executor,
         cache: &mut VectorCache,
     ) -> Vec<Opt> {
-        let model = self.model;
-        let nr = self.relevant.len();
-        let total = model.compute_slices as u32;
         let mut inst: Vec<usize> = (0..gpu.instances.len()).collect();
         inst.sort_by_key(|&i| (gpu.instances[i].start, gpu.instances[i].profile));
-        let used: Vec<usize> = inst
-            .iter()
-            .copied()
-            .filter(|&i| gpu.instances[i].used)
-            .collect();
-        let free: Vec<usize> = inst
-            .iter()
-            .copied()
-            .filter(|&i| !gpu.instances[i].used)
-            .collect();
+        let (used, free): (Vec<usize>, Vec<usize>) =
+            inst.iter().partition(|&&i| gpu.instances[i].used);
+        let mut out = vec![self.unchanged(gpu, &inst)];
+        if !touchable {
+            return out;
+        }
+        let cur = Current {
+            gpu,
+            count: inst.len(),
+            used: &used,
+            free: &free,
+        };
+        for u in destroy_sets(&used, limit, executor) {
+            self.destroying(&cur, &u, executor, cache, &mut out);
+        }
+        out
+    }
 
-        // Unchanged.
+    /// The GPU left as it is (instances in `inst` order).
+    fn unchanged(&self, gpu: &MigGpu, inst: &[usize]) -> Opt {
+        let model = self.model;
+        let nr = self.relevant.len();
         let mut n0 = vec![0u8; nr];
         let mut used_compute = 0u32;
-        for i in &inst {
-            let x = &gpu.instances[*i];
+        for &i in inst {
+            let x = &gpu.instances[i];
             if x.used {
                 used_compute += model.profiles[x.profile].compute_slices as u32;
             } else if self.r_of[x.profile] != usize::MAX {
                 n0[self.r_of[x.profile]] += 1;
             }
         }
-        let unchanged = Opt {
+        Opt {
             changed: false,
-            fragment: self.fragment(total - used_compute, &n0),
+            fragment: self.fragment(model.compute_slices as u32 - used_compute, &n0),
             n: n0,
             moved: vec![0; nr],
             moved_total: 0,
@@ -103,96 +112,83 @@ impl Ctx<'_> {
                     (x.profile, x.start, fate, Some(i))
                 })
                 .collect(),
-        };
-        let mut out = vec![unchanged];
-        if !touchable {
-            return out;
         }
-        // Sets of used instances to destroy, smallest first, then by instance order.
-        let subsets: Vec<Vec<usize>> = match executor {
-            Executor::Placement => {
-                let k_max = (limit as usize).min(used.len());
-                let mut all = Vec::new();
-                for k in 0..=k_max {
-                    combinations(used.len(), k, &mut |c| {
-                        all.push(c.iter().map(|&j| used[j]).collect());
-                    });
-                }
-                all
-            }
-            Executor::MigParted => {
-                if used.is_empty() {
-                    vec![vec![]]
-                } else if used.len() <= limit as usize {
-                    vec![used.clone()]
-                } else {
-                    vec![]
-                }
-            }
-        };
-        for u in subsets {
-            // New instances only of the profiles with demand, and of the destroyed ones (their
-            // pods need an instance again).
-            let mut creatable: Vec<usize> = self.demanded.to_vec();
-            for &i in &u {
-                let p = gpu.instances[i].profile;
-                if !creatable.contains(&p) {
-                    creatable.push(p);
-                }
-            }
-            creatable.sort_unstable();
-            let kept_used: Vec<usize> = used.iter().copied().filter(|i| !u.contains(i)).collect();
-            let pins: Vec<(usize, u8)> = kept_used
-                .iter()
-                .map(|&i| (gpu.instances[i].profile, gpu.instances[i].start))
-                .collect();
-            let Some(st) = pin(model, &pins) else {
-                continue;
-            };
-            let key_counts: Vec<u8> = creatable.iter().map(|&p| st.counts[p]).collect();
-            let key = (st.occupied, st.compute, key_counts, creatable.clone());
-            if !cache.contains_key(&key) {
-                let v = maximal_vectors(model, &creatable, &st);
-                cache.insert(key.clone(), v);
-            }
-            let mut moved = vec![0u8; nr];
-            for &i in &u {
-                moved[self.r_of[gpu.instances[i].profile]] += 1;
-            }
-            let idle = total - st.compute;
-            // Current free instances that a new layout may keep: all, under placement;
-            // none under mig-parted (it re-creates everything on a GPU it changes).
-            let reusable: &[usize] = match executor {
-                Executor::Placement => &free,
-                Executor::MigParted => &[],
-            };
-            for nc in &cache[&key] {
-                let layout = self.concrete(gpu, &st, &kept_used, reusable, &creatable, nc);
-                let kept_free = layout.iter().filter(|l| l.2 == Fate::KeptFree).count() as u32;
-                let unchanged =
-                    u.is_empty() && kept_free as usize == free.len() && layout.len() == inst.len();
-                if unchanged {
-                    continue;
-                }
-                // Free instances of the new layout per R position (new and kept ones).
-                let mut n = vec![0u8; nr];
-                for l in layout.iter().filter(|l| l.2 != Fate::KeptUsed) {
-                    if self.r_of[l.0] != usize::MAX {
-                        n[self.r_of[l.0]] += 1;
-                    }
-                }
-                out.push(Opt {
-                    changed: true,
-                    fragment: self.fragment(idle, &n),
-                    n,
-                    moved: moved.clone(),
-                    moved_total: u.len() as u32,
-                    destroyed_free: free.len() as u32 - kept_free,
-                    layout,
-                });
+    }
+
+    /// The changed options that destroy the used instances `u` (positions in the GPU's
+    /// instances) and keep the other used ones in place: one per maximal vector of new free
+    /// instances (cached by what is kept), appended to `out`.
+    fn destroying(
+        &self,
+        cur: &Current<'_>,
+        u: &[usize],
+        executor: Executor,
+        cache: &mut VectorCache,
+        out: &mut Vec<Opt>,
+    ) {
+        let (gpu, model, nr) = (cur.gpu, self.model, self.relevant.len());
+        // New instances only of the profiles with demand, and of the destroyed ones (their
+        // pods need an instance again).
+        let mut creatable: Vec<usize> = self.demanded.to_vec();
+        for &i in u {
+            let p = gpu.instances[i].profile;
+            if !creatable.contains(&p) {
+                creatable.push(p);
             }
         }
-        out
+        creatable.sort_unstable();
+        let kept_used: Vec<usize> = cur
+            .used
+            .iter()
+            .copied()
+            .filter(|i| !u.contains(i))
+            .collect();
+        let pins: Vec<(usize, u8)> = kept_used
+            .iter()
+            .map(|&i| (gpu.instances[i].profile, gpu.instances[i].start))
+            .collect();
+        let Some(st) = pin(model, &pins) else {
+            return;
+        };
+        let key_counts: Vec<u8> = creatable.iter().map(|&p| st.counts[p]).collect();
+        let key = (st.occupied, st.compute, key_counts, creatable.clone());
+        let vectors = cache
+            .entry(key)
+            .or_insert_with(|| maximal_vectors(model, &creatable, &st));
+        let mut moved = vec![0u8; nr];
+        for &i in u {
+            moved[self.r_of[gpu.instances[i].profile]] += 1;
+        }
+        let idle = model.compute_slices as u32 - st.compute;
+        // Current free instances that a new layout may keep: all, under placement;
+        // none under mig-parted (it re-creates everything on a GPU it changes).
+        let reusable: &[usize] = match executor {
+            Executor::Placement => cur.free,
+            Executor::MigParted => &[],
+        };
+        for nc in vectors.iter() {
+            let layout = self.concrete(gpu, &st, &kept_used, reusable, &creatable, nc);
+            let kept_free = layout.iter().filter(|l| l.2 == Fate::KeptFree).count() as u32;
+            if u.is_empty() && kept_free as usize == cur.free.len() && layout.len() == cur.count {
+                continue; // the unchanged layout again
+            }
+            // Free instances of the new layout per R position (new and kept ones).
+            let mut n = vec![0u8; nr];
+            for l in layout.iter().filter(|l| l.2 != Fate::KeptUsed) {
+                if self.r_of[l.0] != usize::MAX {
+                    n[self.r_of[l.0]] += 1;
+                }
+            }
+            out.push(Opt {
+                changed: true,
+                fragment: self.fragment(idle, &n),
+                n,
+                moved: moved.clone(),
+                moved_total: u.len() as u32,
+                destroyed_free: cur.free.len() as u32 - kept_free,
+                layout,
+            });
+        }
     }
 
     /// Place `n` beside the kept used instances, reusing the most current free instances (then
@@ -219,46 +215,16 @@ impl Ctx<'_> {
                 )
             })
             .collect();
-        // Groups in the placement search's order.
-        let mut groups: Vec<(usize, usize)> = creatable
-            .iter()
-            .zip(n)
-            .filter(|(_, &k)| k > 0)
-            .map(|(&p, &k)| (p, k as usize))
-            .collect();
-        groups.sort_by_key(|&(p, _)| {
-            let pr = &model.profiles[p];
-            (std::cmp::Reverse(pr.memory_slices), pr.placements.len(), p)
-        });
-        let mut reuse = Reuse {
-            model,
-            gpu,
-            groups: &groups,
-            reusable,
-            cur: Vec::new(),
-            best: None,
-            best_matches: 0,
-            remaining: groups.iter().map(|g| g.1).sum(),
-            ceiling: groups
-                .iter()
-                .map(|&(p, k)| {
-                    let current = reusable
-                        .iter()
-                        .filter(|&&i| gpu.instances[i].profile == p)
-                        .count();
-                    k.min(current)
-                })
-                .sum(),
-        };
+        let groups = search_groups(model, creatable, n);
+        let mut reuse = Reuse::new(model, gpu, &groups, reusable);
         reuse.group(0, st.occupied, 0);
-        let chosen = reuse.best.unwrap_or_default();
-        let mut occupied = st.occupied;
-        let mut counts = st.counts;
-        let mut compute = st.compute;
-        for &(p, s) in &chosen {
-            occupied |= model.profiles[p].placement_at(s).map_or(0, |pl| pl.mask());
-            counts[p] += 1;
-            compute += model.profiles[p].compute_slices as u32;
+        let mut room = Room {
+            occupied: st.occupied,
+            counts: st.counts,
+            compute: st.compute,
+        };
+        for (p, s) in reuse.best.unwrap_or_default() {
+            room.take(model, p, s);
             let src = reusable
                 .iter()
                 .copied()
@@ -268,27 +234,77 @@ impl Ctx<'_> {
                 None => layout.push((p, s, Fate::New, None)),
             }
         }
+        // every other current free instance that still fits stays
         for &i in reusable {
             let x = &gpu.instances[i];
-            if layout.iter().any(|l| l.3 == Some(i)) {
-                continue;
-            }
-            let prof = &model.profiles[x.profile];
-            let Some(pl) = prof.placement_at(x.start) else {
-                continue;
-            };
-            if occupied & pl.mask() == 0
-                && counts[x.profile] < prof.max_count
-                && compute + prof.compute_slices as u32 <= model.compute_slices as u32
-            {
-                occupied |= pl.mask();
-                counts[x.profile] += 1;
-                compute += prof.compute_slices as u32;
+            if !layout.iter().any(|l| l.3 == Some(i)) && room.fits(model, x.profile, x.start) {
+                room.take(model, x.profile, x.start);
                 layout.push((x.profile, x.start, Fate::KeptFree, Some(i)));
             }
         }
         layout.sort_by_key(|l| (l.1, l.0));
         layout
+    }
+}
+
+/// What a layout being built takes of a GPU: memory slices, instances per profile, compute.
+struct Room {
+    occupied: u16,
+    counts: [u8; MAX_PROFILES],
+    compute: u32,
+}
+
+impl Room {
+    /// Whether an instance of profile `p` at `start` fits beside what is taken.
+    fn fits(&self, model: &GpuModel, p: usize, start: u8) -> bool {
+        let prof = &model.profiles[p];
+        prof.placement_at(start).is_some_and(|pl| {
+            self.occupied & pl.mask() == 0
+                && self.counts[p] < prof.max_count
+                && self.compute + prof.compute_slices as u32 <= model.compute_slices as u32
+        })
+    }
+
+    fn take(&mut self, model: &GpuModel, p: usize, start: u8) {
+        let prof = &model.profiles[p];
+        self.occupied |= prof.placement_at(start).map_or(0, |pl| pl.mask());
+        self.counts[p] += 1;
+        self.compute += prof.compute_slices as u32;
+    }
+}
+
+/// A GPU's current instances: how many, the used and the free ones (positions, by start).
+struct Current<'a> {
+    gpu: &'a MigGpu,
+    count: usize,
+    used: &'a [usize],
+    free: &'a [usize],
+}
+
+/// Sets of used instances (positions) a GPU's options may destroy, smallest first, then by
+/// instance order: with the `placement` executor any set of at most `limit`; with `mig-parted`
+/// (which re-creates every instance of a GPU it changes) none or all of them.
+fn destroy_sets(used: &[usize], limit: u32, executor: Executor) -> Vec<Vec<usize>> {
+    match executor {
+        Executor::Placement => {
+            let k_max = (limit as usize).min(used.len());
+            let mut all = Vec::new();
+            for k in 0..=k_max {
+                combinations(used.len(), k, &mut |c| {
+                    all.push(c.iter().map(|&j| used[j]).collect());
+                });
+            }
+            all
+        }
+        Executor::MigParted => {
+            if used.is_empty() {
+                vec![vec![]]
+            } else if used.len() <= limit as usize {
+                vec![used.to_vec()]
+            } else {
+                vec![]
+            }
+        }
     }
 }
 
@@ -307,7 +323,52 @@ struct Reuse<'a> {
     ceiling: usize,
 }
 
-impl Reuse<'_> {
+/// The profiles to create with their counts, in the placement search's order (largest memory
+/// first, then fewest placements).
+fn search_groups(model: &GpuModel, creatable: &[usize], n: &[u8]) -> Vec<(usize, usize)> {
+    let mut groups: Vec<(usize, usize)> = creatable
+        .iter()
+        .zip(n)
+        .filter(|(_, &k)| k > 0)
+        .map(|(&p, &k)| (p, k as usize))
+        .collect();
+    groups.sort_by_key(|&(p, _)| {
+        let pr = &model.profiles[p];
+        (std::cmp::Reverse(pr.memory_slices), pr.placements.len(), p)
+    });
+    groups
+}
+
+impl<'a> Reuse<'a> {
+    fn new(
+        model: &'a GpuModel,
+        gpu: &'a MigGpu,
+        groups: &'a [(usize, usize)],
+        reusable: &'a [usize],
+    ) -> Self {
+        let ceiling = groups
+            .iter()
+            .map(|&(p, k)| {
+                let current = reusable
+                    .iter()
+                    .filter(|&&i| gpu.instances[i].profile == p)
+                    .count();
+                k.min(current)
+            })
+            .sum();
+        Reuse {
+            model,
+            gpu,
+            groups,
+            reusable,
+            cur: Vec::new(),
+            best: None,
+            best_matches: 0,
+            remaining: groups.iter().map(|g| g.1).sum(),
+            ceiling,
+        }
+    }
+
     fn is_current(&self, p: usize, s: u8) -> bool {
         self.reusable
             .iter()

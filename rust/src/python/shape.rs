@@ -1,0 +1,106 @@
+//! Task shapes as Python gives them, read in one place for the scorer, the placement policy,
+//! the compaction planner and the trace replay: a dict with `cpu_milli`, `memory_mib`, `gpus`,
+//! `gpu_milli`, `gpu_memory_mib` (non-negative integers), `mig_profile`, `gpu_pool` (strings),
+//! `gpu_models` (a list of strings), `dra`, `numa_aligned` (truthy) and `weight` (a number);
+//! an absent key or None is 0, empty or false. Errors name the field (`shapes[2].gpus`).
+
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyString};
+
+use super::convert::{field_error, int, sequence, string, string_list, type_name};
+use crate::fragment::Shape;
+
+/// Whether a shape carries a weight (the workload's shapes) or not (a single task: weight 1).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Weight {
+    Required,
+    Ignored,
+}
+
+/// `d[k]` unless absent or None.
+fn present<'py>(
+    d: &Bound<'py, PyDict>,
+    k: &Bound<'py, PyString>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    Ok(d.get_item(k)?.filter(|v| !v.is_none()))
+}
+
+/// One shape at `prefix` (`shapes[0]`, `task`), before the core's validation.
+pub fn read_shape(obj: &Bound<'_, PyAny>, prefix: &str, weight: Weight) -> PyResult<Shape> {
+    let py = obj.py();
+    let f = |k: &str| format!("{prefix}.{k}");
+    let d = obj
+        .cast::<PyDict>()
+        .map_err(|_| field_error(prefix, "expected an object"))?;
+    let num = |k: &Bound<'_, PyString>, name: &str| -> PyResult<u64> {
+        let Some(v) = present(d, k)? else {
+            return Ok(0);
+        };
+        let x = int(&v, || f(name))?;
+        u64::try_from(x)
+            .map_err(|_| field_error(&f(name), format!("must not be negative, got {x}")))
+    };
+    let cpu_milli = num(intern!(py, "cpu_milli"), "cpu_milli")?;
+    let memory_mib = num(intern!(py, "memory_mib"), "memory_mib")?;
+    let gpus = num(intern!(py, "gpus"), "gpus")?;
+    let gpu_milli = num(intern!(py, "gpu_milli"), "gpu_milli")?;
+    let gpus = u32::try_from(gpus).map_err(|_| field_error(&f("gpus"), "too large"))?;
+    let gpu_milli =
+        u32::try_from(gpu_milli).map_err(|_| field_error(&f("gpu_milli"), "too large"))?;
+    let mig_profile = match present(d, intern!(py, "mig_profile"))? {
+        Some(v) => Some(string(&v, || f("mig_profile"))?),
+        None => None,
+    };
+    let gpu_models = match present(d, intern!(py, "gpu_models"))? {
+        Some(v) => string_list(&v, || f("gpu_models"))?,
+        None => Vec::new(),
+    };
+    let gpu_pool = match present(d, intern!(py, "gpu_pool"))? {
+        Some(v) => string(&v, || f("gpu_pool"))?,
+        None => String::new(),
+    };
+    let gpu_memory_mib = num(intern!(py, "gpu_memory_mib"), "gpu_memory_mib")?;
+    let weight = match weight {
+        Weight::Ignored => 1.0,
+        Weight::Required => match d.get_item(intern!(py, "weight"))? {
+            None => return Err(field_error(&f("weight"), "missing")),
+            Some(v) => v.extract::<f64>().map_err(|_| {
+                field_error(
+                    &f("weight"),
+                    format!("expected a number, got {}", type_name(&v)),
+                )
+            })?,
+        },
+    };
+    let flag = |k: &Bound<'_, PyString>| -> PyResult<bool> {
+        Ok(match present(d, k)? {
+            Some(v) => v.is_truthy()?,
+            None => false,
+        })
+    };
+    let dra = flag(intern!(py, "dra"))?;
+    let numa_aligned = flag(intern!(py, "numa_aligned"))?;
+    Ok(Shape {
+        cpu_milli,
+        memory_mib,
+        gpus,
+        gpu_milli,
+        mig_profile,
+        gpu_models,
+        weight,
+        dra,
+        numa_aligned,
+        gpu_pool,
+        gpu_memory_mib,
+    })
+}
+
+/// A list of weighted shapes (`shapes[i]`), before the core's validation.
+pub fn read_shape_list(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Shape>> {
+    sequence(obj, || "shapes".to_string())?
+        .iter()
+        .enumerate()
+        .map(|(i, x)| read_shape(x, &format!("shapes[{i}]"), Weight::Required))
+        .collect()
+}

@@ -1,0 +1,267 @@
+"""The Rust core's results against their declared types: every key and the type of every value
+of what `pyctl._core` returns, checked on real outputs against the TypedDicts of
+`pyctl.core.types` (the return types of `pyctl/_core.pyi`, which `mypy --strict` trusts)."""
+
+from __future__ import annotations
+
+import re
+import types
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints, is_typeddict
+
+import pytest
+
+from pyctl import _core
+from pyctl.core import types as t
+from pyctl.core.fragmentation import shape_dict, snapshot_columns
+from pyctl.model import Gpu, MigGpu, MigInstance, Node, Shape, Snapshot, Zone
+
+
+def conforms(value: Any, tp: Any, path: str = "result") -> None:
+    """Raises AssertionError naming the first value that does not have type `tp`."""
+    origin = get_origin(tp)
+    if tp is Any:
+        return
+    if is_typeddict(tp):
+        assert isinstance(value, dict), f"{path}: {type(value).__name__}, not a dict"
+        hints = get_type_hints(tp)
+        keys = set(value)
+        assert keys <= set(hints), f"{path}: keys {sorted(keys - set(hints))} not declared"
+        missing = tp.__required_keys__ - keys
+        assert not missing, f"{path}: required keys {sorted(missing)} missing"
+        for k, v in value.items():
+            conforms(v, hints[k], f"{path}.{k}")
+    elif origin in (Union, types.UnionType):
+        errors = []
+        for arg in get_args(tp):
+            try:
+                conforms(value, arg, path)
+            except AssertionError as e:
+                errors.append(str(e))
+            else:
+                return
+        raise AssertionError(" / ".join(errors))
+    elif origin is Literal:
+        assert value in get_args(tp), f"{path}: {value!r} not one of {get_args(tp)}"
+    elif origin is list:
+        assert isinstance(value, list), f"{path}: {type(value).__name__}, not a list"
+        for i, x in enumerate(value):
+            conforms(x, get_args(tp)[0], f"{path}[{i}]")
+    elif origin is tuple:
+        args = get_args(tp)
+        assert isinstance(value, tuple), f"{path}: {type(value).__name__}, not a tuple"
+        assert len(value) == len(args), f"{path}: {len(value)} items, not {len(args)}"
+        for i, (x, a) in enumerate(zip(value, args, strict=True)):
+            conforms(x, a, f"{path}[{i}]")
+    elif origin is dict:
+        kt, vt = get_args(tp)
+        assert isinstance(value, dict), f"{path}: {type(value).__name__}, not a dict"
+        for k, v in value.items():
+            conforms(k, kt, f"{path} key")
+            conforms(v, vt, f"{path}[{k!r}]")
+    elif tp is type(None) or tp is None:
+        assert value is None, f"{path}: {value!r}, not None"
+    elif tp is int:
+        assert isinstance(value, int), f"{path}: {value!r} is not an int"
+        assert not isinstance(value, bool), f"{path}: {value!r} is a bool, not an int"
+    elif tp is float:
+        assert isinstance(value, float), f"{path}: {value!r} is not a float"
+    else:
+        assert isinstance(value, tp), f"{path}: {value!r} is not {tp}"
+
+
+def test_the_checker_fails_on_a_wrong_value() -> None:
+    good: t.ServesRaw = {"profile": "1g.5gb", "count": 1}
+    conforms(good, t.ServesRaw)
+    for bad in ({"profile": "1g.5gb"}, {"profile": 1, "count": 1}, {**good, "extra": 0}):
+        with pytest.raises(AssertionError):
+            conforms(bad, t.ServesRaw)
+    with pytest.raises(AssertionError):
+        conforms({"a": [1.0, 2]}, dict[str, list[float]])
+    with pytest.raises(AssertionError):
+        conforms((1, True), tuple[int, int])
+
+
+def _snapshot() -> Snapshot:
+    """A MIG node (A100), two plain nodes with half-used GPUs, and a DRA node with DRA GPUs and
+    dynamic MIG GPUs: enough for every key of an assignment, and for a move, to appear."""
+    mig = Node(
+        "mig",
+        "A100-SXM4-40GB",
+        "single-numa-node",
+        zones=(
+            Zone(
+                0,
+                32000,
+                0,
+                65536,
+                0,
+                (Gpu(0, 0),),
+                (
+                    MigGpu(
+                        1,
+                        (
+                            MigInstance("3g.20gb", 0, True, "ns/a"),
+                            MigInstance("1g.5gb", 4, False),
+                        ),
+                    ),
+                ),
+            ),
+        ),
+    )
+    plain = Node(
+        "plain",
+        "L40S",
+        zones=(Zone(0, 32000, 0, 65536, 0, (Gpu(0, 500), Gpu(1, 500))),),
+    )
+    plain2 = Node("plain2", "L40S", zones=(Zone(0, 32000, 0, 65536, 0, (Gpu(0, 500),)),))
+    dra = Node(
+        "dra",
+        "A100-SXM4-40GB",
+        zones=(
+            Zone(
+                0,
+                32000,
+                0,
+                65536,
+                0,
+                (),
+                (MigGpu(1, (), dra=True, dynamic=True), MigGpu(2, (), dra=True, dynamic=True)),
+                (Gpu(0, 0),),
+            ),
+        ),
+    )
+    return Snapshot((mig, plain, dra, plain2))
+
+
+WHOLE = Shape(cpu_milli=1000, gpus=1, gpu_milli=1000, weight=1.0)
+HALF = Shape(cpu_milli=1000, gpus=1, gpu_milli=500, weight=1.0)
+MIG = Shape(cpu_milli=1000, gpus=1, mig_profile="1g.5gb", weight=1.0)
+
+
+def test_fragmentation_results_have_their_declared_types() -> None:
+    core = _core.FragmentModel(snapshot_columns(_snapshot()))
+    shapes = [shape_dict(s) for s in (WHOLE, HALF, MIG)]
+    score = core.score(shapes)
+    conforms(score, t.ScoreColumns)
+    assert set(score["categories"]) == set(_core.CATEGORY_NAMES)
+    keys: set[str] = set()
+    tasks = [
+        WHOLE,
+        HALF,
+        MIG,
+        Shape(cpu_milli=1000, gpus=1, gpu_milli=1000, dra=True, weight=1.0),
+        Shape(cpu_milli=1000, gpus=2, gpu_milli=1000, dra=True, weight=1.0),
+        Shape(cpu_milli=1000, gpus=1, mig_profile="2g.10gb", dra=True, weight=1.0),
+    ]
+    for task in tasks:
+        for node in range(core.node_count):
+            d = core.place_delta(node, shape_dict(task), shapes)
+            if d is None:
+                continue
+            conforms(d, t.DeltaRaw)
+            keys |= set(d["assignment"])
+            core.apply(node, d["assignment"], True)
+            conforms(core.remove_delta(node, d["assignment"], shapes), t.DeltaRaw)
+            core.apply(node, d["assignment"], False)
+        for r in core.rank(shape_dict(task), shapes):
+            conforms(r, t.RankedRaw | None)
+        conforms(core.choose(shape_dict(task), shapes), t.RankedRaw | None)
+    # every key of an assignment was seen at least once
+    assert keys == set(get_type_hints(t.Assignment))
+
+
+def test_a_compaction_plan_has_its_declared_types() -> None:
+    core = _core.FragmentModel(snapshot_columns(_snapshot()))
+    shapes = [shape_dict(WHOLE)]
+    half = {"cpu": [], "memory": [], "gpus": [[0, 0, 500]], "mig": None}
+    movable = [{"node": 1, "assignment": half, "shape": shape_dict(HALF)}]
+    pending = [{"shape": shape_dict(Shape(cpu_milli=1000, gpus=2, gpu_milli=1000))}]
+    plan = core.plan(movable, pending, shapes, limits={"min_gain": 1.0})
+    conforms(plan, t.PlanRaw)
+    assert plan["moves"], plan
+    assert plan["rescues"] or plan["unrescued"], plan
+
+
+def test_mig_results_have_their_declared_types() -> None:
+    conforms(_core.mig_models(), list[t.MigModelRaw])
+    conforms(_core.mig_model("A100-SXM4-40GB"), t.MigModelRaw)
+    gpus = [
+        {
+            "gpu": 0,
+            "instances": [
+                {"profile": "3g.20gb", "start": 0, "used": True, "pod": "ns/a"},
+                {"profile": "1g.5gb", "start": 4, "used": False},
+            ],
+        },
+        {"gpu": 1, "instances": [{"profile": "7g.40gb", "start": 0, "used": True}]},
+    ]
+    plan = _core.mig_plan(
+        "A100-SXM4-40GB",
+        gpus,
+        {"2g.10gb": 2, "1g.5gb": 1},
+        [{"profile": "2g.10gb", "weight": 1.0}],
+        {"max_used_destroyed": 1},
+    )
+    conforms(plan, t.MigPlanRaw)
+    states = {i["state"] for g in plan["gpus"] for i in g["layout"]}
+    assert "new" in states, plan
+    assert "kept-used" in states, plan
+
+
+@pytest.mark.parametrize("placements", [False, True])
+def test_a_replay_result_has_its_declared_types(placements: bool) -> None:
+    nodes: dict[str, list[str] | list[int]] = {
+        "name": ["a", "b"],
+        "cpu_milli": [32000, 32000],
+        "memory_mib": [65536, 65536],
+        "gpu": [4, 2],
+        "model": ["A100", "V100"],
+    }
+    tasks = {
+        "cpu_milli": [1000] * 6,
+        "memory_mib": [0] * 6,
+        "num_gpu": [1, 1, 2, 0, 1, 1],
+        "gpu_milli": [500, 1000, 1000, 0, 250, 1000],
+    }
+    shapes = [{"cpu_milli": 1000, "gpus": 1, "gpu_milli": 1000, "weight": 1.0}]
+    res = _core.replay_run(
+        nodes,
+        tasks,
+        shapes,
+        policy="pyctl",
+        seed=3,
+        compaction={"every": 2},
+        placements=placements,
+    )
+    conforms(res, t.ReplayRaw)
+    assert ("node_of" in res) == placements
+
+
+@pytest.mark.parametrize(
+    ("shape", "message"),
+    [
+        ({"gpus": -1, "weight": 1}, "shapes[0].gpus: must not be negative, got -1"),
+        ({"cpu_milli": "2", "weight": 1}, "shapes[0].cpu_milli: expected an integer, got str"),
+        ({"gpus": True, "weight": 1}, "shapes[0].gpus: expected an integer, got bool"),
+        ({"gpus": 1, "gpu_milli": 500}, "shapes[0].weight: missing"),
+        ({"gpus": 1, "weight": "1"}, "shapes[0].weight: expected a number, got str"),
+        ({"gpus": 1, "gpu_models": "A100", "weight": 1}, "shapes[0].gpu_models: expected a list"),
+        ([1, 2], "shapes[0]: expected an object"),
+    ],
+)
+def test_the_scorer_and_the_replay_read_a_shape_alike(shape: Any, message: str) -> None:
+    """One reader (rust/src/python/shape.rs) for every shape the extension takes: the same bad
+    shape gets the same error from the scorer and from the replay."""
+    core = _core.FragmentModel(snapshot_columns(_snapshot()))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        core.score([shape])
+    nodes: dict[str, list[str] | list[int]] = {
+        "name": ["a"],
+        "cpu_milli": [1000],
+        "memory_mib": [0],
+        "gpu": [1],
+        "model": ["x"],
+    }
+    tasks = {"cpu_milli": [0], "memory_mib": [0], "num_gpu": [0], "gpu_milli": [0]}
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _core.replay_run(nodes, tasks, [shape])
