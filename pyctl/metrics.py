@@ -145,6 +145,13 @@ class WorkflowMetrics:
             c,
             registry=r,
         )
+        self.plan_duration = Gauge(
+            "pyctl_plan_duration_seconds",
+            "How long the last planning round over the whole cluster took, by loop (compaction, "
+            "mig); the planner alone, not the workflows it starts",
+            [*c, "loop"],
+            registry=r,
+        )
         self.expected_gain = Gauge(
             "pyctl_compaction_expected_gain_gpus",
             "Fragment reduction the proposed evictions would bring, in GPUs",

@@ -81,6 +81,9 @@ class Controller:
         self.federation_interval = 10.0
         self._published_at = -1e9
         self.synced: set[Kind] = set()
+        #: when every node known at the initial sync had been scored (monotonic; None: not yet)
+        self.scored_at: float | None = None
+        self._started = time.monotonic()
         self.store_ok = False
         self._resync = True
         self._reopen = False
@@ -105,7 +108,17 @@ class Controller:
                 self.reconciler.window.observe(self.cache.pods.get(record_key(r)), r, now)  # type: ignore[arg-type]
         for n in self.cache.replace(kind, records):
             self.queue.add(n)
+        first_sync = kind not in self.synced and all(k in self.synced or k == kind for k in KINDS)
         self.synced.add(kind)
+        if first_sync:
+            # every kind is listed: derive M from the pods now, before the nodes are scored
+            # with the default one (scoring them again when the summary derives it)
+            self._workload_at = now
+            if self.reconciler.refresh_workload():
+                for n in self.cache.nodes:
+                    self.queue.add(n)
+            if not len(self.queue):
+                self._initial_scores()
         self.metrics.relists.labels(self.cluster, kind).inc()
         self._pending_replace[kind] = (list(records), resource_version)
         self._seen_rv[kind] = resource_version
@@ -231,7 +244,26 @@ class Controller:
             finally:
                 self.queue.done(key)
             self.metrics.workqueue_depth.labels(self.cluster).set(len(self.queue))
+            if self.scored_at is None and not len(self.queue):
+                self._initial_scores()
             await anyio.lowlevel.checkpoint()
+
+    def _initial_scores(self) -> None:
+        """Log once when every kind has been listed and the queue has drained since: each node
+        of the initial lists has a score (or is counted as not understood)."""
+        if any(k not in self.synced for k in KINDS):
+            return
+        self.scored_at = time.monotonic()
+        r = self.reconciler
+        log.info(
+            "every node scored",
+            extra={
+                "nodes": len(r.scores),
+                "bad_nodes": len(r.bad_nodes),
+                "pods": len(self.cache.pods),
+                "seconds": round(self.scored_at - self._started, 3),
+            },
+        )
 
     def summarize(self) -> Summary:
         # M is a slowly varying distribution: re-derive it at a slow rate, since a change means

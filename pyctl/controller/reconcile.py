@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
+from collections.abc import Iterable
+from dataclasses import replace
 
 from pyctl.cluster.dra import DraModel, Misaligned, misaligned_pods, unknown_kind
 from pyctl.cluster.records import PodRecord
@@ -19,8 +21,9 @@ from pyctl.core.fragmentation import (
     CATEGORIES,
     FragmentationModel,
     NodeScore,
-    blocked_by,
+    admits,
     derive_workload,
+    too_full_for,
 )
 from pyctl.metrics import Metrics
 from pyctl.model import Node, Shape, Snapshot, Workload
@@ -59,6 +62,70 @@ class SchedulingWindow:
         return sum(1 for _, ok in self._events if ok) / total if total else 1.0
 
 
+#: how far a shape's weight in M may move before the re-derived M replaces the one in use
+WORKLOAD_TOLERANCE = 0.02
+
+
+def same_workload(a: Workload, b: Workload, tolerance: float = WORKLOAD_TOLERANCE) -> bool:
+    """Whether two derived workloads are the same for scoring: the same shapes, each weight
+    within `tolerance`. M is re-derived from the pods at a slow rate and each change re-scores
+    every node; pods coming and going move the weights by a hair all the time, which says
+    nothing new about the workload."""
+    wa = {s.key(): s.weight for s in a.shapes}
+    wb = {s.key(): s.weight for s in b.shapes}
+    return wa.keys() == wb.keys() and all(abs(wa[k] - wb[k]) <= tolerance for k in wa)
+
+
+class _ShapeView:
+    """One pending shape on every modelled node: whether the node admits it and its fragment
+    by category (the node scored for that shape alone), with the cluster's totals, kept up to
+    date node by node as the reconciler re-scores nodes."""
+
+    REFRESH = 256  # summaries between two exact recounts of the totals
+
+    def __init__(self, shape: Shape) -> None:
+        self.workload = Workload((replace(shape, weight=1.0),))
+        self.mig = shape.mig_profile is not None
+        self.per_node: dict[str, tuple[bool, tuple[float, ...]]] = {}
+        self.admitted = 0
+        self.totals = [0.0] * len(CATEGORIES)
+        self.updates = 0
+
+    def _drop(self, name: str) -> None:
+        old = self.per_node.pop(name, None)
+        if old is not None:
+            self.admitted -= old[0]
+            for i, v in enumerate(old[1]):
+                self.totals[i] -= v
+
+    def update(self, models: dict[str, Node], names: Iterable[str]) -> None:
+        present = []
+        for name in names:
+            self._drop(name)
+            if name in models:
+                present.append(name)
+        if present:
+            r = FragmentationModel(Snapshot(tuple(models[n] for n in present))).score(self.workload)
+            for name, ns in zip(present, r.nodes, strict=True):
+                ok = admits(ns)
+                cats = ns.mig_categories if self.mig else ns.categories
+                row = tuple(cats[c] for c in CATEGORIES)
+                self.per_node[name] = (ok, row)
+                self.admitted += ok
+                for i, v in enumerate(row):
+                    self.totals[i] += v
+        self.updates += 1
+        if self.updates % self.REFRESH == 0:  # float sums drift: recount exactly now and then
+            rows = [r for _, r in self.per_node.values()]
+            self.totals = [sum(r[i] for r in rows) for i in range(len(CATEGORIES))]
+
+    def reason(self) -> str | None:
+        """None when some node admits the shape; else the category stranding the most."""
+        if self.admitted > 0:
+            return None
+        return max(zip(CATEGORIES, self.totals, strict=True), key=lambda cv: cv[1])[0]
+
+
 class Reconciler:
     def __init__(
         self,
@@ -90,6 +157,9 @@ class Reconciler:
         self.misaligned: list[Misaligned] = []
         self._misaligned_labels: set[tuple[str, str]] = set()
         self._unknown_labels: set[str] = set()
+        #: nodes re-scored (or gone) since the last summary, and the pending shapes' views
+        self._touched: set[str] = set()
+        self._shape_views: dict[Shape, _ShapeView] = {}
 
     def shape_of(self, p: PodRecord) -> Shape | None:
         """The pod's shape (its claims resolved); None if pyctl cannot tell (recorded)."""
@@ -112,8 +182,9 @@ class Reconciler:
         if not shapes:
             return False
         new = derive_workload(shapes)
+        first = self.workload_unset
         self.workload_unset = False
-        if new == self.workload:
+        if new == self.workload or (not first and same_workload(new, self.workload)):
             return False
         self.workload = new
         return True
@@ -123,6 +194,7 @@ class Reconciler:
         t0 = time.perf_counter()
         rec = self.cache.nodes.get(name)
         m = self.metrics
+        self._touched.add(name)
         if rec is None:
             self.models.pop(name, None)
             self.dra_models.pop(name, None)
@@ -177,12 +249,44 @@ class Reconciler:
 
     def _blocked(self, pending: list[PodRecord]) -> dict[str, int]:
         """Unschedulable pods that the idle capacity could hold in total but no node admits,
-        by the reason that strands the most capacity for their shape (`blocked_by`)."""
+        by the reason that strands the most capacity for their shape, as `blocked_by` decides it.
+        Each pending shape's view of the nodes is kept between summaries and updated for the
+        nodes re-scored since the last one, so a summary costs what changed, not the cluster."""
+        touched, self._touched = self._touched, set()
         if not pending or not self.models:
+            self._shape_views.clear()
             return {}
-        model = FragmentationModel(Snapshot(tuple(self.models[n] for n in sorted(self.models))))
-        shapes = [s for s in (self.shape_of(p) for p in pending) if s is not None]
-        return blocked_by(model, shapes)
+        idle_gpu = sum(s.idle_gpu_milli for s in self.scores.values())
+        idle_mig = sum(s.idle_mig_slices for s in self.scores.values())
+        out: Counter[str] = Counter()
+        by_shape: dict[Shape, str | None] = {}
+        updated: set[Shape] = set()
+        for p in pending:
+            got = self.shape_of(p)
+            if got is None or got.is_cpu_only:
+                continue
+            shape = replace(got, weight=1.0)
+            if shape not in by_shape:
+                if too_full_for(shape, idle_gpu, idle_mig):
+                    by_shape[shape] = None  # the cluster is full, not fragmented
+                else:
+                    view = self._shape_views.get(shape)
+                    if view is None:
+                        view = self._shape_views[shape] = _ShapeView(shape)
+                        view.update(self.models, list(self.models))
+                    else:
+                        view.update(self.models, touched)
+                    updated.add(shape)
+                    # a node admits it: waiting, not blocked
+                    by_shape[shape] = view.reason()
+            reason = by_shape[shape]
+            if reason is not None:
+                out[reason] += 1
+        # views not brought up to date this time (the shape is no longer pending, or the
+        # cluster was simply full for it) are built anew when next needed
+        for stale in [s for s in self._shape_views if s not in updated]:
+            del self._shape_views[stale]
+        return dict(out)
 
     def summary(self, now: float | None = None) -> Summary:
         now = time.monotonic() if now is None else now

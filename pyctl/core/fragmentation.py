@@ -346,6 +346,22 @@ def derive_workload(tasks: Iterable[Shape], coverage: float = 0.95) -> Workload:
     )
 
 
+def admits(n: NodeScore) -> bool:
+    """Whether a node scored for one shape alone admits it (a part of its idle capacity is not
+    fragment for that shape)."""
+    return (
+        n.fragment_gpu_milli < n.idle_gpu_milli - 1e-9
+        or n.fragment_mig_slices < n.idle_mig_slices - 1e-9
+    )
+
+
+def too_full_for(shape: Shape, idle_gpu_milli: float, idle_mig_slices: float) -> bool:
+    """Whether the cluster's idle capacity could not hold the shape even unfragmented."""
+    if shape.mig_profile is None:
+        return shape.gpus * shape.gpu_milli > idle_gpu_milli
+    return idle_mig_slices == 0
+
+
 def blocked_by(model: FragmentationModel, shapes: Iterable[Shape]) -> dict[str, int]:
     """Pending pods (their shapes, one per pod) that the idle capacity could hold in total but no
     node admits, counted by the category that strands the most capacity for their shape; a pod
@@ -365,16 +381,9 @@ def blocked_by(model: FragmentationModel, shapes: Iterable[Shape]) -> dict[str, 
                     sum(n.idle_gpu_milli for n in r.nodes),
                     sum(n.idle_mig_slices for n in r.nodes),
                 )
-            idle_gpu, idle_mig = idle
-            if key.mig_profile is None and key.gpus * key.gpu_milli > idle_gpu:
+            if too_full_for(key, *idle):
                 by_shape[key] = None  # the cluster is full, not fragmented
-            elif key.mig_profile is not None and idle_mig == 0:
-                by_shape[key] = None
-            elif any(
-                n.fragment_gpu_milli < n.idle_gpu_milli - 1e-9
-                or n.fragment_mig_slices < n.idle_mig_slices - 1e-9
-                for n in r.nodes
-            ):
+            elif any(admits(n) for n in r.nodes):
                 by_shape[key] = None  # a node admits it: waiting, not blocked
             else:
                 cats = r.mig_categories if key.mig_profile else r.categories

@@ -215,6 +215,14 @@ def plan(
             sets[allowed] = len(sets)
         return sets[allowed]
 
+    shapes: dict[Shape, dict[str, Any]] = {}  # one dict per distinct shape, shared
+
+    def shape_of(s: Shape) -> dict[str, Any]:
+        d = shapes.get(s)
+        if d is None:
+            d = shapes[s] = shape_dict(s)
+        return d
+
     items: list[dict[str, Any]] = []
     kept: list[MovablePod] = []
     for m in movable:
@@ -233,14 +241,14 @@ def plan(
             {
                 "node": idx[m.node],
                 "assignment": dict(m.assignment),
-                "shape": shape_dict(m.shape),
+                "shape": shape_of(m.shape),
                 "allowed": set_of(m.allowed),
                 "pdb": pdb,
                 "group": group,
             }
         )
         kept.append(m)
-    pend = [{"shape": shape_dict(p.shape), "allowed": set_of(p.allowed)} for p in pending]
+    pend = [{"shape": shape_of(p.shape), "allowed": set_of(p.allowed)} for p in pending]
     node_sets = [[idx[n] for n in s if n in idx] for s in sorted(sets, key=sets.__getitem__)]
     raw = model.core.plan(
         items,

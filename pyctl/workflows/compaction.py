@@ -92,6 +92,34 @@ class _Allowed:
         return hit
 
 
+class Attributions:
+    """Where each pod sits on each node (`attribute_pods`), kept between planning rounds for
+    as long as the node's model is the same object: the reconciler replaces a node's model
+    whenever the node, its pods or its DRA devices change."""
+
+    def __init__(self) -> None:
+        self._by_node: dict[str, tuple[Node, object, dict[str, dict[str, Any]]]] = {}
+
+    def of(
+        self,
+        name: str,
+        model: Node,
+        pods: Sequence[PodRecord],
+        positions: DraPositions | None,
+    ) -> dict[str, dict[str, Any]]:
+        hit = self._by_node.get(name)
+        if hit is not None and hit[0] is model and hit[1] is positions:
+            return hit[2]
+        got = attribute_pods(model, pods, positions)
+        self._by_node[name] = (model, positions, got)
+        return got
+
+    def keep_only(self, names: Iterable[str]) -> None:
+        keep = set(names)
+        for gone in [n for n in self._by_node if n not in keep]:
+            del self._by_node[gone]
+
+
 def plan_compaction(
     models: Mapping[str, Node],
     nodes: Mapping[str, NodeRecord],
@@ -104,6 +132,7 @@ def plan_compaction(
     reserved: Iterable[str] = (),
     dra: DraContext | None = None,
     dra_positions: Mapping[str, DraPositions] | None = None,
+    attributions: Attributions | None = None,
 ) -> CompactionPlan:
     """Plan evictions on the cluster the reconciler modelled (`models`, by node name; nodes it
     could not model are left out). `pending`: unschedulable pods to make room for; `reserved`:
@@ -114,7 +143,7 @@ def plan_compaction(
     where their allocation results say and move as DRA shapes; a pod with a standalone claim is
     not movable (its replacement would wait for the same devices), nor one whose claims pyctl
     cannot tell, nor a pod on a node whose GPUs are managed both by the device plugin and by a
-    DRA driver."""
+    DRA driver. `attributions`: where pods sit, kept from the last round (see `Attributions`)."""
     all_pods = [p for p in pods if not p.terminated]
     names = sorted(n for n in models if n in nodes)
     by_node: dict[str, list[PodRecord]] = {}
@@ -123,9 +152,12 @@ def plan_compaction(
             by_node.setdefault(p.node, []).append(p)
     where: dict[str, dict[str, Any]] = {}
     both_ways: dict[str, str] = {}
+    attributed = attributions if attributions is not None else Attributions()
     for name in names:
         where.update(
-            attribute_pods(models[name], by_node.get(name, []), (dra_positions or {}).get(name))
+            attributed.of(
+                name, models[name], by_node.get(name, []), (dra_positions or {}).get(name)
+            )
         )
         if _both_ways(models[name], nodes[name]):
             both_ways[name] = (
@@ -167,6 +199,7 @@ def plan_compaction(
             pend.append(policy.PendingPod(p.key, want, allowed(p)))
     model = FragmentationModel(Snapshot(tuple(models[n] for n in names)))
     raw = policy.plan(model, items, pend, workload, limits)
+    attributed.keep_only(names)
     moves, rescues, dropped = _verified(raw, fit, {p.key: p for p in all_pods})
     unrescued = dict.fromkeys(raw.unrescued, "no set of moves within the limits makes room")
     unrescued.update(dropped)

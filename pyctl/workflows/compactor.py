@@ -7,14 +7,19 @@ scheduler extender keeps other pods off them (`reservations`)."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
+import anyio
+
+from pyctl.cluster.dra import DraContext
 from pyctl.controller.cache import ClusterCache
 from pyctl.controller.reconcile import Reconciler
 from pyctl.core.policy import PlanLimits
 from pyctl.metrics import Metrics
 from pyctl.workflows import rescue
-from pyctl.workflows.compaction import KIND, CompactionPlan, plan_compaction
+from pyctl.workflows.compaction import KIND, Attributions, CompactionPlan, plan_compaction
 from pyctl.workflows.engine import Engine, Workflow
 from pyctl.workflows.evictor import EvictorOptions
 from pyctl.workflows.gate import Gate
@@ -45,6 +50,44 @@ def departure_seconds(interval: float) -> float:
     return max(60.0, 4 * interval)
 
 
+def round_inputs(
+    cache: ClusterCache, reconciler: Reconciler, reservations: Mapping[str, str]
+) -> dict[str, Any]:
+    """What one compaction round reads from the controller's view (`cache`, `reconciler`), taken
+    at one moment: copies of the live tables (records and models are immutable, so copying the
+    containers is enough; the DRA view is made anew over copies of its indexes), so the round can
+    run away from the event loop while events keep changing the cache. The nodes of the rescues
+    in progress (`reservations`: node -> the pending pod it is kept for) are out of reach, and
+    those pods out of the new rescues.
+
+    The inputs are a function of the state, not of the order events arrived in: pending pods are
+    rescued oldest first (creation time, then name), and pods and budgets are offered to the
+    planner in name order (its ties go to the first)."""
+    c = cache
+    rescued = set(reservations.values())
+    pending = sorted(
+        (p for p in c.pending_pods() if p.unschedulable and p.key not in rescued),
+        key=lambda p: (p.created, p.key),
+    )
+    return {
+        "models": dict(reconciler.models),
+        "nodes": dict(c.nodes),
+        "pods": sorted(c.pods.values(), key=lambda p: p.key),
+        "pdbs": sorted(c.pdbs.values(), key=lambda b: b.key),
+        "workload": reconciler.workload,
+        "pending": pending,
+        "reserved": set(reservations),
+        "dra": DraContext(
+            dict(c.device_classes),
+            dict(c.claims),
+            dict(c.claim_templates),
+            {n: dict(v) for n, v in c.slices_by_node.items()},
+            {n: dict(v) for n, v in c.claims_by_node.items()},
+        ),
+        "dra_positions": dict(reconciler.dra_positions),
+    }
+
+
 def plan_round(
     cache: ClusterCache,
     reconciler: Reconciler,
@@ -52,31 +95,11 @@ def plan_round(
     limits: PlanLimits,
     reservations: Mapping[str, str],
 ) -> CompactionPlan:
-    """What one compaction round plans on the controller's view (`cache`, `reconciler`): moves
-    and rescues of the unschedulable pods, keeping the nodes of the rescues in progress
-    (`reservations`: node -> the pending pod it is kept for) out of reach, and those pods out of
-    the new rescues. `pyctl explain` asks the same question of the stored state.
-
-    The plan is a function of the state, not of the order events arrived in: pending pods are
-    rescued oldest first (creation time, then name), and pods and budgets are offered to the
-    planner in name order (its ties go to the first)."""
-    rescued = set(reservations.values())
-    pending = sorted(
-        (p for p in cache.pending_pods() if p.unschedulable and p.key not in rescued),
-        key=lambda p: (p.created, p.key),
-    )
+    """What one compaction round plans on the controller's view: moves and rescues of the
+    unschedulable pods (`round_inputs`). `pyctl explain` asks the same question of the stored
+    state."""
     return plan_compaction(
-        reconciler.models,
-        cache.nodes,
-        sorted(cache.pods.values(), key=lambda p: p.key),
-        sorted(cache.pdbs.values(), key=lambda b: b.key),
-        reconciler.workload,
-        pending=pending,
-        options=options,
-        limits=limits,
-        reserved=set(reservations),
-        dra=cache.dra,
-        dra_positions=reconciler.dra_positions,
+        options=options, limits=limits, **round_inputs(cache, reconciler, reservations)
     )
 
 
@@ -110,20 +133,43 @@ class Compactor:
         #: how long after an eviction its workload's pods are kept off the node it left
         self.departure_seconds = departure_seconds(interval)
         self.last_plan: CompactionPlan | None = None
+        self._attributions = Attributions()
         self.gauge = WorkflowGauge(metrics, cluster)
         #: node -> the pending pod ("namespace/name") an active rescue makes room for
         self.reservations: Mapping[str, str] = {}
         #: workload ("namespace/kind/name") -> the node a recent move took one of its pods off
         self.departures: Mapping[str, str] = {}
 
-    def plan(self) -> CompactionPlan:
-        plan = plan_round(self.cache, self.reconciler, self.options, self.limits, self.reservations)
+    def _inputs(self) -> dict[str, Any]:
+        return round_inputs(self.cache, self.reconciler, self.reservations)
+
+    def _plan(self, inputs: Mapping[str, Any]) -> CompactionPlan:
+        t0 = time.perf_counter()
+        plan = plan_compaction(
+            options=self.options,
+            limits=self.limits,
+            attributions=self._attributions,
+            **inputs,
+        )
         w = self.metrics.workflow
+        w.plan_duration.labels(self.cluster, "compaction").set(time.perf_counter() - t0)
         w.planned_moves.labels(self.cluster).set(len(plan.moves))
         w.planned_rescues.labels(self.cluster).set(len(plan.rescues))
         w.expected_gain.labels(self.cluster).set(plan.gain_gpu_milli / 1000)
         self.last_plan = plan
         return plan
+
+    def plan(self) -> CompactionPlan:
+        """A planning round on the cluster as the controller sees it now."""
+        return self._plan(self._inputs())
+
+    async def plan_off_loop(self) -> CompactionPlan:
+        """A planning round in a worker thread: its inputs are taken on the event loop, the
+        round itself (seconds on thousands of nodes) runs beside it, so watch events, scoring
+        and the scheduler extender's answers do not wait for it (the core's planner releases
+        the GIL; the Python around it shares the GIL in slices)."""
+        inputs = self._inputs()
+        return await anyio.to_thread.run_sync(self._plan, inputs)
 
     async def _start(self, plan: CompactionPlan, now: float) -> None:
         pods = self.cache.pods
@@ -179,7 +225,7 @@ class Compactor:
 
     async def tick(self, leader: bool) -> None:
         self._track(await self.engine.workflows(), self.engine.now())
-        plan = self.plan()
+        plan = await self.plan_off_loop()
         if leader:
             await self._clear_orphans()
             await self._start(plan, self.engine.now())

@@ -12,6 +12,7 @@ schedulable again."""
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
@@ -166,11 +167,15 @@ class MigLoop:
             if w.kind == KIND
             and (not w.finished or now - w.updated < self.options.node_holdoff_seconds)
         }
+        t0 = time.perf_counter()
         demand = pending_demand(self.cache)
         plans = (
             plan_nodes(self.cache, self.models, demand, sorted(recent), self.options)
             if demand
             else []
+        )
+        self.metrics.workflow.plan_duration.labels(self.cluster, "mig").set(
+            time.perf_counter() - t0
         )
         self.last_plans = plans
         if not leader:

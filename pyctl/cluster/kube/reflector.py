@@ -359,6 +359,8 @@ class Reflector:
         records: list[Record] = []
         page_size = self.options.page_size
         cont = ""
+        started = self._clock()
+        pages = 0
         while True:
             query: Query = [*self._selectors()]
             if page_size:
@@ -374,6 +376,7 @@ class Reflector:
             if resp.status == 404 and self.resource.optional:
                 raise _Absent
             resp.check()
+            pages += 1
             try:
                 page = _PAGE.decode(resp.data)
             except (msgspec.DecodeError, msgspec.ValidationError) as e:
@@ -389,12 +392,18 @@ class Reflector:
                 rv = page.metadata.resourceVersion
                 break
         self.stats.lists += 1
+        log.info(
+            "%s: listed %d in %.2f s",
+            self.kind,
+            len(records),
+            self._clock() - started,
+            extra={"kind": self.kind, "objects": len(records), "pages": pages, "rv": rv},
+        )
         try:
             await sink.replace(self.kind, records, rv)
         except Exception as e:
             raise _sink_failed(e) from e
         self.stats.resource_version = rv
-        log.debug("%s: listed %d at resourceVersion %s", self.kind, len(records), rv)
         return rv
 
     def _decode_error(self, sink: EventSink, message: str) -> None:

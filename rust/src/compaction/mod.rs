@@ -237,13 +237,22 @@ impl<V: View> Planner<'_, '_, V> {
             self.plan.unrescued = (0..self.input.pending.len()).collect();
             return;
         }
+        // (shape, allowed set) of pending tasks that neither fit nor have a rescue on the
+        // cluster as it is: the same answer for the next one alike, until the cluster changes
+        let mut hopeless: Vec<(V::Key, Option<usize>)> = Vec::new();
         for (pi, pend) in self.input.pending.iter().enumerate() {
+            let key = (self.v.task_key(&pend.task), pend.allowed);
+            if hopeless.contains(&key) {
+                self.plan.unrescued.push(pi);
+                continue;
+            }
             let fits_now = choose(self.v, &pend.task, |j| {
                 !self.reserved.contains(&j) && self.allowed(pend.allowed, j)
             });
             if let Some(r) = fits_now {
                 // it fits somewhere already: the scheduler will place it; keep its room
                 self.v.take(r.node, &pend.task, &r.place);
+                hopeless.clear();
                 continue;
             }
             if self.plan.rescues.len() >= self.limits.max_rescues || !self.room_left() {
@@ -251,8 +260,14 @@ impl<V: View> Planner<'_, '_, V> {
                 continue;
             }
             match self.find_rescue(pi) {
-                Some(c) => self.apply_rescue(pi, c),
-                None => self.plan.unrescued.push(pi),
+                Some(c) => {
+                    self.apply_rescue(pi, c);
+                    hopeless.clear();
+                }
+                None => {
+                    self.plan.unrescued.push(pi);
+                    hopeless.push(key);
+                }
             }
         }
     }
@@ -482,37 +497,106 @@ impl<V: View> Planner<'_, '_, V> {
 
     // ---- defragmentation ---------------------------------------------------------------------
 
+    /// Greedy moves. Between two moves only the two nodes the last one touched change, so each
+    /// pod's fall (`frag - frag_without` on its node) and each shape's destinations are kept
+    /// and refreshed for those two nodes alone: one pass over the pods for the first move, then
+    /// work in proportion to what a move changes (the result is the same as recomputing all).
     fn defragment(&mut self) {
         let n = self.v.node_count();
         let mut per_node = vec![0usize; n];
+        let mut fall: Vec<Option<f64>> = vec![None; self.input.movable.len()];
+        let mut dests: Dests<V> = HashMap::new();
         while self.room_left() {
-            let Some((k, to, change)) = self.best_move(&per_node) else {
+            let Some((k, to, change)) = self.best_move(&per_node, &mut fall, &mut dests) else {
                 break;
             };
             if -change < self.limits.min_gain {
                 break;
             }
             let m = &self.input.movable[k];
-            self.v.give(m.node, &m.task, &m.place);
+            let from = m.node;
+            self.v.give(from, &m.task, &m.place);
             self.v.take(to.node, &m.task, &to.place);
-            per_node[m.node] += 1;
+            per_node[from] += 1;
+            let touched = [from, to.node];
             self.plan.moves.push(Move {
                 pod: k,
-                from: m.node,
+                from,
                 to: to.node,
                 to_place: to.place,
                 gain: -change,
                 rescue: None,
             });
             self.mark_moved(k);
+            for &t in &touched {
+                for &x in &self.on_node[t] {
+                    fall[x] = None;
+                }
+            }
+            for d in dests.values_mut() {
+                self.refresh(d, &touched);
+            }
+        }
+    }
+
+    /// The best of `current` and the nodes in `touched` (except `skip`) for the shape of `d`,
+    /// as `choose` would pick it: the lowest rank, ties to the lowest node index.
+    fn better_of(
+        &self,
+        d: &Dest<V::Place>,
+        current: Option<Ranked<V::Place>>,
+        touched: &[usize],
+        skip: usize,
+    ) -> Option<Ranked<V::Place>> {
+        let m = &self.input.movable[d.pod];
+        let mut best = current;
+        for &t in touched {
+            if t == skip || self.reserved.contains(&t) || !self.allowed(m.allowed, t) {
+                continue;
+            }
+            if let Some(r) = best_on(self.v, t, &m.task) {
+                let wins = best
+                    .as_ref()
+                    .is_none_or(|b| r.rank < b.rank || (r.rank == b.rank && t < b.node));
+                if wins {
+                    best = Some(r);
+                }
+            }
+        }
+        best
+    }
+
+    /// Bring a shape's destinations up to date after a move that changed `touched`.
+    fn refresh(&self, d: &mut Dest<V::Place>, touched: &[usize]) {
+        let stale =
+            |r: &Option<Ranked<V::Place>>| r.as_ref().is_some_and(|r| touched.contains(&r.node));
+        if stale(&d.best) {
+            d.best = self.destination(d.pod, usize::MAX, usize::MAX);
+            d.second = None;
+        } else {
+            let best = self.better_of(d, d.best.clone(), touched, usize::MAX);
+            if best.as_ref().map(|b| b.node) != d.best.as_ref().map(|b| b.node) {
+                d.second = None;
+            }
+            d.best = best;
+        }
+        if let Some(second) = d.second.take() {
+            if !stale(&second) {
+                let skip = d.best.as_ref().map_or(usize::MAX, |b| b.node);
+                d.second = Some(self.better_of(d, second, touched, skip));
+            }
         }
     }
 
     /// The single move that lowers F(M) the most: (pod, destination, change of F(M)).
-    fn best_move(&self, per_node: &[usize]) -> Option<(usize, Ranked<V::Place>, f64)> {
-        // the policy's choice per (task, allowed set): shared by the pods of one shape, unless
-        // it is their own node
-        let mut dest: DestCache<V> = HashMap::new();
+    fn best_move(
+        &self,
+        per_node: &[usize],
+        fall: &mut [Option<f64>],
+        dests: &mut Dests<V>,
+    ) -> Option<(usize, Ranked<V::Place>, f64)> {
+        // the policy's choice per (task, allowed set): shared by the pods of one shape; for the
+        // pods on that very node, the best other node (also shared)
         let mut best: Option<(usize, Ranked<V::Place>, f64)> = None;
         for (k, m) in self.input.movable.iter().enumerate() {
             let off = per_node.get(m.node).copied().unwrap_or(0);
@@ -523,16 +607,25 @@ impl<V: View> Planner<'_, '_, V> {
                 continue; // a rescue's node keeps its pods (its room is counted on them)
             }
             let key = (self.v.task_key(&m.task), m.allowed);
-            let mut d = dest
-                .entry(key)
-                .or_insert_with(|| self.destination(k, usize::MAX, usize::MAX))
-                .clone();
-            if d.as_ref().is_some_and(|r| r.node == m.node) {
-                d = self.destination(k, m.node, usize::MAX);
-            }
-            let Some(to) = d else { continue };
-            let fall = self.v.frag(m.node) - self.v.frag_without(m.node, &m.task, &m.place);
-            let change = to.features.inc - fall;
+            let d = dests.entry(key).or_insert_with(|| Dest {
+                pod: k,
+                best: self.destination(k, usize::MAX, usize::MAX),
+                second: None,
+            });
+            let to = match &d.best {
+                Some(r) if r.node == m.node => {
+                    if d.second.is_none() {
+                        d.second = Some(self.destination(d.pod, m.node, usize::MAX));
+                    }
+                    d.second.clone().flatten()
+                }
+                other => other.clone(),
+            };
+            let Some(to) = to else { continue };
+            let f = *fall[k].get_or_insert_with(|| {
+                self.v.frag(m.node) - self.v.frag_without(m.node, &m.task, &m.place)
+            });
+            let change = to.features.inc - f;
             if best.as_ref().is_none_or(|b| change < b.2 - 1e-9) {
                 best = Some((k, to, change));
             }
@@ -541,11 +634,21 @@ impl<V: View> Planner<'_, '_, V> {
     }
 }
 
+/// Destinations per (task, allowed set) during defragmentation.
+type Dests<V> = HashMap<(<V as View>::Key, Option<usize>), Dest<<V as View>::Place>>;
+
+/// A shape's destinations during defragmentation: the policy's choice (`best`) and, once asked
+/// for, the best other node (`second`, for the pods on `best`'s node); `pod` is a movable pod of
+/// the shape (its task and allowed set are the shape's).
+struct Dest<P> {
+    pod: usize,
+    best: Option<Ranked<P>>,
+    second: Option<Option<Ranked<P>>>,
+}
+
 /// The two best destinations per (task, allowed set), on different nodes.
 type DestCache2<V> =
     HashMap<(<V as View>::Key, Option<usize>), [Option<Ranked<<V as View>::Place>>; 2]>;
-
-type DestCache<V> = HashMap<(<V as View>::Key, Option<usize>), Option<Ranked<<V as View>::Place>>>;
 
 fn cost_lt(a: &(usize, u32, f64), b: &(usize, u32, f64)) -> bool {
     (a.0, a.1) < (b.0, b.1) || ((a.0, a.1) == (b.0, b.1) && a.2 < b.2 - 1e-9)

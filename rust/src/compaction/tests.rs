@@ -334,3 +334,129 @@ fn combinations_enumerate_every_subset_once() {
     assert_eq!(seen.len(), 6);
     assert_eq!(seen.last().unwrap(), &vec![2, 3]);
 }
+
+/// The old greedy defragmentation, recomputing every pod's fall and every destination before
+/// each move: the incremental one must make the same moves.
+fn naive_defragment(
+    v: &mut ClusterView,
+    movable: &[Movable<Shape, Assignment>],
+    max_moves: usize,
+    min_gain: f64,
+) -> Vec<(usize, usize, f64)> {
+    let mut moved = vec![false; movable.len()];
+    let mut out = Vec::new();
+    while out.len() < max_moves {
+        let mut best: Option<(usize, Ranked<Assignment>, f64)> = None;
+        for (k, m) in movable.iter().enumerate() {
+            if moved[k] {
+                continue;
+            }
+            let Some(to) = choose(v, &m.task, |j| j != m.node) else {
+                continue;
+            };
+            let fall = v.frag(m.node) - v.frag_without(m.node, &m.task, &m.place);
+            let change = to.features.inc - fall;
+            if best.as_ref().is_none_or(|b| change < b.2 - 1e-9) {
+                best = Some((k, to, change));
+            }
+        }
+        let Some((k, to, change)) = best else { break };
+        if -change < min_gain {
+            break;
+        }
+        let m = &movable[k];
+        v.give(m.node, &m.task, &m.place);
+        v.take(to.node, &m.task, &to.place);
+        moved[k] = true;
+        out.push((k, to.node, -change));
+    }
+    out
+}
+
+#[test]
+fn incremental_defragmentation_makes_the_moves_of_the_full_recomputation() {
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let mut total = 0;
+    for round in 0..25 {
+        let nodes = 4 + next(10) as usize;
+        let mut used = vec![vec![0i64; 8]; nodes];
+        let mut movable = Vec::new();
+        for (n, u) in used.iter_mut().enumerate() {
+            for (g, x) in u.iter_mut().enumerate() {
+                if next(100) < 45 {
+                    *x = 1000;
+                    movable.push(on(n, g / 4, g % 4));
+                }
+            }
+        }
+        let c = cluster(&used, false);
+        let shapes = vec![
+            Shape {
+                weight: 0.5,
+                ..gpus(1)
+            },
+            Shape {
+                weight: 0.3,
+                ..gpus(2)
+            },
+            Shape {
+                weight: 0.2,
+                ..gpus(4)
+            },
+        ];
+        let limits = Limits {
+            max_moves: 6,
+            rescue_depth: 0,
+            ..Limits::default()
+        };
+        let mut v = ClusterView::new(c.clone(), &shapes);
+        let p = plan(&mut v, &input(&movable, &[], &[], &[]), &limits);
+        let got: Vec<(usize, usize, f64)> = p.moves.iter().map(|m| (m.pod, m.to, m.gain)).collect();
+        let mut w = ClusterView::new(c, &shapes);
+        let want = naive_defragment(&mut w, &movable, limits.max_moves, limits.min_gain);
+        assert_eq!(got.len(), want.len(), "round {round}: {got:?} vs {want:?}");
+        total += got.len();
+        for (a, b) in got.iter().zip(&want) {
+            assert_eq!((a.0, a.1), (b.0, b.1), "round {round}: {got:?} vs {want:?}");
+            assert!(
+                (a.2 - b.2).abs() < 1e-9,
+                "round {round}: {got:?} vs {want:?}"
+            );
+        }
+    }
+    // the cases are not trivial: most rounds make several moves
+    assert!(total > 50, "{total} moves in all");
+}
+
+#[test]
+fn pending_tasks_of_a_shape_no_rescue_can_place_are_all_unrescued() {
+    // an 8-GPU task on 4-GPU nodes: neither fits nor has a rescue; the second and third of the
+    // same shape get the first one's answer, a 4-GPU one after them is still rescued
+    let (c, movable) = textbook();
+    let shapes = vec![gpus(1)];
+    let mut pending: Vec<Pending<Shape>> = (0..3)
+        .map(|_| Pending {
+            task: gpus(8),
+            allowed: None,
+        })
+        .collect();
+    pending.push(Pending {
+        task: gpus(4),
+        allowed: None,
+    });
+    let mut v = ClusterView::new(c, &shapes);
+    let p = plan(
+        &mut v,
+        &input(&movable, &pending, &[], &[]),
+        &Limits::default(),
+    );
+    assert_eq!(p.unrescued, vec![0, 1, 2], "{p:?}");
+    assert_eq!(p.rescues.len(), 1);
+    assert_eq!(p.rescues[0].pending, 3);
+}

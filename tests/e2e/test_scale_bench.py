@@ -1,0 +1,57 @@
+"""bench/scale.py kept from rotting: the whole benchmark (its own control plane, kwok GPU nodes,
+pods, a redis-server, `pyctl run` as deployed, churn with extender probes, two scheduler bursts,
+the planning gauges) at 20 nodes. It checks that every measurement was made and the output
+has its format, never how fast anything was (a benchmark prints figures; tests do not time)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from pyctl.dev.control_plane import REPO
+
+LAST = re.compile(
+    r"^scale: 20 nodes, first score [\d.]+ s, rss \d+ MiB, p99 event-to-score \d+ ms, "
+    r"scheduler with extender [\d.]+x of without, growth exponent nan"
+)
+
+
+def test_scale_bench_runs_end_to_end_at_20_nodes(tmp_path: Path) -> None:
+    out = tmp_path / "scale.json"
+    argv = [
+        sys.executable, str(REPO / "bench" / "scale.py"), "--sizes", "20",
+        "--churn-seconds", "4", "--churn-rate", "20", "--burst", "20", "--settle", "1",
+        "--workflow-interval", "2", "--json", str(out), "--work-dir", str(tmp_path / "work"),
+    ]  # fmt: skip
+    proc = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0].startswith("size 20: 20 nodes"), lines
+    assert LAST.match(lines[-1]), lines[-1]
+    (r,) = json.loads(out.read_text())
+    assert r["nodes"] == 20
+    assert r["pods"] > 150
+    assert r["pending"] == 4
+    # every measurement was made
+    for key in (
+        "first_score_s", "ready_s", "rss_peak_mib", "rss_steady_mib", "redis_mib", "p50_ms",
+        "p99_ms", "cpu_pct", "sched_without", "sched_with", "ext_p99_ms", "compaction_s",
+        "mig_plan_s",
+    ):  # fmt: skip
+        assert math.isfinite(r[key]), (key, r[key])
+    assert r["probes"] > 0
+    assert r["probe_timeouts"] == 0
+    # the probes saw pyctl's answer flip with every write, and the burst went through the
+    # extender (a call for each verb per pod at least)
+    assert r["bound_without"] == r["bound_with"] == 20
+    assert r["ext_calls"] >= 2 * 20
