@@ -24,7 +24,7 @@ from pyctl.cluster.records import KINDS, Event, Kind, PodRecord, Record, record_
 from pyctl.cluster.source import ClusterSource
 from pyctl.controller.cache import ClusterCache
 from pyctl.controller.reconcile import Reconciler
-from pyctl.controller.summary import Summary, federation_summary_bytes
+from pyctl.controller.summary import FederationEncoder, Summary
 from pyctl.controller.workqueue import WorkQueue
 from pyctl.metrics import Metrics
 from pyctl.model import Workload
@@ -80,6 +80,8 @@ class Controller:
         #: seconds between two federation summaries (they hold every node's model)
         self.federation_interval = 10.0
         self._published_at = -1e9
+        #: the federation summary's encoder (keeps each node's encoded model between publishes)
+        self.federation = FederationEncoder()
         self.synced: set[Kind] = set()
         #: when every node known at the initial sync had been scored (monotonic; None: not yet)
         self.scored_at: float | None = None
@@ -292,7 +294,7 @@ class Controller:
             return False
         # the federation summary carries every node's model: published at a slow rate
         self._published_at = now
-        data = federation_summary_bytes(s, self.reconciler.models, self.reconciler.workload)
+        data = self.federation.encode(s, self.reconciler.models, self.reconciler.workload)
         try:
             await self.store.put_summary(data, int(max(30, 3 * self.federation_interval)))
         except StoreError:

@@ -13,7 +13,7 @@ import msgspec
 
 from pyctl.core.fragmentation import shape_dict
 from pyctl.model import Node, Snapshot, Workload
-from pyctl.snapshot import snapshot_to_json
+from pyctl.snapshot import node_to_json, snapshot_to_json
 
 #: the version of the rich summary's extra keys (`format` in the summary)
 RICH_FORMAT = 1
@@ -82,10 +82,50 @@ def federation_summary_bytes(
     workload M (what `place` needs to rank this cluster's nodes). Call it where the controller
     publishes (`Controller._summary_loop`) with `self.reconciler.models` and
     `self.reconciler.workload` instead of `summary_bytes(s)`."""
+    d = _federation_head(summary, workload, now)
+    d["snapshot"] = snapshot_to_json(Snapshot(tuple(models[n] for n in sorted(models))))
+    return msgspec.json.encode(d)
+
+
+def _federation_head(summary: Summary, workload: Workload, now: float | None) -> dict[str, Any]:
+    """The rich summary's keys before `snapshot` (its last key)."""
     d: dict[str, Any] = msgspec.json.decode(summary_bytes(summary))
     if now is not None:
         d["heartbeat"] = now
     d["format"] = RICH_FORMAT
     d["workload"] = [shape_dict(s) for s in workload.shapes]
-    d["snapshot"] = snapshot_to_json(Snapshot(tuple(models[n] for n in sorted(models))))
-    return msgspec.json.encode(d)
+    return d
+
+
+class FederationEncoder:
+    """`federation_summary_bytes`, byte for byte, with each node model's encoded form kept
+    between publishes: a node whose model is the same object as at the last publish is not
+    encoded again (the controller's models are immutable; a re-scored node gets a new one). The
+    snapshot is the last key of the summary, so the summary is its head's JSON with the
+    snapshot's nodes spliced in."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, tuple[Node, bytes]] = {}
+        #: nodes encoded at the last `encode` (the others were taken from the last publish)
+        self.encoded = 0
+
+    def encode(
+        self,
+        summary: Summary,
+        models: Mapping[str, Node],
+        workload: Workload,
+        now: float | None = None,
+    ) -> bytes:
+        head = msgspec.json.encode(_federation_head(summary, workload, now))
+        last, kept = self._nodes, {}
+        self.encoded = 0
+        for name in sorted(models):
+            node = models[name]
+            got = last.get(name)
+            if got is None or got[0] is not node:
+                got = (node, msgspec.json.encode(node_to_json(node)))
+                self.encoded += 1
+            kept[name] = got
+        self._nodes = kept
+        nodes = b",".join(b for _, b in kept.values())
+        return head[:-1] + b',"snapshot":{"nodes":[' + nodes + b"]}}"
