@@ -13,6 +13,10 @@ zones, GPUs and MIG instances.
 - Used amounts: the requests of the pods bound to the node that have not terminated; with
   NodeResourceTopology, its per-zone usage, topped up with what the pods use and it does not
   show yet (the agent that writes it lags the scheduler).
+
+Every count translate loops over (GPUs, MIG instances, NUMA zones) is first checked against
+`pyctl.cluster.bounds` (`records.check_record`): a record beyond them is a `TranslateError`, never
+a long loop.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import cast
 
-from pyctl.cluster.records import NodeRecord, NrtRecord, PodRecord
+from pyctl.cluster import bounds
+from pyctl.cluster.records import NodeRecord, NrtRecord, PodRecord, check_record
 from pyctl.core import mig
+from pyctl.core.fragmentation import check_shape
 from pyctl.model import TOPOLOGY_POLICIES, Gpu, MigGpu, MigInstance, Node, PolicyName, Shape, Zone
 
 
@@ -52,6 +58,16 @@ def pod_shape(p: PodRecord) -> Shape:
         gpu_milli=1000 if p.gpus else 0,
         mig_profile=profile,
     )
+
+
+def pod_shape_problem(p: PodRecord) -> str | None:
+    """Why pyctl cannot model `p`'s request as a task shape (so the pod is left out of the
+    workload M, of the pending pods and of the compaction candidates), or None. The core decides
+    (`check_shape`); the common mistake is named in the user's words."""
+    if p.gpus and p.mig:
+        return f"requests both nvidia.com/gpu and a MIG profile (nvidia.com/mig-{p.mig[0][0]})"
+    why = check_shape(pod_shape(p))
+    return None if why is None else f"its GPU request is not one pyctl can model: {why}"
 
 
 def _top_up(drafts: list[_Draft], used_cpu: int, used_mem: int, used_gpus: int) -> None:
@@ -101,8 +117,19 @@ def _mig_from_allocatable(drafts: list[_Draft], node: NodeRecord) -> None:
 def node_from_records(
     node: NodeRecord, nrt: NrtRecord | None, pods: Iterable[PodRecord], default_policy: str = "none"
 ) -> Node:
-    where = f"node {node.name}"
+    where = f"node {node.name[:253]}"
     live = [p for p in pods if not p.terminated]
+    try:
+        check_record(node)
+        if nrt is not None:
+            check_record(nrt)
+        for p in live:
+            bounds.check(f"pod {p.key[:300]} nvidia.com/gpu", p.gpus, bounds.MAX_GPUS_PER_POD)
+            for prof, n in p.mig[: bounds.MAX_MIG_PROFILES + 1]:
+                bounds.check(f"pod {p.key[:300]} MIG {prof[:40]}", n, bounds.MAX_MIG_PER_POD)
+            bounds.check_len(f"pod {p.key[:300]} MIG", len(p.mig), bounds.MAX_MIG_PROFILES)
+    except bounds.BoundsError as e:
+        raise TranslateError(f"{where}: {e}") from None
     used_cpu = sum(p.cpu_milli for p in live)
     used_mem = sum(p.memory_mib for p in live)
     used_gpus = sum(p.gpus for p in live)
@@ -132,13 +159,14 @@ def node_from_records(
         _mig_from_allocatable(drafts, node)
     else:
         numa_of = dict(node.gpu_numa)
-        ids = sorted(set(numa_of.values())) or [0]
+        per_numa = Counter(numa_of.values())
+        ids = sorted(per_numa) or [0]
         drafts = [_Draft(i) for i in ids]
         k = len(drafts)
         for i, d in enumerate(drafts):
             d.cpu = node.cpu_milli // k + (node.cpu_milli % k if i == 0 else 0)
             d.mem = node.memory_mib // k + (node.memory_mib % k if i == 0 else 0)
-            d.gpus = sum(1 for n in numa_of.values() if n == d.numa) if numa_of else node.gpus
+            d.gpus = per_numa[d.numa] if numa_of else node.gpus
         if numa_of and sum(d.gpus for d in drafts) != node.gpus:
             drafts[0].gpus = max(0, drafts[0].gpus + node.gpus - sum(d.gpus for d in drafts))
         drafts[0].mig = dict(node.mig)

@@ -11,7 +11,7 @@ import anyio
 import pytest
 from kubernetes_asyncio import client, config
 
-from pyctl.cluster.records import Event, Kind, Record, record_key
+from pyctl.cluster.records import Event, Kind, ObjectRef, Record, record_key
 from pyctl.controller.cache import ClusterCache
 from tests.integration.redis_servers import RedisServer, RedisServerError, find_binaries
 
@@ -121,6 +121,7 @@ class CacheSink:
         self.replaced: Counter[Kind] = Counter()
         self.applied: Counter[str] = Counter()
         self.decode_errors: list[tuple[Kind, str]] = []
+        self.decode_refs: list[tuple[str, ObjectRef | None]] = []
         #: (event type, record key, resourceVersion) of every event, in order
         self.log: list[tuple[str, str, str]] = []
         self.changed = anyio.Event()
@@ -143,8 +144,11 @@ class CacheSink:
             self.log.append((ev.type, record_key(ev.record), ev.record.resource_version))
         self._poke()
 
-    def decode_error(self, kind: Kind, message: str) -> None:
+    def decode_error(
+        self, kind: Kind, message: str, *, reason: str = "malformed", ref: ObjectRef | None = None
+    ) -> None:
         self.decode_errors.append((kind, message))
+        self.decode_refs.append((reason, ref))
 
 
 async def wait_until(
