@@ -11,7 +11,14 @@ from dataclasses import dataclass
 import anyio
 
 from pyctl.app.config import Config
-from pyctl.app.wiring import Workflows, attach_workflows, make_store, sim_limits, start_server
+from pyctl.app.wiring import (
+    Workflows,
+    attach_workflows,
+    make_store,
+    sim_limits,
+    start_server,
+    workload_scope,
+)
 from pyctl.cluster.kube.actuator import KubeActuator
 from pyctl.cluster.kube.client import connect
 from pyctl.cluster.kube.lease import LeaderElector, LeaseConfig
@@ -52,6 +59,7 @@ async def run_kube(cfg: Config, workload: Workload | None) -> int:
         default_policy=cfg.default_topology_policy,
         is_leader=elector.still_leader,
         workload_interval=cfg.workload.interval,
+        scope=workload_scope(cfg),
     )
     actuator: Actuator = (
         KubeActuator(kube, instance=identity) if cfg.mode == "enforce" else NullActuator()
@@ -109,6 +117,7 @@ def build_sim(
         summary_interval=cfg.summary_interval,
         default_policy=cfg.default_topology_policy,
         on_summary=on_summary,
+        scope=workload_scope(cfg),
     )
     enforce = cfg.mode == "enforce"
     actuator: Actuator = SimActuator(source) if enforce else NullActuator()

@@ -9,10 +9,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyctl.app.config import Config
-from pyctl.cluster.records import PodRecord
+from pyctl.cluster.records import ObjectRef, PodRecord
+from pyctl.cluster.selectors import parse_selector
 from pyctl.cluster.source import Actuator, NullActuator
 from pyctl.controller.controller import Controller
 from pyctl.controller.placement import PlacementAdvisor
+from pyctl.controller.workload import WorkloadScope
 from pyctl.serve.extender import ExtenderHandler
 from pyctl.serve.health import HealthServer
 from pyctl.state.memory import MemoryStore
@@ -27,6 +29,17 @@ from pyctl.workflows.kinds import builtin_registry
 from pyctl.workflows.mig_loop import MigLoop
 from pyctl.workflows.mig_reconfig import KIND as MIG_KIND
 from pyctl.workflows.mig_reconfig import MigContext
+
+
+def workload_scope(cfg: Config) -> WorkloadScope:
+    """Which pods shape the workload M (the configuration's `workload` section)."""
+    w = cfg.workload
+    return WorkloadScope(
+        namespaces=frozenset(w.namespaces),
+        excluded_namespaces=frozenset(w.excluded_namespaces),
+        selector=parse_selector(w.label_selector) if w.label_selector.strip() else None,
+        max_shape_weight=w.max_shape_weight,
+    )
 
 
 def make_store(cfg: Config) -> StateStore:
@@ -109,6 +122,12 @@ def attach_workflows(
     )
     registry = builtin_registry()
 
+    async def tell(ref: ObjectRef, reason: str, message: str) -> None:
+        await gate.event("Pod", ref.namespace, ref.name, reason, message, uid=ref.uid, warning=True)
+
+    # Events on the pods pyctl ignores (enforce mode: the gate writes nothing in observe mode)
+    ctl.event_sender = tell
+
     def pod(ns: str, name: str) -> PodRecord | None:
         return pods.get(f"{ns}/{name}")
 
@@ -137,6 +156,7 @@ def attach_workflows(
         cfg.cluster,
         interval,
         options=cfg.mig,
+        admit=lambda p: ctl.reconciler.scope.admits(p) and ctl.reconciler.modelled(p),
     )
     ctl.background.append(lambda: compactor.run(ctl.is_leader))
     ctl.background.append(lambda: mig_loop.run(ctl.is_leader))

@@ -7,17 +7,30 @@ Nothing here reads watch events or talks to Redis: it reads the cache and writes
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter, deque
 from dataclasses import replace
 
-from pyctl.cluster.records import PodRecord
-from pyctl.cluster.translate import TranslateError, node_from_records, pod_shape
+from pyctl.cluster.records import NodeRecord, ObjectRef, PodRecord
+from pyctl.cluster.translate import (
+    TranslateError,
+    node_from_records,
+    pod_shape,
+    pod_shape_problem,
+)
 from pyctl.controller.cache import ClusterCache
+from pyctl.controller.ignored import IgnoredObjects
 from pyctl.controller.summary import Summary
+from pyctl.controller.workload import WorkloadScope, capped_workload
 from pyctl.core.fragmentation import CATEGORIES, FragmentationModel, NodeScore, derive_workload
 from pyctl.metrics import Metrics
 from pyctl.model import Node, Shape, Snapshot, Workload
+
+log = logging.getLogger("pyctl.controller")
+
+#: the prefix of the taints pyctl puts on nodes (exported as pyctl_node_taint)
+PYCTL_TAINT_PREFIX = "pyctl.io/"
 
 GPU = 1000.0
 
@@ -61,6 +74,8 @@ class Reconciler:
         cluster: str,
         workload: Workload | None = None,
         default_policy: str = "none",
+        scope: WorkloadScope | None = None,
+        ignored: IgnoredObjects | None = None,
     ) -> None:
         self.cache = cache
         self.metrics = metrics
@@ -70,38 +85,87 @@ class Reconciler:
         self.workload = workload or Workload((Shape(cpu_milli=1000, gpus=1, gpu_milli=1000),))
         #: True until M has been derived from observed pods (then refreshed at a slow rate)
         self.workload_unset = workload is None
+        #: which pods shape M, and the cap on one shape's weight
+        self.scope = scope or WorkloadScope()
+        self.ignored = ignored or IgnoredObjects(metrics, cluster)
         self.models: dict[str, Node] = {}
         self.scores: dict[str, NodeScore] = {}
         self.bad_nodes: dict[str, str] = {}
+        #: node -> pyctl taint keys exported as pyctl_node_taint
+        self._taints: dict[str, set[str]] = {}
         self.window = SchedulingWindow()
 
+    def modelled(self, p: PodRecord) -> bool:
+        """Whether the core can model `p`'s shape; a pod it cannot is reported (counted, logged,
+        an Event) and left out of M, of the pending pods and of the compaction candidates."""
+        why = pod_shape_problem(p)
+        if why is None:
+            return True
+        ref = ObjectRef("Pod", p.namespace, p.name, p.uid)
+        self.ignored.report("Pod", "shape_rejected", f"{why}", ref)
+        return False
+
     def refresh_workload(self) -> bool:
-        """Re-derive M from the observed pods (unless it is configured); True if it changed, in
-        which case every node must be re-scored."""
+        """Re-derive M from the observed pods in scope (unless it is configured), each shape's
+        weight capped; True if it changed, in which case every node must be re-scored."""
         if self.fixed_workload is not None:
             return False
         # GPU and MIG pods only: a CPU-only shape would count every idle GPU as fragment (FGD's
         # definition), which says nothing about GPU placement on a mixed pool
-        shapes = [pod_shape(p) for p in self.cache.pods.values() if not p.terminated]
-        shapes = [s for s in shapes if not s.is_cpu_only]
+        shapes = []
+        for p in self.cache.pods.values():
+            if p.terminated or not (p.gpus or p.mig) or not self.scope.admits(p):
+                continue
+            if self.modelled(p):
+                shapes.append(pod_shape(p))
         if not shapes:
             return False
-        new = derive_workload(shapes)
+        new = capped_workload(derive_workload(shapes), self.scope.max_shape_weight)
+        try:  # every shape passed the core's check: this cannot fail, but M is shared by all
+            FragmentationModel(Snapshot(())).score(new)
+        except ValueError as e:
+            log.error(
+                "derived workload refused by the core; kept the last", extra={"error": str(e)}
+            )
+            return False
         self.workload_unset = False
         if new == self.workload:
             return False
         self.workload = new
         return True
 
+    def _export_taints(self, name: str, rec: NodeRecord | None) -> None:
+        """pyctl_node_taint{node, key}: pyctl's own taints as the API shows them (so a taint
+        left behind is seen, and alerted on, whatever process put it there)."""
+        now = (
+            {t.key for t in rec.taints if t.key.startswith(PYCTL_TAINT_PREFIX)}
+            if rec is not None
+            else set()
+        )
+        before = self._taints.get(name, set())
+        if now == before:
+            return
+        g = self.metrics.node_taint
+        for key in before - now:
+            g.remove(self.cluster, name, key)
+        for key in now - before:
+            g.labels(self.cluster, name, key).set(1)
+        if now:
+            self._taints[name] = now
+        else:
+            self._taints.pop(name, None)
+
     def reconcile(self, name: str) -> None:
         """Re-translate and re-score one node (raises on a failure, for the queue to retry)."""
         t0 = time.perf_counter()
         rec = self.cache.nodes.get(name)
         m = self.metrics
+        self._export_taints(name, rec)
         if rec is None:
             self.models.pop(name, None)
             old = self.scores.pop(name, None)
-            self.bad_nodes.pop(name, None)
+            if self.bad_nodes.pop(name, None) is not None:
+                self.ignored.forget("Node", name)
             if old is not None:
                 m.node_idle.remove(self.cluster, name)
                 m.node_fragment.remove(self.cluster, name)
@@ -115,14 +179,23 @@ class Reconciler:
             )
             score = FragmentationModel(Snapshot((node,))).score(self.workload).nodes[0]
         except (TranslateError, ValueError) as e:
-            # a node pyctl cannot understand: counted once, kept out of the totals
+            # a node pyctl cannot understand: counted once, kept out of the totals; the other
+            # nodes are scored on their own and never see it
             if name not in self.bad_nodes:
                 m.decode_errors.labels(self.cluster, "Node").inc()
+            self.ignored.report("Node", "untranslatable", str(e), ObjectRef("Node", "", name))
             self.bad_nodes[name] = str(e)
             self.models.pop(name, None)
-            self.scores.pop(name, None)
+            old = self.scores.pop(name, None)
+            if old is not None:
+                m.node_idle.remove(self.cluster, name)
+                m.node_fragment.remove(self.cluster, name)
+                for z in old.zones:
+                    m.zone_idle.remove(self.cluster, name, str(z.numa))
+                    m.zone_fragment.remove(self.cluster, name, str(z.numa))
             return
-        self.bad_nodes.pop(name, None)
+        if self.bad_nodes.pop(name, None) is not None:
+            self.ignored.forget("Node", name)
         self.models[name] = node
         self.scores[name] = score
         m.node_idle.labels(self.cluster, name).set(score.idle_gpu_milli / GPU)
@@ -145,7 +218,7 @@ class Reconciler:
         by_shape: dict[Shape, str | None] = {}
         for p in pending:
             shape = pod_shape(p)
-            if shape.is_cpu_only:
+            if shape.is_cpu_only or not self.modelled(p):
                 continue
             if shape not in by_shape:
                 need = shape.gpus * shape.gpu_milli
@@ -154,7 +227,11 @@ class Reconciler:
                 elif shape.mig_profile is not None and idle_mig == 0:
                     by_shape[shape] = None
                 else:
-                    r = model.score(Workload((replace(shape, weight=1.0),)))
+                    try:
+                        r = model.score(Workload((replace(shape, weight=1.0),)))
+                    except ValueError:  # modelled() asked the core: not expected, never fatal
+                        by_shape[shape] = None
+                        continue
                     admitted = any(
                         n.fragment_gpu_milli < n.idle_gpu_milli - 1e-9
                         or n.fragment_mig_slices < n.idle_mig_slices - 1e-9

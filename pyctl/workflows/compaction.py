@@ -12,7 +12,12 @@ from typing import Any
 import msgspec
 
 from pyctl.cluster.records import NodeRecord, NrtRecord, PdbRecord, PodRecord
-from pyctl.cluster.translate import attribute_pods, node_from_records, pod_shape
+from pyctl.cluster.translate import (
+    attribute_pods,
+    node_from_records,
+    pod_shape,
+    pod_shape_problem,
+)
 from pyctl.core.fragmentation import FragmentationModel, shape_dict
 from pyctl.model import Node, Shape, Snapshot, Workload
 from pyctl.workflows.base import Context, Workflow, WorkflowKind
@@ -76,7 +81,8 @@ def plan_compaction(
         shapes += [replace(s, weight=per) for s in pending]
     model = FragmentationModel(Snapshot(tuple(models)))
     index = {n: i for i, n in enumerate(names)}
-    placed = [p for p in movable if p.key in where]
+    # a pod whose shape the core cannot model stays where it is (its usage still counts)
+    placed = [p for p in movable if p.key in where and pod_shape_problem(p) is None]
     items = [
         {"node": index[p.node], "assignment": where[p.key], "shape": shape_dict(pod_shape(p))}
         for p in placed

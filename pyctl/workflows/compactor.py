@@ -8,9 +8,11 @@ import logging
 import time
 from collections.abc import Callable
 
+from pyctl.cluster.translate import pod_shape
 from pyctl.controller.cache import ClusterCache
 from pyctl.controller.reconcile import Reconciler
 from pyctl.metrics import Metrics
+from pyctl.model import Shape
 from pyctl.workflows.compaction import CompactionPlan, plan_compaction
 from pyctl.workflows.engine import Engine, Workflow
 from pyctl.workflows.evictor import EvictorOptions
@@ -44,20 +46,39 @@ class Compactor:
         self.last_plan: CompactionPlan | None = None
         self.gauge = WorkflowGauge(metrics, cluster)
 
-    def plan(self) -> CompactionPlan:
-        from pyctl.cluster.translate import pod_shape
+    def pending(self) -> tuple[list[Shape], float]:
+        """The distinct shapes of the unschedulable GPU pods in the workload's scope that the
+        core can model, and the weight they get in all (so that none weighs more than the
+        scope's `max_shape_weight` of the planning workload: a tenant cannot steer compaction
+        by creating pending pods, whether many of one shape or a few of many)."""
+        r = self.reconciler
+        shapes: dict[object, Shape] = {}
+        for p in self.cache.pending_pods():
+            if not p.unschedulable or not (p.gpus or p.mig) or not r.scope.admits(p):
+                continue
+            if r.modelled(p):
+                s = pod_shape(p)
+                shapes.setdefault(s.key(), s)
+        k, cap = len(shapes), r.scope.max_shape_weight
+        # each pending shape's share of M + pending is w / (k (1 + w)) for a total weight w
+        weight = 1.0 if cap * k >= 1.0 else min(1.0, cap * k / (1.0 - cap * k))
+        return list(shapes.values()), weight
 
-        pending = [pod_shape(p) for p in self.cache.pending_pods() if p.unschedulable]
+    def plan(self) -> CompactionPlan:
+        pending, weight = self.pending()
+        r = self.reconciler
         plan = plan_compaction(
-            self.cache.nodes,
+            # the nodes the reconciler could model (one it could not is left out, never fatal)
+            {n: rec for n, rec in self.cache.nodes.items() if n in r.models},
             self.cache.nrts,
             list(self.cache.pods.values()),
             list(self.cache.pdbs.values()),
-            self.reconciler.workload,
-            pending=[s for s in pending if not s.is_cpu_only],
+            r.workload,
+            pending=pending,
             options=self.options,
             max_moves=self.max_moves,
-            default_policy=self.reconciler.default_policy,
+            pending_weight=weight,
+            default_policy=r.default_policy,
         )
         w = self.metrics.workflow
         w.planned_moves.labels(self.cluster).set(len(plan.moves))
@@ -66,10 +87,15 @@ class Compactor:
         return plan
 
     async def tick(self, leader: bool) -> None:
-        plan = self.plan()
+        try:
+            plan: CompactionPlan | None = self.plan()
+        except Exception:  # a plan that fails never stops the workflows already running
+            log.exception("compaction planning failed; the workflows still advance")
+            self.metrics.reconcile_errors.labels(self.cluster).inc()
+            plan = None
         if leader:
             now = time.time()
-            for mv in plan.moves:
+            for mv in plan.moves if plan is not None else ():
                 p = self.cache.pods.get(mv.pod)
                 if p is None:
                     continue
