@@ -30,6 +30,7 @@ from pyctl.cluster.source import Actuator, NullActuator
 from pyctl.controller.controller import Controller
 from pyctl.controller.summary import Summary
 from pyctl.federation import watch_members
+from pyctl.metrics import Metrics
 from pyctl.model import Workload
 
 
@@ -50,10 +51,12 @@ async def run_kube(cfg: Config, workload: Workload | None) -> int:
             retry_period=d / 6,
         ),
     )
+    metrics = Metrics()
     ctl = Controller(
         cfg.cluster,
         KubeClusterSource(kube, options=cfg.reflector),
-        make_store(cfg),
+        make_store(cfg, metrics),
+        metrics,
         workload=workload,
         summary_interval=cfg.summary_interval,
         default_policy=cfg.default_topology_policy,
@@ -109,10 +112,12 @@ def build_sim(
     """The simulated cluster of `cfg.sim` and the controller watching it."""
     scenario = inference_day(seed=cfg.sim.seed)
     source = SimClusterSource(scenario, speed=cfg.sim.speed or None, forever=cfg.sim.forever)
+    metrics = Metrics()
     ctl = Controller(
         cfg.cluster,
         source,
-        make_store(cfg),
+        make_store(cfg, metrics),
+        metrics,
         workload=workload,
         summary_interval=cfg.summary_interval,
         default_policy=cfg.default_topology_policy,

@@ -15,6 +15,7 @@ from pyctl.cluster.source import Actuator, NullActuator
 from pyctl.controller.controller import Controller
 from pyctl.controller.placement import PlacementAdvisor
 from pyctl.controller.workload import WorkloadScope
+from pyctl.metrics import Metrics
 from pyctl.serve.extender import ExtenderHandler
 from pyctl.serve.health import HealthServer
 from pyctl.state.memory import MemoryStore
@@ -42,13 +43,14 @@ def workload_scope(cfg: Config) -> WorkloadScope:
     )
 
 
-def make_store(cfg: Config) -> StateStore:
-    """Where the cluster's records are kept: Redis when configured, else memory."""
+def make_store(cfg: Config, metrics: Metrics | None = None) -> StateStore:
+    """Where the cluster's records are kept: Redis when configured, else memory (`metrics`
+    counts the stored records that do not decode)."""
     if not cfg.redis.url:
         return MemoryStore(cfg.cluster)
     from pyctl.state.redis_store import RedisStore
 
-    return RedisStore(cfg.redis.client_config(), cfg.cluster)
+    return RedisStore(cfg.redis.client_config(), cfg.cluster, metrics=metrics)
 
 
 def workflow_backends(cfg: Config) -> tuple[WorkflowStore, RateLimiter]:

@@ -115,3 +115,13 @@ async def test_closed_store_refuses(store: Store) -> None:
         await store.apply([ev("ADDED", node("gpu-1"))], {})
     with pytest.raises(StoreError, match=r"not open|closed"):
         await store.load("Node")
+
+
+async def test_a_record_beyond_the_bounds_is_quarantined_on_load(store: Store) -> None:
+    """Stored records are held to pyctl.cluster.bounds when read back: one beyond them (written
+    by anything) is moved aside, never fatal, and the others load."""
+    good, bad = node("gpu-1"), node("gpu-2", gpus=10**6)
+    await store.apply([ev("ADDED", good), ev("ADDED", bad)], {"Node": "1"})
+    assert await store.load("Node") == ({"gpu-1": good}, "1")
+    assert set(await store.quarantined("Node")) == {"gpu-2"}
+    assert await store.load("Node") == ({"gpu-1": good}, "1")
