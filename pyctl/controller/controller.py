@@ -278,7 +278,13 @@ class Controller:
             if self.store_ok and now - self._published_at >= self.federation_interval:
                 # the federation summary carries every node's model: published at a slow rate
                 self._published_at = now
-                data = federation_summary_bytes(s, self.reconciler.models, self.reconciler.workload)
+                try:
+                    data = federation_summary_bytes(
+                        s, self.reconciler.models, self.reconciler.workload
+                    )
+                except ValueError as e:  # a value out of its bounds: not published
+                    log.error("summary not published", extra={"error": str(e)[:300]})
+                    continue
                 try:
                     await self.store.put_summary(data, int(max(30, 3 * self.federation_interval)))
                 except StoreError:
