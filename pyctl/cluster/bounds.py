@@ -27,6 +27,9 @@ import msgspec
 #: that leaves room for a raised etcd limit.
 MAX_OBJECT_BYTES: Final = 3 << 20
 
+#: the largest file a command reads (a kubectl dump of 10,000 pods is about 200 MiB)
+MAX_INPUT_BYTES: Final = 256 << 20
+
 #: `nvidia.com/gpu` units on one node. Physical GPUs per node are at most 16 to 20 today; the
 #: device plugin's time-slicing advertises replicas x GPUs (16 GPUs x 64 replicas = 1024).
 MAX_GPUS_PER_NODE: Final = 1024
