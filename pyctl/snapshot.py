@@ -211,7 +211,9 @@ def shape_from_json(raw: Any, where: str, need_weight: bool = True) -> Shape:
     if isinstance(weight, bool) or not isinstance(weight, int | float):
         raise SnapshotError(f"{where}.weight: expected a positive number, got {weight!r}")
     if not (math.isfinite(weight) and 0 < weight <= MAX_WEIGHT):
-        raise SnapshotError(f"{where}.weight: must be in (0, {MAX_WEIGHT:g}], got {weight}")
+        raise SnapshotError(
+            f"{where}.weight: must be positive, at most {MAX_WEIGHT:g}, got {weight}"
+        )
     mig = s.get("mig_profile")
     if mig is not None and not isinstance(mig, str):
         raise SnapshotError(f"{where}.mig_profile: expected a string")
