@@ -494,7 +494,7 @@ def _ident(
             m = msgspec.convert(data.get("metadata") or {}, _IdentMeta, strict=False)
         else:
             m = _IDENT.decode(data).metadata
-    except (msgspec.MsgspecError, RecursionError, TypeError):
+    except (msgspec.MsgspecError, RecursionError, TypeError, ValueError):
         return None
     if not m.name or len(m.name) > 253 or len(m.namespace) > 253 or len(m.uid) > 128:
         return None
@@ -522,6 +522,8 @@ def decode_object(kind: Kind, data: bytes | Mapping[str, Any]) -> Record:
         raise DecodeError(f"{kind}{who}: {e}", "malformed", ref) from None
     except msgspec.DecodeError as e:
         raise DecodeError(f"{kind}: broken JSON: {e}") from None
+    except UnicodeDecodeError as e:
+        raise DecodeError(f"{kind}: not UTF-8 (byte {e.start})", ref=_ident(kind, data)) from None
     except RecursionError:
         raise DecodeError(f"{kind}: JSON nested too deeply", ref=_ident(kind, data)) from None
     rec: Record = _TO_RECORD[kind](obj)
@@ -542,7 +544,7 @@ def decode_watch_line(kind: Kind, line: bytes) -> tuple[str, Record | None, str]
     An ERROR event raises `WatchError`."""
     try:
         ev = _LINE.decode(line)
-    except (msgspec.ValidationError, msgspec.DecodeError) as e:
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError) as e:
         raise DecodeError(f"{kind} watch: broken event: {e}") from None
     except RecursionError:
         raise DecodeError(f"{kind} watch: event nested too deeply") from None

@@ -1,0 +1,48 @@
+"""The fuzz tier: Hypothesis drives random and mutated inputs through every entry point pyctl
+reads from (Kubernetes objects, stored records, summaries, the command line). Each test runs
+`PYCTL_FUZZ_EXAMPLES` cases (default `DEFAULT_EXAMPLES`, a budget that fits CI); a longer run:
+
+    PYCTL_FUZZ_EXAMPLES=20000 .venv/bin/pytest -q tests/fuzz      (or `make fuzz`)
+
+The number of cases run is printed at the end of the session ("fuzz: N cases ...")."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+DEFAULT_EXAMPLES = 200
+EXAMPLES = int(os.environ.get("PYCTL_FUZZ_EXAMPLES", DEFAULT_EXAMPLES))
+#: one case taking longer than this is a failure (a hang, or a loop over an unbounded count);
+#: generous, the machine running CI may be loaded
+CASE_DEADLINE = timedelta(seconds=20)
+
+settings.register_profile(
+    "pyctl-fuzz",
+    max_examples=EXAMPLES,
+    deadline=CASE_DEADLINE,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.filter_too_much,
+        HealthCheck.large_base_example,
+        HealthCheck.function_scoped_fixture,
+    ],
+    print_blob=True,
+)
+FUZZ = settings.get_profile("pyctl-fuzz")
+
+#: cases run, by target (printed at the end of the session)
+CASES: Counter[str] = Counter()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if CASES:
+        parts = ", ".join(f"{k} {v}" for k, v in sorted(CASES.items()))
+        terminalreporter.write_line(
+            f"fuzz: {sum(CASES.values())} cases ({EXAMPLES} per test): {parts}"
+        )
