@@ -132,8 +132,6 @@ class Controller:
             if isinstance(rec, PodRecord):
                 kind = "Pod"
                 window.observe(pods.get(rec.key), None if ev.type == "DELETED" else rec, now)
-                if ev.type == "DELETED":
-                    self.ignored.forget("Pod", rec.key)
             else:
                 kind = record_kind(rec)
             counts[(kind, ev.type)] = counts.get((kind, ev.type), 0) + 1

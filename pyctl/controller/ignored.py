@@ -5,7 +5,8 @@ An object is left out when it does not decode (`cluster/kube/decode.py`: malform
 bad_quantity, out_of_bounds), when the core cannot model a pod's shape (shape_rejected), or when
 a node cannot be translated (untranslatable). Each is
 
-- counted once per object and reason: `pyctl_ignored_objects_total{cluster, kind, reason}`;
+- counted once per object (name and uid) and reason:
+  `pyctl_ignored_objects_total{cluster, kind, reason}`;
 - logged once per object and reason (a warning naming it and why);
 - for a pod, told to its owner in a Kubernetes Event on the pod (`PyctlIgnored`, type Warning:
   "pyctl ignores this pod: ..."), once per pod uid, at most `events_per_second` (and `burst`),
@@ -41,6 +42,12 @@ class Ignored:
     message: str
 
 
+def _ident(ref: ObjectRef) -> str:
+    """An object's identity: its key, and its uid when known (an object deleted and created
+    again under the same name is another object)."""
+    return f"{ref.key}#{ref.uid}" if ref.uid else ref.key
+
+
 class IgnoredObjects:
     def __init__(
         self,
@@ -67,7 +74,7 @@ class IgnoredObjects:
     def report(self, kind: Kind, reason: str, message: str, ref: ObjectRef | None = None) -> bool:
         """An object left out; True when it is new (then counted, logged, and for a pod with a
         uid an Event is queued)."""
-        ident = ref.key if ref is not None else message[:120]
+        ident = _ident(ref) if ref is not None else message[:120]
         reasons = self._seen.get((kind, ident))
         if reasons is None:
             reasons = self._seen[(kind, ident)] = {}
@@ -90,12 +97,14 @@ class IgnoredObjects:
             self._events.append(item)
         return True
 
-    def forget(self, kind: Kind, key: str) -> None:
-        """The object is gone or good again: a later problem is reported anew."""
-        self._seen.pop((kind, key), None)
+    def forget(self, kind: Kind, key: str, uid: str = "") -> None:
+        """The object is good again: a later problem is reported anew. (A deleted object is not
+        forgotten, since a watch event that does not decode deletes the object from the view;
+        it ages out, and a new object of the same name has another uid.)"""
+        self._seen.pop((kind, _ident(ObjectRef(kind, "", key, uid))), None)
 
-    def is_ignored(self, kind: Kind, key: str) -> bool:
-        return (kind, key) in self._seen
+    def is_ignored(self, kind: Kind, key: str, uid: str = "") -> bool:
+        return (kind, _ident(ObjectRef(kind, "", key, uid))) in self._seen
 
     def current(self) -> list[Ignored]:
         """What is remembered as ignored, least recently reported first."""
