@@ -57,9 +57,11 @@ def plan_compaction(
     max_moves: int = 10,
     pending_weight: float = 1.0,
     default_policy: str = "none",
+    exclude: Mapping[str, str] | None = None,
 ) -> CompactionPlan:
     """Plan up to `max_moves` evictions. Pending shapes join the workload (with `pending_weight`
-    in total) so that moves which make them admissible count."""
+    in total) so that moves which make them admissible count. `exclude`: pod key -> why it is
+    not to be moved now (listed in `refused`)."""
     all_pods = [p for p in pods if not p.terminated]
     by_node: dict[str, list[PodRecord]] = {}
     for p in all_pods:
@@ -74,6 +76,9 @@ def plan_compaction(
         where.update(attribute_pods(node, by_node.get(name, [])))
     evictor = Evictor(options or EvictorOptions(), all_pods, pdbs)
     movable, refused = evictor.movable([p for p in all_pods if p.node in nodes])
+    if exclude:  # pods not to plan again now (e.g. their eviction was denied for good)
+        refused = {**refused, **{p.key: exclude[p.key] for p in movable if p.key in exclude}}
+        movable = [p for p in movable if p.key not in exclude]
     shapes = list(workload.shapes)
     if pending:
         total = sum(s.weight for s in shapes)

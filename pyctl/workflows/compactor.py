@@ -13,7 +13,7 @@ from pyctl.controller.cache import ClusterCache
 from pyctl.controller.reconcile import Reconciler
 from pyctl.metrics import Metrics
 from pyctl.model import Shape
-from pyctl.workflows.compaction import CompactionPlan, plan_compaction
+from pyctl.workflows.compaction import KIND, CompactionPlan, plan_compaction
 from pyctl.workflows.engine import Engine, Workflow
 from pyctl.workflows.evictor import EvictorOptions
 from pyctl.workflows.loop import WorkflowGauge, run_every
@@ -45,6 +45,9 @@ class Compactor:
         self.options = options or EvictorOptions()
         self.last_plan: CompactionPlan | None = None
         self.gauge = WorkflowGauge(metrics, cluster)
+        #: pod key -> why it is not planned now: its move was abandoned (a denial by admission,
+        #: the evictor's rules on the live pod, too many failures) and the record is still kept
+        self.exclude: dict[str, str] = {}
 
     def pending(self) -> tuple[list[Shape], float]:
         """The distinct shapes of the unschedulable GPU pods in the workload's scope that the
@@ -79,6 +82,7 @@ class Compactor:
             max_moves=self.max_moves,
             pending_weight=weight,
             default_policy=r.default_policy,
+            exclude=self.exclude,
         )
         w = self.metrics.workflow
         w.planned_moves.labels(self.cluster).set(len(plan.moves))
@@ -86,8 +90,20 @@ class Compactor:
         self.last_plan = plan
         return plan
 
+    async def _abandoned(self) -> dict[str, str]:
+        """The pods whose move was abandoned (until the engine forgets the record): the next
+        plans leave them where they are, so the other moves go on instead of the same refused
+        one being planned again and again."""
+        out: dict[str, str] = {}
+        for wf in await self.engine.workflows():
+            if wf.kind == KIND and wf.step == "abandoned":
+                key = f"{wf.data.get('namespace', '')}/{wf.data.get('pod', '')}"
+                out[key] = f"its last move was abandoned: {wf.result}"[:300]
+        return out
+
     async def tick(self, leader: bool) -> None:
         try:
+            self.exclude = await self._abandoned()
             plan: CompactionPlan | None = self.plan()
         except Exception:  # a plan that fails never stops the workflows already running
             log.exception("compaction planning failed; the workflows still advance")

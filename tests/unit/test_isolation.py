@@ -5,9 +5,11 @@ other node's score, the compaction plan, the workflows already running)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 
 import anyio
+import msgspec
 import pytest
 from msgspec.structs import replace
 
@@ -315,3 +317,39 @@ async def test_a_failing_plan_never_stops_the_workflows() -> None:
         r.metrics.registry.get_sample_value("pyctl_reconcile_errors_total", {"cluster": CLUSTER})
         == 1
     )
+
+
+@pytest.mark.anyio
+async def test_an_abandoned_move_is_not_planned_again_and_another_is() -> None:
+    four = PodRecord(
+        "serving",
+        "big",
+        "uid-big",
+        cpu_milli=4000,
+        gpus=4,
+        unschedulable=True,
+        owner_kind="ReplicaSet",
+        owner_name="big",
+    )
+    c = cluster([four])
+    r = reconciled(c)
+    cp, store = compactor(c, r)
+    first = cp.plan().moves[0]
+    ns, name = first.pod.split("/")
+    denied = Workflow(
+        id="compaction-denied",
+        kind="compaction",
+        node=first.from_node,
+        step="abandoned",
+        created=0.0,
+        updated=time.time(),
+        data={"namespace": ns, "pod": name, "uid": ""},
+        result="admission refused the eviction of serving/x (403)",
+    )
+    await store.put(denied.id, msgspec.json.encode(denied), 0)
+    await cp.tick(False)
+    plan = cp.last_plan
+    assert plan is not None
+    assert first.pod not in {m.pod for m in plan.moves}
+    assert plan.refused[first.pod].startswith("its last move was abandoned: admission refused")
+    assert plan.moves  # the next best move instead
