@@ -62,7 +62,8 @@ class Actuator(Protocol):
     async def try_evict(self, namespace: str, pod: str, uid: str = "") -> EvictionOutcome:
         """Eviction API (with `uid` as a precondition when given): accepted (or the pod, or
         that incarnation of it, is already gone), or refused: 429 (a PodDisruptionBudget), with
-        why and how long the API server asks to wait, or 403 (an admission denial)."""
+        why and how long the API server asks to wait, or 403/422 (an admission denial: a
+        webhook's 403, a ValidatingAdmissionPolicy's 422)."""
 
     async def label_node(self, node: str, labels: Mapping[str, str | None]) -> None: ...
 
