@@ -151,6 +151,13 @@ class CacheSink:
         self.decode_refs.append((reason, ref))
 
 
+class WaitTimeout(AssertionError):
+    """`wait_until` gave up. An AssertionError, not `pytest.fail()`'s BaseException: raised inside
+    a task group, a BaseException makes a BaseExceptionGroup, which stops anyio's pytest runner
+    task, and every async fixture's teardown then fails with `ClosedResourceError`, hiding this
+    message behind it."""
+
+
 async def wait_until(
     check: Callable[[], bool | Awaitable[bool]], what: str, within: float = 15.0
 ) -> None:
@@ -163,7 +170,7 @@ async def wait_until(
             if got:
                 return
             await anyio.sleep(0.05)
-    pytest.fail(f"timed out after {within:.0f} s waiting for {what}")
+    raise WaitTimeout(f"timed out after {within:.0f} s waiting for {what}")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
