@@ -36,6 +36,16 @@ settings.register_profile(
 )
 FUZZ = settings.get_profile("pyctl-fuzz")
 
+#: a test whose cases together take longer than this has hung (pytest-timeout stops it)
+TEST_TIMEOUT = max(600, 3 * EXAMPLES)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/fuzz/" in item.nodeid:
+            item.add_marker(pytest.mark.timeout(TEST_TIMEOUT))
+
+
 #: cases run, by target (printed at the end of the session)
 CASES: Counter[str] = Counter()
 
