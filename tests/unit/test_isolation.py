@@ -13,6 +13,8 @@ import msgspec
 import pytest
 from msgspec.structs import replace
 
+from pyctl.app.config import ConfigError, load_config
+from pyctl.app.wiring import workload_scope
 from pyctl.cluster.records import Event, NrtRecord, ObjectRef, PodRecord, Taint
 from pyctl.cluster.selectors import parse_selector
 from pyctl.controller.cache import ClusterCache
@@ -353,3 +355,20 @@ async def test_an_abandoned_move_is_not_planned_again_and_another_is() -> None:
     assert first.pod not in {m.pod for m in plan.moves}
     assert plan.refused[first.pod].startswith("its last move was abandoned: admission refused")
     assert plan.moves  # the next best move instead
+
+
+def test_the_workload_section_is_checked_and_wired() -> None:
+    with pytest.raises(ConfigError, match="workload_label_selector"):
+        load_config(env={}, flags={"workload_label_selector": "team in (a"})
+    cfg = load_config(
+        env={"PYCTL_WORKLOAD_NAMESPACES": "a,b", "PYCTL_WORKLOAD_LABEL_SELECTOR": "tier!=batch"},
+        flags={"workload_max_shape_weight": 0.4},
+    )
+    scope = workload_scope(cfg)
+    assert scope.namespaces == frozenset({"a", "b"})
+    assert scope.excluded_namespaces == frozenset({"kube-system"})  # the default
+    assert scope.max_shape_weight == 0.4
+    assert scope.admits(PodRecord("a", "p", labels=(("tier", "web"),)))
+    assert not scope.admits(PodRecord("a", "p", labels=(("tier", "batch"),)))
+    assert not scope.admits(PodRecord("c", "p"))
+    assert not workload_scope(load_config(env={})).admits(PodRecord("kube-system", "p"))
