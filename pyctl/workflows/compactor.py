@@ -4,10 +4,12 @@ workflows through the gate."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
 
+from pyctl.cluster.records import PodRecord, Taint, Toleration
 from pyctl.cluster.translate import pod_shape
 from pyctl.controller.cache import ClusterCache
 from pyctl.controller.reconcile import Reconciler
@@ -49,6 +51,24 @@ class Compactor:
         #: the evictor's rules on the live pod, too many failures) and the record is still kept
         self.exclude: dict[str, str] = {}
 
+    def target_refusal(self, pod: PodRecord, node: str) -> str | None:
+        """Why the scheduler would not put `pod`'s replacement on `node` now (cordoned, or a
+        NoSchedule/NoExecute taint the pod does not tolerate), or None. A move toward such a
+        node only recreates the pod where it was, to be planned and evicted again: an eviction
+        loop."""
+        rec = self.cache.nodes.get(node)
+        if rec is None:
+            return f"its target {node} is gone"
+        if rec.unschedulable:
+            return f"its target {node} is cordoned"
+        tolerations = pod.constraints.tolerations if pod.constraints is not None else ()
+        for t in rec.taints:
+            if t.effect in ("NoSchedule", "NoExecute") and not any(
+                _tolerates(tol, t) for tol in tolerations
+            ):
+                return f"its target {node} has the taint {t.key}:{t.effect}"
+        return None
+
     def pending(self) -> tuple[list[Shape], float]:
         """The distinct shapes of the unschedulable GPU pods in the workload's scope that the
         core can model, and the weight they get in all (so that none weighs more than the
@@ -84,6 +104,16 @@ class Compactor:
             default_policy=r.default_policy,
             exclude=self.exclude,
         )
+        kept, refused = [], dict(plan.refused)
+        for mv in plan.moves:
+            p = self.cache.pods.get(mv.pod)
+            why = self.target_refusal(p, mv.to_node) if p is not None else "the pod is gone"
+            if why is None:
+                kept.append(mv)
+            else:
+                refused[mv.pod] = why
+        if len(kept) != len(plan.moves):
+            plan = dataclasses.replace(plan, moves=tuple(kept), refused=refused)
         w = self.metrics.workflow
         w.planned_moves.labels(self.cluster).set(len(plan.moves))
         w.expected_gain.labels(self.cluster).set(plan.gain_gpu_milli / 1000)
@@ -137,3 +167,15 @@ class Compactor:
 
     async def run(self, leader: Callable[[], bool]) -> None:
         await run_every(self.interval, self.tick, leader, "compaction")
+
+
+def _tolerates(tol: Toleration, taint: Taint) -> bool:
+    """Kubernetes' toleration matching: an empty key with Exists tolerates everything; the
+    effect must match unless empty; Exists ignores the value, Equal compares it."""
+    if tol.effect and tol.effect != taint.effect:
+        return False
+    if not tol.key:
+        return tol.operator == "Exists"
+    if tol.key != taint.key:
+        return False
+    return tol.operator == "Exists" or tol.value == taint.value

@@ -15,7 +15,15 @@ from msgspec.structs import replace
 
 from pyctl.app.config import ConfigError, load_config
 from pyctl.app.wiring import workload_scope
-from pyctl.cluster.records import Event, NrtRecord, ObjectRef, PodRecord, Taint
+from pyctl.cluster.records import (
+    Constraints,
+    Event,
+    NrtRecord,
+    ObjectRef,
+    PodRecord,
+    Taint,
+    Toleration,
+)
 from pyctl.cluster.selectors import parse_selector
 from pyctl.controller.cache import ClusterCache
 from pyctl.controller.controller import Controller
@@ -372,3 +380,39 @@ def test_the_workload_section_is_checked_and_wired() -> None:
     assert not scope.admits(PodRecord("a", "p", labels=(("tier", "batch"),)))
     assert not scope.admits(PodRecord("c", "p"))
     assert not workload_scope(load_config(env={})).admits(PodRecord("kube-system", "p"))
+
+
+def test_no_move_toward_a_node_the_scheduler_would_not_use() -> None:
+    """A move whose target is cordoned, or tainted against the pod, would only recreate the pod
+    where it was, to be planned and evicted again (an eviction loop): it is not made."""
+    four = PodRecord(
+        "serving",
+        "big",
+        "uid-big",
+        cpu_milli=4000,
+        gpus=4,
+        unschedulable=True,
+        owner_kind="ReplicaSet",
+        owner_name="big",
+    )
+    c = cluster([four])
+    r = reconciled(c)
+    cp, _ = compactor(c, r)
+    first = cp.plan().moves[0]
+    target = c.nodes[first.to_node]
+    for changed, why in (
+        (replace(target, unschedulable=True), "cordoned"),
+        (replace(target, taints=(Taint("gpu", "x", "NoSchedule"),)), "taint gpu:NoSchedule"),
+    ):
+        c.apply([Event("MODIFIED", changed)])
+        plan = cp.plan()
+        assert first.to_node not in {m.to_node for m in plan.moves}
+        assert why in plan.refused[first.pod]
+    # a taint the pod tolerates is no reason
+    c.apply([Event("MODIFIED", replace(target, taints=(Taint("gpu", "x", "NoSchedule"),)))])
+    pod = c.pods[first.pod]
+    tolerant = replace(
+        pod, constraints=Constraints(tolerations=(Toleration("gpu", "Exists", "", "NoSchedule"),))
+    )
+    c.apply([Event("MODIFIED", tolerant)])
+    assert cp.target_refusal(tolerant, first.to_node) is None
