@@ -12,10 +12,12 @@ from rich.table import Table
 
 from pyctl.cli.errors import UserError, load_json
 from pyctl.cluster.kube.dump import is_dump, records
-from pyctl.cluster.translate import pod_shape
+from pyctl.cluster.records import PodRecord
+from pyctl.cluster.translate import node_from_records, pod_shape, pod_shape_problem
 from pyctl.core.fragmentation import derive_workload
 from pyctl.snapshot import load_workload
 from pyctl.workflows.compaction import plan_compaction
+from pyctl.workflows.compactor import without_unusable_targets
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,23 +35,46 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{args.dump}: expected a kubectl -o json dump (kind: List)")
     nodes, pods, nrts, pdbs = records(raw)
     live = [p for p in pods if not p.terminated]
+    # as the controller does: a pod the core cannot model and a node that cannot be translated
+    # are left out (and said), the rest is planned
+    ignored: dict[str, str] = {}
+    modelled = []
+    for p in live:
+        why = pod_shape_problem(p) if (p.gpus or p.mig) else None
+        if why is None:
+            modelled.append(p)
+        else:
+            ignored[f"pod {p.key}"] = why
+    nrt_of = {t.name: t for t in nrts}
+    on_node: dict[str, list[PodRecord]] = {}
+    for p in live:
+        on_node.setdefault(p.node, []).append(p)
+    usable = {}
+    for n in nodes:
+        try:
+            node_from_records(n, nrt_of.get(n.name), on_node.get(n.name, []))
+        except ValueError as e:
+            ignored[f"node {n.name}"] = str(e)
+            continue
+        usable[n.name] = n
     if args.workload:
         workload = load_workload(load_json(args.workload))
     else:
-        shapes = [pod_shape(p) for p in live if not pod_shape(p).is_cpu_only]
+        shapes = [pod_shape(p) for p in modelled if not pod_shape(p).is_cpu_only]
         if not shapes:
             raise UserError(f"{args.dump}: no GPU pods to derive a workload from; give --workload")
         workload = derive_workload(shapes)
-    pending = [pod_shape(p) for p in live if not p.node and p.unschedulable]
+    pending = [pod_shape(p) for p in modelled if not p.node and p.unschedulable]
     plan = plan_compaction(
-        {n.name: n for n in nodes},
-        {t.name: t for t in nrts},
+        usable,
+        nrt_of,
         live,
         pdbs,
         workload,
         pending=[s for s in pending if not s.is_cpu_only],
         max_moves=args.max_moves,
     )
+    plan = without_unusable_targets(plan, {p.key: p for p in live}, usable)
     if args.json:
         print(
             json.dumps(
@@ -66,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
                     "gain_gpu_milli": plan.gain_gpu_milli,
                     "considered": plan.considered,
                     "refused": dict(plan.refused),
+                    "ignored": ignored,
                 },
                 indent=1,
             )
@@ -84,4 +110,6 @@ def run(args: argparse.Namespace) -> int:
         + (f" (e.g. {next(iter(plan.refused.items()))})" if plan.refused else "")
         + f"; {len(pending)} pending pods considered."
     )
+    for what, why in ignored.items():
+        c.print(f"left out: {what}: {why}")
     return 0

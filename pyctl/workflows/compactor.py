@@ -7,9 +7,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
-from pyctl.cluster.records import PodRecord, Taint, Toleration
+from pyctl.cluster.records import NodeRecord, PodRecord, Taint, Toleration
 from pyctl.cluster.translate import pod_shape
 from pyctl.controller.cache import ClusterCache
 from pyctl.controller.reconcile import Reconciler
@@ -51,24 +51,6 @@ class Compactor:
         #: the evictor's rules on the live pod, too many failures) and the record is still kept
         self.exclude: dict[str, str] = {}
 
-    def target_refusal(self, pod: PodRecord, node: str) -> str | None:
-        """Why the scheduler would not put `pod`'s replacement on `node` now (cordoned, or a
-        NoSchedule/NoExecute taint the pod does not tolerate), or None. A move toward such a
-        node only recreates the pod where it was, to be planned and evicted again: an eviction
-        loop."""
-        rec = self.cache.nodes.get(node)
-        if rec is None:
-            return f"its target {node} is gone"
-        if rec.unschedulable:
-            return f"its target {node} is cordoned"
-        tolerations = pod.constraints.tolerations if pod.constraints is not None else ()
-        for t in rec.taints:
-            if t.effect in ("NoSchedule", "NoExecute") and not any(
-                _tolerates(tol, t) for tol in tolerations
-            ):
-                return f"its target {node} has the taint {t.key}:{t.effect}"
-        return None
-
     def pending(self) -> tuple[list[Shape], float]:
         """The distinct shapes of the unschedulable GPU pods in the workload's scope that the
         core can model, and the weight they get in all (so that none weighs more than the
@@ -104,16 +86,7 @@ class Compactor:
             default_policy=r.default_policy,
             exclude=self.exclude,
         )
-        kept, refused = [], dict(plan.refused)
-        for mv in plan.moves:
-            p = self.cache.pods.get(mv.pod)
-            why = self.target_refusal(p, mv.to_node) if p is not None else "the pod is gone"
-            if why is None:
-                kept.append(mv)
-            else:
-                refused[mv.pod] = why
-        if len(kept) != len(plan.moves):
-            plan = dataclasses.replace(plan, moves=tuple(kept), refused=refused)
+        plan = without_unusable_targets(plan, self.cache.pods, self.cache.nodes)
         w = self.metrics.workflow
         w.planned_moves.labels(self.cluster).set(len(plan.moves))
         w.expected_gain.labels(self.cluster).set(plan.gain_gpu_milli / 1000)
@@ -179,3 +152,38 @@ def _tolerates(tol: Toleration, taint: Taint) -> bool:
     if tol.key != taint.key:
         return False
     return tol.operator == "Exists" or tol.value == taint.value
+
+
+def unusable_target(pod: PodRecord, node: str, rec: NodeRecord | None) -> str | None:
+    """Why the scheduler would not put `pod`'s replacement on `node` now (gone, cordoned, or a
+    NoSchedule/NoExecute taint the pod does not tolerate), or None."""
+    if rec is None:
+        return f"its target {node} is gone"
+    if rec.unschedulable:
+        return f"its target {node} is cordoned"
+    tolerations = pod.constraints.tolerations if pod.constraints is not None else ()
+    for t in rec.taints:
+        if t.effect in ("NoSchedule", "NoExecute") and not any(
+            _tolerates(tol, t) for tol in tolerations
+        ):
+            return f"its target {node} has the taint {t.key}:{t.effect}"
+    return None
+
+
+def without_unusable_targets(
+    plan: CompactionPlan, pods: Mapping[str, PodRecord], nodes: Mapping[str, NodeRecord]
+) -> CompactionPlan:
+    """The plan without the moves toward a node the scheduler would not use: such a move only
+    recreates the pod where it was, to be planned and evicted again (an eviction loop). The
+    moves dropped are listed in `refused` with why."""
+    kept, refused = [], dict(plan.refused)
+    for mv in plan.moves:
+        p = pods.get(mv.pod)
+        why = unusable_target(p, mv.to_node, nodes.get(mv.to_node)) if p else "the pod is gone"
+        if why is None:
+            kept.append(mv)
+        else:
+            refused[mv.pod] = why
+    if len(kept) == len(plan.moves):
+        return plan
+    return dataclasses.replace(plan, moves=tuple(kept), refused=refused)

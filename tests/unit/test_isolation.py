@@ -34,7 +34,7 @@ from pyctl.metrics import Metrics
 from pyctl.model import Shape
 from pyctl.state.memory import MemoryStore
 from pyctl.state.workflows import MemoryWorkflowStore
-from pyctl.workflows.compactor import Compactor
+from pyctl.workflows.compactor import Compactor, unusable_target
 from pyctl.workflows.engine import Context, Engine, Workflow
 from pyctl.workflows.gate import Gate
 from pyctl.workflows.kinds import builtin_registry
@@ -415,4 +415,4 @@ def test_no_move_toward_a_node_the_scheduler_would_not_use() -> None:
         pod, constraints=Constraints(tolerations=(Toleration("gpu", "Exists", "", "NoSchedule"),))
     )
     c.apply([Event("MODIFIED", tolerant)])
-    assert cp.target_refusal(tolerant, first.to_node) is None
+    assert unusable_target(tolerant, first.to_node, c.nodes[first.to_node]) is None
