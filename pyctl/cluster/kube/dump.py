@@ -11,7 +11,7 @@ from typing import Any
 
 from pyctl.cluster.kube.decode import DecodeError, decode_object
 from pyctl.cluster.records import KINDS, Kind, NodeRecord, NrtRecord, PdbRecord, PodRecord
-from pyctl.cluster.translate import TranslateError, node_from_records, pod_shape
+from pyctl.cluster.translate import TranslateError, node_from_records, pod_shape, pod_shape_problem
 from pyctl.model import Shape, Snapshot
 
 
@@ -81,6 +81,7 @@ def snapshot_from_dump(data: Mapping[str, Any]) -> Snapshot:
 
 
 def pod_shapes(data: Mapping[str, Any]) -> list[Shape]:
-    """The task shapes of every pod in a dump that has not terminated (for deriving M)."""
+    """The task shapes of every pod in a dump that has not terminated (for deriving M), as the
+    controller takes them: a pod whose shape the core cannot model is left out."""
     _, pods, _ = _records(data)
-    return [pod_shape(p) for p in pods if not p.terminated]
+    return [pod_shape(p) for p in pods if not p.terminated and pod_shape_problem(p) is None]
