@@ -1,4 +1,4 @@
-# pyctl: the two commands a newcomer needs are `make demo` and `make test`.
+# pyctl: the commands a newcomer needs are `make demo`, `make test` and `make cluster`.
 # Everything else here is what they are made of. Slow builds are cached outside the repository:
 #   $(PYCTL_CACHE)/cargo-target        the Rust build (incremental; keyed by Cargo.lock through cargo itself)
 #   $(PYCTL_CACHE)/control-plane/<v>/  the Go-built Kubernetes control plane (see scripts/control-plane)
@@ -14,11 +14,12 @@ CARGO_TARGET_DIR ?= $(PYCTL_CACHE)/cargo-target
 export CARGO_TARGET_DIR
 export PYO3_PYTHON := $(abspath $(VPY))
 
-.PHONY: help setup system-deps venv build lint rust-test py-test unit-test test test-fast fuzz demo bench clean
+.PHONY: help setup system-deps venv build lint rust-test py-test unit-test test test-fast fuzz demo cluster bench clean
 
 help:
 	@echo "make demo   install what is needed, then run pyctl's main job on its embedded default"
 	@echo "make test   install what is needed, then run every check and test (what CI runs)"
+	@echo "make cluster  a local Kubernetes cluster with GPU nodes and pyctl acting on it (Ctrl-C stops it)"
 	@echo "make test-fast  lint, types, Rust tests and the Python unit tests (no control plane, no Redis)"
 	@echo "make bench  run the benchmarks in bench/ (ratios measured in one run)"
 	@echo "make fuzz   the fuzz tier with a long budget (FUZZ_EXAMPLES=20000 cases per test)"
@@ -36,7 +37,8 @@ $(VENV)/.deps: requirements-dev.txt
 venv: $(VENV)/.deps
 
 # The Kubernetes control plane of the e2e tests (kube-apiserver, -scheduler, -controller-manager, etcd,
-# kwok), built from Go modules into $(PYCTL_CACHE)/control-plane/<versions>/bin; a no-op once built.
+# kwok), built from Go modules into $(PYCTL_CACHE)/control-plane/<versions>/bin, and kubectl and helm
+# into $(PYCTL_CACHE)/tools/<versions>/bin; a no-op once built.
 .PHONY: control-plane
 control-plane:
 	PYCTL_CACHE=$(PYCTL_CACHE) scripts/control-plane build
@@ -82,7 +84,12 @@ fuzz: build
 	PYCTL_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(VENV)/bin/pytest -q -p no:logging tests/fuzz
 
 demo: setup
-	$(VENV)/bin/pyctl run
+	$(VENV)/bin/pyctl demo
+
+# The real control plane with kwok GPU nodes, pyctl (enforce) and its scheduler extender, a fragmenting
+# workload; in the foreground with a live view; Ctrl-C stops everything (pyctl/dev/cluster.py).
+cluster: setup control-plane
+	$(VENV)/bin/pyctl dev up
 
 bench: build
 	for b in bench/*.py; do echo "== $$b"; $(VPY) $$b; done

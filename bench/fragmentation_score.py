@@ -6,6 +6,9 @@ trace when its folder is given (`--trace DIR`, e.g. the shared `alibaba-gpu-2023
 synthetic ones. The
 reference is timed on a random sample of the nodes (it is slow) and compared per node-shape.
 Also: the delta of placing one task on one node, for 35 shapes.
+`--dra`: the same measurement on a DRA snapshot of the same size (GPUs published by a DRA driver:
+whole GPUs, and a fifth of the nodes with DynamicMIG GPUs holding random allocated placements;
+the shapes are asked through claims, multi-GPU ones NUMA-aligned).
 Last line: `fragmentation_score: <N> ns per node-shape, speedup <X>x vs python reference`.
 """
 
@@ -15,6 +18,7 @@ import argparse
 import csv
 import random
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from _common import best_of
@@ -103,19 +107,87 @@ def cluster(n: int, seed: int = 1) -> Snapshot:
     return Snapshot(tuple(nodes))
 
 
+DYNAMIC_ALLOCATIONS = [
+    [("3g.20gb", 4)],
+    [("1g.5gb", 0), ("1g.5gb", 3)],
+    [("2g.10gb", 2), ("1g.10gb", 6)],
+    [],
+    [("4g.20gb", 0), ("1g.5gb", 5)],
+]
+
+
+def dra_cluster(n: int, seed: int = 1) -> Snapshot:
+    """The DRA twin of `cluster`: the same sizes, every GPU published by a DRA driver; a fifth
+    of the nodes have DynamicMIG GPUs with allocated placements."""
+    rnd = random.Random(seed)
+    nodes = []
+    for i in range(n):
+        zcount = rnd.choice([2, 2, 2, 4, 8])
+        dynamic = rnd.random() < 0.2
+        zones = []
+        gid = 0
+        for z in range(zcount):
+            cpu = 96000 // zcount
+            gpus = []
+            migs = []
+            for _ in range(8 // zcount):
+                if dynamic and rnd.random() < 0.5:
+                    lay = rnd.choice(DYNAMIC_ALLOCATIONS)
+                    insts = tuple(MigInstance(p, s, True) for p, s in lay)
+                    migs.append(MigGpu(gid, insts, dra=True, dynamic=True))
+                else:
+                    gpus.append(Gpu(gid, rnd.choice([0, 0, 0, 1000, 1000])))
+                gid += 1
+            zones.append(
+                Zone(
+                    z,
+                    cpu,
+                    rnd.randint(0, cpu // 1000) * 1000,
+                    1 << 18,
+                    0,
+                    (),
+                    tuple(migs),
+                    tuple(gpus),
+                )
+            )
+        nodes.append(Node(f"node-{i:05d}", "A100-SXM4-40GB", "none", zones=tuple(zones)))
+    return Snapshot(tuple(nodes))
+
+
+def dra_workload(w: Workload) -> Workload:
+    """The same shapes asked through DRA claims: whole GPUs (a share below one GPU becomes a
+    whole GPU: DRA allocates devices), multi-GPU claims NUMA-aligned."""
+    return Workload(
+        tuple(
+            replace(
+                s,
+                gpu_milli=1000 if s.gpus and not s.mig_profile else s.gpu_milli,
+                dra=not s.is_cpu_only,
+                numa_aligned=s.gpus > 1 and not s.mig_profile,
+            )
+            for s in w.shapes
+        )
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("nodes", nargs="?", type=int, default=10_000)
     ap.add_argument("--trace", help="folder with openb_pod_list_default.csv (FGD's shapes)")
+    ap.add_argument("--dra", action="store_true", help="a DRA snapshot of the same size")
     args = ap.parse_args()
     n_nodes = args.nodes
     w, source = workload(args.trace)
-    snap = cluster(n_nodes)
+    if args.dra:
+        w, source = dra_workload(w), source + ", asked through DRA claims"
+        snap = dra_cluster(n_nodes)
+    else:
+        snap = cluster(n_nodes)
     t0 = time.perf_counter()
     model = FragmentationModel(snap)
     build = time.perf_counter() - t0
     shapes = [shape_dict(s) for s in w.shapes]
-    t_rust = best_of(lambda: model._core.score(shapes), repeat=5)
+    t_rust = best_of(lambda: model.core.score(shapes), repeat=5)
     t_facade = best_of(lambda: model.score(w), repeat=3)
     res = model.score(w)
     pairs = n_nodes * len(w.shapes)
@@ -136,7 +208,7 @@ def main() -> None:
     t_ref = (time.perf_counter() - t0) / len(sample) * n_nodes
     print(f"python reference: {t_ref:.1f} s for the same (extrapolated from {len(sample)} nodes)")
     node = snap.nodes[0].name
-    task = Shape(cpu_milli=8000, gpus=1, gpu_milli=1000)
+    task = Shape(cpu_milli=8000, gpus=1, gpu_milli=1000, dra=args.dra)
     t_delta = best_of(lambda: model.place_delta(node, task, w), repeat=5, number=50)
     print(
         f"delta of placing one task on one node for {len(w.shapes)} shapes: {t_delta * 1e6:.1f} us"

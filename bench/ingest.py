@@ -10,6 +10,10 @@ Redis transaction that stored it.
 Throughput is measured replaying as fast as the controller takes the events; the p99 lag of the
 last line is measured in a second replay offered at 80% of that throughput (at saturation the lag
 only measures the queue in front of a busy core; it is printed too).
+DRA: ResourceSlice watch events as the NVIDIA DRA driver publishes them (a slice of 8 whole GPUs,
+and a DynamicMIG GPU's slice of 26 devices with counters, as `tests/e2e/dra_driver_sim.py` makes
+them) are decoded through the same `decode_watch_line`, and the rate is compared with the rate the
+controller ingested the replayed stream at.
 Last line: `ingest: <N> events/s, <P>% of redis-benchmark ceiling, p99 event-to-state lag <L> ms`.
 """
 
@@ -30,7 +34,7 @@ import anyio.lowlevel
 from _common import REPO  # noqa: F401
 
 from pyctl.cluster.kube.decode import decode_watch_line
-from pyctl.cluster.records import Event, Kind
+from pyctl.cluster.records import KINDS, Event, Kind
 from pyctl.controller.controller import Controller
 from pyctl.state.redis_client import RedisConfig
 from pyctl.state.redis_store import RedisStore
@@ -157,7 +161,7 @@ class Replay:
         self.rate = rate
 
     async def run(self, sink: Any) -> None:
-        for kind in ("Node", "Pod", "PodDisruptionBudget", "NodeResourceTopology"):
+        for kind in KINDS:
             await sink.replace(kind, [], "1000")
         batch: list[Event] = []
         rvs: dict[Kind, str] = {}
@@ -180,6 +184,34 @@ class Replay:
                 await anyio.lowlevel.checkpoint()
         if batch:
             await sink.apply(batch, rvs)
+
+
+def dra_slice_lines(n: int) -> list[bytes]:
+    """`n` ResourceSlice watch lines, half whole-GPU slices, half DynamicMIG slices."""
+    from tests.e2e.dra_driver_sim import SimGpu, SimNode, slices_for
+
+    out = []
+    for i in range(n):
+        if i % 2:
+            node = SimNode(f"gpu-{i:05d}", [SimGpu(0, 0, dynamic_mig=True)])
+            obj = next(s for s in slices_for(node) if "devices" in s["spec"])
+        else:
+            node = SimNode(f"gpu-{i:05d}", [SimGpu(g, g // 4) for g in range(8)])
+            obj = slices_for(node)[0]
+        obj["metadata"]["resourceVersion"] = str(1000 + i)
+        out.append(json.dumps({"type": "ADDED", "object": obj}, separators=(",", ":")).encode())
+    return out
+
+
+def dra_decode_rate(lines: list[bytes]) -> float:
+    """ResourceSlice watch lines decoded per second (best of 3)."""
+    best = 0.0
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for line in lines:
+            decode_watch_line("ResourceSlice", line)
+        best = max(best, len(lines) / (time.perf_counter() - t0))
+    return best
 
 
 def redis_benchmark_ceiling(port: int, n: int) -> float:
@@ -257,6 +289,15 @@ def main() -> None:
     print(
         f"p99 event-to-state lag: {p99_max * 1e3:.0f} ms at saturation (replay as fast as "
         f"possible), {p99 * 1e3:.1f} ms at an offered {offered:,.0f} events/s (80% of the maximum)"
+    )
+    lines = dra_slice_lines(2000)
+    devices = sum(len(json.loads(x)["object"]["spec"].get("devices", [])) for x in lines)
+    size = sum(len(x) for x in lines) / len(lines)
+    slice_rate = dra_decode_rate(lines)
+    print(
+        f"DRA: {slice_rate:,.0f} ResourceSlice events/s decoded ({devices / len(lines):.0f} "
+        f"devices and {size / 1e3:.1f} kB per slice on average), {slice_rate / rate:.1f}x the "
+        f"rate the controller ingested the stream at ({rate:,.0f} events/s)"
     )
     print(
         f"ingest: {rate:,.0f} events/s, {100 * rate / ceiling:.0f}% of redis-benchmark ceiling, "

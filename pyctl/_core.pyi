@@ -2,12 +2,18 @@
 from collections.abc import Mapping, Sequence
 from typing import Any, final
 
-from pyctl.core.types import ReplayRaw
+from pyctl.core.types import PlanRaw, RankedRaw, ReplayRaw
 
 __version__: str
 
 CATEGORY_NAMES: list[str]
 
+EXTENDER_WEIGHT: int
+
+def extender_scores(ranks: Sequence[tuple[int, int, int] | None]) -> list[int]: ...
+def kube_default_scores(
+    cpu_cap: int, cpu_left: int, mem_cap: int, mem_left: int, cpu: int, memory: int
+) -> int: ...
 def mig_pack(
     gpu_model: str, counts: Sequence[tuple[str, int]], gpus: int
 ) -> list[list[tuple[str, int]]]: ...
@@ -24,14 +30,27 @@ class FragmentModel:
         self, node: int, assignment: dict[str, Any], shapes: Sequence[Mapping[str, Any]]
     ) -> dict[str, Any]: ...
     def apply(self, node: int, assignment: dict[str, Any], place: bool) -> None: ...
-    def plan_compaction(
+    def rank(
+        self,
+        task: Mapping[str, Any],
+        shapes: Sequence[Mapping[str, Any]],
+        nodes: Sequence[int] | None = None,
+    ) -> list[RankedRaw | None]: ...
+    def choose(
+        self,
+        task: Mapping[str, Any],
+        shapes: Sequence[Mapping[str, Any]],
+        nodes: Sequence[int] | None = None,
+    ) -> RankedRaw | None: ...
+    def plan(
         self,
         movable: Sequence[Mapping[str, Any]],
+        pending: Sequence[Mapping[str, Any]],
         shapes: Sequence[Mapping[str, Any]],
-        max_moves: int = 10,
-        min_gain: float = 1.0,
-        max_moves_per_node: int | None = None,
-    ) -> list[dict[str, Any]]: ...
+        node_sets: Sequence[Sequence[int]] = ...,
+        pdb_headroom: Sequence[int] = ...,
+        limits: Mapping[str, Any] | None = None,
+    ) -> PlanRaw: ...
     def node_index(self, name: str) -> int | None: ...
 
 @final

@@ -224,14 +224,20 @@ _SHAPE_ALIASES = {
     "mig_profile": "mig_profile",
     "gpu_model": "gpu_models",
     "gpu_models": "gpu_models",
+    "pool": "gpu_pool",
+    "gpu_pool": "gpu_pool",
+    "gpumem": "gpu_memory_mib",
+    "gpu_memory_mib": "gpu_memory_mib",
 }
 
 
 def parse_shape(text: str) -> Shape:
     """A shape from `key=value,...` (cpu_milli, memory_mib, gpus, gpu_milli, mig_profile,
     gpu_models separated by '|'; `cpu=8` means 8 cores, `mem`/`memory` is MiB, `mig` is
-    mig_profile) or from a JSON object in pyctl's workload shape format. A GPU shape without
-    gpu_milli asks for whole GPUs."""
+    mig_profile; `pool`/`gpu_pool` the GPU sharing pool, `gpumem`/`gpu_memory_mib` MiB per GPU,
+    docs/sharing.md) or from a JSON object in pyctl's workload shape format. A GPU shape of the
+    default pool without gpu_milli or GPU memory asks for whole GPUs; in another pool it asks
+    for one replica of each GPU."""
     text = text.strip()
     if not text:
         raise ShapeError("empty shape")
@@ -252,7 +258,7 @@ def parse_shape(text: str) -> Shape:
             if name is None:
                 known = ", ".join(sorted(_SHAPE_ALIASES))
                 raise ShapeError(f"shape {text!r}: unknown key {key!r} (known: {known})")
-            if name == "mig_profile":
+            if name in ("mig_profile", "gpu_pool"):
                 values[name] = value
             elif name == "gpu_models":
                 values[name] = tuple(v for v in value.split("|") if v)
@@ -265,7 +271,13 @@ def parse_shape(text: str) -> Shape:
                     raise ShapeError(f"shape {text!r}: {key} must be a non-negative number")
                 values[name] = round(num * 1000) if key == "cpu" else int(num)
         shape = Shape(**values)
-    if shape.gpus and not shape.gpu_milli and shape.mig_profile is None:
+    if (
+        shape.gpus
+        and not shape.gpu_milli
+        and shape.mig_profile is None
+        and not shape.gpu_pool
+        and not shape.gpu_memory_mib
+    ):
         shape = Shape(
             cpu_milli=shape.cpu_milli,
             memory_mib=shape.memory_mib,

@@ -128,7 +128,23 @@ class Metrics:
             c,
             registry=r,
         )
+        # Dynamic Resource Allocation (docs/dra.md)
+        self.dra_unknown_requests = Gauge(
+            "pyctl_dra_unknown_requests",
+            "Pods whose ResourceClaims pyctl cannot turn into a shape (a CEL selector it cannot "
+            "evaluate, devices of several kinds, ...), by reason kind",
+            [*c, "reason"],
+            registry=r,
+        )
+        self.pods_numa_misaligned = Gauge(
+            "pyctl_pods_devices_span_numa_nodes",
+            "Running pods whose allocated DRA devices span NUMA nodes (they pay the cross-NUMA "
+            "penalty), per namespace and workload",
+            [*c, "namespace", "workload"],
+            registry=r,
+        )
         self.workflow = WorkflowMetrics(self)
+        self.recommend = RecommendMetrics(self)
 
 
 class WorkflowMetrics:
@@ -186,6 +202,18 @@ class WorkflowMetrics:
             [*c, "store"],
             registry=r,
         )
+        self.rescues = Counter(
+            "pyctl_rescues_total",
+            "Rescues of pending pods (room made by several evictions) by outcome (done, abandoned)",
+            [*c, "outcome"],
+            registry=r,
+        )
+        self.planned_rescues = Gauge(
+            "pyctl_compaction_planned_rescues",
+            "Pending pods the compaction planner can make room for now",
+            c,
+            registry=r,
+        )
         # -- MIG reconfiguration (pyctl/workflows/mig_reconfig.py) --
         self.mig_reconfigurations = Counter(
             "pyctl_mig_reconfigurations",
@@ -197,5 +225,74 @@ class WorkflowMetrics:
             "pyctl_mig_reconfiguration_in_progress",
             "1 while a MIG reconfiguration of the node runs (from the slot to the node restored)",
             [*c, "node"],
+            registry=r,
+        )
+
+
+class RecommendMetrics:
+    """The periodic resource-normalization report (`pyctl.recommend.recommender`), per GPU model
+    (the pool); registered on the same registry as `Metrics`."""
+
+    def __init__(self, m: Metrics) -> None:
+        r, c = m.registry, ["cluster"]
+        self.runs = Counter(
+            "pyctl_recommend_runs_total",
+            "Recommendation reports computed, by result (ok, error)",
+            [*c, "result"],
+            registry=r,
+        )
+        self.last_success = Gauge(
+            "pyctl_recommend_last_success_timestamp_seconds",
+            "When the last recommendation report was computed",
+            c,
+            registry=r,
+        )
+        self.duration = Gauge(
+            "pyctl_recommend_duration_seconds",
+            "How long the last report took (including Prometheus)",
+            c,
+            registry=r,
+        )
+        self.menu_sizes = Gauge(
+            "pyctl_recommend_menu_sizes",
+            "Standard sizes in the recommended menu of a GPU model",
+            [*c, "gpu_model"],
+            registry=r,
+        )
+        self.served = Gauge(
+            "pyctl_recommend_demand_served_ratio",
+            "Demand served at 100% of capacity: the best menu of at most k sizes "
+            "(k=requested: the requests as they are)",
+            [*c, "gpu_model", "k"],
+            registry=r,
+        )
+        self.waste = Gauge(
+            "pyctl_recommend_rounding_waste_ratio",
+            "Rounding waste of the recommended menu on the replicas running now, of their need",
+            [*c, "gpu_model"],
+            registry=r,
+        )
+        self.workloads = Gauge(
+            "pyctl_recommend_workloads",
+            "GPU workloads by recommendation (change, keep)",
+            [*c, "action"],
+            registry=r,
+        )
+        self.class_nodes = Gauge(
+            "pyctl_recommend_class_nodes",
+            "Nodes a resource class needs for the normalized demand",
+            [*c, "gpu_model", "class"],
+            registry=r,
+        )
+        self.usage_bad_points = Gauge(
+            "pyctl_recommend_usage_bad_points",
+            "Usage points left out of the last report (NaN, negative, out of range)",
+            c,
+            registry=r,
+        )
+        self.usage_stale_pods = Gauge(
+            "pyctl_recommend_usage_stale_pods",
+            "Pods with usage series that match no current workload, in the last report",
+            c,
             registry=r,
         )

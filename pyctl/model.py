@@ -22,10 +22,13 @@ GPU_MILLI: Final = 1000
 
 @dataclass(frozen=True, slots=True)
 class Gpu:
-    """A whole (or shared) GPU: `used_milli` of 1000 is in use."""
+    """A whole (or shared) GPU: `used_milli` of 1000 is in use. On a shared GPU, `holders` says
+    which pod holds how much of it ((pod key, milli), docs/sharing.md); the rest of
+    `used_milli` is capacity no replica can use."""
 
     id: int
     used_milli: int = 0
+    holders: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,13 +43,24 @@ class MigInstance:
 
 @dataclass(frozen=True, slots=True)
 class MigGpu:
+    """A GPU in MIG mode. `dra`: published by a DRA driver (only DRA requests can use it).
+    `dynamic`: partitioned on demand (the NVIDIA DRA driver's DynamicMIG): `instances` are the
+    allocated placements, and any placement within the free memory slices can be allocated;
+    `free_slices` is the bit mask of free memory slices the driver's counters show (None: the
+    slices no instance covers)."""
+
     gpu: int
     instances: tuple[MigInstance, ...] = ()
+    dra: bool = False
+    dynamic: bool = False
+    free_slices: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Zone:
-    """One NUMA zone of a node, with its CPU, memory and the GPUs attached to it."""
+    """One NUMA zone of a node, with its CPU, memory and the GPUs attached to it: `gpus` of the
+    device plugin, `dra_gpus` published by a DRA driver (each usable only by its own kind of
+    request)."""
 
     numa: int
     cpu_milli: int = 0
@@ -55,6 +69,7 @@ class Zone:
     memory_mib_used: int = 0
     gpus: tuple[Gpu, ...] = ()
     mig: tuple[MigGpu, ...] = ()
+    dra_gpus: tuple[Gpu, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +80,14 @@ class Node:
     cpu_manager_policy: ManagerPolicy = "static"
     memory_manager_policy: ManagerPolicy = "none"
     zones: tuple[Zone, ...] = ()
+    #: the sharing pool of its whole/shared GPUs ("" is nvidia.com/gpu; docs/sharing.md)
+    gpu_pool: str = ""
+    #: replicas per GPU (time-slicing, MPS); 1: not replicated
+    gpu_replicas: int = 1
+    #: memory of each GPU in MiB (0: unknown), for shapes that ask for GPU memory
+    gpu_memory_mib: int = 0
+    #: how the GPU shares were read, for display ("time-slicing x4, attributed", "hami, exact")
+    sharing: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +97,14 @@ class Snapshot:
 
 @dataclass(frozen=True, slots=True)
 class Shape:
-    """A task shape of the workload M. `gpu_milli` is the per-GPU share (1000 = whole GPU);
-    a MIG shape names `mig_profile` and needs one free instance of exactly that profile."""
+    """A task shape of the workload M. `gpu_milli` is the per-GPU share (1000 = whole GPU; 0
+    with `gpus` >= 1: one replica of each GPU, whose size the node says); `gpu_memory_mib` asks
+    for that much memory of each GPU too (its fraction of the node's GPU memory); `gpu_pool`
+    is the sharing pool its GPUs come from (docs/sharing.md). A MIG shape names `mig_profile`
+    and needs one free instance of exactly that profile. `dra`: asked through a DRA
+    ResourceClaim (served by DRA devices only, admitted by the claim's own constraints instead
+    of the Topology Manager); `numa_aligned`: the claim asks its devices to share a NUMA node
+    (matchAttribute on numaNode, or pcieRoot)."""
 
     cpu_milli: int = 0
     memory_mib: int = 0
@@ -84,15 +113,30 @@ class Shape:
     mig_profile: str | None = None
     gpu_models: tuple[str, ...] = ()
     weight: float = 1.0
+    dra: bool = False
+    numa_aligned: bool = False
+    gpu_pool: str = ""
+    gpu_memory_mib: int = 0
 
     @property
     def is_cpu_only(self) -> bool:
         return self.gpus == 0 and self.mig_profile is None
 
-    def key(self) -> tuple[int, int, int, str | None, tuple[str, ...]]:
+    def key(self) -> tuple[int, int, int, str | None, tuple[str, ...], bool, bool, str, int]:
         """Identity of a shape without its weight (FGD keys shapes by CPU, GPU share, count and
-        type)."""
-        return (self.cpu_milli, self.gpu_milli, self.gpus, self.mig_profile, self.gpu_models)
+        type; DRA shapes also by how they are admitted; sharing adds the pool and the GPU
+        memory asked for)."""
+        return (
+            self.cpu_milli,
+            self.gpu_milli,
+            self.gpus,
+            self.mig_profile,
+            self.gpu_models,
+            self.dra,
+            self.numa_aligned,
+            self.gpu_pool,
+            self.gpu_memory_mib,
+        )
 
 
 @dataclass(frozen=True, slots=True)

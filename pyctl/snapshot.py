@@ -84,7 +84,16 @@ def _known(o: Mapping[str, Any], keys: set[str], where: str) -> None:
         raise SnapshotError(f"{where}: unknown field(s) {', '.join(sorted(extra))}")
 
 
-_ZONE_KEYS = {"numa", "cpu_milli", "cpu_milli_used", "memory_mib", "memory_mib_used", "gpus", "mig"}
+_ZONE_KEYS = {
+    "numa",
+    "cpu_milli",
+    "cpu_milli_used",
+    "memory_mib",
+    "memory_mib_used",
+    "gpus",
+    "mig",
+    "dra_gpus",
+}
 _NODE_KEYS = {
     "name",
     "gpu_model",
@@ -93,7 +102,20 @@ _NODE_KEYS = {
     "memory_manager_policy",
     "zones",
     "labels",
+    "gpu_pool",
+    "gpu_replicas",
+    "gpu_memory_mib",
+    "sharing",
 }
+
+
+def _holders(raw: Any, where: str, used: int) -> tuple[tuple[str, int], ...]:
+    """The pods holding shares of a GPU: {"ns/name": milli}; they add up to at most used."""
+    d = _obj(raw, f"{where}.pods")
+    out = tuple((str(k), _int(d, k, f"{where}.pods", None)) for k in sorted(d))
+    if sum(m for _, m in out) > used:
+        raise SnapshotError(f"{where}.pods: the pods' shares add up to more than used_milli {used}")
+    return out
 
 
 def _zone(raw: Any, node: str, i: int) -> Zone:
@@ -108,21 +130,13 @@ def _zone(raw: Any, node: str, i: int) -> Zone:
         raise SnapshotError(f"{where}.cpu_milli_used: {cpu_used} is above capacity {cpu}")
     if mem_used > mem:
         raise SnapshotError(f"{where}.memory_mib_used: {mem_used} is above capacity {mem}")
-    gpus = []
-    for j, g in enumerate(_list(z.get("gpus", []), f"{where}.gpus")):
-        gw = f"{where}.gpus[{j}]"
-        g = _obj(g, gw)
-        _known(g, {"id", "used_milli"}, gw)
-        gid = _int(g, "id", gw, default=None)
-        used = _int(g, "used_milli", f"{where}.gpus[id={gid}]")
-        if used > 1000:
-            raise SnapshotError(f"{where}.gpus[id={gid}].used_milli: {used} is above 1000")
-        gpus.append(Gpu(gid, used))
+    gpus = _gpus(z, "gpus", where)
+    dra_gpus = _gpus(z, "dra_gpus", where)
     migs = []
     for j, m in enumerate(_list(z.get("mig", []), f"{where}.mig")):
         mw = f"{where}.mig[{j}]"
         m = _obj(m, mw)
-        _known(m, {"gpu", "instances"}, mw)
+        _known(m, {"gpu", "instances", "dra", "dynamic", "free_slices"}, mw)
         gid = _int(m, "gpu", mw, default=None)
         mw = f"{where}.mig[gpu={gid}]"
         insts = []
@@ -139,8 +153,32 @@ def _zone(raw: Any, node: str, i: int) -> Zone:
             insts.append(
                 MigInstance(_str(inst, "profile", iw), _int(inst, "start", iw, None), used_v, pod)
             )
-        migs.append(MigGpu(gid, tuple(insts)))
-    return Zone(numa, cpu, cpu_used, mem, mem_used, tuple(gpus), tuple(migs))
+        flags: dict[str, bool] = {}
+        for key in ("dra", "dynamic"):
+            v = m.get(key, False)
+            if not isinstance(v, bool):
+                raise SnapshotError(f"{mw}.{key}: expected true or false")
+            flags[key] = v
+        free = m.get("free_slices")
+        if free is not None:
+            free = _int(m, "free_slices", mw)
+        migs.append(MigGpu(gid, tuple(insts), flags["dra"], flags["dynamic"], free))
+    return Zone(numa, cpu, cpu_used, mem, mem_used, tuple(gpus), tuple(migs), tuple(dra_gpus))
+
+
+def _gpus(z: Mapping[str, Any], key: str, where: str) -> list[Gpu]:
+    gpus = []
+    for j, g in enumerate(_list(z.get(key, []), f"{where}.{key}")):
+        gw = f"{where}.{key}[{j}]"
+        g = _obj(g, gw)
+        _known(g, {"id", "used_milli", "pods"}, gw)
+        gid = _int(g, "id", gw, default=None)
+        gw = f"{where}.{key}[id={gid}]"
+        used = _int(g, "used_milli", gw)
+        if used > 1000:
+            raise SnapshotError(f"{gw}.used_milli: {used} is above 1000")
+        gpus.append(Gpu(gid, used, _holders(g.get("pods", {}), gw, used)))
+    return gpus
 
 
 def _node(raw: Any, i: int) -> Node:
@@ -159,7 +197,7 @@ def _node(raw: Any, i: int) -> Node:
         if z.numa in seen:
             raise SnapshotError(f"{where}.zones[numa={z.numa}]: duplicate NUMA id")
         seen.add(z.numa)
-        for gid in [g.id for g in z.gpus] + [m.gpu for m in z.mig]:
+        for gid in [g.id for g in z.gpus + z.dra_gpus] + [m.gpu for m in z.mig]:
             if gid in gpu_ids:
                 raise SnapshotError(f"{where}.zones[numa={z.numa}]: GPU id {gid} appears twice")
             gpu_ids.add(gid)
@@ -176,7 +214,18 @@ def _node(raw: Any, i: int) -> Node:
             ManagerPolicy, _choice(n, "memory_manager_policy", where, MANAGER_POLICIES, "none")
         ),
         zones=zones,
+        gpu_pool=_str(n, "gpu_pool", where, ""),
+        gpu_replicas=_replicas(n, where),
+        gpu_memory_mib=_int(n, "gpu_memory_mib", where),
+        sharing=_str(n, "sharing", where, ""),
     )
+
+
+def _replicas(n: Mapping[str, Any], where: str) -> int:
+    r = _int(n, "gpu_replicas", where, 1)
+    if not 1 <= r <= 1000:
+        raise SnapshotError(f"{where}.gpu_replicas: {r} is outside 1..1000")
+    return r
 
 
 def load_snapshot(data: Any) -> Snapshot:
@@ -201,6 +250,10 @@ _SHAPE_KEYS = {
     "mig_profile",
     "gpu_models",
     "weight",
+    "dra",
+    "numa_aligned",
+    "gpu_pool",
+    "gpu_memory_mib",
 }
 
 
@@ -220,6 +273,12 @@ def shape_from_json(raw: Any, where: str, need_weight: bool = True) -> Shape:
     models = s.get("gpu_models") or []
     if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
         raise SnapshotError(f"{where}.gpu_models: expected a list of model names")
+    flags = {}
+    for k in ("dra", "numa_aligned"):
+        v = s.get(k, False)
+        if not isinstance(v, bool):
+            raise SnapshotError(f"{where}.{k}: expected true or false")
+        flags[k] = v
     return Shape(
         cpu_milli=_int(s, "cpu_milli", where),
         memory_mib=_int(s, "memory_mib", where),
@@ -228,6 +287,10 @@ def shape_from_json(raw: Any, where: str, need_weight: bool = True) -> Shape:
         mig_profile=mig,
         gpu_models=tuple(models),
         weight=float(weight),
+        dra=flags["dra"],
+        numa_aligned=flags["numa_aligned"],
+        gpu_pool=_str(s, "gpu_pool", where, ""),
+        gpu_memory_mib=_int(s, "gpu_memory_mib", where),
     )
 
 
@@ -252,6 +315,7 @@ def snapshot_to_json(s: Snapshot) -> dict[str, Any]:
                 "topology_policy": n.topology_policy,
                 "cpu_manager_policy": n.cpu_manager_policy,
                 "memory_manager_policy": n.memory_manager_policy,
+                **_sharing_to_json(n),
                 "zones": [
                     {
                         "numa": z.numa,
@@ -259,7 +323,11 @@ def snapshot_to_json(s: Snapshot) -> dict[str, Any]:
                         "cpu_milli_used": z.cpu_milli_used,
                         "memory_mib": z.memory_mib,
                         "memory_mib_used": z.memory_mib_used,
-                        "gpus": [{"id": g.id, "used_milli": g.used_milli} for g in z.gpus],
+                        "gpus": [
+                            {"id": g.id, "used_milli": g.used_milli}
+                            | ({"pods": dict(g.holders)} if g.holders else {})
+                            for g in z.gpus
+                        ],
                         "mig": [
                             {
                                 "gpu": m.gpu,
@@ -269,15 +337,36 @@ def snapshot_to_json(s: Snapshot) -> dict[str, Any]:
                                     for i in m.instances
                                 ],
                             }
+                            | ({"dra": True} if m.dra else {})
+                            | ({"dynamic": True} if m.dynamic else {})
+                            | ({"free_slices": m.free_slices} if m.free_slices is not None else {})
                             for m in z.mig
                         ],
                     }
+                    | (
+                        {"dra_gpus": [{"id": g.id, "used_milli": g.used_milli} for g in z.dra_gpus]}
+                        if z.dra_gpus
+                        else {}
+                    )
                     for z in n.zones
                 ],
             }
             for n in s.nodes
         ]
     }
+
+
+def _sharing_to_json(n: Node) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if n.gpu_pool:
+        out["gpu_pool"] = n.gpu_pool
+    if n.gpu_replicas != 1:
+        out["gpu_replicas"] = n.gpu_replicas
+    if n.gpu_memory_mib:
+        out["gpu_memory_mib"] = n.gpu_memory_mib
+    if n.sharing:
+        out["sharing"] = n.sharing
+    return out
 
 
 # ---- the MIG planner's demand (`pyctl mig plan --demand`) ------------------------------------

@@ -16,6 +16,7 @@ import dataclasses
 import math
 import os
 import re
+import ssl
 import types
 import typing
 from collections.abc import Mapping
@@ -27,6 +28,11 @@ import yaml
 
 from pyctl.cluster.kube.reflector import ReflectorOptions
 from pyctl.cluster.selectors import SelectorError, parse_selector
+from pyctl.core.policy import PlanLimits
+from pyctl.recommend.prometheus import parse_duration
+from pyctl.serve.extender_server import ExtenderOptions
+from pyctl.serve.health import MetricsOptions
+from pyctl.serve.http import TlsFiles
 from pyctl.state.ratelimit import BucketLimit, SafetyLimits
 from pyctl.state.redis_client import RedisConfig
 from pyctl.workflows.evictor import EvictorOptions
@@ -72,36 +78,9 @@ class RedisSection:
         )
 
 
-@dataclass(frozen=True)
-class MetricsSection:
-    """`/metrics`, `/healthz`, `/readyz` (and `/federation`); port 0: no server."""
-
-    host: str = "127.0.0.1"
-    port: int = 0
-
-
-@dataclass(frozen=True)
-class ExtenderSection:
-    """The kube-scheduler extender (`/scheduler/filter`, `/scheduler/prioritize`) on its own
-    server; port 0: not served."""
-
-    host: str = "127.0.0.1"
-    port: int = 0
-    #: TLS: the server's certificate and key (mounted files); with `client_ca_file`, clients
-    #: must present a certificate it signed (kube-scheduler's extender `tlsConfig`)
-    tls_cert_file: str = ""
-    tls_key_file: str = ""
-    client_ca_file: str = ""
-    #: a file holding a bearer token clients must send (`Authorization: Bearer ...`)
-    token_file: str = ""
-    #: requests answered at once (more wait for a free worker, up to the deadline)
-    max_concurrency: int = 8
-    #: the largest request body read
-    max_body_bytes: int = 4 << 20
-    #: seconds to read a request's headers and body
-    read_timeout: float = 5.0
-    #: an answer later than this is "no advice" instead
-    deadline: float = 1.5
+#: the HTTP servers' sections are their own option types (pyctl/serve/)
+MetricsSection = MetricsOptions
+ExtenderSection = ExtenderOptions
 
 
 @dataclass(frozen=True)
@@ -183,8 +162,35 @@ class LimitSection:
 class WorkflowSection:
     #: seconds between two compaction/MIG planning rounds on a real cluster
     interval: float = 30.0
-    #: most evictions one compaction round plans
+    #: most evictions one compaction round plans (a rescue's included)
     max_moves: int = 3
+    #: most evictions one rescue of a pending pod may take (0: no rescues)
+    rescue_depth: int = 3
+    #: seconds a rescue may take, from its start to the pending pod bound
+    rescue_deadline: float = 900.0
+    #: smallest fall of fragment (milli-GPU) a defragmentation move must bring: an eviction
+    #: restarts a replica, so a move must make at least one GPU's worth of idle capacity usable
+    #: again (on the built-in scenario, moves worth less cut stranded GPU-hours by under 1% for
+    #: about a hundred evictions a day: `pyctl demo`, docs/simulator.md). Rescues of pending
+    #: pods are not held to it.
+    min_gain: float = 1000.0
+
+    def plan_limits(self) -> PlanLimits:
+        return PlanLimits(
+            max_moves=self.max_moves, min_gain=self.min_gain, rescue_depth=self.rescue_depth
+        )
+
+
+@dataclass(frozen=True)
+class RecommendSection:
+    """The resource normalization report (`pyctl recommend`), made periodically in observe
+    mode: seconds between two reports (0: none), where DCGM usage comes from (a Prometheus
+    URL, empty: requests only), over what window, with what memory headroom."""
+
+    interval: float = 300.0
+    prometheus_url: str = ""
+    window: str = "7d"
+    headroom: float = 0.2
 
 
 @dataclass(frozen=True)
@@ -199,8 +205,8 @@ class Config:
     summary_interval: float = 1.0
     default_topology_policy: str = "none"
     redis: RedisSection = field(default_factory=RedisSection)
-    metrics: MetricsSection = field(default_factory=MetricsSection)
-    extender: ExtenderSection = field(default_factory=ExtenderSection)
+    metrics: MetricsOptions = field(default_factory=MetricsOptions)
+    extender: ExtenderOptions = field(default_factory=ExtenderOptions)
     lease: LeaseSection = field(default_factory=LeaseSection)
     log: LogSection = field(default_factory=LogSection)
     sim: SimSection = field(default_factory=SimSection)
@@ -210,6 +216,7 @@ class Config:
     mig: MigOptions = field(default_factory=MigOptions)
     evictor: EvictorOptions = field(default_factory=EvictorOptions)
     reflector: ReflectorOptions = field(default_factory=ReflectorOptions)
+    recommend: RecommendSection = field(default_factory=RecommendSection)
 
     def validate(self) -> Config:
         _validate(self)
@@ -443,7 +450,38 @@ def _validate(c: Config) -> None:
         raise bad(
             "extender_tls", "tls_cert_file and tls_key_file go together (client_ca_file needs them)"
         )
+    if c.recommend.prometheus_url and not c.recommend.prometheus_url.startswith(
+        ("http://", "https://")
+    ):
+        raise bad("recommend_prometheus_url", "must start with http:// or https://")
+    try:
+        parse_duration(c.recommend.window)
+    except ValueError as e:
+        raise bad("recommend_window", str(e)) from None
+    if c.extender.port:
+        _extender_files(c, bad)
     _ranges(c, bad)
+
+
+def _extender_files(c: Config, bad: Any) -> None:
+    """The extender's certificate, key, CA and token files can be read (a typo would otherwise
+    show only as every request refused)."""
+    e = c.extender
+    if e.tls_cert_file:
+        try:
+            TlsFiles(e.tls_cert_file, e.tls_key_file, e.client_ca_file)
+        except (OSError, ssl.SSLError, ValueError) as err:
+            why = getattr(err, "strerror", None) or str(err) or type(err).__name__
+            files = ", ".join(f for f in (e.tls_cert_file, e.tls_key_file, e.client_ca_file) if f)
+            raise bad("extender_tls", f"cannot load {files}: {why}") from None
+    if e.token_file:
+        try:
+            with open(e.token_file, "rb") as f:
+                empty = not f.read(64 << 10).strip()
+        except OSError as err:
+            raise bad("extender_token_file", f"{e.token_file}: {err.strerror or err}") from None
+        if empty:
+            raise bad("extender_token_file", f"{e.token_file} is empty")
 
 
 # (flat name, lowest, highest): every other number only has to be finite
@@ -456,6 +494,9 @@ _RANGES: tuple[tuple[str, float, float], ...] = (
     ("workload_interval", 0.1, 86400),
     ("workflow_interval", 0.01, 86400),
     ("workflow_max_moves", 0, 1000),
+    ("workflow_rescue_depth", 0, 8),
+    ("workflow_rescue_deadline", 1, 86400),
+    ("workflow_min_gain", 0, 1e6),
     ("limit_global_burst", 1, 1e6),
     ("limit_node_burst", 1, 1e6),
     ("limit_namespace_burst", 1, 1e6),
@@ -466,10 +507,13 @@ _RANGES: tuple[tuple[str, float, float], ...] = (
     ("limit_workload_per_minute", 1e-3, 1e6),
     ("limit_node_cooldown_seconds", 0, 86400 * 7),
     ("limit_disruptions_per_hour", 0, 1e6),
+    ("metrics_max_connections", 1, 65536),
+    ("metrics_read_timeout", 0.1, 600),
     ("extender_max_concurrency", 1, 1024),
     ("extender_max_body_bytes", 1024, 256 << 20),
     ("extender_read_timeout", 0.1, 600),
     ("extender_deadline", 0.01, 60),
+    ("extender_max_connections", 1, 65536),
     ("mig_concurrency", 1, 1024),
     ("mig_apply_timeout", 1, 86400),
     ("mig_drain_timeout", 1, 86400),
@@ -479,6 +523,8 @@ _RANGES: tuple[tuple[str, float, float], ...] = (
     ("mig_max_starts", 0, 1024),
     ("evictor_min_replicas", 0, 1e6),
     ("evictor_min_pod_age_seconds", 0, 86400 * 365),
+    ("recommend_interval", 0, 86400 * 7),
+    ("recommend_headroom", 0, 10),
 )
 
 

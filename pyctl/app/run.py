@@ -13,10 +13,12 @@ import anyio
 from pyctl.app.config import Config
 from pyctl.app.wiring import (
     Workflows,
+    advisor,
+    attach_recommender,
     attach_workflows,
     make_store,
     sim_limits,
-    start_server,
+    start_servers,
     workload_scope,
 )
 from pyctl.cluster.kube.actuator import KubeActuator
@@ -25,9 +27,10 @@ from pyctl.cluster.kube.lease import LeaderElector, LeaseConfig
 from pyctl.cluster.kube.source import KubeClusterSource
 from pyctl.cluster.sim.actuator import SimActuator
 from pyctl.cluster.sim.scenario import Scenario, inference_day
-from pyctl.cluster.sim.source import SimClusterSource
+from pyctl.cluster.sim.source import Lockstep, SimClusterSource
 from pyctl.cluster.source import Actuator, NullActuator
 from pyctl.controller.controller import Controller
+from pyctl.controller.placement import PlacementAdvisor
 from pyctl.controller.summary import Summary
 from pyctl.federation import watch_members
 from pyctl.metrics import Metrics
@@ -67,8 +70,9 @@ async def run_kube(cfg: Config, workload: Workload | None) -> int:
     actuator: Actuator = (
         KubeActuator(kube, instance=identity) if cfg.mode == "enforce" else NullActuator()
     )
-    attach_workflows(ctl, cfg, actuator=actuator)
-    server = await start_server(ctl, cfg)
+    flows = attach_workflows(ctl, cfg, actuator=actuator)
+    attach_recommender(ctl, cfg)
+    servers = await start_servers(ctl, cfg, flows)
     if cfg.redis.url:
         ctl.background.append(lambda: watch_members(ctl.store, ctl.metrics, cfg.cluster, 10.0))
     try:
@@ -76,8 +80,7 @@ async def run_kube(cfg: Config, workload: Workload | None) -> int:
             tg.start_soon(elector.run)
             await ctl.run()
     finally:
-        if server is not None:
-            await server.stop()
+        await servers.stop()
         await kube.close()
     return 0
 
@@ -86,30 +89,36 @@ async def run_kube(cfg: Config, workload: Workload | None) -> int:
 class SimRun:
     """The controller on the built-in simulated cluster: in enforce mode evictions and MIG
     re-partitions really happen there (and its scheduler takes pyctl's placement advice); in
-    observe mode they are counted as dry runs."""
+    observe mode they are counted as dry runs. The controller follows the cluster's virtual
+    time in lockstep (`pyctl.cluster.sim.source.Lockstep`): its planning rounds every
+    `workflow_interval` virtual seconds, its clocks and rate limits virtual, so a run is the same
+    at any speed."""
 
     cfg: Config
     scenario: Scenario
     source: SimClusterSource
     controller: Controller
     workflows: Workflows
+    advisor: PlacementAdvisor | None = None
 
     async def run(self) -> None:
-        server = await start_server(self.controller, self.cfg)
+        servers = await start_servers(self.controller, self.cfg, self.workflows)
         try:
             await self.controller.run(until_source_ends=not self.cfg.sim.forever)
         finally:
-            if server is not None:
-                await server.stop()
+            await servers.stop()
 
 
 def build_sim(
     cfg: Config,
     workload: Workload | None = None,
     on_summary: Callable[[Summary], None] | None = None,
-    interval: float = 0.5,
 ) -> SimRun:
-    """The simulated cluster of `cfg.sim` and the controller watching it."""
+    """The simulated cluster of `cfg.sim` and the controller watching it, in lockstep.
+
+    The safety limits are the configured ones, on the virtual clock. With a shared Redis the
+    rate limits run on Redis's clock (wall time), so the limits of `sim_limits` (per wall
+    second) are used instead and the run depends on the playback speed."""
     scenario = inference_day(seed=cfg.sim.seed)
     source = SimClusterSource(scenario, speed=cfg.sim.speed or None, forever=cfg.sim.forever)
     metrics = Metrics()
@@ -119,17 +128,44 @@ def build_sim(
         make_store(cfg, metrics),
         metrics,
         workload=workload,
-        summary_interval=cfg.summary_interval,
+        summary_interval=0.0,  # summaries come with the virtual ticks
         default_policy=cfg.default_topology_policy,
         on_summary=on_summary,
+        workload_interval=cfg.workload.interval,
+        clock=source.now,
         scope=workload_scope(cfg),
     )
     enforce = cfg.mode == "enforce"
     actuator: Actuator = SimActuator(source) if enforce else NullActuator()
+    flows = attach_workflows(
+        ctl,
+        cfg,
+        actuator=actuator,
+        limits=sim_limits() if cfg.redis.url else None,
+        clock=source.now,
+        loops=False,
+    )
+    attach_recommender(ctl, cfg)
+
+    async def tick(now: float) -> None:
+        s = ctl.summarize()
+        if on_summary is not None:
+            on_summary(s)
+        leader = ctl.is_leader()
+        await flows.compactor.tick(leader)
+        await flows.mig_loop.tick(leader)
+
+    source.lockstep = Lockstep(ctl.drain, tick, every=cfg.workflow.interval)
+    adv: PlacementAdvisor | None = None
     if enforce:
-        source.cluster.advice = True
-    flows = attach_workflows(ctl, cfg, actuator=actuator, limits=sim_limits(), interval=interval)
-    return SimRun(cfg, scenario, source, ctl, flows)
+        # the simulated scheduler asks pyctl's extender, as a configured kube-scheduler does
+        adv = advisor(ctl, flows)
+        extender = adv
+        source.cluster.extender = lambda pod, names: (
+            extender.filter(pod, names),
+            extender.prioritize(pod, names),
+        )
+    return SimRun(cfg, scenario, source, ctl, flows, adv)
 
 
 __all__ = ["SimRun", "Summary", "build_sim", "run_kube"]

@@ -4,6 +4,7 @@ that use it; nothing below the application layer builds its own collaborators.""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -16,20 +17,26 @@ from pyctl.controller.controller import Controller
 from pyctl.controller.placement import PlacementAdvisor
 from pyctl.controller.workload import WorkloadScope
 from pyctl.metrics import Metrics
+from pyctl.recommend.recommender import attach_from_config
 from pyctl.serve.extender import ExtenderHandler
+from pyctl.serve.extender_server import ExtenderServer, HttpMetrics
 from pyctl.serve.health import HealthServer
 from pyctl.state.memory import MemoryStore
 from pyctl.state.ratelimit import BucketLimit, MemoryRateLimiter, RateLimiter, SafetyLimits
 from pyctl.state.store import StateStore
 from pyctl.state.workflows import MemoryWorkflowStore, WorkflowStore
+from pyctl.workflows.compaction import KIND as COMPACTION_KIND
 from pyctl.workflows.compactor import Compactor
-from pyctl.workflows.engine import Context, Engine
+from pyctl.workflows.dra_steering import DraSteering
+from pyctl.workflows.engine import Engine
 from pyctl.workflows.evictor import Evictor
 from pyctl.workflows.gate import Gate
 from pyctl.workflows.kinds import builtin_registry
 from pyctl.workflows.mig_loop import MigLoop
 from pyctl.workflows.mig_reconfig import KIND as MIG_KIND
 from pyctl.workflows.mig_reconfig import MigContext
+from pyctl.workflows.rescue import KIND as RESCUE_KIND
+from pyctl.workflows.rescue import CompactionContext, RescueOptions
 
 
 def workload_scope(cfg: Config) -> WorkloadScope:
@@ -53,12 +60,14 @@ def make_store(cfg: Config, metrics: Metrics | None = None) -> StateStore:
     return RedisStore(cfg.redis.client_config(), cfg.cluster, metrics=metrics)
 
 
-def workflow_backends(cfg: Config) -> tuple[WorkflowStore, RateLimiter]:
+def workflow_backends(
+    cfg: Config, clock: Callable[[], float] = time.monotonic
+) -> tuple[WorkflowStore, RateLimiter]:
     """Where workflows and rate limits live: in the shared Redis when one is configured (so a
     restarted controller or a new leader resumes the workflows, and replicas and clusters
-    sharing the Redis share the limits), else in memory."""
+    sharing the Redis share the limits; their clock is Redis's), else in memory (on `clock`)."""
     if not cfg.redis.url:
-        return MemoryWorkflowStore(), MemoryRateLimiter()
+        return MemoryWorkflowStore(), MemoryRateLimiter(clock)
     from pyctl.state.redis_client import connect
     from pyctl.state.redis_ratelimit import RedisRateLimiter
     from pyctl.state.redis_workflows import RedisWorkflowStore
@@ -88,6 +97,7 @@ class Workflows:
     actuator: Actuator
     compactor: Compactor
     mig_loop: MigLoop
+    dra_steering: DraSteering
 
 
 def protection(cfg: Config, pods: Mapping[str, PodRecord]) -> Callable[[PodRecord], str | None]:
@@ -105,12 +115,17 @@ def attach_workflows(
     actuator: Actuator | None = None,
     limits: SafetyLimits | None = None,
     interval: float | None = None,
+    clock: Callable[[], float] | None = None,
+    loops: bool = True,
 ) -> Workflows:
     """The compaction and MIG loops, with the gate in front of the actuator (observe mode:
-    `NullActuator` unless one is given), registered as the controller's background loops."""
+    `NullActuator` unless one is given), registered as the controller's background loops
+    (`loops`; else the caller ticks them, as the simulated cluster does in virtual time).
+    `clock`: the workflows' and rate limits' clock (epoch seconds; default the wall clock)."""
     interval = cfg.workflow.interval if interval is None else interval
     actuator = actuator if actuator is not None else NullActuator()
-    workflows, limiter = workflow_backends(cfg)
+    workflows, limiter = workflow_backends(cfg, clock or time.monotonic)
+    wall = clock or time.time
     pods = ctl.cache.pods
     gate = Gate(
         cfg.mode,
@@ -133,18 +148,26 @@ def attach_workflows(
     def pod(ns: str, name: str) -> PodRecord | None:
         return pods.get(f"{ns}/{name}")
 
+    rescue_options = RescueOptions(deadline=cfg.workflow.rescue_deadline, poll=min(2.0, interval))
     compactor = Compactor(
         ctl.cache,
         ctl.reconciler,
-        Engine(workflows, Context(gate, pod), registry, kinds=("compaction",)),
+        Engine(
+            workflows,
+            CompactionContext(gate, pod, wall, rescue=rescue_options),
+            registry,
+            kinds=(COMPACTION_KIND, RESCUE_KIND),
+        ),
         ctl.metrics,
         cfg.cluster,
         cfg.mode,
         interval,
-        max_moves=cfg.workflow.max_moves,
         options=cfg.evictor,
+        gate=gate,
+        limits=cfg.workflow.plan_limits(),
+        rescue_options=rescue_options,
     )
-    mig_ctx = MigContext(gate, pod, node=ctl.cache.nodes.get, options=cfg.mig)
+    mig_ctx = MigContext(gate, pod, wall, node=ctl.cache.nodes.get, options=cfg.mig)
     holdoff = cfg.mig.node_holdoff_seconds
     mig_loop = MigLoop(
         ctl.cache,
@@ -160,33 +183,84 @@ def attach_workflows(
         options=cfg.mig,
         admit=lambda p: ctl.reconciler.scope.admits(p) and ctl.reconciler.modelled(p),
     )
-    ctl.background.append(lambda: compactor.run(ctl.is_leader))
-    ctl.background.append(lambda: mig_loop.run(ctl.is_leader))
-    return Workflows(gate, actuator, compactor, mig_loop)
+    dra_steering = DraSteering(ctl.reconciler, gate, interval)
+    if loops:
+        ctl.background.append(lambda: compactor.run(ctl.is_leader))
+        ctl.background.append(lambda: mig_loop.run(ctl.is_leader))
+        ctl.background.append(lambda: dra_steering.run(ctl.is_leader))
+    return Workflows(gate, actuator, compactor, mig_loop, dra_steering)
 
 
-async def start_server(ctl: Controller, cfg: Config) -> HealthServer | None:
-    """/metrics, /healthz, /readyz (and /federation with a shared Redis) on the metrics port,
-    with the kube-scheduler extender (/scheduler/filter, /scheduler/prioritize)."""
-    if not cfg.metrics.port:
-        return None
-    federation: Callable[[], Awaitable[Mapping[str, Any]]] | None = None
-    if cfg.redis.url:
-        from pyctl.federation import federation_status
+def attach_recommender(ctl: Controller, cfg: Config) -> None:
+    """The periodic resource normalization report, in observe mode (pyctl/recommend)."""
+    if cfg.mode == "observe" and cfg.recommend.interval > 0:
+        attach_from_config(ctl, cfg.recommend)
 
-        store = ctl.store
 
-        async def status() -> Mapping[str, Any]:
-            return await federation_status(store, ctl.metrics, cfg.cluster)
-
-        federation = status
-    server = HealthServer(
-        ctl.metrics.registry,
-        ctl.ready,
-        cfg.metrics.host,
-        cfg.metrics.port,
-        federation=federation,
-        extender=ExtenderHandler(PlacementAdvisor.for_reconciler(ctl.reconciler)),
+def advisor(ctl: Controller, flows: Workflows | None = None) -> PlacementAdvisor:
+    """The scheduler extender's decisions, on the controller's models, keeping the nodes of the
+    rescues in progress for their pending pods."""
+    if flows is None:
+        return PlacementAdvisor.for_reconciler(ctl.reconciler)
+    compactor = flows.compactor
+    return PlacementAdvisor.for_reconciler(
+        ctl.reconciler, lambda: compactor.reservations, lambda: compactor.departures
     )
-    await server.start()
-    return server
+
+
+@dataclass
+class Servers:
+    """The HTTP servers of one controller (each None when its port is 0)."""
+
+    health: HealthServer | None = None
+    extender: ExtenderServer | None = None
+
+    async def stop(self) -> None:
+        if self.extender is not None:
+            await self.extender.stop()
+        if self.health is not None:
+            await self.health.stop()
+
+
+async def start_servers(ctl: Controller, cfg: Config, flows: Workflows | None = None) -> Servers:
+    """/metrics, /healthz, /readyz (and /federation with a shared Redis) on the metrics port;
+    the kube-scheduler extender (/scheduler/filter, /scheduler/prioritize) on the extender port,
+    on its own server and threads. Raises (after stopping what it started) when a server cannot
+    start: a port in use, TLS files that cannot be read."""
+    servers = Servers()
+    metrics = HttpMetrics(ctl.metrics.registry, cfg.cluster)
+    try:
+        if cfg.metrics.port:
+            federation: Callable[[], Awaitable[Mapping[str, Any]]] | None = None
+            if cfg.redis.url:
+                from pyctl.federation import federation_status
+
+                store = ctl.store
+
+                async def status() -> Mapping[str, Any]:
+                    return await federation_status(store, ctl.metrics, cfg.cluster)
+
+                federation = status
+            servers.health = HealthServer(
+                ctl.metrics.registry,
+                ctl.ready,
+                cfg.metrics.host,
+                cfg.metrics.port,
+                federation=federation,
+                limits=cfg.metrics.limits(),
+                on_reject=metrics.on_reject("metrics"),
+            )
+            await servers.health.start()
+        if cfg.extender.port:
+            # one advisor per worker thread (its rank cache is not shared), each keeping the
+            # nodes of the rescues in progress for their pending pods
+            servers.extender = ExtenderServer(
+                lambda: ExtenderHandler(advisor(ctl, flows)),
+                cfg.extender,
+                metrics,
+            )
+            await servers.extender.start()
+    except BaseException:
+        await servers.stop()
+        raise
+    return servers

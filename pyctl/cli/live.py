@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from rich.console import Group
 from rich.panel import Panel
 from rich.table import Table
@@ -18,38 +16,6 @@ def _bar(frac: float, width: int = 30) -> Text:
     n = round(frac * width)
     style = "green" if frac < 0.3 else "yellow" if frac < 0.6 else "red"
     return Text("█" * n + "·" * (width - n), style=style)
-
-
-@dataclass
-class RunTracker:
-    """What the run saw, for the live view and the closing summary."""
-
-    samples: int = 0
-    rate_sum: float = 0.0
-    peak_rate: float = 0.0
-    peak_fragment_gpus: float = 0.0
-    peak_blocked: int = 0
-    blocked_reasons: dict[str, int] = field(default_factory=dict)
-    min_success: float = 1.0
-    last: Summary | None = None
-
-    def observe(self, s: Summary) -> None:
-        self.last = s
-        if s.idle_gpu_milli <= 0 and s.nodes == 0:
-            return
-        self.samples += 1
-        self.rate_sum += s.fragmentation_rate
-        self.peak_rate = max(self.peak_rate, s.fragmentation_rate)
-        self.peak_fragment_gpus = max(self.peak_fragment_gpus, s.fragment_gpu_milli / 1000)
-        blocked = sum(s.blocked.values())
-        if blocked > self.peak_blocked:
-            self.peak_blocked = blocked
-            self.blocked_reasons = dict(s.blocked)
-        self.min_success = min(self.min_success, s.scheduling_success)
-
-    @property
-    def mean_rate(self) -> float:
-        return self.rate_sum / self.samples if self.samples else 0.0
 
 
 def render(
@@ -85,6 +51,14 @@ def render(
         f"idle, {s.fragment_mig_slices:.1f} fragment, "
         f"{s.recoverable_mig_slices:.0f} recoverable by re-partitioning",
     )
+    if s.shared_gpus:
+        t.add_row(
+            "shared GPUs",
+            _bar(s.shared_used_milli / (1000 * s.shared_gpus), 20),
+            f"{s.shared_used_milli / 1000:6.1f}",
+            f"of {s.shared_gpus} shared GPUs in use, by {s.shared_pods} pods "
+            "(time-slicing, MPS, HAMi)",
+        )
     blocked = (
         ", ".join(f"{k} {v}" for k, v in sorted(s.blocked.items(), key=lambda kv: -kv[1])) or "none"
     )

@@ -14,7 +14,18 @@ import sys
 from collections.abc import Callable, Sequence
 
 from pyctl import __version__
-from pyctl.cli import demo, federation, mig, plan, run, score, simulate, topology
+from pyctl.cli import (
+    demo,
+    dev,
+    federation,
+    mig,
+    plan,
+    recommend,
+    run,
+    score,
+    simulate,
+    topology,
+)
 from pyctl.cli.errors import (
     EXIT_BAD_INPUT,
     EXIT_BROKEN_PIPE,
@@ -33,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"pyctl {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (demo, federation, mig, plan, run, score, simulate, topology):
+    for module in (demo, dev, federation, mig, plan, recommend, run, score, simulate, topology):
         module.register(sub)
     return parser
 

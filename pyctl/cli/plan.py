@@ -1,115 +1,227 @@
 """`pyctl plan DUMP.json`: what the controller would do now, and why, with the expected gain —
-the compaction moves (evict which pod, where it lands) for a `kubectl get
-nodes,pods,poddisruptionbudgets,noderesourcetopologies -o json` dump. Nothing is changed."""
+the rescues of pending pods (several evictions that make room for one) and the compaction moves
+(evict which pod, where it lands), which pods may not move and which rule refused each, for a
+`kubectl get nodes,pods,poddisruptionbudgets,noderesourcetopologies -o json` dump (with the
+`resource.k8s.io` objects when DRA is used: DRA pods move by their claims, and the
+DeviceTaintRules pyctl would use to steer the allocator are listed). Nothing is changed."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from pyctl.cli.errors import UserError, load_json
-from pyctl.cluster.kube.dump import is_dump, records
-from pyctl.cluster.records import PodRecord
-from pyctl.cluster.translate import node_from_records, pod_shape, pod_shape_problem
+from pyctl.cluster.dra import DraContext, DraModel
+from pyctl.cluster.kube.dump import dra_context, is_dump, records
+from pyctl.cluster.records import NodeRecord, NrtRecord, PodRecord
+from pyctl.cluster.translate import (
+    DraPositions,
+    model_of,
+    pod_shape_problem,
+    shape_of,
+)
 from pyctl.core.fragmentation import derive_workload
+from pyctl.core.policy import PlanLimits
+from pyctl.model import Node, Workload
 from pyctl.snapshot import load_workload
-from pyctl.workflows.compaction import plan_compaction
-from pyctl.workflows.compactor import without_unusable_targets
+from pyctl.workflows.compaction import CompactionPlan, plan_compaction
+from pyctl.workflows.dra_taints import describe, steering_rules
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("plan", help="print what the controller would do now (nothing is changed)")
     p.add_argument("dump", help="kubectl get nodes,pods,pdb,noderesourcetopologies -o json")
+    add_options(p)
+    p.set_defaults(handler=run)
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    """`plan`'s options besides its input (shared with `kubectl pyctl plan`)."""
     p.add_argument("--workload", help="workload JSON (default: derived from the GPU pods)")
     p.add_argument("--max-moves", type=int, default=10)
+    p.add_argument("--rescue-depth", type=int, default=3, help="most evictions per rescue")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(handler=run)
+    p.add_argument(
+        "--no-device-taint-rules",
+        action="store_true",
+        help="the API server does not serve DeviceTaintRules (say what pyctl would do there)",
+    )
+
+
+def _json(plan: CompactionPlan, dra_lines: list[str], ignored: dict[str, str]) -> dict[str, Any]:
+    def move(m: Any) -> dict[str, Any]:
+        return {
+            "pod": m.pod,
+            "from": m.from_node,
+            "to": m.to_node,
+            "gain_gpu_milli": m.gain_gpu_milli,
+            "rescue": m.rescue,
+        }
+
+    return {
+        "rescues": [
+            {
+                "pending": r.pending,
+                "node": r.node,
+                "moves": [move(m) for m in r.moves],
+                "waits": r.waits,
+                "delta_gpu_milli": r.delta_gpu_milli,
+            }
+            for r in plan.rescues
+        ],
+        "moves": [move(m) for m in plan.moves],
+        "gain_gpu_milli": plan.gain_gpu_milli,
+        "considered": plan.considered,
+        "refused": dict(plan.refused),
+        "unrescued": dict(plan.unrescued),
+        "dra": dra_lines,
+        "ignored": ignored,
+    }
 
 
 def run(args: argparse.Namespace) -> int:
     raw = load_json(args.dump)
     if not is_dump(raw):
         raise UserError(f"{args.dump}: expected a kubectl -o json dump (kind: List)")
+    if not (0 <= args.max_moves <= 1000 and 0 <= args.rescue_depth <= 8):
+        raise UserError("--max-moves must be 0..1000 and --rescue-depth 0..8")
     nodes, pods, nrts, pdbs = records(raw)
+    dra = dra_context(raw)
+    by_name = {n.name: n for n in nodes}
     live = [p for p in pods if not p.terminated]
     # as the controller does: a pod the core cannot model and a node that cannot be translated
     # are left out (and said), the rest is planned
     ignored: dict[str, str] = {}
     modelled = []
     for p in live:
-        why = pod_shape_problem(p) if (p.gpus or p.mig) else None
+        s = shape_of(p, dra, by_name.get(p.node))
+        why = pod_shape_problem(p, s) if s is not None and (p.gpus or p.mig or p.claims) else None
         if why is None:
             modelled.append(p)
         else:
             ignored[f"pod {p.key}"] = why
-    nrt_of = {t.name: t for t in nrts}
-    on_node: dict[str, list[PodRecord]] = {}
-    for p in live:
-        on_node.setdefault(p.node, []).append(p)
-    usable = {}
-    for n in nodes:
-        try:
-            node_from_records(n, nrt_of.get(n.name), on_node.get(n.name, []))
-        except ValueError as e:
-            ignored[f"node {n.name}"] = str(e)
-            continue
-        usable[n.name] = n
     if args.workload:
         workload = load_workload(load_json(args.workload))
     else:
-        shapes = [pod_shape(p) for p in modelled if not pod_shape(p).is_cpu_only]
+        got = [shape_of(p, dra, by_name.get(p.node)) for p in modelled]
+        shapes = [s for s in got if s is not None and not s.is_cpu_only]
         if not shapes:
             raise UserError(f"{args.dump}: no GPU pods to derive a workload from; give --workload")
         workload = derive_workload(shapes)
-    pending = [pod_shape(p) for p in modelled if not p.node and p.unschedulable]
+    models, dra_models, positions = _models(nodes, nrts, live, dra, ignored)
+    pending = [p for p in modelled if not p.node and p.unschedulable]
     plan = plan_compaction(
-        usable,
-        nrt_of,
+        models,
+        {n.name: n for n in nodes},
         live,
         pdbs,
         workload,
-        pending=[s for s in pending if not s.is_cpu_only],
-        max_moves=args.max_moves,
+        pending=pending,
+        limits=PlanLimits(max_moves=args.max_moves, rescue_depth=args.rescue_depth),
+        dra=dra,
+        dra_positions=positions,
     )
-    plan = without_unusable_targets(plan, {p.key: p for p in live}, usable)
+    dra_lines: list[str] = []
+    if dra is not None:
+        dra_lines = _dra_lines(nodes, models, dra_models, workload, not args.no_device_taint_rules)
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "moves": [
-                        {
-                            "pod": m.pod,
-                            "from": m.from_node,
-                            "to": m.to_node,
-                            "gain_gpu_milli": m.gain_gpu_milli,
-                        }
-                        for m in plan.moves
-                    ],
-                    "gain_gpu_milli": plan.gain_gpu_milli,
-                    "considered": plan.considered,
-                    "refused": dict(plan.refused),
-                    "ignored": ignored,
-                },
-                indent=1,
-            )
-        )
+        print(json.dumps(_json(plan, dra_lines, ignored), indent=1))
         return 0
+    _print(plan, len(pending))
     c = Console()
-    t = Table(title="Compaction: evictions the controller would make now (observe mode: none made)")
-    for col in ("#", "pod", "from", "to", "fragment reduction (GPU)"):
-        t.add_column(col)
-    for i, m in enumerate(plan.moves, 1):
-        t.add_row(str(i), m.pod, m.from_node, m.to_node, f"{m.gain_gpu_milli / 1000:.2f}")
-    c.print(t)
-    c.print(
-        f"{len(plan.moves)} moves of {plan.considered} movable pods, expected fragment reduction "
-        f"{plan.gain_gpu_milli / 1000:.2f} GPUs; {len(plan.refused)} pods may not move"
-        + (f" (e.g. {next(iter(plan.refused.items()))})" if plan.refused else "")
-        + f"; {len(pending)} pending pods considered."
-    )
+    for line in dra_lines:
+        c.print(f"DRA: {line}" if not line.startswith("  ") else line)
     for what, why in ignored.items():
         c.print(f"left out: {what}: {why}")
     return 0
+
+
+def _models(
+    nodes: list[NodeRecord],
+    nrts: list[NrtRecord],
+    live: list[PodRecord],
+    dra: DraContext | None,
+    ignored: dict[str, str],
+) -> tuple[dict[str, Node], dict[str, DraModel], dict[str, DraPositions]]:
+    """Each node's model, its DRA part and where its pods' DRA devices sit; a node that cannot
+    be modelled is left out and said in `ignored` (as the controller leaves it out)."""
+    nrt = {t.name: t for t in nrts}
+    by_node: dict[str, list[PodRecord]] = {}
+    for p in live:
+        if p.node:
+            by_node.setdefault(p.node, []).append(p)
+    models: dict[str, Node] = {}
+    dra_models: dict[str, DraModel] = {}
+    positions: dict[str, DraPositions] = {}
+    for n in nodes:
+        where: DraPositions = {}
+        try:
+            models[n.name], dm = model_of(
+                n, nrt.get(n.name), by_node.get(n.name, []), dra=dra, positions=where
+            )
+        except ValueError as e:  # TranslateError, or the core refusing the node
+            ignored[f"node {n.name}"] = str(e)
+            continue
+        if dm is not None:
+            dra_models[n.name] = dm
+            positions[n.name] = where
+    return models, dra_models, positions
+
+
+def _dra_lines(
+    nodes: list[NodeRecord],
+    models: dict[str, Node],
+    dra_models: dict[str, DraModel],
+    workload: Workload,
+    served: bool,
+) -> list[str]:
+    """What DRA changes in the plan: nodes pyctl leaves alone, notes, the steering rules."""
+    lines: list[str] = []
+    for n in nodes:
+        dm = dra_models.get(n.name)
+        if dm is None:
+            continue
+        if dm.gpus and (n.gpus or n.mig):
+            lines.append(
+                f"{n.name}: GPUs managed both by the device plugin and by a DRA driver: "
+                "pyctl moves no pod there and never re-partitions it"
+            )
+        lines += [f"{n.name}: {note}" for note in dm.notes]
+    return lines + describe(steering_rules(models, dra_models, workload), served=served)
+
+
+def _print(plan: CompactionPlan, pending: int) -> None:
+    c = Console()
+    if plan.rescues:
+        t = Table(title="Rescues: room made for pending pods (observe mode: nothing done)")
+        for col in ("pending pod", "node", "evictions (pod → where it lands)", "waits"):
+            t.add_column(col)
+        for r in plan.rescues:
+            moves = "; ".join(f"{m.pod} → {m.to_node}" for m in r.moves)
+            t.add_row(r.pending, r.node, moves, str(r.waits))
+        c.print(t)
+    t = Table(title="Compaction: evictions the controller would make now (observe mode: none made)")
+    for col in ("#", "pod", "from", "to", "fragment reduction (GPU)", "for"):
+        t.add_column(col)
+    for i, m in enumerate(plan.moves, 1):
+        why = plan.rescues[m.rescue].pending if m.rescue is not None else "defragmentation"
+        t.add_row(str(i), m.pod, m.from_node, m.to_node, f"{m.gain_gpu_milli / 1000:.2f}", why)
+    c.print(t)
+    if plan.refused:
+        t = Table(title="Pods that may not move, and the rule that says so")
+        t.add_column("pod")
+        t.add_column("why")
+        for pod, why in sorted(plan.refused.items()):
+            t.add_row(pod, why)
+        c.print(t)
+    for pod, why in sorted(plan.unrescued.items()):
+        c.print(f"pending pod {pod}: no rescue ({why})")
+    c.print(
+        f"{len(plan.moves)} moves of {plan.considered} movable pods ({len(plan.rescues)} "
+        f"rescue(s)), expected fragment reduction {plan.gain_gpu_milli / 1000:.2f} GPUs; "
+        f"{len(plan.refused)} pods may not move; {pending} pending pods considered."
+    )

@@ -15,10 +15,10 @@ from rich.console import Console
 from rich.live import Live
 
 from pyctl.app.config import Config, ConfigError, load_config
+from pyctl.app.demo import actions_of, describe
 from pyctl.app.run import SimRun, build_sim, run_kube
 from pyctl.cli.errors import UserError, load_json
-from pyctl.cli.live import RunTracker, render
-from pyctl.controller.summary import Summary
+from pyctl.cli.live import render
 from pyctl.log import setup_logging
 from pyctl.model import Workload
 from pyctl.snapshot import load_workload
@@ -95,13 +95,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _run_sim(cfg: Config, workload: Workload | None, live: bool) -> int:
-    tracker = RunTracker()
     console = Console()
-
-    def on_summary(s: Summary) -> None:
-        tracker.observe(s)
-
-    sim = build_sim(cfg, workload, on_summary)
+    sim = build_sim(cfg, workload)
     ctl, source, scenario = sim.controller, sim.source, sim.scenario
     t0 = time.monotonic()
     last_events = [0, t0]
@@ -129,35 +124,27 @@ async def _run_sim(cfg: Config, workload: Workload | None, live: bool) -> int:
                 tg.cancel_scope.cancel()
     else:
         await sim.run()
-    _print_summary(console, sim, tracker, time.monotonic() - t0)
+    _print_summary(console, sim, time.monotonic() - t0)
     return 0
 
 
-def _print_summary(console: Console, sim: SimRun, tracker: RunTracker, wall: float) -> None:
-    st, ctl, scenario = sim.source.stats, sim.controller, sim.scenario
+def _print_summary(console: Console, sim: SimRun, wall: float) -> None:
+    """The run in figures from the simulated cluster's own state, weighted by virtual time
+    (`pyctl.cluster.sim.record`), and what pyctl did."""
+    st, ctl, scenario = sim.source.recorder.stats(), sim.controller, sim.scenario
+    blocked = ", ".join(f"{c} {h:.1f}" for c, h in sorted(st.blocked_hours.items()))
     console.print(
-        f"\n[bold]Summary[/] of scenario {scenario.name!r} "
-        f"({scenario.duration / 3600:.0f} simulated hours "
-        f"in {wall:.1f} s): {st.arrived} replicas arrived, {st.bound} bindings, "
-        f"{st.unschedulable} marked unschedulable on arrival; "
-        f"{ctl.stats.events} watch events, {ctl.stats.reconciles} node reconciles."
+        f"\n[bold]Summary[/] of scenario {scenario.name!r}, seed {sim.cfg.sim.seed}, mode "
+        f"{sim.cfg.mode} ({st.duration_hours:.0f} simulated hours in {wall:.1f} s; "
+        f"{ctl.stats.events} watch events, {ctl.stats.reconciles} node reconciles): "
+        f"{st.served} of {st.arrived} replicas served; {st.pending_hours:.1f} replica-hours "
+        f"pending, {st.blocked_total_hours:.1f} of them blocked by fragmentation"
+        + (f" ({blocked})" if blocked else "")
+        + f"; {st.stranded_gpu_hours:.1f} GPU-hours stranded (fragmentation rate "
+        f"{st.mean_fragmentation_rate:.1%} on average) and {st.stranded_mig_slice_hours:.1f} "
+        f"MIG slice-hours; scheduling success on arrival {st.success_mean:.1%} "
+        f"(worst 30 minutes {st.success_worst:.1%})."
     )
-    console.print(
-        f"Fragmentation rate: mean {tracker.mean_rate:.1%}, peak {tracker.peak_rate:.1%} "
-        f"(at most {tracker.peak_fragment_gpus:.1f} idle GPUs stranded); "
-        f"pods blocked by fragmentation at peak: {tracker.peak_blocked} "
-        f"({', '.join(f'{k} {v}' for k, v in tracker.blocked_reasons.items()) or 'none'}); "
-        f"lowest scheduling success over the 5-minute window: {tracker.min_success:.1%}."
-    )
-    if sim.cfg.mode == "enforce":
-        console.print(
-            f"Mode enforce: {sim.source.evicted} replicas evicted by compaction through the gate "
-            "(rate limits, lease); the simulated scheduler took pyctl's placement advice."
-        )
-    else:
-        last = sim.workflows.compactor.last_plan
-        planned = last.moves if last else ()
-        console.print(
-            f"Mode observe: nothing was changed; the last compaction plan proposed {len(planned)} "
-            "evictions (see pyctl_compaction_planned_moves). Run with --mode enforce to act."
-        )
+    console.print(describe(actions_of(sim), sim.cfg.mode))
+    if sim.cfg.mode == "observe":
+        console.print("`pyctl demo` plays this scenario observing and enforcing, side by side.")

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from pyctl.cli.errors import UserError, load_json
 from pyctl.cli.inputs import load_cluster
-from pyctl.cluster.kube.dump import is_dump, pod_shapes
+from pyctl.cluster.kube.dump import dra_report, is_dump, pod_shapes
 from pyctl.core.fragmentation import (
     CATEGORIES,
     ClusterScore,
@@ -29,10 +29,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "snapshot", help="snapshot JSON (pyctl format or kubectl get nodes,pods -o json)"
     )
+    add_options(p)
+    p.set_defaults(handler=run)
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    """`score`'s options besides its input (shared with `kubectl pyctl score`)."""
     p.add_argument("--workload", help="workload JSON: {shapes: [...]} (default: derived from pods)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--top", type=int, default=20, help="nodes to show in the table (default 20)")
-    p.set_defaults(handler=run)
 
 
 def _workload(args: argparse.Namespace, raw: object) -> Workload:
@@ -51,11 +56,51 @@ def run(args: argparse.Namespace) -> int:
     snapshot = load_cluster(raw)
     workload = _workload(args, raw)
     result = FragmentationModel(snapshot).score(workload)
+    dra = dra_report(raw) if is_dump(raw) else None
     if args.json:
-        print(json.dumps(result.to_json(), indent=1))
+        out = result.to_json()
+        if dra is not None:
+            out["dra"] = dra
+        print(json.dumps(out, indent=1))
     else:
         print_table(result, args.top)
+        if dra is not None:
+            print_dra(dra)
     return 0
+
+
+def print_dra(report: dict[str, object]) -> None:
+    """The DRA part of `pyctl score` on a dump (docs/dra.md)."""
+    console = Console()
+    nodes = report["nodes"]
+    assert isinstance(nodes, dict)
+    for name, n in sorted(nodes.items()):
+        kinds = f"{n['gpus']} GPUs"
+        if n["dynamic_mig_gpus"]:
+            kinds += f", {n['dynamic_mig_gpus']} DynamicMIG"
+        if n["static_mig_gpus"]:
+            kinds += f", {n['static_mig_gpus']} MIG"
+        console.print(f"DRA {name}: {kinds}; zones by {n['zones_by']}")
+        if n["both_ways"]:
+            console.print(f"  {name}: GPUs managed both by the device plugin and by a DRA driver")
+        for note in n["notes"]:
+            console.print(f"  {note}")
+    unknown = report["unknown_requests"]
+    assert isinstance(unknown, dict)
+    for pod, why in sorted(unknown.items()):
+        console.print(f"DRA unknown: {pod}: {why}")
+    spans = report["pods_spanning_numa_nodes"]
+    assert isinstance(spans, list)
+    for x in spans:
+        numa = " ".join("/".join(str(i) for i in v) for v in x["numa"])
+        console.print(
+            f"DRA pod {x['pod']} on {x['node']}: its devices span NUMA nodes ({numa}): "
+            "it pays the cross-NUMA penalty; a candidate for compaction into one zone"
+        )
+    console.print(
+        f"DRA: {len(unknown)} pods with claims pyctl cannot tell, "
+        f"{len(spans)} running pods whose devices span NUMA nodes"
+    )
 
 
 def _top_categories(cats: dict[str, float], n: int = 2) -> str:
@@ -93,6 +138,10 @@ def print_table(result: ClusterScore, top: int) -> None:
             mig,
         )
     console.print(t)
+    for n in worst_nodes(result, top):
+        if n.sharing:
+            gpus = " ".join(f"{gid}:{used}" for _, gid, used, _ in n.shares)
+            console.print(f"{n.name}: shared GPUs ({n.sharing}); used milli per GPU {gpus}")
     cats = ", ".join(
         f"{c} {result.categories[c]:.0f}" for c in CATEGORIES if result.categories[c] > 0.5
     )

@@ -87,6 +87,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="the seed article's deployment case (5 A100 MIG + 3 CPU nodes): exclusive whole-GPU "
         "mode against MIG + heterogeneous mode with re-partitioning and compaction",
     )
+    p.add_argument(
+        "--normalize",
+        action="store_true",
+        help="with --seed-case: also the normalization `pyctl recommend` recommends, applied",
+    )
     p.set_defaults(handler=run)
 
 
@@ -288,6 +293,11 @@ def write_outputs(
 def run(args: argparse.Namespace) -> int:
     console = Console()
     if args.seed_case:
+        if args.normalize:  # resource normalization (pyctl/recommend/evaluate.py)
+            from pyctl.cli.recommend import print_seed_evaluation
+
+            print_seed_evaluation(console, args.seeds or list(SEEDS))
+            return 0
         return run_seed_case(console, args.seeds or list(SEEDS))
     builtin = args.trace is None
     directory = _builtin_dir() if builtin else Path(args.trace)

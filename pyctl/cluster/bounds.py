@@ -18,6 +18,7 @@ docs/reliability.md lists them with the reasoning behind each.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Final, TypeAlias
 
 import msgspec
@@ -74,6 +75,28 @@ INT32: Final = (-(1 << 31), (1 << 31) - 1)
 #: normalises weights, so a sum that overflows to inf would silently weigh every shape 0
 MAX_WEIGHT: Final = 1e9
 
+
+#: Limits of the objects pyctl decodes: those of k8s.io/api/resource/v1 (validation), so that
+#: nothing the API server accepts is refused.
+DRA_BOUNDS: Final[Mapping[str, int]] = {
+    "devices_per_slice": 128,  # ResourceSliceMaxDevices
+    "attributes_and_capacities_per_device": 32,  # ResourceSliceMaxAttributesAndCapacitiesPerDevice
+    "counter_sets_per_slice": 8,  # ResourceSliceMaxCounterSets
+    "counters_per_set": 32,  # ResourceSliceMaxCountersPerCounterSet
+    "consumptions_per_device": 2,  # ResourceSliceMaxDeviceCounterConsumptionsPerDevice
+    "taints_per_device": 16,  # DeviceTaintsMaxLength
+    "list_attribute_items": 64,  # list-type attributes (DRAListTypeAttributes)
+    "requests_per_claim": 32,  # DeviceRequestsMaxSize
+    "subrequests_per_request": 8,  # FirstAvailableDeviceRequestMaxSize
+    "constraints_per_claim": 32,  # DeviceConstraintsMaxSize
+    "selectors_per_request": 32,  # DeviceSelectorsMaxSize
+    "selector_length": 10 * 1024,  # CELSelectorExpressionMaxLength
+    "tolerations_per_request": 16,  # DeviceTolerationsMaxLength
+    "results_per_claim": 32,  # AllocationResultsMaxSize
+    "reserved_for": 256,  # ResourceClaimReservedForMaxSize
+    "count_per_request": 128,  # AllocationResultsMaxSize bounds what ExactCount can ask
+    "claims_per_pod": 32,
+}
 
 # -- msgspec types: the lengths above, checked while decoding ------------------------------------
 Name: TypeAlias = Annotated[str, msgspec.Meta(max_length=MAX_NAME_CHARS)]

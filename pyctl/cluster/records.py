@@ -9,9 +9,33 @@ from typing import Any, Literal, TypeAlias
 import msgspec
 
 from pyctl.cluster import bounds as b
+from pyctl.cluster.dra_records import (
+    ClaimRecord,
+    ClaimSpec,
+    ClaimTemplateRecord,
+    DeviceClassRecord,
+    PodClaim,
+    SliceRecord,
+)
 
-Kind: TypeAlias = Literal["Node", "Pod", "PodDisruptionBudget", "NodeResourceTopology"]
-KINDS: tuple[Kind, ...] = ("Node", "Pod", "PodDisruptionBudget", "NodeResourceTopology")
+Kind: TypeAlias = Literal[
+    "Node",
+    "Pod",
+    "PodDisruptionBudget",
+    "NodeResourceTopology",
+    "DeviceClass",
+    "ResourceSlice",
+    "ResourceClaim",
+    "ResourceClaimTemplate",
+]
+#: the kinds of Dynamic Resource Allocation (resource.k8s.io/v1), watched where served
+DRA_KINDS: tuple[Kind, ...] = (
+    "DeviceClass",
+    "ResourceSlice",
+    "ResourceClaim",
+    "ResourceClaimTemplate",
+)
+KINDS: tuple[Kind, ...] = ("Node", "Pod", "PodDisruptionBudget", "NodeResourceTopology", *DRA_KINDS)
 
 
 class Taint(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
@@ -85,6 +109,40 @@ class Constraints(msgspec.Struct, frozen=True, array_like=True, omit_defaults=Tr
     spread: tuple[Spread, ...] = ()
 
 
+class HamiDevice(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+    """One GPU as HAMi's device plugin registers it (node annotation
+    ``hami.io/node-nvidia-register``)."""
+
+    uuid: str
+    index: int = 0
+    #: deviceSplitCount: the most tasks it may hold at once
+    split: int = 0
+    memory_mib: int = 0
+    #: devcore: 100, or scaled by deviceCoreScaling
+    cores: int = 0
+    type: str = ""
+    numa: int = 0
+    healthy: bool = True
+    #: hami-core, mps or mig
+    mode: str = ""
+
+
+class NodeSharing(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+    """How a node's whole GPUs are shared, as the NVIDIA device plugin (with GPU Feature
+    Discovery's labels) or HAMi show it. docs/sharing.md."""
+
+    #: GFD ``nvidia.com/gpu.sharing-strategy``: time-slicing, mps or none ("" if absent)
+    strategy: str = ""
+    #: GFD ``nvidia.com/gpu.replicas``: replicas per GPU (0 or 1: not replicated)
+    replicas: int = 0
+    #: allocatable ``nvidia.com/gpu.shared`` (replicas renamed by renameByDefault)
+    shared: int = 0
+    #: GFD ``nvidia.com/gpu.memory``: MiB per GPU
+    gpu_memory_mib: int = 0
+    #: the GPUs HAMi registered
+    hami: tuple[HamiDevice, ...] = ()
+
+
 class NodeRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
     name: str
     resource_version: str = ""
@@ -106,10 +164,39 @@ class NodeRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=Tru
     taints: tuple[Taint, ...] = ()
     ready: bool = True
     labels: tuple[tuple[str, str], ...] = ()
+    #: GPU sharing (time-slicing, MPS, HAMi); None: the GPUs are not shared
+    sharing: NodeSharing | None = None
 
     def has_taint(self, key: str) -> bool:
         """Whether a NoSchedule or NoExecute taint with this key is on the node."""
         return any(t.key == key and t.effect in ("NoSchedule", "NoExecute") for t in self.taints)
+
+
+class HamiShare(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+    """What a pod holds of one GPU, as HAMi's scheduler assigned it (pod annotation
+    ``hami.io/vgpu-devices-allocated``, containers collapsed as HAMi does)."""
+
+    uuid: str
+    memory_mib: int = 0
+    cores: int = 0
+    #: tasks (containers running at once) on the device
+    slots: int = 1
+
+
+class PodSharing(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+    """A pod's requests for shared GPUs and, for HAMi, the devices it was given."""
+
+    #: ``nvidia.com/gpu.shared`` requested: replicas
+    shared: int = 0
+    #: HAMi pod: requests HAMi's resources, names hami-scheduler or carries its annotations
+    hami: bool = False
+    #: HAMi requests per GPU: ``nvidia.com/gpumem`` (MiB), ``nvidia.com/gpumem-percentage``,
+    #: ``nvidia.com/gpucores`` (percent; -1 when not given)
+    memory_mib: int = 0
+    memory_percent: int = 0
+    cores: int = -1
+    #: ``hami.io/vgpu-devices-allocated``
+    devices: tuple[HamiShare, ...] = ()
 
 
 class PodRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
@@ -144,6 +231,13 @@ class PodRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True
     scheduler: str = ""
     #: nodeSelector, required (anti-)affinity, tolerations, spread (None: no constraints)
     constraints: Constraints | None = None
+    #: spec.resourceClaims (DRA), with the claims generated from templates
+    claims: tuple[PodClaim, ...] = ()
+    #: status.extendedResourceClaimStatus: the claim that serves its extended resources through
+    #: DRA (then its `gpus`/`mig` requests are devices of that claim, not of a device plugin)
+    extended_claim: str = ""
+    #: shared GPUs asked for or held (None: none)
+    sharing: PodSharing | None = None
 
     @property
     def key(self) -> str:
@@ -182,6 +276,9 @@ class ZoneRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=Tru
     gpus_available: int = 0
     #: (profile, allocatable, available)
     mig: tuple[tuple[str, int, int], ...] = ()
+    #: ``nvidia.com/gpu.shared`` replicas in the zone (allocatable, available)
+    shared: int = 0
+    shared_available: int = 0
 
 
 class NrtRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
@@ -192,24 +289,39 @@ class NrtRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True
     zones: tuple[ZoneRecord, ...] = ()
 
 
-Record: TypeAlias = NodeRecord | PodRecord | PdbRecord | NrtRecord
+Record: TypeAlias = (
+    NodeRecord
+    | PodRecord
+    | PdbRecord
+    | NrtRecord
+    | DeviceClassRecord
+    | SliceRecord
+    | ClaimRecord
+    | ClaimTemplateRecord
+)
 
 
 def record_key(r: Record) -> str:
     """The record's identity within its kind: the name, or namespace/name."""
-    if isinstance(r, PodRecord | PdbRecord):
+    if isinstance(r, PodRecord | PdbRecord | ClaimRecord | ClaimTemplateRecord):
         return r.key
     return r.name
 
 
+_KIND_OF: dict[type, Kind] = {
+    NodeRecord: "Node",
+    PodRecord: "Pod",
+    PdbRecord: "PodDisruptionBudget",
+    NrtRecord: "NodeResourceTopology",
+    DeviceClassRecord: "DeviceClass",
+    SliceRecord: "ResourceSlice",
+    ClaimRecord: "ResourceClaim",
+    ClaimTemplateRecord: "ResourceClaimTemplate",
+}
+
+
 def record_kind(r: Record) -> Kind:
-    if isinstance(r, NodeRecord):
-        return "Node"
-    if isinstance(r, PodRecord):
-        return "Pod"
-    if isinstance(r, PdbRecord):
-        return "PodDisruptionBudget"
-    return "NodeResourceTopology"
+    return _KIND_OF[type(r)]
 
 
 EventType: TypeAlias = Literal["ADDED", "MODIFIED", "DELETED"]
@@ -230,6 +342,10 @@ _DECODERS: dict[str, msgspec.json.Decoder[Any]] = {
     "Pod": msgspec.json.Decoder(PodRecord),
     "PodDisruptionBudget": msgspec.json.Decoder(PdbRecord),
     "NodeResourceTopology": msgspec.json.Decoder(NrtRecord),
+    "DeviceClass": msgspec.json.Decoder(DeviceClassRecord),
+    "ResourceSlice": msgspec.json.Decoder(SliceRecord),
+    "ResourceClaim": msgspec.json.Decoder(ClaimRecord),
+    "ResourceClaimTemplate": msgspec.json.Decoder(ClaimTemplateRecord),
 }
 
 
@@ -274,6 +390,14 @@ def tombstone(ref: ObjectRef) -> Record | None:
         return PdbRecord(ref.namespace, ref.name)
     if ref.kind == "NodeResourceTopology":
         return NrtRecord(ref.name)
+    if ref.kind == "DeviceClass":
+        return DeviceClassRecord(ref.name)
+    if ref.kind == "ResourceSlice":
+        return SliceRecord(ref.name)
+    if ref.kind == "ResourceClaim":
+        return ClaimRecord(ref.namespace, ref.name, ref.uid)
+    if ref.kind == "ResourceClaimTemplate":
+        return ClaimTemplateRecord(ref.namespace, ref.name)
     return None
 
 
@@ -334,6 +458,7 @@ def check_record(r: Record) -> None:
     if isinstance(r, PodRecord):
         where = f"pod {r.namespace[:63]}/{r.name[:253]}"
         _name(where, r.namespace, r.name, r.node)
+        b.check_len(f"{where} resource claims", len(r.claims), b.DRA_BOUNDS["claims_per_pod"])
         b.check(f"{where} cpu request (millicores)", r.cpu_milli, b.MAX_CPU_MILLI)
         b.check(f"{where} memory request (MiB)", r.memory_mib, b.MAX_MEMORY_MIB)
         b.check(f"{where} nvidia.com/gpu", r.gpus, b.MAX_GPUS_PER_POD)
@@ -383,7 +508,59 @@ def check_record(r: Record) -> None:
         b.check(f"{where} nvidia.com/gpu", sum(z.gpus for z in r.zones), b.MAX_GPUS_PER_NODE)
         mig = sum(n for z in r.zones for _, n, _ in z.mig)
         b.check(f"{where} MIG instances", mig, b.MAX_MIG_PER_NODE)
-    else:
+    elif isinstance(r, PdbRecord):
         where = f"PodDisruptionBudget {r.namespace[:63]}/{r.name[:253]}"
         _name(where, r.namespace, r.name)
         _lists(where, match_labels=r.match_labels, match_expressions=r.match_expressions)
+    else:
+        _check_dra(r)
+
+
+def _dra(what: str, n: int, where: str) -> None:
+    b.check_len(f"{where} {what.replace('_', ' ')}", n, b.DRA_BOUNDS[what])
+
+
+def _claim_spec(where: str, spec: ClaimSpec) -> None:
+    _dra("requests_per_claim", len(spec.requests), where)
+    _dra("constraints_per_claim", len(spec.constraints), where)
+    for req in spec.requests:
+        _dra("subrequests_per_request", len(req.first_available), where)
+        for sub in (req, *req.first_available):
+            _dra("selectors_per_request", len(sub.selectors), where)
+            _dra("tolerations_per_request", len(sub.tolerations), where)
+            b.check(
+                f"{where} request {sub.name[:63]} count",
+                sub.count,
+                b.DRA_BOUNDS["count_per_request"],
+            )
+
+
+def _check_dra(r: DeviceClassRecord | SliceRecord | ClaimRecord | ClaimTemplateRecord) -> None:
+    """The limits of k8s.io/api/resource/v1 that `kube/dra_decode.py` applies when decoding,
+    on a DRA record from anywhere."""
+    if isinstance(r, SliceRecord):
+        where = f"ResourceSlice {r.name[:253]}"
+        _name(where, r.name, r.node)
+        _dra("devices_per_slice", len(r.devices), where)
+        _dra("counter_sets_per_slice", len(r.counter_sets), where)
+        for cs in r.counter_sets:
+            _dra("counters_per_set", len(cs.counters), where)
+        for d in r.devices:
+            dw = f"{where} device {d.name[:63]}"
+            _dra("attributes_and_capacities_per_device", len(d.attributes) + len(d.capacity), dw)
+            _dra("consumptions_per_device", len(d.consumes), dw)
+            _dra("taints_per_device", len(d.taints), dw)
+    elif isinstance(r, DeviceClassRecord):
+        where = f"DeviceClass {r.name[:253]}"
+        _name(where, r.name)
+        _dra("selectors_per_request", len(r.selectors), where)
+    elif isinstance(r, ClaimRecord):
+        where = f"ResourceClaim {r.namespace[:63]}/{r.name[:253]}"
+        _name(where, r.namespace, r.name, r.allocated_node)
+        _claim_spec(where, r.spec)
+        _dra("results_per_claim", len(r.allocated), where)
+        _dra("reserved_for", len(r.reserved_for), where)
+    else:
+        where = f"ResourceClaimTemplate {r.namespace[:63]}/{r.name[:253]}"
+        _name(where, r.namespace, r.name)
+        _claim_spec(where, r.spec)

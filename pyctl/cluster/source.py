@@ -94,6 +94,15 @@ class Actuator(Protocol):
     async def apply_configmap(self, namespace: str, name: str, data: Mapping[str, str]) -> None:
         """Create the ConfigMap, or set these keys of its `data` (other keys are kept)."""
 
+    # -- DRA device taints (pyctl/workflows/dra_taints.py) --
+
+    async def device_taint_rules(self) -> dict[str, dict[str, object]] | None:
+        """pyctl's DeviceTaintRules by name (labelled managed-by pyctl); None if the API server
+        does not serve DeviceTaintRules."""
+
+    async def put_device_taint_rule(self, manifest: Mapping[str, object], on: bool) -> None:
+        """Create (`on`) or delete the DeviceTaintRule (idempotent)."""
+
 
 @dataclass
 class NullActuator:
@@ -136,3 +145,10 @@ class NullActuator:
 
     async def apply_configmap(self, namespace: str, name: str, data: Mapping[str, str]) -> None:
         self.calls.append(("apply_configmap", (namespace, name, dict(data))))
+
+    async def device_taint_rules(self) -> dict[str, dict[str, object]] | None:
+        self.calls.append(("device_taint_rules", ()))
+        return None
+
+    async def put_device_taint_rule(self, manifest: Mapping[str, object], on: bool) -> None:
+        self.calls.append(("put_device_taint_rule", (dict(manifest), on)))

@@ -13,6 +13,12 @@ zones, GPUs and MIG instances.
 - Used amounts: the requests of the pods bound to the node that have not terminated; with
   NodeResourceTopology, its per-zone usage, topped up with what the pods use and it does not
   show yet (the agent that writes it lags the scheduler).
+- DRA (`pyctl.cluster.dra`, docs/dra.md): GPUs published in ResourceSlices join the zones of
+  their `numaNode` as DRA GPUs (`Zone.dra_gpus`, MIG GPUs with `dra`), used exactly as the
+  claims' allocation results say. Extended-resource requests a DRA claim serves
+  (`extendedResourceClaimStatus`) are those devices, not device-plugin GPUs: counted once.
+- Shared GPUs (time-slicing, MPS, HAMi): `pyctl.cluster.sharing` says how many physical GPUs
+  there are, in which zone, and each one's used share and holders; docs/sharing.md.
 
 Every count translate loops over (GPUs, MIG instances, NUMA zones) is first checked against
 `pyctl.cluster.bounds` (`records.check_record`): a record beyond them is a `TranslateError`, never
@@ -26,11 +32,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import cast
 
-from pyctl.cluster import bounds
+from pyctl.cluster import bounds, sharing
+from pyctl.cluster.dra import DraContext, DraModel, DraNeed, gpu_model_name, model_gpus
 from pyctl.cluster.records import NodeRecord, NrtRecord, PodRecord, check_record
 from pyctl.core import mig
 from pyctl.core.fragmentation import check_shape
 from pyctl.model import TOPOLOGY_POLICIES, Gpu, MigGpu, MigInstance, Node, PolicyName, Shape, Zone
+
+#: where a pod's DRA devices sit in a node's model: ("dra_gpus", zone position, GPU position),
+#: ("mig", zone, MIG GPU, instance) for a static MIG device, ("mig_new", zone, MIG GPU, profile,
+#: start) for a dynamic placement, ("dyn_whole", zone, MIG GPU) for a dynamic GPU taken whole
+DraPositions = dict[str, list[tuple[object, ...]]]
 
 
 class TranslateError(ValueError):
@@ -49,7 +61,24 @@ class _Draft:
     mig: dict[str, int] = field(default_factory=dict)
 
 
-def pod_shape(p: PodRecord) -> Shape:
+def pod_shape(p: PodRecord, node: NodeRecord | None = None, need: DraNeed | None = None) -> Shape:
+    """The pod's task shape. `node`, the node it runs on, tells whether `nvidia.com/gpu` is
+    replicated there (docs/sharing.md); with `need` (its claims, `DraContext.need`), a DRA shape
+    when the claims ask for GPUs (the extended resources a DRA claim serves are not counted
+    twice)."""
+    if need is not None and (need.gpus or need.mig_profile):
+        return Shape(
+            cpu_milli=p.cpu_milli,
+            memory_mib=p.memory_mib,
+            gpus=max(need.gpus, 1 if need.mig_profile else 0),
+            gpu_milli=1000 if need.gpus else 0,
+            mig_profile=need.mig_profile,
+            dra=True,
+            numa_aligned=need.numa_aligned,
+        )
+    shared = sharing.shared_shape(p, node)
+    if shared is not None:
+        return shared
     profile = p.mig[0][0] if p.mig else None
     return Shape(
         cpu_milli=p.cpu_milli,
@@ -60,13 +89,15 @@ def pod_shape(p: PodRecord) -> Shape:
     )
 
 
-def pod_shape_problem(p: PodRecord) -> str | None:
+def pod_shape_problem(p: PodRecord, shape: Shape | None = None) -> str | None:
     """Why pyctl cannot model `p`'s request as a task shape (so the pod is left out of the
-    workload M, of the pending pods and of the compaction candidates), or None. The core decides
-    (`check_shape`); the common mistake is named in the user's words."""
-    if p.gpus and p.mig:
+    workload M, of the pending pods and of the compaction candidates), or None. `shape`: the
+    pod's shape as the caller derived it (`shape_of`: its claims, the node that sizes a shared
+    GPU), else `pod_shape(p)`. The core decides (`check_shape`); the common mistake is named in
+    the user's words."""
+    if p.gpus and p.mig and not p.extended_claim:
         return f"requests both nvidia.com/gpu and a MIG profile (nvidia.com/mig-{p.mig[0][0]})"
-    why = check_shape(pod_shape(p))
+    why = check_shape(shape if shape is not None else pod_shape(p))
     return None if why is None else f"its GPU request is not one pyctl can model: {why}"
 
 
@@ -115,8 +146,17 @@ def _mig_from_allocatable(drafts: list[_Draft], node: NodeRecord) -> None:
 
 
 def node_from_records(
-    node: NodeRecord, nrt: NrtRecord | None, pods: Iterable[PodRecord], default_policy: str = "none"
+    node: NodeRecord,
+    nrt: NrtRecord | None,
+    pods: Iterable[PodRecord],
+    default_policy: str = "none",
+    dra: DraModel | None = None,
+    positions: DraPositions | None = None,
+    previous: Node | None = None,
 ) -> Node:
+    """The node's model. `dra`: its DRA GPUs (`pyctl.cluster.dra.model_gpus`); `positions`, if
+    given, is filled with where each pod's DRA devices sit; `previous`, its last model: replicas
+    of shared GPUs already attributed stay where they were (docs/sharing.md)."""
     where = f"node {node.name[:253]}"
     live = [p for p in pods if not p.terminated]
     try:
@@ -130,11 +170,15 @@ def node_from_records(
             bounds.check_len(f"pod {p.key[:300]} MIG", len(p.mig), bounds.MAX_MIG_PROFILES)
     except bounds.BoundsError as e:
         raise TranslateError(f"{where}: {e}") from None
+    # extended resources a DRA claim serves are that claim's devices (counted by `dra`)
+    plugin = [p for p in live if not p.extended_claim]
     used_cpu = sum(p.cpu_milli for p in live)
     used_mem = sum(p.memory_mib for p in live)
-    used_gpus = sum(p.gpus for p in live)
+    shares = sharing.plan(node)
+    # shared GPUs are laid out by `sharing`; the pods' GPU counts are replicas, not GPUs
+    used_gpus = 0 if shares else sum(p.gpus for p in plugin)
     used_mig: dict[str, list[str]] = defaultdict(list)
-    for p in live:
+    for p in plugin:
         for prof, n in p.mig:
             used_mig[prof].extend([p.key] * n)
     policy = node.topology_policy or default_policy
@@ -153,43 +197,87 @@ def node_from_records(
             )
             for z in nrt.zones
         ]
+        if shares:
+            _shared_zone_gpus(drafts, nrt, shares)
         # NodeResourceTopology is written by an agent on the node and can lag the pods bound
         # there: usage it does not show yet goes to the zones with room, in order
         _top_up(drafts, used_cpu, used_mem, used_gpus)
         _mig_from_allocatable(drafts, node)
+        numa_known = True
     else:
+        whole = shares.gpus if shares else node.gpus
         numa_of = dict(node.gpu_numa)
+        if shares and shares.devices:
+            numa_of = {i: d.numa for i, d in enumerate(shares.devices)}
         per_numa = Counter(numa_of.values())
-        ids = sorted(per_numa) or [0]
+        dra_ids = set(dra.zones) if dra is not None else set()
+        ids = sorted(set(per_numa) | dra_ids) or [0]
+        numa_known = bool(numa_of)
         drafts = [_Draft(i) for i in ids]
         k = len(drafts)
         for i, d in enumerate(drafts):
             d.cpu = node.cpu_milli // k + (node.cpu_milli % k if i == 0 else 0)
             d.mem = node.memory_mib // k + (node.memory_mib % k if i == 0 else 0)
-            d.gpus = per_numa[d.numa] if numa_of else node.gpus
-        if numa_of and sum(d.gpus for d in drafts) != node.gpus:
-            drafts[0].gpus = max(0, drafts[0].gpus + node.gpus - sum(d.gpus for d in drafts))
+            d.gpus = per_numa[d.numa] if numa_of else 0
+        if sum(d.gpus for d in drafts) != whole:
+            drafts[0].gpus = max(0, drafts[0].gpus + whole - sum(d.gpus for d in drafts))
         drafts[0].mig = dict(node.mig)
         _spread(drafts, used_cpu, used_mem, used_gpus)
     if policy not in TOPOLOGY_POLICIES:
         raise TranslateError(f"{where}: unknown Topology Manager policy {policy!r}")
-    mig_gpus = max(0, node.gpu_count_label - node.gpus) if node.mig else 0
+    whole_gpus = shares.gpus if shares else node.gpus
+    mig_gpus = max(0, node.gpu_count_label - whole_gpus) if node.mig else 0
     mig_zones = sum(1 for d in drafts if any(d.mig.values()))
+    model = sharing.gpu_model(node, shares)
+    gpu_model = model or (gpu_model_name(dra.product) if dra is not None else "")
+    # DRA GPUs by zone: NUMA ids join the zones of that id; PCIe roots (or nothing) only where
+    # the node shows no NUMA zones of its own, else they go to the first zone
+    dra_by_zone: dict[int, list[int]] = defaultdict(list)
+    if dra is not None:
+        first = min(d.numa for d in drafts)
+        for i, g in enumerate(dra.gpus):
+            z = g.zone if dra.basis == "numaNode" or not numa_known else first
+            if not any(d.numa == z for d in drafts):
+                drafts.append(_Draft(z))
+            dra_by_zone[z].append(i)
+    ordered = sorted(drafts, key=lambda d: d.numa)
+    laid: list[sharing.SharedGpu] = []
+    notes: list[str] = []
+    if shares:
+        before = None
+        if previous is not None and previous.gpu_replicas == shares.replicas:
+            before = [g.holders for z in previous.zones for g in z.gpus]
+        laid, notes = sharing.layout(
+            shares, [(d.numa, max(d.gpus, 0)) for d in ordered], live, policy, before
+        )
+    # HAMi's GPUs keep their device index as id (unless MIG GPUs share the numbering)
+    hami_ids = [g.id for g in laid]
+    use_ids = bool(laid) and min(hami_ids) >= 0 and len(set(hami_ids)) == len(hami_ids)
+    use_ids = use_ids and not node.mig and dra is None
     zones = []
     gid = 0
-    for d in sorted(drafts, key=lambda d: d.numa):
+    k = 0
+    for zi, d in enumerate(ordered):
         gpus = []
         for j in range(max(d.gpus, 0)):
-            gpus.append(Gpu(gid, 1000 if j < d.gpus_used else 0))
+            if shares:
+                sg = laid[k]
+                k += 1
+                gpus.append(
+                    Gpu(sg.id if use_ids else gid, sg.used, tuple(sorted(sg.holders.items())))
+                )
+            else:
+                gpus.append(Gpu(gid, 1000 if j < d.gpus_used else 0))
             gid += 1
         migs = []
+        dra_gpus: list[Gpu] = []
         if any(d.mig.values()):
-            if not node.gpu_model:
+            if not model:
                 raise TranslateError(f"{where}: MIG resources but no nvidia.com/gpu.product label")
             # the node's MIG GPUs, shared out over the zones that have MIG instances
             per_zone = max(1, -(-mig_gpus // max(1, mig_zones)))
             try:
-                layouts = mig.pack(node.gpu_model, sorted(d.mig.items()), per_zone)
+                layouts = mig.pack(model, sorted(d.mig.items()), per_zone)
             except ValueError as e:
                 raise TranslateError(f"{where}: {e}") from None
             for layout in layouts:
@@ -200,6 +288,37 @@ def node_from_records(
                     insts.append(MigInstance(prof, int(start), pod is not None, pod))
                 migs.append(MigGpu(gid, tuple(insts)))
                 gid += 1
+        if dra is not None:
+            for i in dra_by_zone.get(d.numa, ()):
+                g = dra.gpus[i]
+                if g.whole:
+                    if positions is not None and g.holder and g.used_milli:
+                        positions.setdefault(g.holder, []).append(("dra_gpus", zi, len(dra_gpus)))
+                    dra_gpus.append(Gpu(gid, g.used_milli))
+                else:
+                    mi = len(migs)
+                    insts = []
+                    for ii, (prof, start, used, pod) in enumerate(g.instances):
+                        insts.append(MigInstance(prof, start, used, pod))
+                        if positions is not None and pod and used:
+                            at: tuple[object, ...] = (
+                                ("mig_new", zi, mi, prof, start)
+                                if g.dynamic
+                                else ("mig", zi, mi, ii)
+                            )
+                            if g.dynamic and start == 0 and _is_full(gpu_model, prof):
+                                at = ("dyn_whole", zi, mi)
+                            positions.setdefault(pod, []).append(at)
+                    migs.append(
+                        MigGpu(
+                            gid,
+                            tuple(insts),
+                            dra=True,
+                            dynamic=g.dynamic,
+                            free_slices=g.free_slices if g.dynamic else None,
+                        )
+                    )
+                gid += 1
         zones.append(
             Zone(
                 d.numa,
@@ -209,26 +328,102 @@ def node_from_records(
                 min(max(d.mem_used, 0), d.mem),
                 tuple(gpus),
                 tuple(migs),
+                tuple(dra_gpus),
             )
         )
     return Node(
         name=node.name,
-        gpu_model=node.gpu_model,
+        gpu_model=gpu_model,
         topology_policy=cast(PolicyName, policy),
         zones=tuple(zones),
+        gpu_pool=shares.pool if shares else "",
+        gpu_replicas=shares.replicas if shares else 1,
+        gpu_memory_mib=shares.memory_mib if shares else 0,
+        sharing=shares.describe(any("attributed" in n for n in notes))
+        + "".join(f"; {n}" for n in notes)
+        if shares
+        else "",
     )
 
 
+def models_of(
+    nodes: Iterable[NodeRecord],
+    nrts: Iterable[NrtRecord],
+    pods: Iterable[PodRecord],
+    default_policy: str = "none",
+    dra: DraContext | None = None,
+    positions: dict[str, DraPositions] | None = None,
+) -> dict[str, Node]:
+    """Every node's model, by name, with its DRA devices from `dra` (raises `TranslateError` on a
+    node it cannot model); `positions`, if given, gets per node where each pod's DRA devices
+    sit."""
+    by_node: dict[str, list[PodRecord]] = defaultdict(list)
+    for p in pods:
+        if p.node and not p.terminated:
+            by_node[p.node].append(p)
+    nrt = {t.name: t for t in nrts}
+    out: dict[str, Node] = {}
+    for n in nodes:
+        where: DraPositions = {}
+        out[n.name] = model_of(n, nrt.get(n.name), by_node[n.name], default_policy, dra, where)[0]
+        if positions is not None and where:
+            positions[n.name] = where
+    return out
+
+
+def _shared_zone_gpus(drafts: list[_Draft], nrt: NrtRecord, shares: sharing.Plan) -> None:
+    """Physical GPUs per zone on a node that shares them: HAMi's devices by their NUMA node;
+    replicas per zone (NodeResourceTopology) divided by the replicas per GPU; otherwise all in
+    the first zone. Their usage comes from `sharing.layout`."""
+    numas = [d.numa for d in drafts]
+    per = dict.fromkeys(numas, 0)
+    if shares.devices:
+        for dev in shares.devices:
+            per[sharing.zone_of_device(dev, numas)] += 1
+    else:
+        n = shares.replicas
+        for z in nrt.zones:
+            if z.numa in per:
+                per[z.numa] = (z.shared if shares.pool else z.gpus) // n
+        if sum(per.values()) != shares.gpus:
+            per = dict.fromkeys(numas, 0)
+            per[numas[0]] = shares.gpus
+    for d in drafts:
+        d.gpus = per[d.numa]
+        d.gpus_used = 0
+
+
+def _is_full(gpu_model: str, profile: str) -> bool:
+    """Whether `profile` takes a whole GPU of `gpu_model` (a dynamic GPU's full device)."""
+    try:
+        m = mig.model(gpu_model)
+        p = m.profile(profile)
+    except ValueError:
+        return False
+    return p.memory_slices == m.memory_slices and p.compute_slices == m.compute_slices
+
+
 def attribute_pods(
-    node: Node, pods: Iterable[PodRecord]
+    node: Node, pods: Iterable[PodRecord], dra_positions: DraPositions | None = None
 ) -> dict[str, dict[str, list[object] | object]]:
     """Where each pod sits on `node`, as a core assignment (zone positions, GPU positions, MIG
     instance). Kubernetes shows per-zone usage (NodeResourceTopology) but not which pod holds which
-    device, so pods are attributed in order: a MIG pod to the instance translate gave it, a GPU pod
-    to the next used GPUs, zone by zone, and its CPU and memory to the zones with used CPU and
-    memory left, its GPUs' zone first. The amounts always add up to the node's usage."""
+    device, so pods are attributed in order: a MIG pod to the instance translate gave it, a pod
+    holding shares of shared GPUs to those shares, a pod with DRA devices to where its
+    allocation puts them (`dra_positions`), a GPU pod to the next used GPUs, zone by zone, and
+    its CPU and memory to the zones with used CPU and memory left, its GPUs' zone first. The
+    amounts always add up to the node's usage."""
+    # shared GPUs say who holds them; whole GPUs are handed out in order
+    held: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+    for zi, z in enumerate(node.zones):
+        for gi, g in enumerate(z.gpus):
+            for pod, milli in g.holders:
+                held[pod].append((zi, gi, milli))
     used_gpus = [
-        (zi, gi) for zi, z in enumerate(node.zones) for gi, g in enumerate(z.gpus) if g.used_milli
+        (zi, gi)
+        for zi, z in enumerate(node.zones)
+        for gi, g in enumerate(z.gpus)
+        if g.used_milli and not g.holders and not node.sharing
     ]
     cpu_left = [z.cpu_milli_used for z in node.zones]
     mem_left = [z.memory_mib_used for z in node.zones]
@@ -238,12 +433,25 @@ def attribute_pods(
             for ii, inst in enumerate(m.instances):
                 if inst.pod and inst.pod not in mig_of:
                     mig_of[inst.pod] = (zi, mi, ii)
+    dra_positions = dra_positions or {}
     out: dict[str, dict[str, list[object] | object]] = {}
     for p in sorted((p for p in pods if not p.terminated), key=lambda p: p.key):
-        gpus = [(zi, gi, 1000) for zi, gi in used_gpus[: p.gpus]]
-        used_gpus = used_gpus[p.gpus :]
-        mig = mig_of.get(p.key)
-        home = gpus[0][0] if gpus else (mig[0] if mig else 0)
+        own = dra_positions.get(p.key, [])
+        if p.key in held:
+            gpus = held[p.key]
+        else:
+            n_plugin = 0 if p.extended_claim else p.gpus
+            gpus = [(zi, gi, 1000) for zi, gi in used_gpus[:n_plugin]]
+            used_gpus = used_gpus[n_plugin:]
+        mig: tuple[int, int, int] | None = None if own else mig_of.get(p.key)
+        dra_gpus = [(a[1], a[2], 1000) for a in own if a[0] == "dra_gpus"]
+        dyn_whole = [(a[1], a[2]) for a in own if a[0] == "dyn_whole"]
+        mig_new = next((list(a[1:]) for a in own if a[0] == "mig_new"), None)
+        for a in own:
+            if a[0] == "mig":
+                mig = (int(str(a[1])), int(str(a[2])), int(str(a[3])))
+        zones_of = [int(str(a[1])) for a in own]
+        home = gpus[0][0] if gpus else (mig[0] if mig else (zones_of[0] if zones_of else 0))
         order = [home] + [i for i in range(len(node.zones)) if i != home]
 
         def take(left: list[int], amount: int, order: list[int] = order) -> list[tuple[int, int]]:
@@ -258,10 +466,47 @@ def attribute_pods(
                     amount -= t
             return taken
 
-        out[p.key] = {
+        asg: dict[str, list[object] | object] = {
             "cpu": take(cpu_left, p.cpu_milli),
             "memory": take(mem_left, p.memory_mib),
             "gpus": gpus,
             "mig": mig,
         }
+        if dra_gpus:
+            asg["dra_gpus"] = dra_gpus
+        if dyn_whole:
+            asg["dyn_whole"] = dyn_whole
+        if mig_new is not None:
+            asg["mig_new"] = mig_new
+        out[p.key] = asg
     return out
+
+
+def shape_of(
+    p: PodRecord, dra: DraContext | None = None, node: NodeRecord | None = None
+) -> Shape | None:
+    """The pod's shape, with its DRA claims resolved through `dra` and its share of a shared GPU
+    sized by `node` (the node it runs on); None when its claims ask for something pyctl cannot
+    tell (`DraNeed.unknown`, counted and shown by the callers)."""
+    if not p.claims or dra is None:
+        return pod_shape(p, node)
+    need = dra.need(p.namespace, p.claims)
+    if need.unknown:
+        return None
+    return pod_shape(p, node, need)
+
+
+def model_of(
+    node: NodeRecord,
+    nrt: NrtRecord | None,
+    pods: Iterable[PodRecord],
+    default_policy: str = "none",
+    dra: DraContext | None = None,
+    positions: DraPositions | None = None,
+    previous: Node | None = None,
+) -> tuple[Node, DraModel | None]:
+    """`node_from_records` with the node's DRA devices taken from `dra`; also returns the DRA
+    part (its zones' basis and notes), None if the node publishes no DRA devices."""
+    nd = dra.node(node.name) if dra is not None else None
+    dm = model_gpus(nd, node.gpu_model) if nd is not None else None
+    return node_from_records(node, nrt, pods, default_policy, dm, positions, previous), dm

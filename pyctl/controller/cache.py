@@ -6,6 +6,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
+from pyctl.cluster.dra import DraContext, slice_nodes
+from pyctl.cluster.dra_records import (
+    ClaimRecord,
+    ClaimTemplateRecord,
+    DeviceClassRecord,
+    SliceRecord,
+)
 from pyctl.cluster.records import (
     Event,
     Kind,
@@ -24,6 +31,17 @@ def _nodes_of(r: Record) -> Iterable[str]:
         yield r.name
     elif isinstance(r, PodRecord) and r.node:
         yield r.node
+    elif isinstance(r, SliceRecord):
+        if r.node:
+            yield r.node
+        for d in r.devices:
+            if d.node:
+                yield d.node
+    elif isinstance(r, ClaimRecord) and r.allocated_node:
+        yield r.allocated_node
+
+
+_DRA_TYPES = (DeviceClassRecord, SliceRecord, ClaimRecord, ClaimTemplateRecord)
 
 
 class ClusterCache:
@@ -32,7 +50,21 @@ class ClusterCache:
         self.pods: dict[str, PodRecord] = {}
         self.pdbs: dict[str, PdbRecord] = {}
         self.nrts: dict[str, NrtRecord] = {}
+        self.device_classes: dict[str, DeviceClassRecord] = {}
+        self.slices: dict[str, SliceRecord] = {}
+        self.claims: dict[str, ClaimRecord] = {}
+        self.claim_templates: dict[str, ClaimTemplateRecord] = {}
         self.pods_by_node: dict[str, dict[str, PodRecord]] = defaultdict(dict)
+        self.slices_by_node: dict[str, dict[str, SliceRecord]] = defaultdict(dict)
+        self.claims_by_node: dict[str, dict[str, ClaimRecord]] = defaultdict(dict)
+        #: the cluster's DRA view over the live indexes (invalidated as objects change)
+        self.dra = DraContext(
+            self.device_classes,
+            self.claims,
+            self.claim_templates,
+            self.slices_by_node,
+            self.claims_by_node,
+        )
 
     def _table(self, kind: Kind) -> dict[str, Record]:
         tables: dict[str, dict[str, Record]] = {
@@ -40,8 +72,45 @@ class ClusterCache:
             "Pod": self.pods,  # type: ignore[dict-item]
             "PodDisruptionBudget": self.pdbs,  # type: ignore[dict-item]
             "NodeResourceTopology": self.nrts,  # type: ignore[dict-item]
+            "DeviceClass": self.device_classes,  # type: ignore[dict-item]
+            "ResourceSlice": self.slices,  # type: ignore[dict-item]
+            "ResourceClaim": self.claims,  # type: ignore[dict-item]
+            "ResourceClaimTemplate": self.claim_templates,  # type: ignore[dict-item]
         }
         return tables[kind]
+
+    def _dra_index(self, old: Record | None, new: Record | None) -> set[str]:
+        """Keep the DRA indexes current for one change; returns the nodes it dirties. A class
+        or template can change any DRA node's shapes, so every node with slices is dirtied."""
+        rec = new if new is not None else old
+        if isinstance(rec, SliceRecord):
+            nodes: set[str] = set()
+            if isinstance(old, SliceRecord):
+                for n in slice_nodes(old):
+                    nodes.add(n)
+                    self.slices_by_node[n].pop(old.name, None)
+                    if not self.slices_by_node[n]:
+                        del self.slices_by_node[n]
+            if isinstance(new, SliceRecord):
+                for n in slice_nodes(new):
+                    nodes.add(n)
+                    self.slices_by_node[n][new.name] = new
+            self.dra.invalidate(nodes, devices=True)
+            return nodes
+        if isinstance(rec, ClaimRecord):
+            nodes = set()
+            if isinstance(old, ClaimRecord) and old.allocated_node:
+                self.claims_by_node[old.allocated_node].pop(old.key, None)
+                nodes.add(old.allocated_node)
+            if isinstance(new, ClaimRecord) and new.allocated_node:
+                self.claims_by_node[new.allocated_node][new.key] = new
+                nodes.add(new.allocated_node)
+            self.dra.invalidate(nodes)
+            return nodes
+        if isinstance(rec, DeviceClassRecord | ClaimTemplateRecord):
+            self.dra.invalidate(devices=True)
+            return set(self.slices_by_node)
+        return set()
 
     def _put(self, r: Record) -> set[str]:
         kind = record_kind(r)
@@ -51,6 +120,8 @@ class ClusterCache:
         dirty = set(_nodes_of(r))
         if old is not None:
             dirty.update(_nodes_of(old))
+        if isinstance(r, _DRA_TYPES):
+            dirty |= self._dra_index(old, r)
         if isinstance(r, PodRecord):
             if isinstance(old, PodRecord) and old.node and old.node != r.node:
                 self.pods_by_node[old.node].pop(key, None)
@@ -65,6 +136,8 @@ class ClusterCache:
         dirty = set(_nodes_of(r))
         if old is not None:
             dirty.update(_nodes_of(old))
+            if isinstance(old, _DRA_TYPES):
+                dirty |= self._dra_index(old, None)
             if isinstance(old, PodRecord) and old.node:
                 self.pods_by_node[old.node].pop(key, None)
         return dirty

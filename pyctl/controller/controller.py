@@ -11,6 +11,7 @@ memory, reports not ready, and re-syncs the whole cache once the store answers a
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -68,6 +69,7 @@ class Controller:
         flush_events: int = 2000,
         workload_interval: float = 30.0,
         scope: WorkloadScope | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cluster = cluster
         self.source = source
@@ -90,7 +92,10 @@ class Controller:
         self.flush_events = flush_events
         self.stats = ControllerStats()
         self.workload_interval = workload_interval
-        self._workload_at = 0.0
+        #: the clock of the summary's and the workload's intervals (virtual on the simulated
+        #: cluster; watch-event lags are always wall-clock)
+        self.clock = clock
+        self._workload_at = -math.inf
         #: seconds between two federation summaries (they hold every node's model)
         self.federation_interval = 10.0
         self._published_at = -1e9
@@ -110,7 +115,7 @@ class Controller:
 
     # -- EventSink -------------------------------------------------------------------------
     async def replace(self, kind: Kind, records: Sequence[Record], resource_version: str) -> None:
-        now = time.monotonic()
+        now = self.clock()
         if kind == "Pod":
             for r in records:
                 self.reconciler.window.observe(self.cache.pods.get(record_key(r)), r, now)  # type: ignore[arg-type]
@@ -123,7 +128,7 @@ class Controller:
         self._store_wakeup.set()
 
     async def apply(self, events: Sequence[Event], resource_versions: Mapping[Kind, str]) -> None:
-        now = time.monotonic()
+        now = self.clock()
         window = self.reconciler.window
         counts: dict[tuple[str, str], int] = {}
         pods = self.cache.pods
@@ -245,13 +250,13 @@ class Controller:
     def summarize(self) -> Summary:
         # M is a slowly varying distribution: re-derive it at a slow rate, since a change means
         # re-scoring every node
-        now = time.monotonic()
+        now = self.clock()
         if now - self._workload_at >= self.workload_interval or self.reconciler.workload_unset:
             self._workload_at = now
             if self.reconciler.refresh_workload():
                 for n in self.cache.nodes:
                     self.queue.add(n)
-        s = self.reconciler.summary()
+        s = self.reconciler.summary(now)
         self.last_summary = s
         self.metrics.leader.labels(self.cluster).set(1 if self.is_leader() else 0)
         return s
@@ -289,9 +294,14 @@ class Controller:
                     self.metrics.store_errors.labels(self.cluster).inc()
 
     async def drain(self) -> None:
-        """Process everything queued now (tests and finite runs)."""
-        while len(self.queue):  # noqa: ASYNC110 - the worker task empties the queue
-            await anyio.sleep(0.001)
+        """Process everything queued now (tests, finite runs, the simulated cluster's lockstep)."""
+        spins = 0
+        while not self.queue.idle:
+            spins += 1
+            if spins < 200:
+                await anyio.lowlevel.checkpoint()
+            else:
+                await anyio.sleep(0.001)
         await self._flush()
 
     async def run(self, until_source_ends: bool = False) -> None:
@@ -307,7 +317,8 @@ class Controller:
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._worker, tg)
             tg.start_soon(self._store_loop)
-            tg.start_soon(self._summary_loop)
+            if self.summary_interval > 0:
+                tg.start_soon(self._summary_loop)
             for task in self.background:
                 tg.start_soon(task)
             await self.source.run(self)

@@ -1,17 +1,28 @@
 """Placement advice: which of the scheduler's candidate nodes a pod should not go to, and how
-much pyctl prefers each of the others. Decisions come from the controller's current per-node
-models (`Reconciler.models`) and workload M; the wire format is the Kubernetes adapter's
+much pyctl prefers each of the others, by pyctl's one placement policy
+(`pyctl.core.policy`, rust/src/placement), on the controller's current per-node models
+(`Reconciler.models`) and workload M. The wire format is the Kubernetes adapter's
 (`pyctl.cluster.kube.extender`), the HTTP server `pyctl.serve.extender`.
 
-- filter: a node is removed when the core says the Topology Manager would not admit the pod there
-  (`FragmentationModel.place_delta` is None: e.g. no NUMA zone with enough free GPUs under
-  ``single-numa-node``), so pods stop failing kubelet admission with TopologyAffinityError. Nodes
-  pyctl does not model (not seen yet, or not understood) pass: the extender only removes nodes it
-  knows to be wrong. CPU-only pods pass everywhere (their placement is the scheduler's business).
-- prioritize: the fragment delta of placing the pod on each node (FGD): the lowest growth scores
-  10, the highest 1, linear in between; equal growth goes to the fuller node (its idle capacity
-  weighs ``TIE_BREAK`` per unit), so that an evicted replica does not bounce back to the node it
-  left; nodes that do not admit it, or that pyctl does not model, score 0.
+- filter: a node is removed when the policy finds no placement the kubelet would admit there
+  (e.g. no NUMA zone with enough free GPUs under ``single-numa-node``), so pods stop failing
+  kubelet admission with TopologyAffinityError; a node whose room a rescue promised to another
+  pending pod (`reservations`) is removed for every other pod; and the node a pod of a workload
+  was just moved off by compaction (`departures`) is removed for that workload's pods, so the
+  replacement does not land back where it came from. Nodes pyctl does not model (not seen yet,
+  or not understood) pass: the extender only removes nodes it knows to be wrong. CPU-only pods
+  pass everywhere (their placement is the scheduler's business), and so do pods whose GPUs come
+  from DRA claims: the kube-scheduler's own DRA plugin decides which nodes can allocate their
+  claims (exactly, with the devices' counters and taints).
+- prioritize: the policy's rank of each node (`extender_scores`, nodes in name order): the
+  policy's choice 10, other nodes of the same rank 9, the rest 1..8 by their fragment score, 0
+  where the pod is not admitted or the node is not modelled. The scheduler's weight for the
+  extender (deploy/scheduler) makes that choice the scheduler's. A DRA pod is ranked by the
+  same policy, its shape taken from its claims (`Reconciler.shape_of`: DRA devices only, aligned
+  as its matchAttribute asks); one whose claims pyctl cannot tell gets no preference.
+
+Each node's rank for a pod shape is computed once and kept until that node's model object
+changes (the reconciler replaces it) or M changes, so a request costs a lookup per node.
 """
 
 from __future__ import annotations
@@ -21,117 +32,164 @@ from collections.abc import Callable, Mapping
 from pyctl.cluster.records import PodRecord
 from pyctl.cluster.translate import pod_shape
 from pyctl.controller.reconcile import Reconciler
-from pyctl.core.fragmentation import Delta, FragmentationModel
+from pyctl.core import policy
+from pyctl.core.fragmentation import FragmentationModel
 from pyctl.model import Node, Shape, Snapshot, Workload
 
-MAX_EXTENDER_PRIORITY = 10
-#: weight of a node's idle capacity in the ranking: it only breaks ties of the fragment delta
-TIE_BREAK = 1e-3
+#: cached ranks beyond this many (shape, node) pairs are dropped (then rebuilt as needed)
+MAX_CACHED = 1 << 18
+
+
+def _no_reservations() -> Mapping[str, str]:
+    return {}
 
 
 class PlacementAdvisor:
     """Answers from a live view of the cluster: `models` (node name → model node, replaced
-    whenever a node is re-translated, as `Reconciler.models` is) and `workload` (a callable,
-    since the controller re-derives M). One `FragmentationModel` is kept per node and rebuilt
-    only when that node's model object changes."""
+    whenever a node is re-translated, as `Reconciler.models` is), `workload` (a callable, since
+    the controller re-derives M) and `reservations` (node → the pending pod a rescue made room
+    for there)."""
 
-    def __init__(self, models: Mapping[str, Node], workload: Callable[[], Workload]) -> None:
+    def __init__(
+        self,
+        models: Mapping[str, Node],
+        workload: Callable[[], Workload],
+        reservations: Callable[[], Mapping[str, str]] = _no_reservations,
+        departures: Callable[[], Mapping[str, str]] = _no_reservations,
+        shape_of: Callable[[PodRecord], Shape | None] = pod_shape,
+    ) -> None:
         self._models = models
         self._workload = workload
-        self._cache: dict[str, tuple[Node, FragmentationModel]] = {}
+        self.reservations = reservations
+        #: workload ("namespace/kind/name") -> the node compaction just moved one of its pods off
+        self.departures = departures
+        self._shape_of = shape_of
+        self._node_models: dict[str, tuple[Node, FragmentationModel]] = {}
+        #: (shape, workload) -> node -> (model node it was computed on, rank)
+        self._ranks: dict[tuple[Shape, Workload], dict[str, tuple[Node, policy.Ranked | None]]] = {}
+        self._cached = 0
+        #: prioritize answers that preferred a node, filter answers that removed one
+        self.advised = 0
+        self.filtered = 0
 
     @classmethod
-    def for_reconciler(cls, reconciler: Reconciler) -> PlacementAdvisor:
-        return cls(reconciler.models, lambda: reconciler.workload)
+    def for_reconciler(
+        cls,
+        reconciler: Reconciler,
+        reservations: Callable[[], Mapping[str, str]] = _no_reservations,
+        departures: Callable[[], Mapping[str, str]] = _no_reservations,
+    ) -> PlacementAdvisor:
+        return cls(
+            reconciler.models,
+            lambda: reconciler.workload,
+            reservations,
+            departures,
+            reconciler.shape_of,
+        )
 
-    def _model(self, name: str) -> FragmentationModel | None:
-        node = self._models.get(name)
-        if node is None:
-            self._cache.pop(name, None)
-            return None
-        hit = self._cache.get(name)
+    def _model(self, name: str, node: Node) -> FragmentationModel:
+        hit = self._node_models.get(name)
         if hit is not None and hit[0] is node:
             return hit[1]
         model = FragmentationModel(Snapshot((node,)))
-        self._cache[name] = (node, model)
-        if len(self._cache) > 2 * len(self._models) + 16:  # nodes gone: forget their models
-            for gone in [n for n in self._cache if n not in self._models]:
-                del self._cache[gone]
+        self._node_models[name] = (node, model)
+        if len(self._node_models) > 2 * len(self._models) + 16:  # nodes gone: forget them
+            for gone in [n for n in self._node_models if n not in self._models]:
+                del self._node_models[gone]
         return model
 
-    def delta(self, name: str, shape: Shape, workload: Workload) -> Delta | str | None:
-        """The fragment delta of placing `shape` on node `name`; None if the node would not admit
-        it; "unknown" if pyctl has no model of the node."""
-        model = self._model(name)
-        if model is None:
-            return "unknown"
-        return model.place_delta(name, shape, workload)
+    def rank(self, shape: Shape, names: tuple[str, ...]) -> dict[str, policy.Ranked | str | None]:
+        """The policy's rank of `shape` on each node; "unknown" where pyctl has no model."""
+        workload = self._workload()
+        key = (shape, workload)
+        per = self._ranks.get(key)
+        if per is None:
+            if self._cached > MAX_CACHED or len(self._ranks) > 256:
+                self._ranks.clear()
+                self._cached = 0
+            per = self._ranks[key] = {}
+        out: dict[str, policy.Ranked | str | None] = {}
+        for name in names:
+            node = self._models.get(name)
+            if node is None:
+                out[name] = "unknown"
+                continue
+            hit = per.get(name)
+            if hit is None or hit[0] is not node:
+                (r,) = policy.rank(self._model(name, node), shape, workload, [name])
+                if hit is None:
+                    self._cached += 1
+                per[name] = hit = (node, r)
+            out[name] = hit[1]
+        return out
 
     def filter(self, pod: PodRecord, names: tuple[str, ...]) -> dict[str, str]:
         """The candidate nodes `pod` must not go to, with why."""
-        shape = pod_shape(pod)
         failed: dict[str, str] = {}
-        if not shape.is_cpu_only:
-            workload = self._workload()
-            for name in names:
-                if self.delta(name, shape, workload) is None:
-                    policy = self._models[name].topology_policy
+        reserved = self.reservations()
+        for name in names:
+            holder = reserved.get(name)
+            if holder is not None and holder != pod.key:
+                failed[name] = f"pyctl: room reserved for pending pod {holder}"
+        left = self.departures().get(workload_key(pod))
+        if left is not None and left in names and left not in failed:
+            failed[left] = "pyctl: compaction moved this workload's pod off this node"
+        shape = self._shape_of(pod)
+        if shape is None or shape.is_cpu_only or shape.dra:
+            return self._count(failed)  # the scheduler's business (DRA: its own allocator's)
+        for name, r in self.rank(shape, names).items():
+            if r is None and name not in failed:
+                node = self._models[name]
+                if shape.mig_profile is None and node.gpu_pool != shape.gpu_pool:
                     failed[name] = (
-                        f"pyctl: cannot place {_describe(shape)} within the node's free NUMA "
-                        f"resources (Topology Manager policy {policy})"
+                        f"pyctl: the pod asks for GPUs of {_pool(shape.gpu_pool)}, the "
+                        f"node shares its GPUs as {_pool(node.gpu_pool)}"
                     )
+                    continue
+                policy_name = node.topology_policy
+                failed[name] = (
+                    f"pyctl: cannot place {_describe(shape)} within the node's free NUMA "
+                    f"resources (Topology Manager policy {policy_name})"
+                )
+        return self._count(failed)
+
+    def _count(self, failed: dict[str, str]) -> dict[str, str]:
+        if failed:
+            self.filtered += 1
         return failed
 
     def prioritize(self, pod: PodRecord, names: tuple[str, ...]) -> dict[str, int]:
         """A score 0..MAX_EXTENDER_PRIORITY per candidate node."""
-        shape = pod_shape(pod)
-        if shape.is_cpu_only:
+        shape = self._shape_of(pod)
+        if shape is None:  # claims pyctl cannot tell: no preference
             return dict.fromkeys(names, 0)
-        workload = self._workload()
-        growth: dict[str, float] = {}
-        for name in names:
-            d = self.delta(name, shape, workload)
-            if isinstance(d, Delta):
-                g = d.fragment_mig_slices if shape.mig_profile else d.fragment_gpu_milli
-                # equal growth: the fuller node wins (bin packing), so that a replica evicted by
-                # compaction does not bounce back to the node it left while that node still
-                # looks as it did
-                growth[name] = g + TIE_BREAK * idle_units(self._models[name], shape)
-        return scores(names, growth)
-
-
-def scores(names: tuple[str, ...], growth: Mapping[str, float]) -> dict[str, int]:
-    """Fragment growth per admitting node → 1..MaxExtenderPriority: the least growth scores 10,
-    the most 1, linear in between; nodes without a growth (not admitting, not modelled) score 0."""
-    out = dict.fromkeys(names, 0)
-    if not growth:
+        ordered = tuple(sorted(names))  # a stable order: ties go to the first node by name
+        ranks = self.rank(shape, ordered)
+        known = [r if isinstance(r, policy.Ranked) else None for r in ranks.values()]
+        scores = dict(zip(ranks, policy.extender_scores(known), strict=True))
+        # the node a rescue freed for this pod is where it goes
+        for node, holder in self.reservations().items():
+            if holder == pod.key and node in scores and scores[node] > 0:
+                scores[node] = policy.MAX_EXTENDER_PRIORITY
+        out = {n: scores.get(n, 0) for n in names}
+        if any(out.values()):
+            self.advised += 1
         return out
-    lo, hi = min(growth.values()), max(growth.values())
-    for n, g in growth.items():
-        if hi - lo <= 1e-9:
-            out[n] = MAX_EXTENDER_PRIORITY
-        else:
-            out[n] = 1 + round((MAX_EXTENDER_PRIORITY - 1) * (hi - g) / (hi - lo))
-    return out
 
 
-def idle_units(node: Node, shape: Shape) -> float:
-    """Idle capacity of `node` in the unit of `shape`'s fragment: free MIG instances' slices for
-    a MIG shape, idle GPU milli otherwise."""
-    if shape.mig_profile:
-        return float(
-            sum(
-                1
-                for z in node.zones
-                for m in z.mig
-                for i in m.instances
-                if not i.used and i.profile == shape.mig_profile
-            )
-        )
-    return float(sum(1000 - min(g.used_milli, 1000) for z in node.zones for g in z.gpus))
+def workload_key(pod: PodRecord) -> str:
+    """The workload a pod belongs to (its controller), as compaction names it."""
+    return f"{pod.namespace}/{pod.owner_kind}/{pod.owner_name}"
 
 
 def _describe(s: Shape) -> str:
     if s.mig_profile:
         return f"one MIG {s.mig_profile} instance"
+    if s.gpu_milli == 0 and s.gpus:
+        return f"{s.gpus} replica{'s' if s.gpus != 1 else ''} of {_pool(s.gpu_pool)}"
     return f"{s.gpus} GPU{'s' if s.gpus != 1 else ''}"
+
+
+def _pool(pool: str) -> str:
+    """A GPU sharing pool by name (docs/sharing.md)."""
+    return {"": "nvidia.com/gpu", "hami": "HAMi"}.get(pool, pool)

@@ -10,20 +10,27 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter, deque
-from dataclasses import replace
 
+from pyctl.cluster.dra import DraModel, Misaligned, misaligned_pods, unknown_kind
 from pyctl.cluster.records import NodeRecord, ObjectRef, PodRecord
 from pyctl.cluster.translate import (
+    DraPositions,
     TranslateError,
-    node_from_records,
-    pod_shape,
+    model_of,
     pod_shape_problem,
+    shape_of,
 )
 from pyctl.controller.cache import ClusterCache
 from pyctl.controller.ignored import IgnoredObjects
 from pyctl.controller.summary import Summary
 from pyctl.controller.workload import WorkloadScope, capped_workload
-from pyctl.core.fragmentation import CATEGORIES, FragmentationModel, NodeScore, derive_workload
+from pyctl.core.fragmentation import (
+    CATEGORIES,
+    FragmentationModel,
+    NodeScore,
+    blocked_by,
+    derive_workload,
+)
 from pyctl.metrics import Metrics
 from pyctl.model import Node, Shape, Snapshot, Workload
 
@@ -94,16 +101,43 @@ class Reconciler:
         #: node -> pyctl taint keys exported as pyctl_node_taint
         self._taints: dict[str, set[str]] = {}
         self.window = SchedulingWindow()
+        #: DRA: each DRA node's devices as modelled (zones' basis, notes)
+        self.dra_models: dict[str, DraModel] = {}
+        #: per node, where each pod's DRA devices sit (translation's finding, for compaction)
+        self.dra_positions: dict[str, DraPositions] = {}
+        #: pods whose claims pyctl cannot turn into a shape, with why (refreshed by `summary`)
+        self.unknown: dict[str, str] = {}
+        #: running pods whose allocated devices span NUMA nodes (refreshed by `summary`)
+        self.misaligned: list[Misaligned] = []
+        self._misaligned_labels: set[tuple[str, str]] = set()
+        self._unknown_labels: set[str] = set()
+
+    def shape_of(self, p: PodRecord) -> Shape | None:
+        """The pod's shape (its claims resolved); None if pyctl cannot tell (recorded)."""
+        s = shape_of(p, self.cache.dra, self.cache.nodes.get(p.node))
+        if s is None:
+            self.unknown[p.key] = self.cache.dra.need(p.namespace, p.claims).unknown
+        else:
+            self.unknown.pop(p.key, None)
+        return s
+
+    def modelled_shape(self, p: PodRecord) -> Shape | None:
+        """The pod's shape if the core can model it; None if its claims are unknown (recorded
+        in `unknown`) or the core cannot model it (reported: counted, logged, an Event), so that
+        it is left out of M, of the pending pods and of the compaction candidates."""
+        s = self.shape_of(p)
+        if s is None:
+            return None
+        why = pod_shape_problem(p, s)
+        if why is None:
+            return s
+        ref = ObjectRef("Pod", p.namespace, p.name, p.uid)
+        self.ignored.report("Pod", "shape_rejected", why, ref)
+        return None
 
     def modelled(self, p: PodRecord) -> bool:
-        """Whether the core can model `p`'s shape; a pod it cannot is reported (counted, logged,
-        an Event) and left out of M, of the pending pods and of the compaction candidates."""
-        why = pod_shape_problem(p)
-        if why is None:
-            return True
-        ref = ObjectRef("Pod", p.namespace, p.name, p.uid)
-        self.ignored.report("Pod", "shape_rejected", f"{why}", ref)
-        return False
+        """Whether `p` has a shape the core can model (`modelled_shape`)."""
+        return self.modelled_shape(p) is not None
 
     def refresh_workload(self) -> bool:
         """Re-derive M from the observed pods in scope (unless it is configured), each shape's
@@ -114,10 +148,11 @@ class Reconciler:
         # definition), which says nothing about GPU placement on a mixed pool
         shapes = []
         for p in self.cache.pods.values():
-            if p.terminated or not (p.gpus or p.mig) or not self.scope.admits(p):
+            if p.terminated or not self.scope.admits(p):
                 continue
-            if self.modelled(p):
-                shapes.append(pod_shape(p))
+            s = self.modelled_shape(p)
+            if s is not None and not s.is_cpu_only:
+                shapes.append(s)
         if not shapes:
             return False
         new = capped_workload(derive_workload(shapes), self.scope.max_shape_weight)
@@ -163,6 +198,8 @@ class Reconciler:
         self._export_taints(name, rec)
         if rec is None:
             self.models.pop(name, None)
+            self.dra_models.pop(name, None)
+            self.dra_positions.pop(name, None)
             old = self.scores.pop(name, None)
             if self.bad_nodes.pop(name, None) is not None:
                 self.ignored.forget("Node", name)
@@ -173,9 +210,17 @@ class Reconciler:
                     m.zone_idle.remove(self.cluster, name, str(z.numa))
                     m.zone_fragment.remove(self.cluster, name, str(z.numa))
             return
+        positions: DraPositions = {}
         try:
-            node = node_from_records(
-                rec, self.cache.nrts.get(name), self.cache.pods_on(name), self.default_policy
+            node, dm = model_of(
+                rec,
+                self.cache.nrts.get(name),
+                self.cache.pods_on(name),
+                self.default_policy,
+                self.cache.dra,
+                positions,
+                # shared GPUs: replicas stay on the GPUs they were attributed to
+                self.models.get(name),
             )
             score = FragmentationModel(Snapshot((node,))).score(self.workload).nodes[0]
         except (TranslateError, ValueError) as e:
@@ -186,6 +231,8 @@ class Reconciler:
             self.ignored.report("Node", "untranslatable", str(e), ObjectRef("Node", "", name))
             self.bad_nodes[name] = str(e)
             self.models.pop(name, None)
+            self.dra_models.pop(name, None)
+            self.dra_positions.pop(name, None)
             old = self.scores.pop(name, None)
             if old is not None:
                 m.node_idle.remove(self.cluster, name)
@@ -198,6 +245,12 @@ class Reconciler:
             self.ignored.forget("Node", name)
         self.models[name] = node
         self.scores[name] = score
+        if dm is not None:
+            self.dra_models[name] = dm
+            self.dra_positions[name] = positions
+        else:
+            self.dra_models.pop(name, None)
+            self.dra_positions.pop(name, None)
         m.node_idle.labels(self.cluster, name).set(score.idle_gpu_milli / GPU)
         m.node_fragment.labels(self.cluster, name).set(score.fragment_gpu_milli / GPU)
         for z in score.zones:
@@ -207,45 +260,16 @@ class Reconciler:
 
     def _blocked(self, pending: list[PodRecord]) -> dict[str, int]:
         """Unschedulable pods that the idle capacity could hold in total but no node admits,
-        by the reason that strands the most capacity for their shape."""
+        by the reason that strands the most capacity for their shape (`blocked_by`)."""
         if not pending or not self.models:
             return {}
-        snap = Snapshot(tuple(self.models[n] for n in sorted(self.models)))
-        model = FragmentationModel(snap)
-        idle_gpu = sum(s.idle_gpu_milli for s in self.scores.values())
-        idle_mig = sum(s.idle_mig_slices for s in self.scores.values())
-        out: Counter[str] = Counter()
-        by_shape: dict[Shape, str | None] = {}
-        for p in pending:
-            shape = pod_shape(p)
-            if shape.is_cpu_only or not self.modelled(p):
-                continue
-            if shape not in by_shape:
-                need = shape.gpus * shape.gpu_milli
-                if shape.mig_profile is None and need > idle_gpu:
-                    by_shape[shape] = None  # the cluster is full, not fragmented
-                elif shape.mig_profile is not None and idle_mig == 0:
-                    by_shape[shape] = None
-                else:
-                    try:
-                        r = model.score(Workload((replace(shape, weight=1.0),)))
-                    except ValueError:  # modelled() asked the core: not expected, never fatal
-                        by_shape[shape] = None
-                        continue
-                    admitted = any(
-                        n.fragment_gpu_milli < n.idle_gpu_milli - 1e-9
-                        or n.fragment_mig_slices < n.idle_mig_slices - 1e-9
-                        for n in r.nodes
-                    )
-                    if admitted:
-                        by_shape[shape] = None  # a node admits it: waiting, not blocked
-                    else:
-                        cats = r.mig_categories if shape.mig_profile else r.categories
-                        by_shape[shape] = max(CATEGORIES, key=lambda c: cats[c])
-            reason = by_shape[shape]
-            if reason is not None:
-                out[reason] += 1
-        return dict(out)
+        model = FragmentationModel(Snapshot(tuple(self.models[n] for n in sorted(self.models))))
+        shapes = [s for s in (self.modelled_shape(p) for p in pending) if s is not None]
+        try:
+            return blocked_by(model, shapes)
+        except ValueError as e:  # modelled_shape asked the core: not expected, never fatal
+            log.error("pending analysis failed", extra={"error": str(e)[:300]})
+            return {}
 
     def summary(self, now: float | None = None) -> Summary:
         now = time.monotonic() if now is None else now
@@ -258,10 +282,12 @@ class Reconciler:
             model = self.models[name].gpu_model or "unknown"
             i, f = by_model.get(model, (0.0, 0.0))
             by_model[model] = (i + s.idle_gpu_milli, f + s.fragment_gpu_milli)
+        shared = [g for n in self.models.values() if n.sharing for z in n.zones for g in z.gpus]
         worst = sorted(
             ((s.name, s.idle_gpu_milli, s.fragment_gpu_milli) for s in scores),
             key=lambda t: (-t[2], t[0]),
         )[:10]
+        self._dra_summary()
         summ = Summary(
             cluster=self.cluster,
             nodes=len(scores),
@@ -276,9 +302,42 @@ class Reconciler:
             scheduling_success=self.window.ratio(now),
             worst=worst,
             by_model=by_model,
+            shared_gpus=len(shared),
+            shared_used_milli=float(sum(g.used_milli for g in shared)),
+            shared_pods=len({pod for g in shared for pod, _ in g.holders}),
         )
         self._export(summ)
         return summ
+
+    def _dra_summary(self) -> None:
+        """Unknown DRA requests and pods whose devices span NUMA nodes, as metrics."""
+        m, c = self.metrics, self.cluster
+        live = {k for k, p in self.cache.pods.items() if not p.terminated and p.claims}
+        for k in [k for k in self.unknown if k not in live]:
+            del self.unknown[k]
+        for k in live - set(self.unknown):
+            p = self.cache.pods[k]
+            need = self.cache.dra.need(p.namespace, p.claims)
+            if need.unknown:
+                self.unknown[k] = need.unknown
+        kinds = Counter(unknown_kind(r) for r in self.unknown.values())
+        for kind in self._unknown_labels - set(kinds):
+            m.dra_unknown_requests.labels(c, kind).set(0)
+        for kind, n in kinds.items():
+            m.dra_unknown_requests.labels(c, kind).set(n)
+        self._unknown_labels |= set(kinds)
+        running = {k for k, p in self.cache.pods.items() if p.node and p.phase == "Running"}
+        self.misaligned = [x for x in misaligned_pods(self.cache.dra) if x.pod in running]
+        per: Counter[tuple[str, str]] = Counter()
+        for x in self.misaligned:
+            p = self.cache.pods[x.pod]
+            workload = f"{p.owner_kind}/{p.owner_name}" if p.owner_kind else f"Pod/{p.name}"
+            per[(p.namespace, workload)] += 1
+        for labels in self._misaligned_labels - set(per):
+            m.pods_numa_misaligned.remove(c, *labels)
+        for (ns, workload), n in per.items():
+            m.pods_numa_misaligned.labels(c, ns, workload).set(n)
+        self._misaligned_labels = set(per)
 
     def _export(self, s: Summary) -> None:
         m, c = self.metrics, self.cluster

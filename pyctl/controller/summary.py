@@ -37,6 +37,11 @@ class Summary:
     scheduling_success: float
     worst: list[tuple[str, float, float]] = field(default_factory=list)
     by_model: dict[str, tuple[float, float]] = field(default_factory=dict)
+    #: shared GPUs (time-slicing, MPS, HAMi; docs/sharing.md): how many, their used share in
+    #: milli-GPU, and the pods holding shares of them
+    shared_gpus: int = 0
+    shared_used_milli: float = 0.0
+    shared_pods: int = 0
 
     @property
     def fragmentation_rate(self) -> float:
@@ -80,6 +85,10 @@ class SummaryRecord(msgspec.Struct, omit_defaults=True):
     blocked: Annotated[dict[Key, Count], msgspec.Meta(max_length=64)] = {}
     scheduling_success: Ratio = 1.0
     by_model: Annotated[dict[Key, ModelTotals], msgspec.Meta(max_length=MAX_ITEMS)] = {}
+    #: GPUs shared by time-slicing, MPS or HAMi: how many, their use, the pods holding them
+    shared_gpus: Count = 0
+    shared_used_milli: Amount = 0.0
+    shared_pods: Count = 0
     #: wall-clock seconds of the publisher (Redis TIME decides ages)
     heartbeat: Annotated[float, msgspec.Meta(ge=0.0, le=1e11)] = 0.0
     #: RICH_FORMAT when `workload` and `snapshot` are there
@@ -125,6 +134,9 @@ def _record(s: Summary, now: float | None) -> SummaryRecord:
         blocked=dict(s.blocked),
         scheduling_success=float(s.scheduling_success),
         by_model={k: ModelTotals(float(v[0]), float(v[1])) for k, v in s.by_model.items()},
+        shared_gpus=s.shared_gpus,
+        shared_used_milli=float(s.shared_used_milli),
+        shared_pods=s.shared_pods,
         heartbeat=time.time() if now is None else now,
     )
 

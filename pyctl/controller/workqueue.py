@@ -27,6 +27,11 @@ class WorkQueue:
     def __len__(self) -> int:
         return len(self._queue)
 
+    @property
+    def idle(self) -> bool:
+        """Nothing queued and nothing being processed."""
+        return not self._queue and not self._processing
+
     def add(self, key: str) -> None:
         if self._closed:
             return

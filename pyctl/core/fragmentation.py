@@ -36,6 +36,14 @@ _COLUMNS = (
     "instance_profiles",
     "instance_starts",
     "instance_used",
+    "dra_gpu_ids",
+    "dra_gpu_used_milli",
+    "mig_dra",
+    "mig_dynamic",
+    "mig_free_slices",
+    "node_gpu_pools",
+    "node_gpu_replicas",
+    "node_gpu_memory_mib",
 )
 
 
@@ -46,12 +54,16 @@ def snapshot_columns(s: Snapshot) -> dict[str, list[Any]]:
     c["gpu_offsets"] = [0]
     c["mig_offsets"] = [0]
     c["instance_offsets"] = [0]
+    c["dra_gpu_offsets"] = [0]
     for n in s.nodes:
         c["node_names"].append(n.name)
         c["node_models"].append(n.gpu_model)
         c["node_policies"].append(n.topology_policy)
         c["node_cpu_static"].append(n.cpu_manager_policy == "static")
         c["node_memory_static"].append(n.memory_manager_policy == "static")
+        c["node_gpu_pools"].append(n.gpu_pool)
+        c["node_gpu_replicas"].append(n.gpu_replicas)
+        c["node_gpu_memory_mib"].append(n.gpu_memory_mib)
         for z in n.zones:
             c["zone_numa"].append(z.numa)
             c["zone_cpu_milli"].append(z.cpu_milli)
@@ -62,8 +74,15 @@ def snapshot_columns(s: Snapshot) -> dict[str, list[Any]]:
                 c["gpu_ids"].append(g.id)
                 c["gpu_used_milli"].append(g.used_milli)
             c["gpu_offsets"].append(len(c["gpu_ids"]))
+            for g in z.dra_gpus:
+                c["dra_gpu_ids"].append(g.id)
+                c["dra_gpu_used_milli"].append(g.used_milli)
+            c["dra_gpu_offsets"].append(len(c["dra_gpu_ids"]))
             for m in z.mig:
                 c["mig_gpu_ids"].append(m.gpu)
+                c["mig_dra"].append(m.dra)
+                c["mig_dynamic"].append(m.dynamic)
+                c["mig_free_slices"].append(-1 if m.free_slices is None else m.free_slices)
                 for i in m.instances:
                     c["instance_profiles"].append(i.profile)
                     c["instance_starts"].append(i.start)
@@ -75,7 +94,7 @@ def snapshot_columns(s: Snapshot) -> dict[str, list[Any]]:
 
 
 def shape_dict(s: Shape) -> dict[str, Any]:
-    return {
+    d: dict[str, Any] = {
         "cpu_milli": s.cpu_milli,
         "memory_mib": s.memory_mib,
         "gpus": s.gpus,
@@ -83,7 +102,13 @@ def shape_dict(s: Shape) -> dict[str, Any]:
         "mig_profile": s.mig_profile,
         "gpu_models": list(s.gpu_models),
         "weight": s.weight,
+        "gpu_pool": s.gpu_pool,
+        "gpu_memory_mib": s.gpu_memory_mib,
     }
+    if s.dra:
+        d["dra"] = True
+        d["numa_aligned"] = s.numa_aligned
+    return d
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +131,10 @@ class NodeScore:
     mig_categories: dict[str, float]
     recoverable_mig_slices: float
     zones: tuple[ZoneScore, ...]
+    #: on a node whose GPUs are shared: how the shares were read (docs/sharing.md) and, per GPU,
+    #: (NUMA id, GPU id, used milli, ((pod, milli), ...))
+    sharing: str = ""
+    shares: tuple[tuple[int, int, int, tuple[tuple[str, int], ...]], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +176,7 @@ class ClusterScore:
                     "fragment_mig_slices": round(n.fragment_mig_slices, r),
                     "mig_categories": {k: round(v, r) for k, v in n.mig_categories.items()},
                     "recoverable_mig_slices": round(n.recoverable_mig_slices, r),
+                    **_sharing_json(n),
                     "zones": [
                         {
                             "numa": z.numa,
@@ -161,6 +191,18 @@ class ClusterScore:
                 for n in self.nodes
             ],
         }
+
+
+def _sharing_json(n: NodeScore) -> dict[str, Any]:
+    if not n.sharing:
+        return {}
+    return {
+        "sharing": n.sharing,
+        "gpus": [
+            {"numa": numa, "id": gid, "used_milli": used, "pods": dict(holders)}
+            for numa, gid, used, holders in n.shares
+        ],
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,17 +220,19 @@ class FragmentationModel:
 
     def __init__(self, snapshot: Snapshot) -> None:
         self.snapshot = snapshot
-        self._core = _core.FragmentModel(snapshot_columns(snapshot))
-        self._index = {n.name: i for i, n in enumerate(snapshot.nodes)}
+        #: the core's model (used by the facades of this package: `pyctl.core.policy`)
+        self.core = _core.FragmentModel(snapshot_columns(snapshot))
+        #: node name -> position in the snapshot
+        self.index = {n.name: i for i, n in enumerate(snapshot.nodes)}
 
     def _node(self, name: str) -> int:
         try:
-            return self._index[name]
+            return self.index[name]
         except KeyError:
             raise ValueError(f"node {name!r} is not in the snapshot") from None
 
     def score(self, workload: Workload) -> ClusterScore:
-        raw = self._core.score([shape_dict(s) for s in workload.shapes])
+        raw = self.core.score([shape_dict(s) for s in workload.shapes])
         cat_rows = zip(*(raw["categories"][c] for c in CATEGORIES), strict=True)
         mig_rows = zip(*(raw["mig_categories"][c] for c in CATEGORIES), strict=True)
         zone_rows = iter(
@@ -224,6 +268,10 @@ class FragmentationModel:
                     dict(zip(CATEGORIES, mcats, strict=True)),
                     rec,
                     zones,
+                    n.sharing,
+                    tuple((z.numa, g.id, g.used_milli, g.holders) for z in n.zones for g in z.gpus)
+                    if n.sharing
+                    else (),
                 )
             )
         return ClusterScore(
@@ -241,16 +289,16 @@ class FragmentationModel:
         """The fragment delta of placing `task` on `node` where it grows fragment least, or None
         if the node cannot admit it."""
         shapes = [shape_dict(s) for s in workload.shapes]
-        d = self._core.place_delta(self._node(node), shape_dict(task), shapes)
+        d = self.core.place_delta(self._node(node), shape_dict(task), shapes)
         return None if d is None else Delta(**d)
 
     def remove_delta(self, node: str, assignment: Mapping[str, Any], workload: Workload) -> Delta:
         shapes = [shape_dict(s) for s in workload.shapes]
-        return Delta(**self._core.remove_delta(self._node(node), dict(assignment), shapes))
+        return Delta(**self.core.remove_delta(self._node(node), dict(assignment), shapes))
 
     def apply(self, node: str, assignment: Mapping[str, Any], place: bool = True) -> None:
         """Place (or remove) a task at `assignment` on `node` in this model."""
-        self._core.apply(self._node(node), dict(assignment), place)
+        self.core.apply(self._node(node), dict(assignment), place)
 
 
 _EMPTY: FragmentationModel | None = None
@@ -264,7 +312,7 @@ def check_shape(shape: Shape) -> str | None:
     if _EMPTY is None:
         _EMPTY = FragmentationModel(Snapshot(()))
     try:
-        _EMPTY._core.score([shape_dict(replace(shape, weight=1.0))])
+        _EMPTY.core.score([shape_dict(replace(shape, weight=1.0))])
     except ValueError as e:
         return str(e).removeprefix("shapes[0].")
     return None
@@ -305,10 +353,53 @@ def derive_workload(tasks: Iterable[Shape], coverage: float = 0.95) -> Workload:
                 mig_profile=first[k].mig_profile,
                 gpu_models=first[k].gpu_models,
                 weight=n / covered,
+                dra=first[k].dra,
+                numa_aligned=first[k].numa_aligned,
+                gpu_pool=first[k].gpu_pool,
+                gpu_memory_mib=first[k].gpu_memory_mib,
             )
             for k, n in chosen
         )
     )
+
+
+def blocked_by(model: FragmentationModel, shapes: Iterable[Shape]) -> dict[str, int]:
+    """Pending pods (their shapes, one per pod) that the idle capacity could hold in total but no
+    node admits, counted by the category that strands the most capacity for their shape; a pod
+    the cluster is too full for, or that some node admits (waiting, not blocked), is not
+    counted. GPU and MIG shapes only."""
+    out: Counter[str] = Counter()
+    by_shape: dict[Shape, str | None] = {}
+    idle: tuple[float, float] | None = None
+    for shape in shapes:
+        if shape.is_cpu_only:
+            continue
+        key = replace(shape, weight=1.0)
+        if key not in by_shape:
+            r = model.score(Workload((key,)))
+            if idle is None:
+                idle = (
+                    sum(n.idle_gpu_milli for n in r.nodes),
+                    sum(n.idle_mig_slices for n in r.nodes),
+                )
+            idle_gpu, idle_mig = idle
+            if key.mig_profile is None and key.gpus * key.gpu_milli > idle_gpu:
+                by_shape[key] = None  # the cluster is full, not fragmented
+            elif key.mig_profile is not None and idle_mig == 0:
+                by_shape[key] = None
+            elif any(
+                n.fragment_gpu_milli < n.idle_gpu_milli - 1e-9
+                or n.fragment_mig_slices < n.idle_mig_slices - 1e-9
+                for n in r.nodes
+            ):
+                by_shape[key] = None  # a node admits it: waiting, not blocked
+            else:
+                cats = r.mig_categories if key.mig_profile else r.categories
+                by_shape[key] = max(CATEGORIES, key=lambda c: cats[c])
+        reason = by_shape[key]
+        if reason is not None:
+            out[reason] += 1
+    return dict(out)
 
 
 def worst_nodes(result: ClusterScore, limit: int | None = None) -> Sequence[NodeScore]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Any, TypedDict
 
 
 class Checkpoint(TypedDict):
@@ -37,3 +37,37 @@ class ReplayRaw(_ReplayRequired, total=False):
 
     node_of: list[int]
     task_of: list[int]
+
+
+class RankedRaw(TypedDict):
+    """The policy's best placement on one node (`rust/src/placement`)."""
+
+    node: int
+    rank: tuple[int, int, int]
+    inc: float
+    cpu_short: bool
+    left: int
+    idle: int
+    assignment: dict[str, Any]
+
+
+class RescueRaw(TypedDict):
+    pending: int
+    node: int
+    assignment: dict[str, Any]
+    moves: list[int]
+    waits: int
+    delta: float
+
+
+#: a planned move's source node is under the key "from" (a Python keyword)
+PlanMove = dict[str, Any]
+
+
+class PlanRaw(TypedDict):
+    """A compaction plan (`rust/src/compaction`)."""
+
+    moves: list[PlanMove]
+    rescues: list[RescueRaw]
+    unrescued: list[int]
+    truncated: bool

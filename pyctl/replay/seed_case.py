@@ -9,8 +9,11 @@ BERT-base on ``1g.5gb``, ResNet-152 on ``2g.10gb``, GPT-2 on a whole GPU. Two mo
   instance of its profile, pyctl's controller re-partitions free slices with the MIG planner
   (`pyctl.core.mig.plan_snapshot`, ``max_used_destroyed = 0``: only free instances change). If that
   cannot serve it, compaction: the planner may destroy up to ``move_budget`` used instances on a
-  node; their replicas move to free instances of their profile (same node first), counted as
-  evictions.
+  node; their replicas are evicted and placed again by the scheduler, counted as evictions.
+
+Both run on the product's code: the simulated cluster (`pyctl.cluster.sim.cluster.SimCluster`,
+whose scheduler admits a pod only where the kubelet would and applies MIG layouts as mig-parted
+does) with pyctl's placement policy as its scheduler's extender (`pyctl.core.policy`).
 
 Where §6 is silent the figures are ours (`KINDS`, documented in `docs/simulator.md`): replica mix,
 per-replica GPU compute (fraction of one A100's SMs a replica keeps busy at its load) and GPU
@@ -23,15 +26,21 @@ from __future__ import annotations
 
 import random
 import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
+from pyctl.cluster.records import PodRecord
+from pyctl.cluster.sim.cluster import Extender, SimCluster, SimPod
+from pyctl.cluster.translate import pod_shape
 from pyctl.core import mig
-from pyctl.model import MigGpu, MigInstance, Node, Shape, Snapshot, Zone
+from pyctl.core.policy import extender_scores, rank
+from pyctl.model import Gpu, MigGpu, MigInstance, Node, Shape, Snapshot, Workload, Zone
 
 GPU_MODEL = "A100-SXM4-40GB"
 WHOLE = "7g.40gb"  # a whole A100 under MIG: the full-GPU instance
 GPU_MEMORY_GB = 40.0
+#: per GPU of a node, its instances as (profile, start)
+Layouts = list[list[tuple[str, int]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,204 +129,202 @@ def arrivals(case: Case, seed: int) -> list[tuple[str, Kind]]:
     return out
 
 
-class _Host:
-    def __init__(self, case: Case) -> None:
-        self.cpu = [0] * case.gpu_nodes
-        self.mem = [0] * case.gpu_nodes
-        self.case = case
-
-    def fits(self, n: int, k: Kind) -> bool:
-        c = self.case
-        return (
-            self.cpu[n] + k.cpu_milli <= c.node_cpu_milli
-            and self.mem[n] + k.memory_mib <= c.node_memory_mib
-        )
-
-    def take(self, n: int, k: Kind, sign: int = 1) -> None:
-        self.cpu[n] += sign * k.cpu_milli
-        self.mem[n] += sign * k.memory_mib
+def node_name(n: int) -> str:
+    return f"a100-{n}"
 
 
-def run_exclusive(case: Case, seed: int) -> ModeResult:
-    """Every replica takes one whole GPU; first node (in order) with a free GPU, CPU and memory."""
-    free = [case.gpus_per_node] * case.gpu_nodes
-    host = _Host(case)
-    per_node = [0] * case.gpu_nodes
-    placed = 0
-    compute = memory = 0.0
-    failed: dict[str, int] = {}
-    for _, k in arrivals(case, seed):
-        n = next((n for n in range(case.gpu_nodes) if free[n] > 0 and host.fits(n, k)), None)
-        if n is None:
-            failed[k.name] = failed.get(k.name, 0) + 1
-            continue
-        free[n] -= 1
-        host.take(n, k)
-        per_node[n] += 1
-        placed += 1
-        compute += k.compute
-        memory += k.memory_gb
-    gpus = case.gpu_nodes * case.gpus_per_node
-    return ModeResult(
-        "exclusive",
-        seed,
-        sum(k.count for k in case.kinds),
-        placed,
-        per_node,
-        compute,
-        memory,
-        gpus,
-        placed,
-        7 * placed,
-        failed=failed,
+def _nodes(case: Case, mode: str, layouts: Mapping[str, Layouts]) -> tuple[Node, ...]:
+    """The case's GPU nodes (one NUMA zone each, as in the article) and CPU nodes."""
+    nodes = []
+    for n in range(case.gpu_nodes):
+        name = node_name(n)
+        if mode == "exclusive":
+            zone = Zone(
+                0,
+                case.node_cpu_milli,
+                0,
+                case.node_memory_mib,
+                0,
+                gpus=tuple(Gpu(g) for g in range(case.gpus_per_node)),
+            )
+        else:
+            lay = layouts.get(name) or [
+                [("1g.5gb", s) for s in range(7)] for _ in range(case.gpus_per_node)
+            ]
+            migs = tuple(
+                MigGpu(g, tuple(MigInstance(p, st) for p, st in insts))
+                for g, insts in enumerate(lay)
+            )
+            zone = Zone(0, case.node_cpu_milli, 0, case.node_memory_mib, 0, mig=migs)
+        nodes.append(Node(name, GPU_MODEL, "none", zones=(zone,)))
+    for n in range(case.cpu_nodes):
+        nodes.append(Node(f"cpu-{n}", "", "none", zones=(Zone(0, 32000, 0, 256 * 1024, 0),)))
+    return tuple(nodes)
+
+
+def _shape(k: Kind, mode: str) -> Shape:
+    if mode == "exclusive":
+        return Shape(cpu_milli=k.cpu_milli, memory_mib=k.memory_mib, gpus=1, gpu_milli=1000)
+    return Shape(
+        cpu_milli=k.cpu_milli,
+        memory_mib=k.memory_mib,
+        mig_profile=k.profile,
+        gpu_models=(GPU_MODEL,),
     )
 
 
-@dataclass
-class _Inst:
-    profile: str
-    start: int
-    pod: str | None = None
+def _workload(case: Case, mode: str) -> Workload:
+    total = sum(k.count for k in case.kinds)
+    return Workload(tuple(replace(_shape(k, mode), weight=k.count / total) for k in case.kinds))
 
 
-class MigCluster:
-    """MIG state of the GPU nodes: per node, per GPU, its instances."""
+def _policy(c: SimCluster) -> Extender:
+    """pyctl's placement policy as the scheduler extender of the simulated cluster, on the
+    cluster's own state."""
 
-    def __init__(self, case: Case) -> None:
-        self.case = case
-        self.gpus: list[list[list[_Inst]]] = [
-            [[_Inst("1g.5gb", s) for s in range(7)] for _ in range(case.gpus_per_node)]
-            for _ in range(case.gpu_nodes)
-        ]
-        self.where: dict[str, tuple[int, Kind]] = {}
-        self.host = _Host(case)
-        self.slices = {p.name: p.compute_slices for p in mig.model(GPU_MODEL).profiles}
+    def advise(pod: PodRecord, names: tuple[str, ...]) -> tuple[dict[str, str], dict[str, int]]:
+        ranks = rank(c.model, pod_shape(pod), c.workload, names)
+        return {}, dict(zip(names, extender_scores(ranks), strict=True))
 
-    def node_name(self, n: int) -> str:
-        return f"a100-{n}"
+    return advise
 
-    def _used_slices(self, gpu: list[_Inst]) -> int:
-        return sum(self.slices[i.profile] for i in gpu if i.pod is not None)
 
-    def place(self, pod: str, k: Kind, *, prefer: int | None = None) -> bool:
-        """Pack: the free instance of the profile on the GPU with the most used slices, the
-        node with the most replicas; ties to the first. ``prefer`` is tried first."""
-        best: tuple[tuple[int, int, int], int, _Inst] | None = None
-        for n, node in enumerate(self.gpus):
-            if not self.host.fits(n, k):
-                continue
-            used_node = sum(self._used_slices(g) for g in node)
-            for g in node:
-                for inst in g:
-                    if inst.pod is None and inst.profile == k.profile:
-                        key = (int(n == prefer), self._used_slices(g), used_node)
-                        if best is None or key > best[0]:
-                            best = (key, n, inst)
-        if best is None:
-            return False
-        _, n, inst = best
-        inst.pod = pod
-        self.where[pod] = (n, k)
-        self.host.take(n, k)
-        return True
+class CaseRun:
+    """One mode of the case on the simulated cluster (`pyctl.cluster.sim.cluster.SimCluster`)
+    with pyctl's placement policy as its scheduler's extender."""
 
-    def remove(self, pod: str) -> Kind:
-        n, k = self.where.pop(pod)
-        self.host.take(n, k, -1)
-        return k
-
-    def snapshot(self) -> Snapshot:
-        nodes = []
-        for n, node in enumerate(self.gpus):
-            migs = tuple(
-                MigGpu(
-                    gi,
-                    tuple(MigInstance(i.profile, i.start, i.pod is not None, i.pod) for i in g),
-                )
-                for gi, g in enumerate(node)
-            )
-            nodes.append(Node(self.node_name(n), GPU_MODEL, zones=(Zone(0, mig=migs),)))
-        return Snapshot(tuple(nodes))
-
-    def workload(self) -> tuple[Shape, ...]:
-        total = sum(k.count for k in self.case.kinds)
-        return tuple(
-            Shape(mig_profile=k.profile, gpu_models=(GPU_MODEL,), weight=k.count / total)
-            for k in self.case.kinds
+    def __init__(
+        self, case: Case, seed: int, mode: str, layouts: Mapping[str, Layouts] | None = None
+    ) -> None:
+        self.case, self.mode = case, mode
+        self.cluster = SimCluster(
+            _nodes(case, mode, layouts or {}), _workload(case, mode), seed=seed
         )
+        self.cluster.extender = _policy(self.cluster)
+        self.kind: dict[str, Kind] = {}
+        self.repartitions = self.evictions = 0
+        self.failed: dict[str, int] = {}
 
-    def repartition(self, profile: str, move_budget: int) -> tuple[bool, int, int]:
-        """Run the planner for one pending ``profile``; apply the first node plan that serves it.
-        Returns (served, plans applied, pods evicted)."""
+    def place(self, name: str, k: Kind) -> bool:
+        pod = SimPod(name, _shape(k, self.mode))
+        self.cluster.pods[name] = pod
+        if self.cluster.schedule(pod):
+            self.kind[name] = k
+            return True
+        del self.cluster.pods[name]
+        return False
+
+    def repartition(self, k: Kind, budget: int) -> bool:
+        """pyctl's MIG planner for one pending replica of `k` (used instances it may destroy:
+        `budget` per node, their replicas moved); applies the first node plan that serves it
+        as mig-parted would (GPUs whose layout changes are emptied first)."""
+        c = self.cluster
         demand = mig.Demand(
-            pending=(mig.Pending(profile, 1),),
-            shapes=self.workload(),
-            limits=mig.Limits(max_used_destroyed=move_budget),
+            pending=(mig.Pending(k.profile, 1),),
+            shapes=c.workload.shapes,
+            limits=mig.Limits(max_used_destroyed=budget, executor="mig-parted"),
         )
-        for np_ in mig.plan_snapshot(self.snapshot(), demand):
+        for np_ in mig.plan_snapshot(Snapshot(c.current_nodes()), demand):
             served = {d["profile"]: d["served_after"] for d in np_.plan["demand"]}
-            if served.get(profile, 0) < 1:
+            if served.get(k.profile, 0) < 1:
                 continue
-            n = int(np_.node.rsplit("-", 1)[1])
-            moved: list[str] = []
+            moved = [
+                str(key).rsplit("/", 1)[-1]
+                for g in np_.plan["gpus"]
+                if g["changed"]
+                for key in g.get("pods_to_move") or []
+            ]
+            for name in moved:
+                c.remove(c.pods[name])
+            order = [m.gpu for z in c.by_name[np_.node].zones for m in z.mig]
+            layouts: list[dict[str, int] | None] = [None] * len(order)
             for g in np_.plan["gpus"]:
-                if not g["changed"]:
-                    continue
-                moved += g["pods_to_move"]
-                self.gpus[n][g["gpu"]] = [
-                    _Inst(i["profile"], i["start"], i["pod"]) for i in g["layout"]
-                ]
-            for pod in moved:  # rehouse: same node first, then anywhere
-                k = self.remove(pod)
-                if not self.place(pod, k, prefer=n):
-                    raise AssertionError(f"planner moved {pod} with nowhere to go")
-            return True, 1, len(moved)
-        return False, 0, 0
+                if g["changed"]:
+                    counts: dict[str, int] = {}
+                    for inst in g["layout"]:
+                        counts[inst["profile"]] = counts.get(inst["profile"], 0) + 1
+                    layouts[order.index(g["gpu"])] = counts
+            if not c.reconfigure_mig(np_.node, layouts):
+                raise AssertionError(f"mig-parted could not apply the plan on {np_.node}")
+            self.repartitions += 1
+            for name in moved:  # their controllers recreate them; the scheduler places them
+                pod = c.pods[name]
+                if not c.schedule(pod):
+                    raise AssertionError(f"planner moved {name} with nowhere to go")
+                self.evictions += 1
+            return True
+        return False
 
-    def result(self, seed: int, failed: dict[str, int], reparts: int, evictions: int) -> ModeResult:
-        c = self.case
-        per_node = [0] * c.gpu_nodes
+    def result(self, seed: int) -> ModeResult:
+        c, case = self.cluster, self.case
+        per_node = [0] * case.gpu_nodes
         compute = memory = 0.0
-        for n, k in self.where.values():
-            per_node[n] += 1
+        for name, k in self.kind.items():
+            per_node[int(c.pods[name].node.rsplit("-", 1)[1])] += 1
             compute += k.compute
             memory += k.memory_gb
-        busy = sum(1 for node in self.gpus for g in node if any(i.pod for i in g))
-        alloc = sum(self._used_slices(g) for node in self.gpus for g in node)
+        busy = alloc = 0
+        slices = {p.name: p.compute_slices for p in mig.model(GPU_MODEL).profiles}
+        for n in range(case.gpu_nodes):
+            for z in c.zones[node_name(n)]:
+                busy += sum(1 for f in z.gpu_free if f < 1000)
+                alloc += 7 * sum(1 for f in z.gpu_free if f < 1000)
+                for g in z.mig:
+                    used = [p for p, u in g if u]
+                    busy += bool(used)
+                    alloc += sum(slices[p] for p in used)
         return ModeResult(
-            "mig",
+            self.mode,
             seed,
-            sum(k.count for k in c.kinds),
-            len(self.where),
+            sum(k.count for k in case.kinds),
+            len(self.kind),
             per_node,
             compute,
             memory,
-            c.gpu_nodes * c.gpus_per_node,
+            case.gpu_nodes * case.gpus_per_node,
             busy,
             alloc,
-            reparts,
-            evictions,
-            failed,
+            self.repartitions,
+            self.evictions,
+            self.failed,
         )
 
 
-def run_mig(case: Case, seed: int) -> ModeResult:
-    cl = MigCluster(case)
-    failed: dict[str, int] = {}
-    reparts = evictions = 0
-    for pod, k in arrivals(case, seed):
-        if cl.place(pod, k):
+def run_exclusive(case: Case, seed: int) -> ModeResult:
+    """MIG off: every replica takes one whole GPU, where pyctl's policy places it."""
+    r = CaseRun(case, seed, "exclusive")
+    for name, k in arrivals(case, seed):
+        if not r.place(name, k):
+            r.failed[k.name] = r.failed.get(k.name, 0) + 1
+    return r.result(seed)
+
+
+def run_mig(
+    case: Case,
+    seed: int,
+    *,
+    layouts: Mapping[str, Layouts] | None = None,
+    repartition: bool = True,
+    mode: str = "mig",
+) -> ModeResult:
+    """MIG on: every GPU starts as the article's 7 x 1g.5gb (or as `layouts` gives, by node);
+    a replica that finds no instance of its profile gets pyctl's MIG planner (free slices
+    first, then up to `move_budget` used instances moved), unless `repartition` is off."""
+    r = CaseRun(case, seed, "mig", layouts)
+    for name, k in arrivals(case, seed):
+        if r.place(name, k):
             continue
         ok = False
-        for budget in (0, case.move_budget) if case.move_budget else (0,):
-            ok, r, e = cl.repartition(k.profile, budget)
-            reparts += r
-            evictions += e
-            if ok:
-                break
-        if not (ok and cl.place(pod, k)):
-            failed[k.name] = failed.get(k.name, 0) + 1
-    return cl.result(seed, failed, reparts, evictions)
+        if repartition:
+            for budget in (0, case.move_budget) if case.move_budget else (0,):
+                if r.repartition(k, budget):
+                    ok = True
+                    break
+        if not (ok and r.place(name, k)):
+            r.failed[k.name] = r.failed.get(k.name, 0) + 1
+    res = r.result(seed)
+    res.mode = mode
+    return res
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,8 @@ NODE_FILE = "openb_node_list_gpu_node.csv"
 POD_PREFIX = "openb_pod_list_"
 POLICIES: tuple[str, ...] = engine.POLICIES
 SEEDS: tuple[int, ...] = tuple(range(42, 52))
+#: pyctl's policy, and pyctl as deployed (the kube-scheduler with pyctl's extender): they compact
+PYCTL_POLICIES: tuple[str, ...] = ("pyctl", "pyctl-deployed")
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 
@@ -189,13 +191,16 @@ class Compaction:
     `max_moves` moves a round, each the move that lowers F(M) most and by more than `min_gain`
     milli-GPU (the controller's planner); evictions never above `budget` x arrived pods, of
     which periodic rounds use at most `1 - reserve` (the rest is kept for pods that would
-    otherwise fail, once a task has failed)."""
+    otherwise fail, once a task has failed). A task that fits nowhere is rescued by the
+    planner with up to `rescue_depth` evictions, trying at most `rescue_budget` sets of pods."""
 
     every: int = 20
     budget: float = 0.02
     max_moves: int = 20
     min_gain: float = 1.0
     reserve: float = 0.25
+    rescue_depth: int = 2
+    rescue_budget: int = 64
 
     def as_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)
@@ -249,6 +254,16 @@ class RunResult:
             return 100.0 * float(self.raw["evictions"]) / max(1, int(self.raw["tasks"]))
         return 100.0 * float(c["evictions"]) / max(1, int(c["arrived_tasks"]))
 
+    def arrived_task_indices(self, pct: int = 100) -> list[int] | None:
+        """The trace's task indices (into `Trace.tasks`, with repeats for resampled clones) of the
+        tasks that had arrived when the arrived GPU request reached `pct`% of capacity, in arrival
+        order; None if the run never got there. Needs a run made with `placements=True`."""
+        order = self.raw.get("task_of")
+        if order is None:
+            raise ValueError("arrived_task_indices needs a replay run with placements=True")
+        c = self._at(pct)
+        return None if c is None else [int(i) for i in order[: int(c["arrived_tasks"])]]
+
     def curve(self) -> list[tuple[int, float]]:
         cap = self.capacity_milli
         return [
@@ -265,10 +280,16 @@ def replay(
     tune: float = 1.3,
     numa: bool = False,
     compaction: Compaction | None = None,
+    shuffle: bool = True,
+    placements: bool = False,
 ) -> RunResult:
+    """One replay. ``shuffle=False, tune=0``: the tasks arrive in the order given (no resample,
+    node ties in input order); ``placements``: ``raw`` also holds ``task_of`` (the task index of
+    each arrival) and ``node_of`` (its node index, -1 = failed)."""
     import time
 
-    comp = compaction if compaction is not None else (Compaction() if policy == "pyctl" else None)
+    acts = policy in PYCTL_POLICIES
+    comp = compaction if compaction is not None else (Compaction() if acts else None)
     t0 = time.perf_counter()
     raw = engine.run(
         trace.nodes,
@@ -277,8 +298,10 @@ def replay(
         policy=policy,
         seed=seed,
         tune=tune,
+        shuffle=shuffle,
         numa=numa,
-        compaction=comp.as_dict() if comp is not None and policy == "pyctl" else None,
+        compaction=comp.as_dict() if comp is not None and acts else None,
+        placements=placements,
     )
     return RunResult(trace.name, policy, seed, numa, raw, time.perf_counter() - t0)
 

@@ -1,10 +1,15 @@
 """The kube-scheduler extender's requests, answered: the wire format
 (`pyctl.cluster.kube.extender`) around the controller's placement advice
-(`pyctl.controller.placement.PlacementAdvisor`).
+(`pyctl.controller.placement.PlacementAdvisor`). Served by `pyctl.serve.extender_server`.
 
 A broken request never raises: the filter answers HTTP 200 with ``Error`` set (the scheduler then
 applies the extender's ``ignorable`` setting); ``HostPriorityList`` has no error field, so a broken
-prioritize request gets an empty list (no preference) and is logged.
+prioritize request gets an empty list (no preference) and is logged. "No advice" (`no_advice`:
+pyctl overloaded or past its deadline) is answered the same way.
+
+Each answer comes with its outcome for the request counter: ``ok``, ``bad-request`` (a request
+the extender cannot read) or ``error`` (pyctl failed); the server adds ``overload`` and
+``deadline``.
 """
 
 from __future__ import annotations
@@ -23,6 +28,19 @@ from pyctl.controller.placement import PlacementAdvisor
 
 log = logging.getLogger("pyctl.placement")
 
+VERBS = ("filter", "prioritize")
+OUTCOMES = ("ok", "bad-request", "deadline", "overload", "error")
+
+
+def no_advice(verb: str, why: str) -> bytes:
+    """The answer that gives no advice: for filter an ``Error`` (so the scheduler applies
+    ``ignorable``: true schedules without pyctl, false retries the pod later), for prioritize an
+    empty ``HostPriorityList`` (no score from pyctl: what the scheduler does on any prioritize
+    error)."""
+    if verb == "filter":
+        return encode(filter_error(f"pyctl: no advice: {why}"))
+    return encode([])
+
 
 class ExtenderHandler:
     def __init__(self, advisor: PlacementAdvisor) -> None:
@@ -30,24 +48,40 @@ class ExtenderHandler:
 
     def handle(self, verb: str, body: bytes) -> bytes:
         """The JSON answer to one POST on ``/scheduler/<verb>`` (``filter`` or ``prioritize``)."""
-        if verb == "filter":
-            try:
-                args = parse_args(body)
-                return encode(filter_result(args, self.advisor.filter(args.pod, args.names)))
-            except Exception as e:  # answer the scheduler, whatever went wrong
-                msg = _message(e)
-                log.warning("scheduler extender filter: %s", msg)
-                return encode(filter_error(f"pyctl: {msg}"))
-        if verb == "prioritize":
-            try:
-                args = parse_args(body)
-                scores = self.advisor.prioritize(args.pod, args.names)
-                return encode(priority_list(scores, args.names))
-            except Exception as e:
-                log.warning("scheduler extender prioritize: %s (no preference given)", _message(e))
-                return encode([])
-        return encode({"Error": f"pyctl: unknown extender verb {verb!r}"})
+        return self.answer(verb, body)[0]
+
+    def answer(self, verb: str, body: bytes) -> tuple[bytes, str]:
+        """The JSON answer and the outcome (`OUTCOMES`)."""
+        if verb not in VERBS:
+            return encode({"Error": f"pyctl: unknown extender verb {verb[:40]!r}"}), "bad-request"
+        try:
+            args = parse_args(body)
+            # each distinct candidate once (a request naming a node many times costs no more
+            # than naming it once); the answer keeps the scheduler's list as sent
+            unique = tuple(dict.fromkeys(args.names))
+            if verb == "filter":
+                failed = self.advisor.filter(args.pod, unique)
+                return encode(filter_result(args, failed)), "ok"
+            scores = self.advisor.prioritize(args.pod, unique)
+            return encode(priority_list(scores, args.names)), "ok"
+        except Exception as e:  # answer the scheduler, whatever went wrong
+            bad = isinstance(e, ExtenderInputError | RecursionError)
+            outcome = "bad-request" if bad else "error"
+            msg = _message(e)
+            if verb == "filter":
+                log.warning("scheduler extender filter: %s", msg, extra={"outcome": outcome})
+                return encode(filter_error(f"pyctl: {msg}")), outcome
+            log.warning(
+                "scheduler extender prioritize: %s (no preference given)",
+                msg,
+                extra={"outcome": outcome},
+            )
+            return encode([]), outcome
 
 
 def _message(e: Exception) -> str:
-    return str(e) if isinstance(e, ExtenderInputError) else f"{type(e).__name__}: {e}"
+    if isinstance(e, ExtenderInputError):
+        return str(e)
+    if isinstance(e, RecursionError):
+        return "request body nested too deeply"
+    return f"{type(e).__name__}: {str(e)[:300]}"

@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 
 from pyctl.cluster.records import Event, Kind, Record
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 4
 
 
 class StoreError(Exception):

@@ -1,29 +1,38 @@
 """Replica compaction planning from the controller's view: which pods to evict and where each
-would land, with the expected fragment reduction. The choice is the Rust core's
-(`rust/src/compaction`); this module gathers its inputs (the model of every node, where each
-pod sits, the evictable pods) and names the result."""
+would land, and which evictions make room for a pending pod (a rescue). The decisions are the
+core's planner (`pyctl.core.policy.plan`, rust/src/compaction); this module gathers its inputs
+from the controller's one translation of the cluster (the reconciler's node models, where each
+pod sits), the evictor's rules and budgets, and each pod's NodeFit (`pyctl.cluster.nodefit`),
+then checks the plan's moves one after another against NodeFit (a move whose pod cannot land
+where planned is not made; a rescue that loses a move is dropped whole)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgspec
 
-from pyctl.cluster.records import NodeRecord, NrtRecord, PdbRecord, PodRecord
+from pyctl.cluster.dra import DraContext
+from pyctl.cluster.nodefit import Fit, grouped
+from pyctl.cluster.records import NodeRecord, PdbRecord, PodRecord
 from pyctl.cluster.translate import (
+    DraPositions,
     attribute_pods,
-    node_from_records,
     pod_shape,
     pod_shape_problem,
+    shape_of,
 )
-from pyctl.core.fragmentation import FragmentationModel, shape_dict
-from pyctl.model import Node, Shape, Snapshot, Workload
+from pyctl.core import policy
+from pyctl.core.fragmentation import FragmentationModel
+from pyctl.model import Node, Snapshot, Workload
 from pyctl.workflows.base import Context, Workflow, WorkflowKind
-from pyctl.workflows.evictor import Evictor, EvictorOptions
+from pyctl.workflows.evictor import Evictor, EvictorOptions, pdb_matches
 
 KIND = "compaction"
+#: the Event reason of a compaction's eviction
+REASON = "PyctlCompaction"
 
 
 @dataclass(frozen=True)
@@ -33,6 +42,20 @@ class PlannedMove:
     to_node: str
     gain_gpu_milli: float
     assignment: Mapping[str, Any]
+    #: index into `CompactionPlan.rescues`, when the move makes room for a pending pod
+    rescue: int | None = None
+
+
+@dataclass(frozen=True)
+class PlannedRescue:
+    """Room made on `node` for the pending pod `pending` by `moves`, in order."""
+
+    pending: str
+    node: str
+    moves: tuple[PlannedMove, ...]
+    #: evictions that wait for an earlier one's replacement (PodDisruptionBudgets)
+    waits: int
+    delta_gpu_milli: float
 
 
 @dataclass(frozen=True)
@@ -40,70 +63,192 @@ class CompactionPlan:
     moves: tuple[PlannedMove, ...]
     refused: Mapping[str, str]
     considered: int
+    rescues: tuple[PlannedRescue, ...] = ()
+    #: pending pods no rescue within the limits could place, with why
+    unrescued: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def gain_gpu_milli(self) -> float:
         return sum(m.gain_gpu_milli for m in self.moves)
 
 
+def _group(p: PodRecord) -> str | None:
+    """Pods whose NodeFit depends on other pods: one group per owner (its replicas carry the
+    same terms)."""
+    if not grouped(p):
+        return None
+    return f"{p.namespace}/{p.owner_kind}/{p.owner_name}" if p.owner_name else p.key
+
+
+class _Allowed:
+    """Allowed destinations per pod, computed once per distinct set of constraints."""
+
+    def __init__(self, fit: Fit, reserved: frozenset[str]) -> None:
+        self.fit = fit
+        self.reserved = reserved
+        self._cache: dict[Any, frozenset[str]] = {}
+
+    def __call__(self, p: PodRecord) -> frozenset[str] | None:
+        inter = grouped(p) or bool(self.fit.repelling)
+        key: Any = p.key if inter else p.constraints
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self.fit.allowed(p) - self.reserved
+            self._cache[key] = hit
+        return hit
+
+
 def plan_compaction(
+    models: Mapping[str, Node],
     nodes: Mapping[str, NodeRecord],
-    nrts: Mapping[str, NrtRecord],
     pods: Iterable[PodRecord],
     pdbs: Iterable[PdbRecord],
     workload: Workload,
-    pending: Sequence[Shape] = (),
+    pending: Sequence[PodRecord] = (),
     options: EvictorOptions | None = None,
-    max_moves: int = 10,
-    pending_weight: float = 1.0,
-    default_policy: str = "none",
+    limits: policy.PlanLimits | None = None,
+    reserved: Iterable[str] = (),
+    dra: DraContext | None = None,
+    dra_positions: Mapping[str, DraPositions] | None = None,
     exclude: Mapping[str, str] | None = None,
 ) -> CompactionPlan:
-    """Plan up to `max_moves` evictions. Pending shapes join the workload (with `pending_weight`
-    in total) so that moves which make them admissible count. `exclude`: pod key -> why it is
-    not to be moved now (listed in `refused`)."""
+    """Plan evictions on the cluster the reconciler modelled (`models`, by node name; nodes it
+    could not model are left out). `pending`: unschedulable pods to make room for; `reserved`:
+    nodes whose room is promised to a rescue in progress (nothing else goes there).
+
+    With `dra` (the cluster's DRA objects) and `dra_positions` (per node, where each pod's DRA
+    devices sit, as translation found them), pods whose GPUs come from claims are placed exactly
+    where their allocation results say and move as DRA shapes; a pod with a standalone claim is
+    not movable (its replacement would wait for the same devices), nor one whose claims pyctl
+    cannot tell, nor a pod on a node whose GPUs are managed both by the device plugin and by a
+    DRA driver.
+
+    `exclude`: pod key -> why it is not to be moved now (e.g. its last move was abandoned; listed
+    in `refused`). A pod whose shape the core cannot model stays where it is (its usage still
+    counts) and is never a pending pod to make room for."""
     all_pods = [p for p in pods if not p.terminated]
+    names = sorted(n for n in models if n in nodes)
     by_node: dict[str, list[PodRecord]] = {}
     for p in all_pods:
         if p.node:
             by_node.setdefault(p.node, []).append(p)
-    names = sorted(nodes)
-    models: list[Node] = []
     where: dict[str, dict[str, Any]] = {}
+    both_ways: dict[str, str] = {}
     for name in names:
-        node = node_from_records(nodes[name], nrts.get(name), by_node.get(name, []), default_policy)
-        models.append(node)
-        where.update(attribute_pods(node, by_node.get(name, [])))
-    evictor = Evictor(options or EvictorOptions(), all_pods, pdbs)
-    movable, refused = evictor.movable([p for p in all_pods if p.node in nodes])
-    if exclude:  # pods not to plan again now (e.g. their eviction was denied for good)
-        refused = {**refused, **{p.key: exclude[p.key] for p in movable if p.key in exclude}}
-        movable = [p for p in movable if p.key not in exclude]
-    shapes = list(workload.shapes)
-    if pending:
-        total = sum(s.weight for s in shapes)
-        per = pending_weight * total / len(pending)
-        shapes += [replace(s, weight=per) for s in pending]
-    model = FragmentationModel(Snapshot(tuple(models)))
-    index = {n: i for i, n in enumerate(names)}
-    # a pod whose shape the core cannot model stays where it is (its usage still counts)
-    placed = [p for p in movable if p.key in where and pod_shape_problem(p) is None]
-    items = [
-        {"node": index[p.node], "assignment": where[p.key], "shape": shape_dict(pod_shape(p))}
-        for p in placed
-    ]
-    raw = model._core.plan_compaction(items, [shape_dict(s) for s in shapes], max_moves)
-    moves = tuple(
-        PlannedMove(
-            pod=placed[m["pod"]].key,
-            from_node=names[m["from"]],
-            to_node=names[m["to"]],
-            gain_gpu_milli=float(m["gain"]),
-            assignment=m["assignment"],
+        where.update(
+            attribute_pods(models[name], by_node.get(name, []), (dra_positions or {}).get(name))
         )
-        for m in raw
-    )
-    return CompactionPlan(moves, refused, len(items))
+        if _both_ways(models[name], nodes[name]):
+            both_ways[name] = (
+                f"node {name}: its GPUs are managed both by the device plugin and by a DRA "
+                "driver (pyctl does not move pods there)"
+            )
+    pdb_list = list(pdbs)
+    evictor = Evictor(options or EvictorOptions(), all_pods, pdb_list)
+    movable, refused_by_rules = evictor.movable([p for p in all_pods if p.node in models])
+    refused = dict(refused_by_rules)
+    if exclude:  # pods not to plan again now (e.g. their eviction was denied for good)
+        refused.update({p.key: exclude[p.key] for p in movable if p.key in exclude})
+        movable = [p for p in movable if p.key not in exclude]
+    fit = Fit({n: nodes[n] for n in names}, all_pods)
+    allowed = _Allowed(fit, frozenset(reserved))
+    items: list[policy.MovablePod] = []
+    for p in movable:
+        if p.key not in where:
+            continue
+        why = _unmovable_dra(p, dra, both_ways)
+        if why is not None:
+            refused[p.key] = why
+            continue
+        got = shape_of(p, dra, nodes.get(p.node))
+        shape = got if got is not None else pod_shape(p, nodes.get(p.node))
+        if pod_shape_problem(p, shape) is not None:
+            continue
+        pdb = next((b for b in pdb_list if pdb_matches(b, p)), None)
+        items.append(
+            policy.MovablePod(
+                key=p.key,
+                node=p.node,
+                assignment=where[p.key],
+                shape=shape,
+                allowed=allowed(p),
+                pdb=pdb.key if pdb is not None else None,
+                pdb_headroom=evictor.pdb_headroom(p) or 0,
+                group=_group(p),
+            )
+        )
+    pend: list[policy.PendingPod] = []
+    for p in pending:
+        want = shape_of(p, dra) if not p.node else None
+        if want is not None and not want.is_cpu_only and pod_shape_problem(p, want) is None:
+            pend.append(policy.PendingPod(p.key, want, allowed(p)))
+    model = FragmentationModel(Snapshot(tuple(models[n] for n in names)))
+    raw = policy.plan(model, items, pend, workload, limits)
+    moves, rescues, dropped = _verified(raw, fit, {p.key: p for p in all_pods})
+    unrescued = dict.fromkeys(raw.unrescued, "no set of moves within the limits makes room")
+    unrescued.update(dropped)
+    return CompactionPlan(moves, refused, len(items), rescues, unrescued)
+
+
+def _both_ways(model: Node, rec: NodeRecord) -> bool:
+    """Whether the node's GPUs are managed both by the device plugin and by a DRA driver."""
+    dra_gpus = any(z.dra_gpus or any(m.dra for m in z.mig) for z in model.zones)
+    return dra_gpus and bool(rec.gpus or rec.mig)
+
+
+def _unmovable_dra(
+    p: PodRecord, dra: DraContext | None, both_ways: Mapping[str, str]
+) -> str | None:
+    """Why a pod's DRA claims keep it where it is (None: they do not)."""
+    if p.node in both_ways:
+        return both_ways[p.node]
+    if not p.claims or dra is None:
+        return None
+    need = dra.need(p.namespace, p.claims)
+    if need.unknown:
+        return f"its claims are unknown to pyctl: {need.unknown}"
+    if not need.movable:
+        return "it uses a standalone ResourceClaim (a replacement would wait for the same devices)"
+    return None
+
+
+def _verified(
+    raw: policy.Plan, fit: Fit, pods: Mapping[str, PodRecord]
+) -> tuple[tuple[PlannedMove, ...], tuple[PlannedRescue, ...], dict[str, str]]:
+    """The plan's moves checked in order against NodeFit as they would leave the cluster."""
+    running = {p.key: p for p in fit.running}
+    bad_rescues: dict[int, str] = {}
+    ok_moves: list[policy.Move] = []
+    for mv in raw.moves:
+        p = running.get(mv.pod) or pods.get(mv.pod)
+        if p is None:
+            continue
+        view = Fit(fit.nodes, running.values())
+        why = view.why_not(p, mv.to_node, mv.from_node)
+        if why is not None:
+            if mv.rescue is not None:
+                bad_rescues[mv.rescue] = f"{mv.pod} cannot land on {mv.to_node}: {why}"
+            continue
+        running[p.key] = msgspec.structs.replace(p, node=mv.to_node)
+        ok_moves.append(mv)
+    index: dict[int, int] = {}
+    rescues: list[PlannedRescue] = []
+    for i, r in enumerate(raw.rescues):
+        if i in bad_rescues:
+            continue
+        index[i] = len(rescues)
+        rescues.append(PlannedRescue(r.pending, r.node, (), r.waits, r.delta))
+    moves: list[PlannedMove] = []
+    for mv in ok_moves:
+        if mv.rescue is not None and mv.rescue in bad_rescues:
+            continue
+        ri = None if mv.rescue is None else index[mv.rescue]
+        moves.append(PlannedMove(mv.pod, mv.from_node, mv.to_node, mv.gain, mv.assignment, ri))
+    rescues = [
+        replace(r, moves=tuple(m for m in moves if m.rescue == i)) for i, r in enumerate(rescues)
+    ]
+    dropped = {raw.rescues[i].pending: why for i, why in bad_rescues.items()}
+    return tuple(moves), tuple(rescues), dropped
 
 
 # ---- the workflow: one planned move, evicted through the gate -----------------------------------
@@ -115,7 +260,7 @@ async def _evicting(ctx: Context, wf: Workflow) -> Workflow:
     if pod is None or pod.uid != uid or pod.deleting or pod.node != wf.node:
         # the eviction already happened (or the pod moved on by itself): never evict twice
         return msgspec.structs.replace(wf, step="done", result="pod already gone")
-    r = await ctx.gate.evict(pod, wf.node, workload=wf.data.get("workload", ""))
+    r = await ctx.gate.evict(pod, wf.node, workload=wf.data.get("workload", ""), reason=REASON)
     if r.outcome == "done":
         return msgspec.structs.replace(wf, step="done", result="evicted")
     if r.outcome == "dry-run":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -98,6 +99,9 @@ class Gate:
         self.cluster = cluster
         #: the evictor's rules on the live pod: None if it may be evicted, else why not
         self.protected = protected
+        #: evictions through this gate by (outcome, reason): what this process did, or in
+        #: observe mode would have done (the metrics count them across reasons)
+        self.evictions: Counter[tuple[str, str]] = Counter()
 
     @property
     def enforce(self) -> bool:
@@ -137,6 +141,7 @@ class Gate:
         why_not = self.protected(pod)
         if why_not is not None:
             m.evictions.labels(self.cluster, "protected").inc()
+            self.evictions[("protected", reason)] += 1
             log.warning(
                 "eviction refused by the evictor rules", extra={"pod": where, "why": why_not}
             )
@@ -145,6 +150,7 @@ class Gate:
             )
         if not self.enforce:
             m.evictions.labels(self.cluster, "dry-run").inc()
+            self.evictions[("dry-run", reason)] += 1
             log.info("would evict (observe mode)", extra={"pod": where, "node": node})
             return GateResult("dry-run")
         if not self.still_leader():
@@ -160,9 +166,11 @@ class Gate:
         outcome = await self._actuator.try_evict(pod.namespace, pod.name, pod.uid)
         if not outcome.allowed:
             m.evictions.labels(self.cluster, "refused").inc()
+            self.evictions[("refused", reason)] += 1
             wait, why = refusal(outcome, where)
             return GateResult("refused", wait, why, retriable=outcome.status == 429)
         m.evictions.labels(self.cluster, "evicted").inc()
+        self.evictions[("evicted", reason)] += 1
         await self.event(
             "Pod",
             pod.namespace,
@@ -208,6 +216,19 @@ class Gate:
             f"write ConfigMap {namespace}/{name}",
             lambda: self._actuator.apply_configmap(namespace, name, data),
         )
+
+    async def device_taint_rule(self, manifest: Mapping[str, object], *, on: bool) -> GateResult:
+        """Create (`on`) or delete one of pyctl's DeviceTaintRules (docs/dra.md)."""
+        meta = manifest.get("metadata")
+        name = meta.get("name") if isinstance(meta, Mapping) else "?"
+        return await self._act(
+            f"{'create' if on else 'delete'} DeviceTaintRule {name}",
+            lambda: self._actuator.put_device_taint_rule(manifest, on),
+        )
+
+    async def device_taint_rules(self) -> dict[str, dict[str, object]] | None:
+        """A read (no gate needed): pyctl's DeviceTaintRules, None where they are not served."""
+        return await self._actuator.device_taint_rules()
 
     async def read_configmap(self, namespace: str, name: str) -> dict[str, str] | None:
         """A read (no gate needed): the ConfigMap's data, None when absent."""

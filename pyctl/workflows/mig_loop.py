@@ -43,6 +43,11 @@ def pending_demand(
     return want
 
 
+def has_dra_gpus(node: Node) -> bool:
+    """Whether a DRA driver publishes any of the node's GPUs."""
+    return any(z.dra_gpus or any(m.dra for m in z.mig) for z in node.zones)
+
+
 def plan_nodes(
     cache: ClusterCache,
     models: Mapping[str, Node],
@@ -65,6 +70,9 @@ def plan_nodes(
         and not n.unschedulable
         and not n.has_taint(TAINT_KEY)
         and n.mig_config_state != "pending"
+        # never mig-parted on a node with DRA GPUs: the NVIDIA DRA driver's DynamicMIG destroys
+        # MIG devices it did not create, and a node managed both ways is refused (docs/dra.md)
+        and not has_dra_gpus(models[n.name])
     }
     left = Counter(demand)
     out: list[mig.NodePlan] = []

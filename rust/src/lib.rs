@@ -7,6 +7,7 @@ pub mod compaction;
 pub mod error;
 pub mod fragment;
 pub mod mig;
+pub mod placement;
 pub mod replay;
 pub mod topology;
 

@@ -45,7 +45,7 @@ def test_case_plain_data(case: dict[str, Any]) -> None:
 
 
 def _typed(providers: Any) -> Any:
-    out = []
+    out: list[dict[str, list[TopologyHint] | None] | None] = []
     for p in providers:
         if p is None:
             out.append(None)

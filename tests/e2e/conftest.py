@@ -54,7 +54,9 @@ def control_plane(
         no_proxy = ",".join(filter(None, [os.environ.get("NO_PROXY"), "127.0.0.1,localhost"]))
         mp.setenv("NO_PROXY", no_proxy)
         mp.setenv("no_proxy", no_proxy)
-        plane = ControlPlane(control_plane_binaries, tmp_path_factory.mktemp("control-plane"))
+        plane = ControlPlane(
+            control_plane_binaries, tmp_path_factory.mktemp("control-plane"), audit=True
+        )
         failure = None
         try:
             plane.start()

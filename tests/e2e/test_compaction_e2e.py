@@ -23,7 +23,6 @@ before pyctl's view caught up with an eviction is retried within the test's time
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -36,7 +35,7 @@ from pyctl.cluster.kube.source import KubeClusterSource
 from pyctl.controller.controller import Controller
 from pyctl.controller.placement import PlacementAdvisor
 from pyctl.serve.extender import ExtenderHandler
-from pyctl.serve.health import HealthServer
+from pyctl.serve.extender_server import ExtenderOptions, ExtenderServer
 from pyctl.state.memory import MemoryStore
 from pyctl.state.ratelimit import BucketLimit, MemoryRateLimiter, SafetyLimits
 from pyctl.state.workflows import MemoryWorkflowStore
@@ -88,7 +87,6 @@ def evictions(ctl: Controller, result: str) -> float:
 async def test_compaction_frees_a_zone_for_the_pending_replica_respecting_the_pdb(
     control_plane: ControlPlane, api: client.ApiClient, kube: Any
 ) -> None:
-    started = datetime.now(UTC).replace(microsecond=0)  # Event timestamps have seconds
     core = client.CoreV1Api(api)
     apps = client.AppsV1Api(api)
     policy = client.PolicyV1Api(api)
@@ -104,8 +102,10 @@ async def test_compaction_frees_a_zone_for_the_pending_replica_respecting_the_pd
         workload=WORKLOAD,
         summary_interval=0.5,
     )
-    ext = ExtenderHandler(PlacementAdvisor.for_reconciler(ctl.reconciler))
-    server = HealthServer(ctl.metrics.registry, ctl.ready, "127.0.0.1", 0, extender=ext)
+    reconciler = ctl.reconciler
+    server = ExtenderServer(
+        lambda: ExtenderHandler(PlacementAdvisor.for_reconciler(reconciler)), ExtenderOptions()
+    )
     port = await server.start()
     sched = ExtraScheduler(
         control_plane,
@@ -136,6 +136,9 @@ async def test_compaction_frees_a_zone_for_the_pending_replica_respecting_the_pd
     #: (min available small replicas while the PDB allowed none, ... while it allowed one)
     lowest = {"no-budget": 99, "budget": 99}
     phase = ["setup"]
+    # the session's control plane keeps the Events of earlier tests: only this test's count
+    earlier = await core.list_namespaced_event("default", field_selector="reason=PyctlCompaction")
+    seen_before = {e.metadata.uid for e in earlier.items}
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(ctl.run)
@@ -277,12 +280,11 @@ async def test_compaction_frees_a_zone_for_the_pending_replica_respecting_the_pd
             got = await core.list_namespaced_event(
                 "default", field_selector="reason=PyctlCompaction"
             )
-            # this test's Events (other tests of the session compact in "default" too)
-            events = [e for e in got.items if e.metadata.creation_timestamp >= started]
+            events_now = [e for e in got.items if e.metadata.uid not in seen_before]
             # one Event per eviction, on the evicted pod, named by its uid (the pod is gone by
             # the time the Event is written: the uid comes from the workflow, not a read)
-            assert {e.involved_object.name for e in events} & set(original.values())
-            uids = {e.involved_object.uid for e in events}
+            assert {e.involved_object.name for e in events_now} & set(original.values())
+            uids = {e.involved_object.uid for e in events_now}
             assert uids, "no PyctlCompaction Event"
             assert uids <= set(original), (uids, original)
             tg.cancel_scope.cancel()

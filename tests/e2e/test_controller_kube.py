@@ -157,6 +157,6 @@ async def test_controller_follows_the_cluster_into_redis_with_one_leader(
             await s.close()
         await core.delete_collection_namespaced_pod("default", label_selector="app=ctl-e2e")
         custom = client.CustomObjectsApi(api)
-        for s in specs:
-            await core.delete_node(s.name)
-            await custom.delete_cluster_custom_object(NRT_GROUP, NRT_VERSION, NRT_PLURAL, s.name)
+        for spec in specs:
+            await core.delete_node(spec.name)
+            await custom.delete_cluster_custom_object(NRT_GROUP, NRT_VERSION, NRT_PLURAL, spec.name)

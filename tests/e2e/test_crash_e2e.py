@@ -6,7 +6,7 @@ workflow record in Redis is finished) and no pod was evicted twice.
 
 The cluster is test_compaction_e2e.py's (2-NUMA 8-GPU kwok nodes under ``single-numa-node``,
 `TopologyUpdater` playing NFD's topology-updater, a second kube-scheduler calling pyctl's extender
-on the controller's metrics port). A driver keeps it supplying work across the rounds: each time
+on the controller's extender port). A driver keeps it supplying work across the rounds: each time
 compaction has placed the 4-GPU replica, it scales that replica to 0, re-fragments ``c-frag`` (one
 1-GPU replica in each NUMA zone, with ``c-full`` cordoned by the test meanwhile) and scales the
 4-GPU replica back to 1.
@@ -85,6 +85,7 @@ class ControllerProcess:
         redis_url: str,
         port: int,
         logs: Path,
+        extender_port: int = 0,
         extra_env: dict[str, str] | None = None,
     ) -> None:
         self.port = port
@@ -104,6 +105,8 @@ class ControllerProcess:
             "enforce",
             "--metrics-port",
             str(port),
+            "--extender-port",
+            str(extender_port),
             "--no-live",
         ]
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYCTL_")}
@@ -354,17 +357,19 @@ async def test_sigkill_at_random_points_always_converges(
     specs = [GpuNodeSpec(n, labels=SEL) for n in ("c-frag", "c-full")]
     scenario = Scenario(api, specs)
     updater = scenario.updater
-    port = free_port()
+    port, extender_port = free_port(), free_port()
     logs = tmp_path / "logs"
     logs.mkdir()
-    pyctl = ControllerProcess(control_plane.kubeconfig, redis_server.url, port, logs)
+    pyctl = ControllerProcess(
+        control_plane.kubeconfig, redis_server.url, port, logs, extender_port=extender_port
+    )
     rc = RedisConfig(url=redis_server.url)
     redis = connect(rc)
     store = RedisWorkflowStore(redis, rc, CLUSTER)
     sched = ExtraScheduler(
         control_plane,
         "pyctl-crash",
-        extender_config(f"http://127.0.0.1:{port}/scheduler"),
+        extender_config(f"http://127.0.0.1:{extender_port}/scheduler"),
         ["--pod-max-in-unschedulable-pods-duration=5s"],
     )
     kills: list[dict[str, Any]] = []

@@ -39,7 +39,7 @@ from pyctl.controller.controller import Controller
 from pyctl.controller.placement import PlacementAdvisor
 from pyctl.metrics import Metrics
 from pyctl.serve.extender import ExtenderHandler
-from pyctl.serve.health import HealthServer
+from pyctl.serve.extender_server import ExtenderOptions, ExtenderServer
 from pyctl.state.ratelimit import BucketLimit, SafetyLimits
 from pyctl.state.redis_store import RedisStore
 from pyctl.workflows.mig_reconfig import MigOptions
@@ -183,8 +183,10 @@ async def fragmented_cluster(
         scope=workload_scope(cfg),  # M derived from the pods: kube-system left out, cap 0.5
     )
     flows = attach_workflows(ctl, cfg, actuator=KubeActuator(kube, instance="r0"), limits=LIMITS)
-    ext = ExtenderHandler(PlacementAdvisor.for_reconciler(ctl.reconciler))
-    server = HealthServer(ctl.metrics.registry, ctl.ready, "127.0.0.1", 0, extender=ext)
+    reconciler = ctl.reconciler
+    server = ExtenderServer(
+        lambda: ExtenderHandler(PlacementAdvisor.for_reconciler(reconciler)), ExtenderOptions()
+    )
     port = await server.start()
     sched = ExtraScheduler(
         control_plane,

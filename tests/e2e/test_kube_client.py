@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
@@ -87,7 +88,9 @@ async def test_a_silent_connection_times_out(control_plane: ControlPlane) -> Non
                 await resp.content.read()
 
         async def read_generated() -> None:
-            resp = await client.CoreV1Api(kube.api).list_node(
+            # with _preload_content=False the answer is the HTTP response, not a V1NodeList (the
+            # package's type stubs say the latter)
+            resp: Any = await client.CoreV1Api(kube.api).list_node(
                 watch=True, label_selector=quiet[1][1], timeout_seconds=30, _preload_content=False
             )
             await resp.content.read()

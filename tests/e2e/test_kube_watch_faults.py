@@ -60,7 +60,10 @@ async def _scenario(
     selector = f"{TEST_LABEL}={tag}"
     core = client.CoreV1Api(api)
     await core.create_namespace(body({"metadata": {"name": ns}}))
-    spec = lambda i: GpuNodeSpec(f"kube-fault-{tag}-{i}", labels={TEST_LABEL: tag})  # noqa: E731
+
+    def spec(i: int) -> GpuNodeSpec:
+        return GpuNodeSpec(f"kube-fault-{tag}-{i}", labels={TEST_LABEL: tag})
+
     for i in range(3):
         await core.create_node(body(node_manifest(spec(i))))
         await core.create_namespaced_pod(ns, pod(f"p{i}"))

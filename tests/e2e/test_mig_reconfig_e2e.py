@@ -7,6 +7,7 @@ pods get served. A `failed` state rolls the label back and leaves the node sched
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -126,7 +127,7 @@ async def setup(control_plane: ControlPlane, api: client.ApiClient) -> AsyncIter
             tg.start_soon(mgr.run)
             await wait_until(lambda: node in sink.cache.nodes, "the node in the cache")
             for i in range(2):
-                await wait_until(lambda i=i: s.bound(f"small-{i}"), f"small-{i} bound", 60)
+                await wait_until(functools.partial(s.bound, f"small-{i}"), f"small-{i} bound", 60)
             try:
                 yield s
             finally:
@@ -159,7 +160,7 @@ async def test_pending_3g_pods_are_served_after_a_reconfiguration(setup: Setup) 
     async with anyio.create_task_group() as tg:
         tg.start_soon(s.loop.run, lambda: True)
         for n in names:
-            await wait_until(lambda n=n: s.bound(n), f"{n} bound after the re-partition", 90)
+            await wait_until(functools.partial(s.bound, n), f"{n} bound after the re-partition", 90)
         tg.cancel_scope.cancel()
     node = await s.node_obj()
     labels = node.metadata.labels

@@ -10,6 +10,7 @@ sees exact per-zone usage instead of its in-order top-up."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -25,7 +26,7 @@ from pyctl.controller.controller import Controller
 from pyctl.controller.placement import PlacementAdvisor
 from pyctl.model import Shape, Workload
 from pyctl.serve.extender import ExtenderHandler
-from pyctl.serve.health import HealthServer
+from pyctl.serve.extender_server import ExtenderOptions, ExtenderServer
 from pyctl.state.memory import MemoryStore
 from tests.e2e.conftest import wait_until
 from tests.e2e.control_plane import REPO, ControlPlane, ExtraScheduler
@@ -66,6 +67,10 @@ def extender_config(url: str, scheduler_name: str = SCHEDULER_NAME) -> dict[str,
     shipped["profiles"] = [{"schedulerName": scheduler_name}]
     (ext,) = shipped["extenders"]
     ext["urlPrefix"] = url
+    # plain HTTP to the test's extender (the shipped file may configure HTTPS; the tests that
+    # need TLS set it themselves: test_extender_tls_e2e.py)
+    ext["enableHTTPS"] = False
+    ext.pop("tlsConfig", None)
     ext["ignorable"] = False
     ext["httpTimeout"] = "5s"
     config: dict[str, Any] = shipped
@@ -305,7 +310,11 @@ async def test_real_scheduler_with_the_extender_aligns_and_packs(
         summary_interval=0.5,
     )
     ext = ExtenderHandler(PlacementAdvisor.for_reconciler(ctl.reconciler))
-    server = HealthServer(ctl.metrics.registry, ctl.ready, "127.0.0.1", 0, extender=ext)
+    # the workers' handlers are separate, as in `pyctl run` (`ext` asks the same question here)
+    reconciler = ctl.reconciler
+    server = ExtenderServer(
+        lambda: ExtenderHandler(PlacementAdvisor.for_reconciler(reconciler)), ExtenderOptions()
+    )
     port = await server.start()
     sched = ExtraScheduler(
         control_plane, "pyctl-e2e", extender_config(f"http://127.0.0.1:{port}/scheduler")
@@ -379,16 +388,18 @@ async def test_real_scheduler_with_the_extender_aligns_and_packs(
                 await core.create_namespaced_pod(
                     "default", body(gpu_pod(f"one-{i}", 1, label=label, selector=sel))
                 )
-                await wait_until(lambda i=i: _bound(core, f"one-{i}"), f"one-{i} bound", 30)
+                await wait_until(functools.partial(_bound, core, f"one-{i}"), f"one-{i} bound", 30)
                 got = await pod_node(core, f"one-{i}")
                 assert got in best, f"one-{i} went to {got}; extender scores {scores}"
                 if i == 0:
                     # the first single GPU fills a stranded GPU, not the emptiest node
                     assert got != "pl-empty", scores
+
+                def seen(i: int = i) -> bool:
+                    return updater.where.get(f"default/one-{i}") is not None and model_current()
+
                 await wait_until(
-                    lambda i=i: (
-                        updater.where.get(f"default/one-{i}") is not None and model_current()
-                    ),
+                    seen,
                     f"the controller to see one-{i}",
                     within=30,
                 )

@@ -8,8 +8,10 @@ The number of cases run is printed at the end of the session ("fuzz: N cases ...
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import Counter
+from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -44,6 +46,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/fuzz/" in item.nodeid:
             item.add_marker(pytest.mark.timeout(TEST_TIMEOUT))
+
+
+@pytest.fixture(autouse=True)
+def _pyctl_logger() -> Iterator[None]:
+    """`pyctl run` sets up the `pyctl` logger (its own handler, no propagation) before it reads
+    the kubeconfig: put it back, so that later tests' caplog sees pyctl's records."""
+    log = logging.getLogger("pyctl")
+    saved = (log.handlers[:], log.level, log.propagate)
+    yield
+    log.handlers[:], log.level, log.propagate = saved[0], saved[1], saved[2]
 
 
 #: cases run, by target (printed at the end of the session)

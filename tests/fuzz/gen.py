@@ -16,6 +16,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from pyctl.cluster import bounds
+from tests.e2e.dra_driver_sim import GPU_CLASS, SimGpu, SimNode, device_classes, slices_for
 
 # -- values ---------------------------------------------------------------------------------------
 
@@ -250,6 +251,77 @@ def nrt(name: str, used: tuple[int, int] = (1, 1)) -> dict[str, Any]:
     }
 
 
+def _requests(count: int = 1) -> dict[str, Any]:
+    return {
+        "devices": {
+            "requests": [
+                {
+                    "name": "gpus",
+                    "exactly": {
+                        "deviceClassName": GPU_CLASS,
+                        "count": count,
+                        "selectors": [
+                            {"cel": {"expression": "device.attributes['gpu.nvidia.com'].index < 8"}}
+                        ],
+                    },
+                }
+            ],
+            "constraints": [{"matchAttribute": "resource.kubernetes.io/numaNode"}],
+        }
+    }
+
+
+def claim(name: str, allocated: bool = False) -> dict[str, Any]:
+    """A ResourceClaim for one GPU, allocated on node a (reserved for pod p) or not."""
+    status: dict[str, Any] = {}
+    if allocated:
+        status = {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "gpus", "driver": GPU_CLASS, "pool": "a", "device": "gpu-0"}
+                    ]
+                },
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": ["a"]}
+                            ]
+                        }
+                    ]
+                },
+            },
+            "reservedFor": [{"resource": "pods", "name": "p", "uid": "uid-p"}],
+        }
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "serving", "uid": f"uid-{name}"},
+        "spec": _requests(),
+        "status": status,
+    }
+
+
+def dra_pod(p: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
+    """`p` with one `spec.resourceClaims` entry (and its generated claim's status when it comes
+    from a template)."""
+    out = copy.deepcopy(p)
+    out["spec"]["resourceClaims"] = [entry]
+    if "resourceClaimTemplateName" in entry:
+        out["status"]["resourceClaimStatuses"] = [{"name": entry["name"], "resourceClaimName": "q"}]
+    return out
+
+
+def claim_template() -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "two-gpus", "namespace": "serving"},
+        "spec": {"spec": _requests(2)},
+    }
+
+
 TEMPLATES: dict[str, list[Any]] = {
     "Node": [node("a"), node("c", gpus=4)],
     "Pod": [
@@ -259,9 +331,23 @@ TEMPLATES: dict[str, list[Any]] = {
         # the plausible mistake: whole GPUs and a MIG instance at once
         pod("s", "", gpus=2, mig="1g.5gb", pending=True),
         pod("t", "b", gpus=0, mig="1g.5gb"),
+        # DRA: a running pod of the allocated claim, a pending one asking through a template
+        dra_pod(pod("p", "a", gpus=0), {"name": "gpus", "resourceClaimName": "a"}),
+        dra_pod(
+            pod("d", "", gpus=0, pending=True),
+            {"name": "gpus", "resourceClaimTemplateName": "two-gpus"},
+        ),
     ],
     "PodDisruptionBudget": [pdb()],
     "NodeResourceTopology": [nrt("a"), nrt("c", (0, 0))],
+    # DRA (resource.k8s.io/v1), as the simulated NVIDIA driver of the e2e tests publishes it
+    "DeviceClass": device_classes(),
+    "ResourceSlice": [
+        *slices_for(SimNode("a", [SimGpu(0, 0), SimGpu(1, 1)])),
+        *slices_for(SimNode("c", [SimGpu(0, 0, dynamic_mig=True)])),
+    ],
+    "ResourceClaim": [claim("a", allocated=True), claim("q")],
+    "ResourceClaimTemplate": [claim_template()],
 }
 
 # -- mutations ------------------------------------------------------------------------------------

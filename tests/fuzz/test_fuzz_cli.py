@@ -60,6 +60,7 @@ TARGETS: list[tuple[str, Any, Argv]] = [
     ("score workload", WORK, lambda f: ["score", str(EXAMPLES / "snapshot.json"), "--workload", f]),
     ("score dump", DUMP, lambda f: ["score", f, "--json"]),
     ("plan dump", DUMP, lambda f: ["plan", f, "--json"]),
+    ("recommend dump", DUMP, lambda f: ["recommend", f, "--json"]),
     ("mig plan snapshot", SNAPSHOT, lambda f: ["mig", "plan", f, "--demand", _demand()]),
     ("mig plan demand", DEMAND, lambda f: ["mig", "plan", _snapshot(), "--demand", f]),
     ("topology merge", CASE, lambda f: ["topology", "merge", f]),

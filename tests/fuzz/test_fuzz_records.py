@@ -13,6 +13,7 @@ import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pyctl.cluster.kube.decode import decode_object
 from pyctl.cluster.records import KINDS, Kind, check_record, decode_record, encode_record
 from pyctl.controller.summary import Summary, federation_summary_bytes
 from pyctl.federation import federation_status, place, read_members
@@ -61,6 +62,11 @@ RECORDS: dict[Kind, Any] = {
     "Pod": pod("ml", "p", "gpu-1"),
     "PodDisruptionBudget": pdb("ml", "llm"),
     "NodeResourceTopology": nrt("gpu-1"),
+    # DRA records, decoded from the fuzz tier's templates (the simulated NVIDIA driver's objects)
+    **{
+        k: decode_object(k, json.dumps(gen.TEMPLATES[k][-1]).encode())
+        for k in ("DeviceClass", "ResourceSlice", "ResourceClaim", "ResourceClaimTemplate")
+    },
 }
 ENCODED = st.sampled_from(KINDS).flatmap(
     lambda k: gen.document(json.loads(encode_record(RECORDS[k]))).map(lambda d: (k, d))

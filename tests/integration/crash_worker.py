@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import anyio
 
 from pyctl.cluster.records import PodRecord
-from pyctl.cluster.source import EvictionOutcome
+from pyctl.cluster.source import EvictionOutcome, NullActuator
 from pyctl.metrics import Metrics
 from pyctl.state.redis_client import RedisConfig, connect
 from pyctl.state.redis_ratelimit import RedisRateLimiter
@@ -30,8 +30,12 @@ PODS = "test:{crash}:pods"
 LOG = "test:{crash}:evictions"
 
 
-class RedisCluster:
+class RedisCluster(NullActuator):
+    """Pods kept in Redis, evicted by deleting them there (and logged); the other mutations are
+    NullActuator's (recorded, not made)."""
+
     def __init__(self, client: object) -> None:
+        super().__init__()
         self.client = client
         self.pods: dict[str, PodRecord] = {}
 

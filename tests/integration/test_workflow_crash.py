@@ -17,7 +17,7 @@ import msgspec
 import pytest
 
 from pyctl.cluster.records import PodRecord
-from pyctl.cluster.source import EvictionOutcome
+from pyctl.cluster.source import EvictionOutcome, NullActuator
 from pyctl.metrics import Metrics
 from pyctl.state.redis_client import RedisConfig, close_client, connect
 from pyctl.state.redis_ratelimit import RedisRateLimiter
@@ -87,7 +87,7 @@ async def test_sigkill_at_30_random_points_converges_without_double_evictions(
     _, err = final.communicate(timeout=120)
     assert final.returncode == 0, err.decode()[-2000:]
     client = connect(RedisConfig(url=url))
-    log = [x.decode() for x in await client.lrange(LOG, 0, -1)]
+    log = [x.decode() if isinstance(x, bytes) else x for x in await client.lrange(LOG, 0, -1)]
     left = await client.hlen(PODS)
     store = RedisWorkflowStore(client, RedisConfig(url=url), CLUSTER)
     records = await store.list()
@@ -100,8 +100,11 @@ async def test_sigkill_at_30_random_points_converges_without_double_evictions(
     assert steps == {"done"}
 
 
-class _Recorder:
+class _Recorder(NullActuator):
+    """Records evictions; the other mutations are NullActuator's (recorded, not made)."""
+
     def __init__(self) -> None:
+        super().__init__()
         self.evicted: list[str] = []
 
     async def cordon(self, node: str, on: bool) -> None: ...

@@ -1,7 +1,7 @@
 """The alerting rules: `promtool check rules` and `promtool test rules` (every alert has a unit
-test that fires it and one where it stays silent), the PrometheusRule and dashboard ConfigMap of
-the kustomize base are up to date, and every metric the rules and the dashboard read is one pyctl
-exports (or one listed below as to be exported by the MIG workflow)."""
+test that fires it and one where it stays silent), the chart's copies of the rules and the
+dashboard are up to date (deploy/render.py), and every metric the rules and the dashboard read is
+one pyctl exports (or one listed below as to be exported by the MIG workflow)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from pyctl.metrics import Metrics
+from pyctl.serve.extender_server import HttpMetrics
 
 from .promtool import DASHBOARD, MONITORING, RULES, RULES_TEST, binary
 
@@ -77,9 +78,9 @@ def test_alerts_doc_covers_every_alert() -> None:
         assert f"## {r['alert']}" in doc, r["alert"]
 
 
-def test_base_is_rendered_from_the_sources() -> None:
+def test_chart_is_rendered_from_the_sources() -> None:
     r = subprocess.run(
-        [sys.executable, str(MONITORING / "render.py"), "--check"],
+        [sys.executable, str(MONITORING.parent / "render.py"), "--check"],
         capture_output=True,
         text=True,
         check=False,
@@ -90,6 +91,7 @@ def test_base_is_rendered_from_the_sources() -> None:
 def _exported() -> set[str]:
     reg = CollectorRegistry()
     Metrics(reg)
+    HttpMetrics(reg, "c")
     names: set[str] = set()
     for fam in reg.collect():
         for s in fam.samples:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,21 @@ def allows(shape: Shape, gpu_model: str) -> bool:
     )
 
 
+def on_node(shape: Shape, node: Node) -> Shape:
+    """docs/sharing.md: a replica (gpus >= 1, gpu_milli 0) is 1000 // replicas of the node's GPU;
+    a memory request is its fraction of the node's GPU memory (a whole GPU if unknown), or
+    gpu_milli if larger."""
+    if shape.mig_profile is not None or shape.gpus == 0:
+        return shape
+    if shape.gpu_memory_mib:
+        mem = node.gpu_memory_mib
+        frac = min(1000, math.ceil(shape.gpu_memory_mib * 1000 / mem)) if mem else 1000
+        return replace(shape, gpu_milli=max(frac, shape.gpu_milli), gpu_memory_mib=0)
+    if shape.gpu_milli == 0:
+        return replace(shape, gpu_milli=1000 // node.gpu_replicas)
+    return shape
+
+
 def _mig_idle(g: MigGpu, gpu_model: str) -> float:
     m = model(gpu_model)
     used = sum(profile(m, i.profile)["compute_slices"] for i in g.instances)
@@ -120,9 +136,22 @@ def _fragment(node: Node, shape: Shape, w: float, out: Score) -> None:
     )
     if shape.is_cpu_only:
         everything("stranded" if cpu_ok else "lack_cpu")
+        for zi, z in enumerate(zones):
+            for g in z.dra_gpus:
+                if g.used_milli < 1000:
+                    gpu(zi, 1000 - g.used_milli, "stranded" if cpu_ok else "lack_cpu")
         return
-    if not allows(shape, node.gpu_model):
+    if not allows(shape, node.gpu_model) or (
+        shape.mig_profile is None and shape.gpu_pool != node.gpu_pool
+    ):
         everything("no_access")
+        for zi, z in enumerate(zones):
+            for g in z.dra_gpus:
+                if g.used_milli < 1000:
+                    gpu(zi, 1000 - g.used_milli, "no_access")
+        return
+    if shape.dra or _has_dra(node):
+        _fragment_dra(node, shape, cpu_ok, gpu, mig)
         return
 
     def is_p(inst_profile: str) -> bool:
@@ -222,6 +251,157 @@ def _fragment(node: Node, shape: Shape, w: float, out: Score) -> None:
                         mig(zi, c, "numa_split")
 
 
+def _has_dra(node: Node) -> bool:
+    return any(z.dra_gpus or any(m.dra for m in z.mig) for z in node.zones)
+
+
+def _dynamic_fit(m: dict[str, Any], name: str, mg: MigGpu) -> int:
+    """Brute force: most instances of profile `name` at once in a dynamic GPU's free slices."""
+    p = profile(m, name)
+    used_masks = 0
+    used_compute = 0
+    for i in mg.instances:
+        q = profile(m, i.profile)
+        size = next(pl["size"] for pl in q["placements"] if pl["start"] == i.start)
+        used_masks |= ((1 << size) - 1) << i.start
+        used_compute += q["compute_slices"]
+    full = (1 << m["memory_slices"]) - 1
+    free = full & ~used_masks if mg.free_slices is None else mg.free_slices
+    masks = [
+        ((1 << pl["size"]) - 1) << pl["start"]
+        for pl in p["placements"]
+        if (((1 << pl["size"]) - 1) << pl["start"]) & ~free == 0
+    ]
+    best = 0
+    for k in range(len(masks), 0, -1):
+        if any(
+            all(a & b == 0 for a, b in itertools.combinations(c, 2))
+            for c in itertools.combinations(masks, k)
+        ):
+            best = k
+            break
+    left = m["compute_slices"] - used_compute
+    count = sum(1 for i in mg.instances if i.profile == name)
+    return min(best, left // p["compute_slices"], p["max_count"] - count)
+
+
+def _fragment_dra(node: Node, shape: Shape, cpu_ok: bool, gpu: Any, mig: Any) -> None:
+    """The measure on a node with DRA devices, or for a DRA shape: devices of the other source
+    are `no_access`; a DRA shape's admission is its claim's alignment (devices of one zone), not
+    the Topology Manager; dynamic MIG GPUs count what the shape could allocate on them now."""
+    zones = node.zones
+    mm = model(node.gpu_model) if any(z.mig for z in zones) else None
+    names = {p["name"] for p in mm["profiles"]} if mm else set()
+    want = shape.mig_profile
+    want_ok = not (want is not None and want not in names)
+
+    def same(dra: bool) -> bool:
+        return dra == shape.dra
+
+    elig = []
+    for z in zones:
+        e = 0
+        if shape.mig_profile is None:
+            for g in z.dra_gpus if shape.dra else z.gpus:
+                e += 1000 - g.used_milli >= shape.gpu_milli
+            if shape.dra and shape.gpu_milli == 1000:
+                e += sum(1 for m in z.mig if m.dra and m.dynamic and not m.instances)
+        elif want_ok:
+            assert mm is not None
+            for m in z.mig:
+                if not same(m.dra):
+                    continue
+                if m.dynamic:
+                    e += _dynamic_fit(mm, want, m)  # type: ignore[arg-type]
+                else:
+                    e += sum(1 for i in m.instances if i.profile == want and not i.used)
+        elig.append(e)
+    d = shape.gpus if shape.mig_profile is None else 1
+    gpu_ok = sum(elig) >= d
+    fail: str | None = {
+        (False, False): "lack_both",
+        (False, True): "lack_gpu",
+        (True, False): "lack_cpu",
+        (True, True): None,
+    }[(gpu_ok, cpu_ok)]
+    usable: set[int] = set()
+    if fail is None:
+        if not shape.dra:
+            # a device-plugin shape on a node with DRA devices: the Topology Manager decides, as
+            # on any node (the reference handles it only under none/best-effort here)
+            assert node.topology_policy in ("none", "best-effort"), "not covered by the twin"
+            usable = set(range(len(zones)))
+        elif not shape.numa_aligned or d <= 1:
+            usable = set(range(len(zones)))
+        else:
+            usable = {zi for zi, e in enumerate(elig) if e >= d}
+            if not usable:
+                fail = "numa_split"
+    other = "mig_geometry" if cpu_ok else (fail or "lack_cpu")
+    foreign = "no_access" if cpu_ok else (fail or "lack_cpu")
+
+    def ok_or(zi: int) -> str | None:
+        return fail if fail else (None if zi in usable else "numa_split")
+
+    for zi, z in enumerate(zones):
+        for dra, gpus in ((False, z.gpus), (True, z.dra_gpus)):
+            for g in gpus:
+                f = 1000 - g.used_milli
+                if f == 0:
+                    continue
+                if not same(dra):
+                    gpu(zi, f, foreign)
+                elif shape.mig_profile is not None:
+                    gpu(zi, f, other)
+                elif fail:
+                    gpu(zi, f, fail)
+                elif f < shape.gpu_milli:
+                    gpu(zi, f, "stranded")
+                elif zi not in usable:
+                    gpu(zi, f, "numa_split")
+        for m in z.mig:
+            assert mm is not None
+            idle = _mig_idle(m, node.gpu_model)
+            if not same(m.dra):
+                if idle:
+                    mig(zi, idle, foreign)
+                continue
+            if m.dynamic:
+                if shape.mig_profile is not None and want_ok:
+                    fit = _dynamic_fit(mm, want, m) * profile(mm, want)["compute_slices"]  # type: ignore[arg-type]
+                    fit = min(fit, idle)
+                    if idle > fit:
+                        mig(zi, idle - fit, other)
+                    cat = ok_or(zi)
+                    if fit and cat:
+                        mig(zi, fit, cat)
+                elif (
+                    shape.mig_profile is None
+                    and shape.dra
+                    and shape.gpu_milli == 1000
+                    and not m.instances
+                ):
+                    cat = ok_or(zi)
+                    if idle and cat:
+                        mig(zi, idle, cat)
+                elif idle:
+                    mig(zi, idle, other)
+                continue
+            used = sum(profile(mm, i.profile)["compute_slices"] for i in m.instances)
+            if mm["compute_slices"] - used:
+                mig(zi, mm["compute_slices"] - used, other)
+            for i in m.instances:
+                if i.used:
+                    continue
+                c = profile(mm, i.profile)["compute_slices"]
+                if shape.mig_profile is None or i.profile != shape.mig_profile:
+                    mig(zi, c, other)
+                else:
+                    cat = ok_or(zi)
+                    if cat:
+                        mig(zi, c, cat)
+
+
 def _layouts_cover(
     m: dict[str, Any], pinned: Iterable[tuple[str, int]], wanted: Sequence[str]
 ) -> int:
@@ -264,10 +444,10 @@ def score_node(node: Node, workload: Workload) -> Score:
     out = Score()
     out.zone_frag_gpu = [0.0] * len(node.zones)
     out.zone_frag_mig = [0.0] * len(node.zones)
-    out.idle_gpu = float(sum(1000 - g.used_milli for z in node.zones for g in z.gpus))
+    out.idle_gpu = float(sum(1000 - g.used_milli for z in node.zones for g in z.gpus + z.dra_gpus))
     out.idle_mig = sum(_mig_idle(mg, node.gpu_model) for z in node.zones for mg in z.mig)
     for s in workload.shapes:
-        _fragment(node, s, s.weight / total, out)
+        _fragment(node, on_node(s, node), s.weight / total, out)
     has_mig = any(z.mig for z in node.zones)
     if has_mig:
         m = model(node.gpu_model)
@@ -276,12 +456,16 @@ def score_node(node: Node, workload: Workload) -> Score:
             {
                 s.mig_profile
                 for s in workload.shapes
-                if s.mig_profile in names and allows(s, node.gpu_model)
+                if s.mig_profile is not None
+                and s.mig_profile in names
+                and allows(s, node.gpu_model)
             }
         )
         if wanted:
             for z in node.zones:
                 for mg in z.mig:
+                    if mg.dynamic:
+                        continue  # allocated on demand: nothing to re-partition
                     pinned = [(i.profile, i.start) for i in mg.instances if i.used]
                     now = sum(
                         profile(m, i.profile)["compute_slices"]

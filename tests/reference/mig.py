@@ -485,8 +485,8 @@ def plan(
     demanded = [p for p in range(np_) if pend[p] > 0 or weight[p] > 0.0]
     relevant = set(demanded)
     used_of = [0] * np_
-    for g, t in zip(norm, touchable, strict=True):
-        for x in g["instances"]:
+    for gpu, t in zip(norm, touchable, strict=True):
+        for x in gpu["instances"]:
             if x["used"] and t and limit > 0:
                 used_of[x["p"]] += 1
                 relevant.add(x["p"])
@@ -494,8 +494,8 @@ def plan(
     r_of = {p: r for r, p in enumerate(rel)}
     caps = [pend[p] + min(used_of[p], limit) for p in rel]
     options = [
-        _options(m, g, t, limit, executor, rel, demanded, r_of, wanted)
-        for g, t in zip(norm, touchable, strict=True)
+        _options(m, gpu, t, limit, executor, rel, demanded, r_of, wanted)
+        for gpu, t in zip(norm, touchable, strict=True)
     ]
     pending_r = [pend[p] for p in rel]
     choice = _choose(options, caps, pending_r, limit, exhaustive)

@@ -5,8 +5,10 @@ a Redis password never appears in a message."""
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,18 @@ from pyctl.cli.main import main
 from tests.paths import REPO
 
 EXAMPLES = REPO / "docs" / "examples"
+
+
+@pytest.fixture(autouse=True)
+def _pyctl_logger() -> Iterator[None]:
+    """`pyctl run` sets up the `pyctl` logger (its own handler, no propagation) before it reads
+    the kubeconfig: put it back, so that later tests' caplog sees pyctl's records."""
+    log = logging.getLogger("pyctl")
+    saved = (log.handlers[:], log.level, log.propagate)
+    yield
+    log.handlers[:], log.level, log.propagate = saved[0], saved[1], saved[2]
+
+
 SNAP = str(EXAMPLES / "snapshot.json")
 WORK = str(EXAMPLES / "workload.json")
 

@@ -77,9 +77,14 @@ def test_plan_prints_moves(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert out["moves"]
     assert out["moves"][0]["from"] == "a"
     assert out["moves"][0]["to"] == "b"
-    assert out["gain_gpu_milli"] > 0
+    (rescue,) = out["rescues"]
+    assert rescue["pending"] == "serving/big"
+    assert rescue["node"] == "a"
+    assert [m["pod"] for m in rescue["moves"]] == [m["pod"] for m in out["moves"]]
     assert main(["plan", str(f)]) == 0
-    assert "observe mode: none made" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "observe mode" in text
+    assert "serving/big" in text
 
 
 def test_plan_needs_a_dump(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

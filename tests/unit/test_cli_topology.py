@@ -75,9 +75,9 @@ def test_missing_file_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert "cannot read" in capsys.readouterr().err
 
 
-def test_console_script_demo_runs() -> None:
+def test_console_script_topology_demo_runs() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "pyctl.cli.main", "demo"],
+        [sys.executable, "-m", "pyctl.cli.main", "topology", "demo"],
         capture_output=True,
         text=True,
         check=True,

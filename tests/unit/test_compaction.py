@@ -1,17 +1,37 @@
-"""Compaction planning from records: frees an aligned zone for a pending replica, never moves a
-pod back where it came from, and respects the evictor rules and PodDisruptionBudgets."""
+"""Compaction planning from records: rescues a pending replica by freeing an aligned zone, never
+moves a pod back where it came from, respects the evictor rules and PodDisruptionBudgets, and
+plans no move whose pod could not land where planned (NodeFit)."""
 
 from __future__ import annotations
 
-from pyctl.cluster.records import NodeRecord, NrtRecord, PdbRecord, PodRecord, ZoneRecord
+from collections.abc import Sequence
+
+from pyctl.cluster.records import (
+    Constraints,
+    NodeRecord,
+    NrtRecord,
+    PdbRecord,
+    PodRecord,
+    PodTerm,
+    Selector,
+    Taint,
+    Toleration,
+    ZoneRecord,
+)
+from pyctl.cluster.translate import models_of
 from pyctl.model import Shape, Workload
-from pyctl.workflows.compaction import plan_compaction
+from pyctl.workflows.compaction import CompactionPlan, plan_compaction
 from pyctl.workflows.evictor import Evictor, EvictorOptions
 
 
-def node(name: str) -> NodeRecord:
+def node(name: str, **kw: object) -> NodeRecord:
     return NodeRecord(
-        name, gpu_model="NVIDIA-H100-80GB-HBM3", cpu_milli=64000, memory_mib=1 << 20, gpus=8
+        name,
+        gpu_model="NVIDIA-H100-80GB-HBM3",
+        cpu_milli=64000,
+        memory_mib=1 << 20,
+        gpus=8,
+        **kw,  # type: ignore[arg-type]
     )
 
 
@@ -55,29 +75,82 @@ def fragmented() -> tuple[dict[str, NodeRecord], dict[str, NrtRecord], list[PodR
     return nodes, nrts, pods
 
 
-FOUR = Shape(cpu_milli=4000, gpus=4, gpu_milli=1000)
 ONE = Shape(cpu_milli=1000, gpus=1, gpu_milli=1000)
+BIG = PodRecord(
+    "serving",
+    "big",
+    phase="Pending",
+    cpu_milli=4000,
+    gpus=4,
+    owner_kind="ReplicaSet",
+    owner_name="big",
+    unschedulable=True,
+)
 
 
-def test_compaction_frees_a_zone_for_the_pending_four_gpu_replica() -> None:
+def plan(
+    nodes: dict[str, NodeRecord],
+    nrts: dict[str, NrtRecord],
+    pods: Sequence[PodRecord],
+    pdbs: Sequence[PdbRecord] = (),
+    pending: Sequence[PodRecord] = (BIG,),
+) -> CompactionPlan:
+    models = models_of(nodes.values(), nrts.values(), pods)
+    return plan_compaction(models, nodes, pods, pdbs, Workload((ONE,)), pending=pending)
+
+
+def test_a_rescue_frees_a_zone_for_the_pending_four_gpu_replica() -> None:
     nodes, nrts, pods = fragmented()
-    plan = plan_compaction(nodes, nrts, pods, [], Workload((ONE,)), pending=[FOUR], max_moves=3)
-    assert plan.moves, plan
-    first = plan.moves[0]
-    # an evicted replica lands on the fuller node, never back where it was
-    assert first.from_node == "a"
-    assert first.to_node == "b"
-    assert first.gain_gpu_milli > 0
-    assert all(m.from_node != m.to_node for m in plan.moves)
-    assert len({m.pod for m in plan.moves}) == len(plan.moves)
+    p = plan(nodes, nrts, pods)
+    assert len(p.rescues) == 1, p
+    r = p.rescues[0]
+    assert (r.pending, r.node) == ("serving/big", "a")
+    # one move frees a zone: the replica goes to b's free GPU, never back where it was
+    assert [(m.from_node, m.to_node) for m in r.moves] == [("a", "b")]
+    assert all(m.from_node != m.to_node for m in p.moves)
+    assert len({m.pod for m in p.moves}) == len(p.moves)
+    assert all(m.rescue == 0 for m in r.moves)
 
 
 def test_a_pdb_without_budget_holds_compaction_back() -> None:
     nodes, nrts, pods = fragmented()
     pdb = PdbRecord("serving", "llm", match_labels=(("app", "llm"),), disruptions_allowed=0)
-    plan = plan_compaction(nodes, nrts, pods, [pdb], Workload((ONE,)), pending=[FOUR])
-    assert plan.moves == ()
-    assert plan.refused["serving/a0"] == "PodDisruptionBudget has no budget left"
+    p = plan(nodes, nrts, pods, [pdb])
+    assert p.moves == ()
+    assert p.refused["serving/a0"] == "PodDisruptionBudget has no budget left"
+    assert "serving/big" in p.unrescued
+
+
+def test_moves_respect_node_selectors_and_taints() -> None:
+    nodes, nrts, pods = fragmented()
+    # b refuses the replicas (a taint they do not tolerate): no room can be made
+    nodes["b"] = node("b", taints=(Taint("dedicated", "training", "NoSchedule"),))
+    p = plan(nodes, nrts, pods)
+    assert p.rescues == ()
+    # tolerating it, they may go there again
+    tol = Constraints(tolerations=(Toleration("dedicated", "Equal", "training", "NoSchedule"),))
+    pods = [pod(x.name, x.node, constraints=tol) for x in pods]
+    assert plan(nodes, nrts, pods).rescues
+    # a node selector only b's labels satisfy: still fine; one nothing satisfies: no rescue
+    sel = Constraints(node_selector=(("gpu-type", "a100"),), tolerations=tol.tolerations)
+    nodes["b"] = node("b", labels=(("gpu-type", "a100"),), taints=nodes["b"].taints)
+    pods = [pod(x.name, x.node, constraints=sel) for x in pods]
+    assert plan(nodes, nrts, pods).rescues
+    nodes["b"] = node("b", taints=nodes["b"].taints)
+    assert plan(nodes, nrts, pods).rescues == ()
+
+
+def test_a_move_into_an_anti_affinity_domain_is_not_planned() -> None:
+    nodes, nrts, pods = fragmented()
+    # a's replicas repel each other per node: either may go to b only if no other replica of
+    # the group is there; b runs one already (b0 carries the label)
+    anti = Constraints(
+        anti_affinity=(PodTerm("kubernetes.io/hostname", Selector((("app", "llm"),))),)
+    )
+    pods = [pod(x.name, x.node, constraints=anti) for x in pods]
+    p = plan(nodes, nrts, pods)
+    assert p.rescues == ()
+    assert p.moves == ()
 
 
 def test_evictor_rules() -> None:

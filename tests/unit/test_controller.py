@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 from pyctl.app.config import ConfigError, load_config
-from pyctl.cluster.records import Event, NodeRecord, PodRecord
+from pyctl.cluster.records import DRA_KINDS, Event, NodeRecord, PodRecord
 from pyctl.cluster.sim.scenario import inference_day
 from pyctl.cluster.sim.source import SimClusterSource
 from pyctl.controller.cache import ClusterCache
@@ -159,8 +159,8 @@ async def test_store_outage_keeps_serving_then_catches_up() -> None:
     ctl.store_ok = True
     # list everything, then the store goes away while events keep coming
     await ctl.replace("Node", [NodeRecord("n1", gpus=8)], "1")
-    for kind in ("Pod", "PodDisruptionBudget", "NodeResourceTopology"):
-        await ctl.replace(kind, [], "1")  # type: ignore[arg-type]
+    for kind in ("Pod", "PodDisruptionBudget", "NodeResourceTopology", *DRA_KINDS):
+        await ctl.replace(kind, [], "1")
     await ctl._flush()
     assert ctl.ready() == (True, "ok")
     store.down = True

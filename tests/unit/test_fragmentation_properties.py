@@ -42,6 +42,10 @@ def _place_random(draw: st.DrawFn, model: str) -> tuple[MigInstance, ...]:
     return tuple(out)
 
 
+#: GPU sharing pools (docs/sharing.md): "" (nvidia.com/gpu) most often
+POOLS = ["", "", "", "nvidia.com/gpu.shared", "hami"]
+
+
 @st.composite
 def nodes(draw: st.DrawFn, name: str) -> Node:
     mig = draw(st.booleans())
@@ -79,6 +83,9 @@ def nodes(draw: st.DrawFn, name: str) -> Node:
         cpu_manager_policy=draw(st.sampled_from(["static", "none"])),
         memory_manager_policy=draw(st.sampled_from(["static", "none"])),
         zones=tuple(zones),
+        gpu_pool=draw(st.sampled_from(POOLS)),
+        gpu_replicas=draw(st.sampled_from([1, 1, 2, 3, 4, 7, 48])),
+        gpu_memory_mib=draw(st.sampled_from([0, 23028, 81920])),
     )
 
 
@@ -98,13 +105,17 @@ def shapes(draw: st.DrawFn, mig_ok: bool = True) -> Shape:
     if kind == "whole":
         return Shape(cpu, mem, draw(st.integers(1, 6)), 1000, gpu_models=models, weight=weight)
     if kind == "shared":
+        # a share of one or more GPUs; 0: one replica of each (the node sizes it); a GPU memory
+        # request is a fraction of the node's GPU memory (docs/sharing.md)
         return Shape(
             cpu,
             mem,
-            1,
-            draw(st.sampled_from([100, 250, 500, 750])),
+            draw(st.sampled_from([1, 1, 2, 3])),
+            draw(st.sampled_from([0, 1, 100, 250, 500, 750])),
             gpu_models=models,
             weight=weight,
+            gpu_pool=draw(st.sampled_from(POOLS)),
+            gpu_memory_mib=draw(st.sampled_from([0, 0, 10000, 40000])),
         )
     prof = draw(st.sampled_from(["1g.5gb", "2g.10gb", "3g.20gb", "1g.10gb", "3g.40gb", "2g.12gb"]))
     return Shape(cpu, mem, 0, 0, prof, weight=weight)
@@ -154,8 +165,10 @@ def test_policy_none_is_fgd(node: Node, shape: Shape) -> None:
             for z in node.zones
         ),
     )
-    # FGD ignores memory: compare with a memory-free shape
-    s = Shape(shape.cpu_milli, 0, shape.gpus, shape.gpu_milli, None, shape.gpu_models, 1.0)
+    # FGD ignores memory: compare with a memory-free shape; FGD knows no sharing pools or
+    # replicas (a replica of an unshared GPU is the whole GPU)
+    milli = shape.gpu_milli or (1000 if shape.gpus else 0)
+    s = Shape(shape.cpu_milli, 0, shape.gpus, milli, None, shape.gpu_models, 1.0)
     got = score(Snapshot((plain,)), Workload((s,))).fragment_gpu_milli
     assert _close(got, ref.fgd_node_fragment(plain.zones, s, plain.gpu_model))
 

@@ -15,12 +15,14 @@ from msgspec.structs import replace
 
 from pyctl.app.config import ConfigError, load_config
 from pyctl.app.wiring import workload_scope
+from pyctl.cluster.nodefit import static_fit
 from pyctl.cluster.records import (
     Constraints,
     Event,
     NrtRecord,
     ObjectRef,
     PodRecord,
+    Record,
     Taint,
     Toleration,
 )
@@ -34,7 +36,7 @@ from pyctl.metrics import Metrics
 from pyctl.model import Shape
 from pyctl.state.memory import MemoryStore
 from pyctl.state.workflows import MemoryWorkflowStore
-from pyctl.workflows.compactor import Compactor, unusable_target
+from pyctl.workflows.compactor import Compactor
 from pyctl.workflows.engine import Context, Engine, Workflow
 from pyctl.workflows.gate import Gate
 from pyctl.workflows.kinds import builtin_registry
@@ -66,7 +68,8 @@ def ignored(m: Metrics, kind: str, reason: str) -> float:
 def cluster(extra: Iterable[PodRecord] = ()) -> ClusterCache:
     nodes, nrts, pods = fragmented()
     c = ClusterCache()
-    events = [Event("ADDED", r) for r in (*nodes.values(), *nrts.values(), *pods, *extra)]
+    records: list[Record] = [*nodes.values(), *nrts.values(), *pods, *extra]
+    events = [Event("ADDED", r) for r in records]
     c.apply(events)
     return c
 
@@ -283,20 +286,18 @@ def test_compaction_plans_around_hostile_pods() -> None:
     assert "team/bound" not in {m.pod for m in got.moves}
 
 
-def test_pending_flood_gets_a_bounded_weight() -> None:
-    flood = [
-        PodRecord("tenant", f"f{i}", f"u{i}", cpu_milli=100, gpus=1, unschedulable=True)
-        for i in range(500)
-    ]
-    c = cluster(flood)
-    r = reconciled(c, WorkloadScope(max_shape_weight=0.5))
-    cp, _ = compactor(c, r)
-    shapes, weight = cp.pending()
-    assert len(shapes) == 1  # 500 pods, one shape
-    assert weight == pytest.approx(1.0)  # = half of M + pending
-    r = reconciled(c, WorkloadScope(max_shape_weight=0.2))
-    shapes, weight = compactor(c, r)[0].pending()
-    assert weight / (1 + weight) == pytest.approx(0.2)
+def test_pending_pods_outside_the_scope_or_unmodellable_are_never_rescued() -> None:
+    """Only pending pods in the workload's scope, of a shape the core can model, are pods the
+    planner makes room for: a tenant's pod pyctl ignores, or one in kube-system, never makes it
+    evict."""
+    inside = PodRecord("serving", "in", "u-in", cpu_milli=100, gpus=1, unschedulable=True)
+    system = PodRecord("kube-system", "sys", "u-sys", cpu_milli=100, gpus=1, unschedulable=True)
+    c = cluster([inside, system, *HOSTILE.values()])
+    scope = WorkloadScope(excluded_namespaces=frozenset({"kube-system"}))  # the config's default
+    cp, _ = compactor(c, reconciled(c, scope))
+    assert [p.key for p in cp.pending()] == ["serving/in"]
+    r = reconciled(c, WorkloadScope(namespaces=frozenset({"other"})))
+    assert compactor(c, r)[0].pending() == []
 
 
 @pytest.mark.anyio
@@ -406,8 +407,8 @@ def test_no_move_toward_a_node_the_scheduler_would_not_use() -> None:
     ):
         c.apply([Event("MODIFIED", changed)])
         plan = cp.plan()
-        assert first.to_node not in {m.to_node for m in plan.moves}
-        assert why in plan.refused[first.pod]
+        assert first.to_node not in {m.to_node for m in plan.moves}, why
+        assert static_fit(c.pods[first.pod], c.nodes[first.to_node]) is not None
     # a taint the pod tolerates is no reason
     c.apply([Event("MODIFIED", replace(target, taints=(Taint("gpu", "x", "NoSchedule"),)))])
     pod = c.pods[first.pod]
@@ -415,4 +416,4 @@ def test_no_move_toward_a_node_the_scheduler_would_not_use() -> None:
         pod, constraints=Constraints(tolerations=(Toleration("gpu", "Exists", "", "NoSchedule"),))
     )
     c.apply([Event("MODIFIED", tolerant)])
-    assert unusable_target(tolerant, first.to_node, c.nodes[first.to_node]) is None
+    assert static_fit(tolerant, c.nodes[first.to_node]) is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +30,13 @@ def node(
 
 
 def pod(
-    name: str, node_name: str | None, gpus: int = 0, cpu: str = "1", **extra: str
+    name: str,
+    node_name: str | None,
+    gpus: int = 0,
+    cpu: str = "1",
+    extra: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    requests = {"cpu": cpu, "memory": "1Gi", **extra}
+    requests = {"cpu": cpu, "memory": "1Gi", **(extra or {})}
     if gpus:
         requests["nvidia.com/gpu"] = str(gpus)
     return {
@@ -93,7 +98,7 @@ def dump() -> dict[str, Any]:
             pod("p1", "a", gpus=3),
             pod("p2", "a", gpus=2),
             pod("p3", "b", gpus=1),
-            pod("p4", "m", **{"nvidia.com/mig-3g.20gb": "1"}),
+            pod("p4", "m", extra={"nvidia.com/mig-3g.20gb": "1"}),
             pod("pending", None, gpus=2),
         ],
     }

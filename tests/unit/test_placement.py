@@ -10,9 +10,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from pyctl.cluster.kube.extender import MAX_EXTENDER_PRIORITY, parse_args
-from pyctl.controller.placement import PlacementAdvisor, scores
-from pyctl.model import Gpu, Node, Shape, Workload, Zone
+from pyctl.controller.placement import PlacementAdvisor
+from pyctl.core.fragmentation import FragmentationModel
+from pyctl.core.policy import choose
+from pyctl.model import Gpu, Node, Shape, Snapshot, Workload, Zone
 from pyctl.serve.extender import ExtenderHandler
+from pyctl.serve.extender_server import ExtenderOptions, ExtenderServer
 from pyctl.serve.health import HealthServer
 
 W = Workload(
@@ -44,7 +47,8 @@ class PlacementExtender:
         return self._call("prioritize", body)
 
     def _model(self, name: str) -> Any:
-        return self.advisor._model(name)
+        node = self.advisor._models.get(name)
+        return None if node is None else self.advisor._model(name, node)
 
 
 def node(name: str, used0: int, used1: int, policy: str = "single-numa-node") -> Node:
@@ -118,31 +122,64 @@ def test_filter_with_whole_nodes_answers_a_node_list(ext: PlacementExtender) -> 
     assert set(got["FailedNodes"]) == {"split"}
 
 
-def test_prioritize_prefers_least_fragment_growth(ext: PlacementExtender) -> None:
+def test_prioritize_ranks_by_the_placement_policy(ext: PlacementExtender) -> None:
     got = ext.prioritize(args(pod(1), ["empty", "three", "unknown"]))
     by = {h["Host"]: h["Score"] for h in got}
     assert set(got[0]) == {"Host", "Score"}
     # one GPU on the emptiest node breaks a zone a 4-GPU pod could use; on "three" it fills the
-    # stranded GPU
+    # stranded GPU: the policy's choice scores 10
     assert by == {"empty": 1, "three": MAX_EXTENDER_PRIORITY, "unknown": 0}
     four = {h["Host"]: h["Score"] for h in ext.prioritize(args(pod(4), ["empty", "split"]))}
     assert four["split"] == 0  # not admitted
     assert four["empty"] == MAX_EXTENDER_PRIORITY
 
 
-def test_equal_growth_goes_to_the_fuller_node() -> None:
+def test_equal_ranks_go_to_the_first_node_by_name_and_only_it_scores_ten() -> None:
     # the node a replica was just evicted from (1 + 1 GPUs used) and a fuller one (3 + 3): one
-    # GPU grows the fragment equally on both; the fuller node wins, so no bounce-back
-    e = PlacementExtender({"left": node("left", 1, 1), "full": node("full", 3, 3)}, lambda: W)
-    by = {h["Host"]: h["Score"] for h in e.prioritize(args(pod(1), ["left", "full"]))}
-    assert by == {"left": 1, "full": MAX_EXTENDER_PRIORITY}
+    # GPU ranks the same on both; the policy's tie rule (the first node, by name) picks one
+    e = PlacementExtender(
+        {"b-left": node("b-left", 1, 1), "a-full": node("a-full", 3, 3)}, lambda: W
+    )
+    by = {h["Host"]: h["Score"] for h in e.prioritize(args(pod(1), ["b-left", "a-full"]))}
+    assert by == {"a-full": MAX_EXTENDER_PRIORITY, "b-left": MAX_EXTENDER_PRIORITY - 1}
 
 
-def test_scores_scale_linearly() -> None:
-    got = scores(("a", "b", "c", "d"), {"a": -500.0, "b": 250.0, "c": 1000.0})
-    assert got == {"a": 10, "b": 5, "c": 1, "d": 0}  # 1 + round(4.5)
-    assert scores(("a", "b"), {"a": 3.0, "b": 3.0}) == {"a": 10, "b": 10}
-    assert scores(("a",), {}) == {"a": 0}
+def test_scores_agree_with_the_policys_choice() -> None:
+    models = {
+        n: node(n, u0, u1) for n, u0, u1 in [("a", 2, 1), ("b", 3, 0), ("c", 0, 0), ("d", 4, 3)]
+    }
+    e = PlacementExtender(models, lambda: W)
+    model = FragmentationModel(Snapshot(tuple(models[n] for n in sorted(models))))
+    for gpus in (1, 2, 4):
+        shape = Shape(cpu_milli=1000, gpus=gpus, gpu_milli=1000)
+        best = choose(model, shape, W)
+        by = {h["Host"]: h["Score"] for h in e.prioritize(args(pod(gpus), sorted(models)))}
+        top = [n for n, v in by.items() if v == MAX_EXTENDER_PRIORITY]
+        assert best is not None
+        assert top == [best.node], (gpus, by, best)
+
+
+def test_reserved_nodes_and_departures_keep_other_pods_off() -> None:
+    models = {"a": node("a", 0, 0), "b": node("b", 0, 0)}
+    big = {**pod(4, "big"), "metadata": {"name": "big", "namespace": "default", "uid": "u-b"}}
+    e = PlacementExtender(models, lambda: W)
+    e.advisor.reservations = lambda: {"a": "default/big"}
+    other = ext_filter(e, pod(1, "x"), ["a", "b"])
+    assert other["NodeNames"] == ["b"]
+    assert "reserved for pending pod default/big" in other["FailedNodes"]["a"]
+    assert ext_filter(e, big, ["a", "b"])["NodeNames"] == ["a", "b"]
+    prio = {h["Host"]: h["Score"] for h in e.prioritize(args(big, ["a", "b"]))}
+    assert prio["a"] == MAX_EXTENDER_PRIORITY
+    e.advisor.reservations = dict
+    p = pod(1, "web-2")
+    p["metadata"]["ownerReferences"] = [{"kind": "ReplicaSet", "name": "web", "controller": True}]
+    e.advisor.departures = lambda: {"default/ReplicaSet/web": "a"}
+    got = ext_filter(e, p, ["a", "b"])
+    assert got["NodeNames"] == ["b"]
+
+
+def ext_filter(e: PlacementExtender, p: dict[str, Any], names: list[str]) -> Any:
+    return e.filter(args(p, names))
 
 
 @pytest.mark.parametrize(
@@ -190,8 +227,9 @@ def test_models_are_rebuilt_only_when_a_node_changes() -> None:
 
 
 @pytest.mark.anyio
-async def test_served_by_the_health_server(ext: PlacementExtender) -> None:
-    server = HealthServer(CollectorRegistry(), lambda: (True, "ok"), extender=ext)
+async def test_served_by_the_extender_server(ext: PlacementExtender) -> None:
+    handler = ext.handler
+    server = ExtenderServer(lambda: handler, ExtenderOptions(port=0))
     port = await server.start()
     try:
         base = f"http://127.0.0.1:{port}/scheduler"
@@ -210,9 +248,12 @@ async def test_served_by_the_health_server(ext: PlacementExtender) -> None:
                 assert r.status == 200
                 assert (await r.json())["Error"]
             async with s.post(f"{base}/bind", data=b"{}") as r:
-                assert r.status in (404, 405)
+                assert r.status == 404
+            async with s.get(f"{base}/filter") as r:
+                assert r.status == 405
     finally:
         await server.stop()
+    # the metrics port does not answer the extender
     plain = HealthServer(CollectorRegistry(), lambda: (True, "ok"))
     port = await plain.start()
     try:
@@ -228,19 +269,24 @@ async def test_served_by_the_health_server(ext: PlacementExtender) -> None:
 async def test_pyctl_run_serves_the_extender_from_the_controllers_models() -> None:
     import socket
 
-    from pyctl.app.config import Config, MetricsSection
-    from pyctl.app.wiring import start_server
+    from pyctl.app.config import Config, ExtenderSection, MetricsSection
+    from pyctl.app.wiring import start_servers
     from pyctl.cluster.sim.scenario import inference_day
     from pyctl.cluster.sim.source import SimClusterSource
     from pyctl.controller.controller import Controller
     from pyctl.state.memory import MemoryStore
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        free = int(s.getsockname()[1])
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+
+    free, metrics_port = free_port(), free_port()
     ctl = Controller("sim", SimClusterSource(inference_day(), speed=None), MemoryStore())
-    server = await start_server(ctl, Config(metrics=MetricsSection(port=free)))
-    assert server is not None
+    cfg = Config(metrics=MetricsSection(port=metrics_port), extender=ExtenderSection(port=free))
+    servers = await start_servers(ctl, cfg)
+    assert servers.extender is not None
+    assert servers.health is not None
     try:
         await ctl.run(until_source_ends=True)
         names = sorted(ctl.reconciler.models)
@@ -252,10 +298,17 @@ async def test_pyctl_run_serves_the_extender_from_the_controllers_models() -> No
             url = f"http://127.0.0.1:{free}/scheduler/prioritize"
             async with s.post(url, json=args(pod(1), names)) as r:
                 ranked = await r.json()
+            url = f"http://127.0.0.1:{metrics_port}/metrics"
+            async with s.get(url) as r:
+                exposition = await r.text()
     finally:
-        await server.stop()
+        await servers.stop()
     assert got["Error"] == ""
     assert "not-a-node" in got["NodeNames"]
     assert set(got["NodeNames"]) | set(got["FailedNodes"]) == {*names, "not-a-node"}
     assert [h["Host"] for h in ranked] == names
     assert all(0 <= h["Score"] <= MAX_EXTENDER_PRIORITY for h in ranked)
+    # counted by verb and outcome on the controller's registry
+    for verb in ("filter", "prioritize"):
+        line = f'pyctl_extender_requests_total{{cluster="default",outcome="ok",verb="{verb}"}} 1.0'
+        assert line in exposition

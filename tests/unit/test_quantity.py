@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import pytest
 
-from pyctl.cluster.kube.quantity import QuantityError, count, cpu_milli, memory_mib, parse_quantity
+from pyctl.cluster.quantity import QuantityError, count, cpu_milli, memory_mib, parse_quantity
 
 
 @pytest.mark.parametrize(

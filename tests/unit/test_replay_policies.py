@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from pyctl import _core
+from pyctl.core.types import ReplayRaw
 from pyctl.replay.trace import RunResult
 
 
@@ -33,9 +34,7 @@ def tasks(*specs: tuple[int, int, int]) -> dict[str, list[Any]]:
 WHOLE = [{"cpu_milli": 1000, "gpus": 1, "gpu_milli": 1000, "weight": 1.0}]
 
 
-def play(
-    n: dict[str, list[Any]], t: dict[str, list[Any]], policy: str, **kw: Any
-) -> dict[str, Any]:
+def play(n: dict[str, list[Any]], t: dict[str, list[Any]], policy: str, **kw: Any) -> ReplayRaw:
     kw.setdefault("shapes", WHOLE)
     shapes = kw.pop("shapes")
     return _core.replay_run(

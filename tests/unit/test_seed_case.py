@@ -22,11 +22,12 @@ def test_exclusive_mode_gives_every_replica_a_whole_gpu() -> None:
     assert r.compute_util_pct == r.compute_util_busy_pct
 
 
-def _layouts_valid(cl: sc.MigCluster) -> None:
-    for node in cl.gpus:
-        for g in node:
-            names = [f"{i.profile}@{i.start}" for i in g]
-            assert mig.validate(sc.GPU_MODEL, names), names
+def _layouts_valid(run: sc.CaseRun) -> None:
+    for node in run.cluster.current_nodes():
+        for z in node.zones:
+            for g in z.mig:
+                names = [f"{i.profile}@{i.start}" for i in g.instances]
+                assert mig.validate(sc.GPU_MODEL, names), names
 
 
 def test_mig_mode_repartitions_and_places_everything() -> None:
@@ -42,14 +43,22 @@ def test_mig_mode_repartitions_and_places_everything() -> None:
 
 def test_mig_state_stays_valid_and_consistent() -> None:
     c = sc.Case()
-    cl = sc.MigCluster(c)
+    run = sc.CaseRun(c, 43, "mig")
     for pod, k in sc.arrivals(c, 43):
-        if not cl.place(pod, k):
-            assert cl.repartition(k.profile, 0)[0]
-            assert cl.place(pod, k)
-    _layouts_valid(cl)
-    pods = [i.pod for node in cl.gpus for g in node for i in g if i.pod]
-    assert sorted(pods) == sorted(cl.where)
+        if not run.place(pod, k):
+            assert run.repartition(k, 0) or run.repartition(k, c.move_budget)
+            assert run.place(pod, k)
+    _layouts_valid(run)
+    holders = [
+        i.pod
+        for node in run.cluster.current_nodes()
+        for z in node.zones
+        for g in z.mig
+        for i in g.instances
+        if i.used
+    ]
+    assert sorted(holders) == sorted(run.kind)
+    assert all(p is not None for p in holders)
 
 
 def test_compaction_moves_replicas_to_free_a_whole_gpu() -> None:
@@ -57,21 +66,23 @@ def test_compaction_moves_replicas_to_free_a_whole_gpu() -> None:
     # would leave them): a GPT-2 replica needs a whole GPU, which only moving replicas frees.
     c = sc.Case(gpu_nodes=1, gpus_per_node=2, cpu_nodes=0, move_budget=2)
     bert = c.kinds[0]
-    cl = sc.MigCluster(c)
+    run = sc.CaseRun(c, 42, "mig")
+    cl = run.cluster
     for g, s in ((0, 0), (1, 0), (1, 3)):
-        pod = f"bert-{g}-{s}"
-        cl.gpus[0][g][s].pod = pod
-        cl.where[pod] = (0, bert)
-        cl.host.take(0, bert)
-    assert cl.repartition(sc.WHOLE, 0) == (False, 0, 0)  # no free whole GPU without moves
-    served, applied, evicted = cl.repartition(sc.WHOLE, 2)
-    assert served
-    assert applied == 1
-    assert evicted == 1
-    assert cl.place("gpt-2-0", c.kinds[2])
-    _layouts_valid(cl)
-    assert len(cl.where) == 4
-    assert {n for n, _ in cl.where.values()} == {0}
+        pod = sc.SimPod(f"bert-{g}-{s}", sc._shape(bert, "mig"))
+        pod.node, pod.assignment = "a100-0", {"mig": (0, g, s)}
+        cl.pods[pod.name] = pod
+        cl._apply("a100-0", pod.assignment, True)
+        run.kind[pod.name] = bert
+    gpt = c.kinds[2]
+    assert not run.place("gpt-2-0", gpt)
+    assert not run.repartition(gpt, 0)  # no free whole GPU without moves
+    assert run.repartition(gpt, 2)
+    assert (run.repartitions, run.evictions) == (1, 1)
+    assert run.place("gpt-2-0", gpt)
+    _layouts_valid(run)
+    assert len(run.kind) == 4
+    assert {cl.pods[p].node for p in run.kind} == {"a100-0"}
 
 
 def test_table_has_the_article_rows() -> None:

@@ -27,7 +27,7 @@ def machines(draw: st.DrawFn) -> tuple[list[int], dict[int, list[int]]]:
 @st.composite
 def cases(draw: st.DrawFn) -> dict[str, Any]:
     nodes, distances = draw(machines())
-    affinity = st.one_of(
+    affinity: st.SearchStrategy[list[int] | None] = st.one_of(
         st.none(),
         st.just([]),
         st.lists(st.sampled_from(nodes), min_size=1, max_size=len(nodes), unique=True),
@@ -72,7 +72,7 @@ def test_rust_agrees_with_the_reference(case: dict[str, Any]) -> None:
 @given(cases(), st.randoms(use_true_random=False))
 def test_order_does_not_matter(case: dict[str, Any], rnd: random.Random) -> None:
     want = _rust(case)
-    providers = []
+    providers: list[dict[str, Any] | None] = []
     for p in case["providers"]:
         if p is None:
             providers.append(None)

@@ -27,7 +27,8 @@ def anyio_backend() -> str:
 
 @dataclass
 class FakeCluster:
-    """Pods the actuator can evict (standing in for the API server in unit tests)."""
+    """Pods the actuator can evict (standing in for the API server in unit tests); the MIG
+    mutations are not used here (no-ops)."""
 
     pods: dict[str, PodRecord] = field(default_factory=dict)
     evictions: list[str] = field(default_factory=list)
@@ -58,6 +59,17 @@ class FakeCluster:
         warning: bool = False,
     ) -> None:
         self.events.append((f"{namespace}/{name}", uid))
+
+    async def taint(
+        self, node: str, key: str, effect: str = "NoSchedule", *, value: str = "", on: bool = True
+    ) -> bool:
+        return False
+
+    async def read_configmap(self, namespace: str, name: str) -> dict[str, str] | None:
+        return None
+
+    async def apply_configmap(self, namespace: str, name: str, data: Mapping[str, str]) -> None:
+        pass
 
 
 LOOSE = global_only(100, 100.0)

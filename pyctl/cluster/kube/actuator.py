@@ -148,6 +148,39 @@ class KubeActuator:
             )
         resp.check()
 
+    # -- DRA device taints -------------------------------------------------------------------------
+
+    _DTR = "/apis/resource.k8s.io/v1/devicetaintrules"
+
+    async def device_taint_rules(self) -> dict[str, dict[str, object]] | None:
+        """pyctl's DeviceTaintRules by name; None where the API server does not serve them
+        (discovery of resource.k8s.io/v1)."""
+        disc = await self.kube.request("GET", "/apis/resource.k8s.io/v1")
+        if disc.status == 404:
+            return None
+        served = disc.check().json().get("resources") or []
+        if not any(r.get("name") == "devicetaintrules" for r in served):
+            return None
+        resp = await self.kube.request(
+            "GET", self._DTR, query=[("labelSelector", "app.kubernetes.io/managed-by=pyctl")]
+        )
+        items = resp.check().json().get("items") or []
+        return {i["metadata"]["name"]: i for i in items}
+
+    async def put_device_taint_rule(self, manifest: Mapping[str, object], on: bool) -> None:
+        meta = manifest.get("metadata")
+        name = meta.get("name") if isinstance(meta, Mapping) else None
+        if not isinstance(name, str) or not name:
+            raise ValueError("DeviceTaintRule without metadata.name")
+        if on:
+            resp = await self.kube.request("POST", self._DTR, body=dict(manifest))
+            if resp.status != 409:  # 409: it exists already
+                resp.check()
+            return
+        resp = await self.kube.request("DELETE", f"{self._DTR}/{path_part(name)}")
+        if resp.status != 404:
+            resp.check()
+
     # -- eviction ----------------------------------------------------------------------------------
 
     async def try_evict(self, namespace: str, pod: str, uid: str = "") -> EvictionOutcome:

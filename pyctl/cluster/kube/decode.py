@@ -21,6 +21,7 @@ from typing import Any, Final, TypeVar
 
 import msgspec
 
+from pyctl.cluster import quantity as q
 from pyctl.cluster.bounds import (
     MAX_CPU_MILLI,
     MAX_GPUS_PER_POD,
@@ -29,8 +30,15 @@ from pyctl.cluster.bounds import (
     MAX_TEXT_CHARS,
     BoundsError,
 )
-from pyctl.cluster.kube import quantity as q
-from pyctl.cluster.kube import wire
+from pyctl.cluster.kube import dra_decode, dra_wire, wire
+from pyctl.cluster.kube.sharing import (
+    HAMI_ALLOCATED,
+    HAMI_SCHEDULER,
+    SHARED,
+    SharingError,
+    node_sharing,
+    pod_sharing,
+)
 from pyctl.cluster.records import (
     Constraints,
     Kind,
@@ -169,11 +177,16 @@ def node_record(n: wire.Node) -> NodeRecord:
             taints=tuple(Taint(t.key, t.value, t.effect) for t in n.spec.taints),
             ready=all(c.status == "True" for c in n.status.conditions if c.type == "Ready"),
             labels=tuple(sorted(labels.items())),
+            sharing=node_sharing(
+                labels, meta.annotations, {SHARED: _count(alloc[SHARED])} if SHARED in alloc else {}
+            ),
         )
     except q.QuantityError as e:
         raise DecodeError(
             f"{_where('node', meta)}: {e}", "bad_quantity", _ref("Node", meta)
         ) from None
+    except SharingError as e:
+        raise DecodeError(f"{_where('node', meta)}: {e}", "malformed", _ref("Node", meta)) from None
     return _check(rec, "Node", meta)
 
 
@@ -248,6 +261,20 @@ def pod_record(p: wire.Pod) -> PodRecord:
                 (k[len(MIG_PREFIX) :], v) for k, v in req.items() if k.startswith(MIG_PREFIX) and v
             )
         )
+    sharing = None
+    if (
+        (req and not req.keys() <= _PLAIN)
+        or spec.schedulerName == HAMI_SCHEDULER
+        or (annotations and HAMI_ALLOCATED in annotations)
+    ):
+        try:
+            sharing = pod_sharing(
+                req, annotations, spec.schedulerName, len(spec.initContainers), req.get(GPU, 0)
+            )
+        except SharingError as e:
+            raise DecodeError(
+                f"{_where('pod', meta)}: {e}", "malformed", _ref("Pod", meta)
+            ) from None
     local = pvc = False
     for vol in spec.volumes:
         if vol.emptyDir is not None or vol.hostPath is not None:
@@ -281,6 +308,9 @@ def pod_record(p: wire.Pod) -> PodRecord:
         _timestamp(meta.creationTimestamp),
         "" if spec.schedulerName in ("", DEFAULT_SCHEDULER) else spec.schedulerName,
         _constraints(spec) if _has_constraints(spec) else None,
+        dra_decode.pod_claims(p) if spec.resourceClaims else (),
+        ext.resourceClaimName if (ext := p.status.extendedResourceClaimStatus) else "",
+        sharing,
     )
     # the wire types bound every list and string; what is left are the amounts (a fast path,
     # since this runs for every pod event: the full check only when one is out of bounds)
@@ -419,7 +449,7 @@ def nrt_record(t: wire.Nrt) -> NrtRecord:
     for z in t.zones:
         if z.type != "Node":
             continue
-        cpu = cpu_av = mem = mem_av = gpus = gpus_av = 0
+        cpu = cpu_av = mem = mem_av = gpus = gpus_av = shared = shared_av = 0
         mig = []
         for r in z.resources:
             total = r.allocatable if r.allocatable is not None else r.capacity
@@ -431,6 +461,8 @@ def nrt_record(t: wire.Nrt) -> NrtRecord:
                     mem, mem_av = _mem(total, False), _mem(avail, False)
                 elif r.name == GPU:
                     gpus, gpus_av = _count(total), _count(avail)
+                elif r.name == SHARED:
+                    shared, shared_av = _count(total), _count(avail)
                 elif r.name.startswith(MIG_PREFIX):
                     mig.append((r.name[len(MIG_PREFIX) :], _count(total), _count(avail)))
             except q.QuantityError as e:
@@ -447,6 +479,8 @@ def nrt_record(t: wire.Nrt) -> NrtRecord:
                 gpus,
                 gpus_av,
                 tuple(sorted(mig)),
+                shared,
+                shared_av,
             )
         )
     rec = NrtRecord(meta.name, meta.resourceVersion, policy, scope[:MAX_TEXT_CHARS], tuple(zones))
@@ -458,12 +492,20 @@ _WIRE: Final[dict[str, type[Any]]] = {
     "Pod": wire.Pod,
     "PodDisruptionBudget": wire.Pdb,
     "NodeResourceTopology": wire.Nrt,
+    "DeviceClass": dra_wire.DeviceClass,
+    "ResourceSlice": dra_wire.ResourceSlice,
+    "ResourceClaim": dra_wire.ResourceClaim,
+    "ResourceClaimTemplate": dra_wire.ResourceClaimTemplate,
 }
 _TO_RECORD: Final[dict[str, Any]] = {
     "Node": node_record,
     "Pod": pod_record,
     "PodDisruptionBudget": pdb_record,
     "NodeResourceTopology": nrt_record,
+    "DeviceClass": dra_decode.device_class_record,
+    "ResourceSlice": dra_decode.slice_record,
+    "ResourceClaim": dra_decode.claim_record,
+    "ResourceClaimTemplate": dra_decode.claim_template_record,
 }
 _DECODERS: Final = {k: msgspec.json.Decoder(v) for k, v in _WIRE.items()}
 _LINE: Final = msgspec.json.Decoder(wire.WatchLine)
@@ -526,7 +568,12 @@ def decode_object(kind: Kind, data: bytes | Mapping[str, Any]) -> Record:
         raise DecodeError(f"{kind}: not UTF-8 (byte {e.start})", ref=_ident(kind, data)) from None
     except RecursionError:
         raise DecodeError(f"{kind}: JSON nested too deeply", ref=_ident(kind, data)) from None
-    rec: Record = _TO_RECORD[kind](obj)
+    try:
+        rec: Record = _TO_RECORD[kind](obj)
+    except dra_decode.DraDecodeError as e:
+        # beyond a limit of k8s.io/api/resource/v1 (bounds.DRA_BOUNDS), or a value pyctl cannot read
+        reason = "out_of_bounds" if "more than the limit" in str(e) else "malformed"
+        raise DecodeError(str(e), reason, _ident(kind, data)) from None
     return rec
 
 

@@ -73,6 +73,24 @@ RESOURCES: Final[Mapping[Kind, Resource]] = {
         namespaced=False,
         optional=True,
     ),
+    # Dynamic Resource Allocation: GA (resource.k8s.io/v1) since Kubernetes 1.34, watched where
+    # the API server serves it
+    "DeviceClass": Resource(
+        "DeviceClass", "resource.k8s.io/v1", "deviceclasses", namespaced=False, optional=True
+    ),
+    "ResourceSlice": Resource(
+        "ResourceSlice", "resource.k8s.io/v1", "resourceslices", namespaced=False, optional=True
+    ),
+    "ResourceClaim": Resource(
+        "ResourceClaim", "resource.k8s.io/v1", "resourceclaims", namespaced=True, optional=True
+    ),
+    "ResourceClaimTemplate": Resource(
+        "ResourceClaimTemplate",
+        "resource.k8s.io/v1",
+        "resourceclaimtemplates",
+        namespaced=True,
+        optional=True,
+    ),
 }
 
 

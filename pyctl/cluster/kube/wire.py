@@ -28,6 +28,7 @@ class OwnerRef(msgspec.Struct):
     kind: Text = ""
     name: Name = ""
     controller: bool = False
+    uid: str = ""
 
 
 class Meta(msgspec.Struct):
@@ -157,6 +158,23 @@ class Volume(msgspec.Struct):
     ephemeral: Present | None = None
 
 
+class PodResourceClaim(msgspec.Struct):
+    """spec.resourceClaims[] (DRA)."""
+
+    name: Name = ""
+    resourceClaimName: Name | None = None
+    resourceClaimTemplateName: Name | None = None
+
+
+class PodResourceClaimStatus(msgspec.Struct):
+    name: Name = ""
+    resourceClaimName: Name | None = None
+
+
+class PodExtendedResourceClaimStatus(msgspec.Struct):
+    resourceClaimName: Name = ""
+
+
 class PodSpec(msgspec.Struct):
     nodeName: Name = ""
     containers: Annotated[list[Container], ITEMS] = []
@@ -169,11 +187,14 @@ class PodSpec(msgspec.Struct):
     affinity: Affinity | None = None
     tolerations: Annotated[list[Toleration], ITEMS] = []
     topologySpreadConstraints: Annotated[list[TopologySpreadConstraint], ITEMS] = []
+    resourceClaims: Annotated[list[PodResourceClaim], ITEMS] = []
 
 
 class PodStatus(msgspec.Struct):
     phase: Text = ""
     conditions: Annotated[list[Condition], ITEMS] = []
+    resourceClaimStatuses: Annotated[list[PodResourceClaimStatus], ITEMS] = []
+    extendedResourceClaimStatus: PodExtendedResourceClaimStatus | None = None
 
 
 class Pod(msgspec.Struct):

@@ -69,6 +69,13 @@ class SimActuator:
             out.append(layout)
         return out
 
+    async def device_taint_rules(self) -> dict[str, dict[str, object]] | None:
+        """The simulated cluster has no DRA driver: no DeviceTaintRules."""
+        return None
+
+    async def put_device_taint_rule(self, manifest: Mapping[str, object], on: bool) -> None:
+        self.calls.append(("put_device_taint_rule", (dict(manifest), on)))
+
     async def taint(
         self, node: str, key: str, effect: str = "NoSchedule", *, value: str = "", on: bool = True
     ) -> bool:

@@ -1,18 +1,43 @@
 """The simulated cluster's truth: which pod sits where (zones, GPUs, MIG instances), with a
-NUMA-aware scheduler that binds a pod only where the kubelet would admit it (the core's
-placement), preferring the least allocated node as kube-scheduler's default scoring does.
+scheduler that behaves as kube-scheduler does here: it binds a pod only where the kubelet would
+admit it, scores nodes with the default plugins that tell nodes apart by their resources
+(NodeResourcesFit LeastAllocated and BalancedAllocation, `pyctl.core.policy.kube_default_scores`)
+and, when one is configured, a scheduler extender at the weight of deploy/scheduler (pyctl's
+advice, `extender`); ties are drawn at random (seeded). The GPUs a pod gets on its node are those
+pyctl's policy picks there (the device plugin's own choice is not modelled).
 Its state is published as the records a real cluster would show (Node, NodeResourceTopology as
 the NFD topology-updater writes it, Pod)."""
 
 from __future__ import annotations
 
 import heapq
+import random
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pyctl.cluster.records import NodeRecord, NrtRecord, PodRecord, Taint, ZoneRecord
+from pyctl.cluster.records import (
+    NodeRecord,
+    NodeSharing,
+    NrtRecord,
+    PodRecord,
+    PodSharing,
+    Taint,
+    ZoneRecord,
+)
 from pyctl.core.fragmentation import FragmentationModel
-from pyctl.model import Node, Shape, Snapshot, Workload
+from pyctl.core.policy import (
+    EXTENDER_WEIGHT,
+    MAX_EXTENDER_PRIORITY,
+    kube_default_scores,
+    rank,
+)
+from pyctl.model import Gpu, MigGpu, MigInstance, Node, Shape, Snapshot, Workload
+
+#: (pod, candidate nodes) -> (nodes filtered out with why, scores 0..MAX_EXTENDER_PRIORITY)
+Extender = Callable[[PodRecord, tuple[str, ...]], tuple[Mapping[str, str], Mapping[str, int]]]
+#: an extender score's weight in the total: MaxNodeScore / MaxExtenderPriority x its weight
+EXTENDER_SCALE = 100 // MAX_EXTENDER_PRIORITY * EXTENDER_WEIGHT
 
 
 @dataclass
@@ -34,6 +59,11 @@ class SimPod:
     node: str = ""
     assignment: dict[str, Any] | None = None
     unschedulable: bool = False
+    #: the replica it is an incarnation of (its first pod's name; evictions make new pods)
+    root: str = ""
+
+    def __post_init__(self) -> None:
+        self.root = self.root or self.name
 
 
 @dataclass
@@ -43,8 +73,10 @@ class SimCluster:
     namespace: str = "inference"
     pods: dict[str, SimPod] = field(default_factory=dict)
     pending: list[str] = field(default_factory=list)
-    #: pyctl's placement advice (scheduler extender): prefer the node whose fragment grows least
-    advice: bool = False
+    #: a scheduler extender (pyctl's placement advice, wired in enforce mode): (pod, candidate
+    #: nodes) -> (nodes it filters out, scores 0..10)
+    extender: Extender | None = None
+    seed: int = 0
     _rv: int = 0
     #: MIG reconfiguration: node -> (nvidia.com/mig.config, nvidia.com/mig.config.state)
     mig_labels: dict[str, tuple[str, str]] = field(default_factory=dict)
@@ -53,6 +85,7 @@ class SimCluster:
     cordoned: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
         self.model = FragmentationModel(Snapshot(self.nodes))
         self.zones: dict[str, list[_ZoneState]] = {
             n.name: [
@@ -89,13 +122,20 @@ class SimCluster:
                 for i in m.instances:
                     mig[i.profile] = mig.get(i.profile, 0) + 1
         gpus = sum(len(z.gpus) for z in n.zones)
+        # a time-sliced node as the device plugin (renameByDefault) and GFD show it
+        shared = n.gpu_replicas > 1 and n.gpu_pool == "nvidia.com/gpu.shared"
         return NodeRecord(
             name=n.name,
             resource_version=self.rv(),
             gpu_model=n.gpu_model,
             cpu_milli=sum(z.cpu_milli for z in n.zones),
             memory_mib=sum(z.memory_mib for z in n.zones),
-            gpus=gpus,
+            gpus=0 if shared else gpus,
+            sharing=NodeSharing(
+                "time-slicing", n.gpu_replicas, gpus * n.gpu_replicas, n.gpu_memory_mib
+            )
+            if shared
+            else None,
             mig=tuple(sorted(mig.items())),
             gpu_count_label=gpus + mig_gpus,
             mig_strategy="mixed" if mig else "",
@@ -116,6 +156,14 @@ class SimCluster:
                     a = mig.setdefault(prof, [0, 0])
                     a[0] += 1
                     a[1] += 0 if used else 1
+            n = self.by_name[name]
+            if n.gpu_replicas > 1:  # time-sliced: the zone's replicas of nvidia.com/gpu.shared
+                unit = 1000 // n.gpu_replicas
+                replicas = (len(z.gpu_free) * n.gpu_replicas, sum(f // unit for f in z.gpu_free))
+                zones.append(
+                    ZoneRecord(z.numa, z.cpu, z.cpu_free, z.mem, z.mem_free, 0, 0, (), *replicas)
+                )
+                continue
             zones.append(
                 ZoneRecord(
                     z.numa,
@@ -143,46 +191,60 @@ class SimCluster:
             phase="Running" if p.node else "Pending",
             cpu_milli=s.cpu_milli,
             memory_mib=s.memory_mib,
-            gpus=s.gpus,
+            gpus=0 if s.gpu_pool else s.gpus,
             mig=((s.mig_profile, 1),) if s.mig_profile else (),
+            # a replica of the time-sliced pool asks nvidia.com/gpu.shared
+            sharing=PodSharing(shared=s.gpus) if s.gpu_pool else None,
             owner_kind="ReplicaSet",
             owner_name=p.name.rsplit("-", 1)[0],
             labels=(("app", p.name.rsplit("-", 1)[0]),),
             unschedulable=p.unschedulable,
-            unschedulable_message="0/24 nodes are available: no NUMA-aligned placement"
-            if p.unschedulable
-            else "",
+            unschedulable_message=(
+                f"0/{len(self.nodes)} nodes are available: no NUMA-aligned placement"
+                if p.unschedulable
+                else ""
+            ),
         )
 
     # -- placement ------------------------------------------------------------------------
-    def _free_score(self, name: str, shape: Shape) -> tuple[float, str]:
+    def _default_score(self, name: str, shape: Shape) -> int:
         zs = self.zones[name]
-        if shape.gpus or shape.mig_profile:
-            free = sum(sum(z.gpu_free) for z in zs) / 1000 + sum(
-                1 for z in zs for g in z.mig for _, used in g if not used
-            )
-        else:
-            free = sum(z.cpu_free for z in zs) / 1000
-        return (-free, name)
+        return kube_default_scores(
+            sum(z.cpu for z in zs),
+            sum(z.cpu_free for z in zs),
+            sum(z.mem for z in zs),
+            sum(z.mem_free for z in zs),
+            shape.cpu_milli,
+            shape.memory_mib,
+        )
 
     def schedule(self, pod: SimPod, only: str | None = None) -> bool:
-        """Bind `pod` to the least allocated node whose kubelet would admit it (or only `only`)."""
-        best: tuple[tuple[float, str], str, dict[str, Any]] | None = None
-        for n in self.nodes if only is None else (self.by_name[only],):
-            if n.name in self.cordoned or self.taints.get(n.name):
-                continue
-            d = self.model.place_delta(n.name, pod.shape, self.workload)
-            if d is None:
-                continue
-            key = self._free_score(n.name, pod.shape)
-            if self.advice:
-                key = (d.fragment_gpu_milli + d.fragment_mig_slices, *key)  # type: ignore[assignment]
-            if best is None or key < best[0]:
-                best = (key, n.name, d.assignment)
-        if best is None:
+        """Bind `pod` as the scheduler would (on `only`, when given), or mark it unschedulable."""
+        names = [
+            n.name
+            for n in (self.nodes if only is None else (self.by_name[only],))
+            if n.name not in self.cordoned and not self.taints.get(n.name)
+        ]
+        feasible = {
+            r.node: r for r in rank(self.model, pod.shape, self.workload, names) if r is not None
+        }
+        scores: Mapping[str, int] = {}
+        if feasible and self.extender is not None:
+            failed, scores = self.extender(self.pod_record(pod), tuple(feasible))
+            feasible = {n: r for n, r in feasible.items() if n not in failed}
+        best: list[str] = []
+        top = -1
+        for name in feasible:
+            total = self._default_score(name, pod.shape) + scores.get(name, 0) * EXTENDER_SCALE
+            if total > top:
+                best, top = [name], total
+            elif total == top:
+                best.append(name)
+        if not best:
             pod.unschedulable = True
             return False
-        _, name, assignment = best
+        name = best[0] if len(best) == 1 else self.rng.choice(best)
+        assignment = dict(feasible[name].assignment)
         self._apply(name, assignment, True)
         pod.node, pod.assignment, pod.unschedulable = name, assignment, False
         return True
@@ -208,6 +270,47 @@ class SimCluster:
         pod.node, pod.assignment = "", None
         return node
 
+    def current_nodes(self) -> tuple[Node, ...]:
+        """The nodes as the model sees them now, usage included (MIG instances name the pod
+        that holds them)."""
+        holder: dict[tuple[str, int, int, int], str] = {}
+        for p in self.pods.values():
+            if p.node and p.assignment is not None and p.assignment.get("mig"):
+                zi, mi, ii = p.assignment["mig"]
+                holder[(p.node, zi, mi, ii)] = p.name
+        out = []
+        for n in self.nodes:
+            zones = []
+            for zi, (z, st) in enumerate(zip(n.zones, self.zones[n.name], strict=True)):
+                gpus = tuple(
+                    Gpu(g.id, 1000 - free) for g, free in zip(z.gpus, st.gpu_free, strict=True)
+                )
+                migs = tuple(
+                    MigGpu(
+                        m.gpu,
+                        tuple(
+                            MigInstance(
+                                i.profile, i.start, bool(used), holder.get((n.name, zi, mi, ii))
+                            )
+                            for ii, (i, (_, used)) in enumerate(
+                                zip(m.instances, st.mig[mi], strict=True)
+                            )
+                        ),
+                    )
+                    for mi, m in enumerate(z.mig)
+                )
+                zones.append(
+                    replace(
+                        z,
+                        cpu_milli_used=st.cpu - st.cpu_free,
+                        memory_mib_used=st.mem - st.mem_free,
+                        gpus=gpus,
+                        mig=migs,
+                    )
+                )
+            out.append(replace(n, zones=tuple(zones)))
+        return tuple(out)
+
     # -- MIG reconfiguration (mig-parted apply, as the simulated mig-manager does it) -----------
     def reconfigure_mig(self, name: str, layouts: list[dict[str, int] | None]) -> bool:
         """Re-partition the node's MIG GPUs (in zone order; None: unchanged). A GPU whose layout
@@ -215,7 +318,6 @@ class SimCluster:
         changes, if an instance of it is in use ("In use by another client") or the layout does
         not fit."""
         from pyctl.core import mig as mig_mod
-        from pyctl.model import MigGpu, MigInstance
 
         n = self.by_name[name]
         zs = self.zones[name]

@@ -2,8 +2,10 @@
 
 The built-in scenario is an inference pool over one working day: 8-GPU H100 nodes under
 `single-numa-node`, A100 nodes with half their GPUs in MIG mode (1g.5gb) under `restricted`, L40S
-nodes without NUMA policy, and CPU nodes; replicas of LLMs (1, 2 and 4 GPUs), MIG-sized models and
-CPU-only services arrive as a Poisson stream whose rate follows the day, and live for an
+nodes without NUMA policy, A10G nodes whose GPUs are time-sliced four ways (the NVIDIA device
+plugin's `sharing.timeSlicing` with `renameByDefault`: `nvidia.com/gpu.shared`), and CPU nodes;
+replicas of LLMs (1, 2 and 4 GPUs), MIG-sized models, small models asking one time-sliced replica
+and CPU-only services arrive as a Poisson stream whose rate follows the day, and live for an
 exponential time. Deterministic for a seed.
 """
 
@@ -14,6 +16,10 @@ import random
 from dataclasses import dataclass
 
 from pyctl.model import Gpu, MigGpu, MigInstance, Node, Shape, Zone
+
+#: the time-sliced pool: replicas per GPU, and the resource they are advertised as
+TIME_SLICES = 4
+SHARED = "nvidia.com/gpu.shared"
 
 
 @dataclass(frozen=True)
@@ -80,6 +86,18 @@ def _nodes() -> tuple[Node, ...]:
                 f"l40s-{i:02d}", "L40S", "none", zones=(_zone(0, 64000, 512 * 1024, [0, 1, 2, 3]),)
             )
         )
+    for i in range(2):
+        nodes.append(
+            Node(
+                f"a10g-ts-{i:02d}",
+                "NVIDIA-A10G",
+                "none",
+                zones=(_zone(0, 48000, 192 * 1024, [0, 1, 2, 3]),),
+                gpu_pool=SHARED,
+                gpu_replicas=TIME_SLICES,
+                gpu_memory_mib=23028,
+            )
+        )
     for i in range(4):
         nodes.append(Node(f"cpu-{i:02d}", "", "none", zones=(_zone(0, 96000, 384 * 1024, []),)))
     return tuple(nodes)
@@ -124,6 +142,19 @@ REPLICAS: tuple[Replica, ...] = (
         2400,
     ),
     Replica("gateway", Shape(cpu_milli=4000, memory_mib=8 * 1024), 0.22, 3000),
+    # small models on the time-sliced pool: one replica (a quarter of an A10G) each
+    Replica(
+        "qwen-1.5b",
+        Shape(cpu_milli=2000, memory_mib=8 * 1024, gpus=1, gpu_milli=0, gpu_pool=SHARED),
+        0.14,
+        3600,
+    ),
+    Replica(
+        "bge-embed",
+        Shape(cpu_milli=1000, memory_mib=4 * 1024, gpus=1, gpu_milli=0, gpu_pool=SHARED),
+        0.08,
+        3600,
+    ),
 )
 
 

@@ -1,17 +1,25 @@
-"""`SimClusterSource`: plays a scenario in (compressed) virtual time and hands the records a real
-cluster would show to the controller, through the same `EventSink` as the Kubernetes adapter."""
+"""`SimClusterSource`: plays a scenario in virtual time and hands the records a real cluster would
+show to the controller, through the same `EventSink` as the Kubernetes adapter.
+
+Virtual time is the scenario's; `speed` only paces it against the wall clock. With a `Lockstep`,
+the controller is the only other party and follows virtual time too: after every change the
+source waits until the controller has taken it in (`settle`), and every `every` virtual seconds it
+lets the controller act (`tick`: its planning rounds and workflow steps, on the virtual clock
+`now`). A run is then the same at any speed. A `Recorder` measures the run on the cluster's own
+state (pyctl/cluster/sim/record.py)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 import anyio
 import anyio.lowlevel
 
-from pyctl.cluster.records import Event, Kind, Record
+from pyctl.cluster.records import DRA_KINDS, Event, Kind, Record
 from pyctl.cluster.sim.cluster import Clock, SimCluster, SimPod
+from pyctl.cluster.sim.record import Recorder
 from pyctl.cluster.sim.scenario import Scenario
 from pyctl.cluster.source import EventSink
 from pyctl.model import Workload
@@ -28,6 +36,21 @@ class SimStats:
     done: bool = False
 
 
+#: the virtual clock's origin (2026-01-01T00:00:00Z, epoch seconds)
+EPOCH = 1_767_225_600.0
+
+
+@dataclass
+class Lockstep:
+    """The controller in virtual time: `settle` returns once it has taken in every change
+    published so far; `tick(now)` runs its planning rounds and workflow steps at virtual time
+    `now`, every `every` virtual seconds."""
+
+    settle: Callable[[], Awaitable[None]]
+    tick: Callable[[float], Awaitable[None]]
+    every: float = 30.0
+
+
 @dataclass
 class SimClusterSource:
     scenario: Scenario
@@ -37,14 +60,37 @@ class SimClusterSource:
     name: str = "sim"
     stats: SimStats = field(default_factory=SimStats)
     on_tick: Callable[[SimStats], None] | None = None
+    lockstep: Lockstep | None = None
 
     def __post_init__(self) -> None:
         w = Workload(tuple(replace(r.shape, weight=r.share) for r in self.scenario.replicas))
         self.cluster = SimCluster(self.scenario.nodes, w)
+        self.recorder = Recorder(self.cluster)
         self._sink: EventSink | None = None
         #: original pod name -> the name of its current incarnation (after evictions)
         self._alias: dict[str, str] = {}
         self.evicted = 0
+        #: virtual seconds before the current loop of the scenario (`forever`)
+        self._offset = 0.0
+
+    def now(self) -> float:
+        """The virtual clock (epoch seconds): what the controller's clocks read in lockstep."""
+        return EPOCH + self._offset + self.stats.virtual_time
+
+    def _vt(self) -> float:
+        """Virtual seconds since the start of the run."""
+        return self._offset + self.stats.virtual_time
+
+    async def _publish_events(self, events: list[Event], rvs: dict[Kind, str]) -> None:
+        """Hand a change to the controller; in lockstep, wait until it has taken it in; then
+        measure the cluster as the change left it."""
+        if self._sink is None:
+            return
+        self.stats.events += len(events)
+        await self._sink.apply(events, rvs)
+        if self.lockstep is not None:
+            await self.lockstep.settle()
+        self.recorder.observe(self._vt())
 
     async def evict(self, namespace: str, name: str) -> bool:
         """The Eviction API on the simulated cluster: the pod goes, its ReplicaSet creates a
@@ -57,9 +103,10 @@ class SimClusterSource:
         del c.pods[name]
         self.evicted += 1
         root = next((k for k, v in self._alias.items() if v == name), name)
-        new = SimPod(f"{root}-m{self.evicted}", pod.shape)
+        new = SimPod(f"{root}-m{self.evicted}", pod.shape, root=pod.root)
         c.pods[new.name] = new
         self._alias[root] = new.name
+        self.recorder.evicted(self._vt())
         now = time.monotonic()
         events = [
             Event("DELETED", c.pod_record(pod), now),
@@ -73,8 +120,7 @@ class SimClusterSource:
         else:
             c.pending.append(new.name)
             events.append(Event("ADDED", c.pod_record(new), now))
-        self.stats.events += len(events)
-        await self._sink.apply(events, {"Pod": c.rv(), "NodeResourceTopology": c.rv()})
+        await self._publish_events(events, {"Pod": c.rv(), "NodeResourceTopology": c.rv()})
         return True
 
     async def run(self, sink: EventSink) -> None:
@@ -84,13 +130,20 @@ class SimClusterSource:
         await sink.replace("Node", [c.node_record(n) for n in c.nodes], rv())
         await sink.replace("NodeResourceTopology", [c.nrt_record(n.name) for n in c.nodes], rv())
         await sink.replace("PodDisruptionBudget", [], rv())
+        for kind in DRA_KINDS:  # the simulated cluster has no DRA driver
+            await sink.replace(kind, [], rv())
         await sink.replace("Pod", [], rv())
+        if self.lockstep is not None:
+            await self.lockstep.settle()
+        self.recorder.observe(0.0)
         loop = 0
         while True:
             await self._play(sink, loop)
             if not self.forever:
                 break
             loop += 1
+            self._offset += self.scenario.duration
+        self.recorder.finish(self._offset + self.scenario.duration)
         self.stats.done = True
         if self.on_tick:
             self.on_tick(self.stats)
@@ -102,6 +155,12 @@ class SimClusterSource:
         arrivals = {f"{a.pod}-r{loop}" if loop else a.pod: a for a in sc.arrivals}
         for name, a in arrivals.items():
             clock.push(a.t, "arrive", name)
+        if self.lockstep is not None:
+            every = max(self.lockstep.every, 1.0)
+            k = 1
+            while k * every <= sc.duration:
+                clock.push(k * every, "tick", "")
+                k += 1
         start_wall = time.monotonic()
         while (item := clock.pop()) is not None:
             t, what, name = item
@@ -114,6 +173,10 @@ class SimClusterSource:
             else:
                 await anyio.lowlevel.checkpoint()
             self.stats.virtual_time = t
+            if what == "tick":
+                if self.lockstep is not None:
+                    await self.lockstep.tick(self.now())
+                continue
             batch: list[Record] = []
             deleted: list[Record] = []
             if what == "arrive":
@@ -121,14 +184,17 @@ class SimClusterSource:
                 pod = SimPod(name, a.replica.shape)
                 c.pods[name] = pod
                 self.stats.arrived += 1
+                # the demand lasts its life whether it is served or not (a replica that cannot
+                # be placed is scaled away when its load goes)
+                clock.push(t + a.life, "depart", name)
                 if c.schedule(pod):
                     self.stats.bound += 1
-                    clock.push(t + a.life, "depart", name)
                     batch += [c.pod_record(pod), c.nrt_record(pod.node)]
                 else:
                     self.stats.unschedulable += 1
                     c.pending.append(name)
                     batch.append(c.pod_record(pod))
+                self.recorder.arrival(self._offset + t, bool(pod.node))
             else:
                 current = self._alias.pop(name, name)
                 if current not in c.pods:
@@ -140,8 +206,7 @@ class SimClusterSource:
                         c.pending.remove(pod.name)
                     self.stats.departed += 1
                     ev = [Event("DELETED", c.pod_record(pod), time.monotonic())]
-                    self.stats.events += 1
-                    await sink.apply(ev, {"Pod": c.rv()})
+                    await self._publish_events(ev, {"Pod": c.rv()})
                     continue
                 node = c.remove(pod)
                 self.stats.departed += 1
@@ -157,16 +222,13 @@ class SimClusterSource:
                     if c.schedule(p, only=node):
                         c.pending.remove(pname)
                         self.stats.bound += 1
-                        if pname in arrivals:
-                            clock.push(t + arrivals[pname].life, "depart", pname)
                         batch += [c.pod_record(p), c.nrt_record(p.node)]
                     else:
                         failed.add(p.shape)
             events = [Event("DELETED", r, time.monotonic()) for r in deleted]
             events += [Event("MODIFIED", r, time.monotonic()) for r in batch]
-            self.stats.events += len(events)
             rvs: dict[Kind, str] = {"Pod": c.rv(), "NodeResourceTopology": c.rv()}
-            await sink.apply(events, rvs)
+            await self._publish_events(events, rvs)
             if self.on_tick:
                 self.on_tick(self.stats)
         # leftover pods leave at the end of a loop
@@ -179,8 +241,7 @@ class SimClusterSource:
                 events.append(Event("MODIFIED", c.nrt_record(node), time.monotonic()))
             else:
                 events = [Event("DELETED", c.pod_record(pod), time.monotonic())]
-            self.stats.events += len(events)
-            await sink.apply(events, {"Pod": c.rv()})
+            await self._publish_events(events, {"Pod": c.rv()})
         c.pending.clear()
 
     # -- node isolation and MIG reconfiguration (driven by SimActuator) --------------------------
@@ -192,9 +253,8 @@ class SimClusterSource:
         now = time.monotonic()
         events = [Event("MODIFIED", c.node_record(c.by_name[name]), now)]
         events += [Event("MODIFIED", r, now) for r in records]
-        self.stats.events += len(events)
         rvs: dict[Kind, str] = {"Node": c.rv(), "Pod": c.rv(), "NodeResourceTopology": c.rv()}
-        await self._sink.apply(events, rvs)
+        await self._publish_events(events, rvs)
 
     def _retry_pending(self, name: str) -> list[Record]:
         """The scheduler retries pending pods on a node that changed (queueing hints)."""

@@ -1,300 +1,572 @@
-//! Replica compaction planning: which pods to evict, and where each would land, so that the
-//! cluster's fragment falls the most per eviction (FGD's gradient, as the simulator's
-//! `fragMultiPod` descheduler does it), checking by simulated re-placement with NUMA alignment
-//! that every evicted pod fits somewhere better (the descheduler's NodeFit, done for devices and
-//! NUMA zones). Pending shapes can be added to the workload so that moves which make them
-//! admissible (freeing whole GPUs, zones or nodes) count.
+//! The compaction planner, written once for every caller: the controller (over its full model,
+//! `crate::placement::ClusterView`) and the trace replay (over its kernel) run this code.
 //!
-//! Which pods may move at all (DaemonSets, PDBs, priorities, annotations) is decided by the caller.
+//! A plan has two parts, in this order:
+//!
+//! 1. **Rescues** of pending tasks. A pending task that no allowed node admits gets room by
+//!    moving pods off one node: the planner looks for the cheapest set of pods to move — fewest
+//!    evictions first, then the fewest waits on PodDisruptionBudgets (pods of one budget beyond
+//!    its headroom must go one after the other), then the smallest fragment after — such that
+//!    the task fits on that node once they are gone and each of them fits elsewhere, where the
+//!    placement policy (`crate::placement::choose`) would put it (never back on that node).
+//!    The search is exact up to `rescue_depth` evictions, within a bounded number of candidate
+//!    sets (`rescue_budget`); a rescue node is never the destination of another move in the
+//!    plan.
+//! 2. **Defragmentation**: greedily the single move (one pod off its node, re-placed where the
+//!    policy puts it, not on its own node) that lowers the cluster's F(M) the most, counting the
+//!    fall on the source and the rise on the destination, while the fall exceeds `min_gain`.
+//!
+//! Which pods may move at all (the evictor's rules, budgets with no headroom) is decided by the
+//! caller, and so is where each may go (`allowed`: its scheduling constraints, NodeFit). Pods
+//! with constraints that depend on other pods (inter-pod (anti-)affinity, topology spread) carry
+//! a `group`: at most one pod of a group moves in one plan, so the caller's check of each move
+//! against the others stays valid.
 
 use std::collections::HashMap;
 
-use crate::error::{CoreError, CoreResult};
-use crate::fragment::delta::{apply, place_delta, remove_delta, Assignment};
-use crate::fragment::score::RecoverMemo;
-use crate::fragment::{Cluster, Shape};
+use crate::placement::{best_on, choose, Ranked, View};
 
-/// A pod that may be moved: where it is, and its shape.
-#[derive(Clone, Debug)]
-pub struct Movable {
-    pub node: usize,
-    pub assignment: Assignment,
-    pub shape: Shape,
+/// Allowed nodes: bit i of word i/64 is node i.
+pub type NodeSet = Vec<u64>;
+
+fn contains(set: &NodeSet, i: usize) -> bool {
+    set.get(i / 64).is_some_and(|w| w & (1u64 << (i % 64)) != 0)
 }
 
-/// One planned eviction and re-placement.
+/// A pod that may be moved.
+#[derive(Clone, Debug)]
+pub struct Movable<T, P> {
+    pub node: usize,
+    pub task: T,
+    pub place: P,
+    /// Index into the plan's node sets (None: any node).
+    pub allowed: Option<usize>,
+    /// Index of its PodDisruptionBudget in `Input::pdb_headroom` (None: no budget).
+    pub pdb: Option<usize>,
+    /// At most one pod of a group moves in a plan (None: no such constraint).
+    pub group: Option<u32>,
+}
+
+/// A pending task to rescue.
+#[derive(Clone, Debug)]
+pub struct Pending<T> {
+    pub task: T,
+    pub allowed: Option<usize>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Most moves in a plan (rescue moves included).
+    pub max_moves: usize,
+    /// Smallest fall of F(M) (milli-GPU) a defragmentation move must bring.
+    pub min_gain: f64,
+    /// Most moves off one node (defragmentation only).
+    pub max_moves_per_node: usize,
+    /// Most evictions one rescue may take (0: no rescues).
+    pub rescue_depth: usize,
+    /// Most rescues in a plan.
+    pub max_rescues: usize,
+    /// Most candidate sets of pods evaluated per rescue (bounds the search's time).
+    pub rescue_budget: usize,
+    /// Run the defragmentation part.
+    pub defragment: bool,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_moves: 10,
+            min_gain: 1.0,
+            max_moves_per_node: usize::MAX,
+            rescue_depth: 3,
+            max_rescues: 1,
+            rescue_budget: 4096,
+            defragment: true,
+        }
+    }
+}
+
+/// What the planner plans over.
+pub struct Input<'a, T, P> {
+    pub movable: &'a [Movable<T, P>],
+    pub pending: &'a [Pending<T>],
+    pub node_sets: &'a [NodeSet],
+    /// Disruptions each budget allows now (by index).
+    pub pdb_headroom: &'a [u32],
+}
+
+/// One eviction and where the pod is expected to land.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Move {
+pub struct Move<P> {
     /// Index into the movable list.
     pub pod: usize,
     pub from: usize,
     pub to: usize,
-    pub to_assignment: Assignment,
-    /// Fragment change on the source node by the removal (milli-GPU; negative is good).
-    pub remove_delta: f64,
-    /// Fragment change on the destination node by the placement.
-    pub place_delta: f64,
+    pub to_place: P,
+    /// Fall of F(M) by this move alone (milli-GPU; positive is good).
+    pub gain: f64,
+    /// The rescue this move belongs to (index into `Plan::rescues`), if any.
+    pub rescue: Option<usize>,
 }
 
-impl Move {
-    pub fn gain(&self) -> f64 {
-        -(self.remove_delta + self.place_delta)
-    }
+/// Room made for a pending task: its moves (indices into `Plan::moves`, in order) and where
+/// the task then fits.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rescue<P> {
+    pub pending: usize,
+    pub node: usize,
+    pub place: P,
+    pub moves: Vec<usize>,
+    /// Evictions beyond a budget's headroom (each waits for an earlier one's replacement).
+    pub waits: u32,
+    /// Change of F(M) by the whole rescue, the pending task placed (milli-GPU).
+    pub delta: f64,
 }
 
-#[derive(Clone, Debug)]
-pub struct CompactionLimits {
-    pub max_moves: usize,
-    /// Smallest fragment reduction (milli-GPU) a move must bring.
-    pub min_gain: f64,
-    /// Optional: at most this many moves off one node.
-    pub max_moves_per_node: usize,
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan<P> {
+    pub moves: Vec<Move<P>>,
+    pub rescues: Vec<Rescue<P>>,
+    /// Pending tasks no rescue within the limits could place (indices).
+    pub unrescued: Vec<usize>,
+    /// A rescue search stopped at `rescue_budget` candidate sets (a deeper search might have
+    /// found one).
+    pub truncated: bool,
 }
 
-impl Default for CompactionLimits {
-    fn default() -> Self {
-        Self {
-            max_moves: 10,
-            min_gain: 1.0,
-            max_moves_per_node: usize::MAX,
+struct Planner<'a, 'v, V: View> {
+    v: &'v mut V,
+    input: &'a Input<'a, V::Task, V::Place>,
+    limits: &'a Limits,
+    moved: Vec<bool>,
+    groups_moved: Vec<u32>,
+    /// Nodes whose room is promised to a rescued task: no other move goes there.
+    reserved: Vec<usize>,
+    /// Movable pods by the node they are on now.
+    on_node: Vec<Vec<usize>>,
+    plan: Plan<V::Place>,
+}
+
+/// Plans on `v`, which it changes: every planned move (and each rescued task's placement) is
+/// applied to it, so the caller sees the cluster as the plan leaves it.
+pub fn plan<V: View>(
+    v: &mut V,
+    input: &Input<'_, V::Task, V::Place>,
+    limits: &Limits,
+) -> Plan<V::Place> {
+    let n = v.node_count();
+    let mut on_node = vec![Vec::new(); n];
+    for (k, m) in input.movable.iter().enumerate() {
+        if m.node < n {
+            on_node[m.node].push(k);
         }
     }
+    let mut p = Planner {
+        v,
+        input,
+        limits,
+        moved: vec![false; input.movable.len()],
+        groups_moved: Vec::new(),
+        reserved: Vec::new(),
+        on_node,
+        plan: Plan {
+            moves: Vec::new(),
+            rescues: Vec::new(),
+            unrescued: Vec::new(),
+            truncated: false,
+        },
+    };
+    p.rescue_all();
+    if limits.defragment {
+        p.defragment();
+    }
+    p.plan
 }
 
-fn shape_key(s: &Shape) -> (u64, u64, u32, u32, Option<String>, Vec<String>) {
-    (
-        s.cpu_milli,
-        s.memory_mib,
-        s.gpus,
-        s.gpu_milli,
-        s.mig_profile.clone(),
-        s.gpu_models.clone(),
-    )
+/// A candidate rescue: the pods moved (movable indices, in eviction order) and where each goes.
+struct Candidate<P> {
+    node: usize,
+    place: P,
+    pods: Vec<(usize, Ranked<P>)>,
+    cost: (usize, u32, f64),
 }
 
-type PlaceCache =
-    HashMap<(usize, (u64, u64, u32, u32, Option<String>, Vec<String>)), Option<(f64, Assignment)>>;
-
-/// Plans up to `limits.max_moves` moves, greedily the best first, on a copy of `cluster`.
-pub fn plan(
-    cluster: &Cluster,
-    movable: &[Movable],
-    shapes: &[Shape],
-    limits: &CompactionLimits,
-) -> CoreResult<Vec<Move>> {
-    let n = cluster.nodes.len();
-    for (i, m) in movable.iter().enumerate() {
-        if m.node >= n {
-            return Err(CoreError::new(
-                format!("movable[{i}].node"),
-                format!("index {} out of range (0..{n})", m.node),
-            ));
+impl<V: View> Planner<'_, '_, V> {
+    fn allowed(&self, set: Option<usize>, i: usize) -> bool {
+        match set {
+            None => true,
+            Some(s) => self
+                .input
+                .node_sets
+                .get(s)
+                .is_some_and(|ns| contains(ns, i)),
         }
     }
-    let mut work = cluster.clone();
-    let mut memo = RecoverMemo::new();
-    let mut moved = vec![false; movable.len()];
-    let mut per_node = vec![0usize; n];
-    let mut place_cache: PlaceCache = HashMap::new();
-    let mut remove_cache: HashMap<usize, f64> = HashMap::new();
-    let mut out = Vec::new();
-    while out.len() < limits.max_moves {
-        let mut best: Option<Move> = None;
-        for (i, m) in movable.iter().enumerate() {
-            if moved[i] || per_node[m.node] >= limits.max_moves_per_node {
+
+    fn may_move(&self, k: usize) -> bool {
+        let m = &self.input.movable[k];
+        !self.moved[k] && m.group.is_none_or(|g| !self.groups_moved.contains(&g))
+    }
+
+    /// Where the policy sends movable pod `k` if it leaves `from` (never `from`, never a
+    /// reserved node, never `avoid`).
+    fn destination(&self, k: usize, from: usize, avoid: usize) -> Option<Ranked<V::Place>> {
+        let m = &self.input.movable[k];
+        choose(self.v, &m.task, |j| {
+            j != from && j != avoid && !self.reserved.contains(&j) && self.allowed(m.allowed, j)
+        })
+    }
+
+    fn room_left(&self) -> bool {
+        self.plan.moves.len() < self.limits.max_moves
+    }
+
+    fn mark_moved(&mut self, k: usize) {
+        self.moved[k] = true;
+        if let Some(g) = self.input.movable[k].group {
+            self.groups_moved.push(g);
+        }
+        let from = self.input.movable[k].node;
+        self.on_node[from].retain(|&x| x != k);
+    }
+
+    // ---- rescues -----------------------------------------------------------------------------
+
+    fn rescue_all(&mut self) {
+        if self.limits.rescue_depth == 0 {
+            self.plan.unrescued = (0..self.input.pending.len()).collect();
+            return;
+        }
+        for (pi, pend) in self.input.pending.iter().enumerate() {
+            let fits_now = choose(self.v, &pend.task, |j| {
+                !self.reserved.contains(&j) && self.allowed(pend.allowed, j)
+            });
+            if let Some(r) = fits_now {
+                // it fits somewhere already: the scheduler will place it; keep its room
+                self.v.take(r.node, &pend.task, &r.place);
                 continue;
             }
-            let rd = match remove_cache.get(&i) {
-                Some(&d) => d,
-                None => {
-                    let d = remove_delta(&work.nodes[m.node], &m.assignment, shapes, &mut memo)?
-                        .fragment_gpu_milli;
-                    remove_cache.insert(i, d);
-                    d
-                }
-            };
-            let key = shape_key(&m.shape);
-            for to in 0..n {
-                if to == m.node {
-                    continue; // never back where it came from
-                }
-                let entry = place_cache.entry((to, key.clone())).or_insert_with(|| {
-                    place_delta(&work.nodes[to], &m.shape, shapes, &mut memo)
-                        .map(|d| (d.fragment_gpu_milli, d.assignment))
-                });
-                let Some((pd, ref assignment)) = *entry else {
-                    continue;
-                };
-                let cand = Move {
-                    pod: i,
-                    from: m.node,
-                    to,
-                    to_assignment: assignment.clone(),
-                    remove_delta: rd,
-                    place_delta: pd,
-                };
-                let better = match &best {
-                    None => true,
-                    Some(b) => cand.gain() > b.gain() + 1e-9,
-                };
-                if better {
-                    best = Some(cand);
-                }
+            if self.plan.rescues.len() >= self.limits.max_rescues || !self.room_left() {
+                self.plan.unrescued.push(pi);
+                continue;
+            }
+            match self.find_rescue(pi) {
+                Some(c) => self.apply_rescue(pi, c),
+                None => self.plan.unrescued.push(pi),
             }
         }
-        let Some(mv) = best else { break };
-        if mv.gain() < limits.min_gain {
-            break;
-        }
-        apply(&mut work.nodes[mv.from], &movable[mv.pod].assignment, false)?;
-        apply(&mut work.nodes[mv.to], &mv.to_assignment, true)?;
-        moved[mv.pod] = true;
-        per_node[mv.from] += 1;
-        // both nodes changed: forget what was computed on them
-        place_cache.retain(|(node, _), _| *node != mv.from && *node != mv.to);
-        remove_cache.retain(|&i, _| movable[i].node != mv.from && movable[i].node != mv.to);
-        out.push(mv);
     }
-    Ok(out)
+
+    fn one_per_group(&self, pods: &[usize]) -> bool {
+        let mut groups: Vec<u32> = pods
+            .iter()
+            .filter_map(|&k| self.input.movable[k].group)
+            .collect();
+        let n = groups.len();
+        groups.sort_unstable();
+        groups.dedup();
+        groups.len() == n
+    }
+
+    fn pdb_waits(&self, pods: &[usize]) -> u32 {
+        let mut count: HashMap<usize, u32> = HashMap::new();
+        for &k in pods {
+            if let Some(b) = self.input.movable[k].pdb {
+                *count.entry(b).or_default() += 1;
+            }
+        }
+        count
+            .iter()
+            .map(|(&b, &c)| {
+                let h = self.input.pdb_headroom.get(b).copied().unwrap_or(0).max(1);
+                c.saturating_sub(h)
+            })
+            .sum()
+    }
+
+    fn find_rescue(&mut self, pi: usize) -> Option<Candidate<V::Place>> {
+        let pend = &self.input.pending[pi];
+        let max_k = self
+            .limits
+            .rescue_depth
+            .min(self.limits.max_moves.saturating_sub(self.plan.moves.len()));
+        let mut budget = self.limits.rescue_budget;
+        // nodes where the task would fit were every movable pod gone
+        let mut nodes = Vec::new();
+        for i in 0..self.v.node_count() {
+            if self.reserved.contains(&i) || !self.allowed(pend.allowed, i) {
+                continue;
+            }
+            // the largest first: the first sets tried free the most
+            let mut pods: Vec<usize> = self.on_node[i]
+                .iter()
+                .copied()
+                .filter(|&k| self.may_move(k))
+                .collect();
+            pods.sort_by_key(|&k| {
+                std::cmp::Reverse(self.v.gpu_milli(i, &self.input.movable[k].task))
+            });
+            if pods.is_empty() {
+                continue;
+            }
+            let removed: Vec<(&V::Task, &V::Place)> = pods
+                .iter()
+                .map(|&k| (&self.input.movable[k].task, &self.input.movable[k].place))
+                .collect();
+            if self.v.fits_without(i, &pend.task, &removed) {
+                nodes.push((i, pods));
+            }
+        }
+        // nodes with fewer pods first: fewer sets to try, and as likely to hold a small one
+        nodes.sort_by_key(|(i, pods)| (pods.len(), *i));
+        let mut first: DestCache2<V> = HashMap::new();
+        for k in 1..=max_k {
+            let mut best: Option<Candidate<V::Place>> = None;
+            for (i, pods) in &nodes {
+                if pods.len() < k {
+                    continue;
+                }
+                let mut combo: Vec<usize> = (0..k).collect();
+                loop {
+                    if budget == 0 {
+                        self.plan.truncated = true;
+                        return best;
+                    }
+                    budget -= 1;
+                    let set: Vec<usize> = combo.iter().map(|&c| pods[c]).collect();
+                    if !self.one_per_group(&set) {
+                        // two pods of one group in a set: not a plan this planner makes
+                    } else if let Some(c) = self.try_set(pi, *i, &set, &mut first) {
+                        if best.as_ref().is_none_or(|b| cost_lt(&c.cost, &b.cost)) {
+                            best = Some(c);
+                        }
+                    }
+                    if !next_combination(&mut combo, pods.len()) {
+                        break;
+                    }
+                }
+            }
+            if best.is_some() {
+                return best;
+            }
+        }
+        None
+    }
+
+    /// Whether moving the pods `set` off node `i` makes room for pending task `pi` there, each
+    /// of them landing elsewhere; the state is left as it was.
+    /// Where pod `k` goes when it alone leaves node `i` of the unchanged cluster.
+    fn first_destination(
+        &self,
+        k: usize,
+        i: usize,
+        cache: &mut DestCache2<V>,
+    ) -> Option<Ranked<V::Place>> {
+        let m = &self.input.movable[k];
+        let key = (self.v.task_key(&m.task), m.allowed);
+        let top = cache.entry(key).or_insert_with(|| {
+            let first = self.destination(k, usize::MAX, usize::MAX);
+            let second = first
+                .as_ref()
+                .and_then(|f| self.destination(k, f.node, usize::MAX));
+            [first, second]
+        });
+        match &top[0] {
+            Some(r) if r.node == i => top[1].clone(),
+            other => other.clone(),
+        }
+    }
+
+    fn try_set(
+        &mut self,
+        pi: usize,
+        i: usize,
+        set: &[usize],
+        first: &mut DestCache2<V>,
+    ) -> Option<Candidate<V::Place>> {
+        let pend = &self.input.pending[pi];
+        let before: f64 = self.v.frag(i);
+        // the pods go elsewhere, the largest first (where the policy puts them); the first meets
+        // the cluster as it is now (node `i` aside), so its two best destinations are computed
+        // once per shape for the whole search, before anything changes
+        let mut order = set.to_vec();
+        order.sort_by_key(|&k| std::cmp::Reverse(self.v.gpu_milli(i, &self.input.movable[k].task)));
+        let first_dest = self.first_destination(order[0], i, first);
+        first_dest.as_ref()?;
+        for &k in set {
+            let m = &self.input.movable[k];
+            self.v.give(i, &m.task, &m.place);
+        }
+        let mut result = None;
+        if let Some(target) = best_on(self.v, i, &pend.task) {
+            let mut placed: Vec<(usize, Ranked<V::Place>)> = Vec::new();
+            let mut delta = 0.0;
+            let mut ok = true;
+            for (n, &k) in order.iter().enumerate() {
+                let dest = if n == 0 {
+                    first_dest.clone()
+                } else {
+                    self.destination(k, i, i)
+                };
+                match dest {
+                    Some(r) => {
+                        let m = &self.input.movable[k];
+                        let f0 = self.v.frag(r.node);
+                        self.v.take(r.node, &m.task, &r.place);
+                        delta += self.v.frag(r.node) - f0;
+                        placed.push((k, r));
+                    }
+                    None => {
+                        ok = false;
+                        break;
+                    }
+                }
+            }
+            if ok {
+                let after = self.v.frag(i) + target.features.inc;
+                delta += after - before;
+                let cost = (set.len(), self.pdb_waits(set), delta);
+                result = Some(Candidate {
+                    node: i,
+                    place: target.place.clone(),
+                    pods: placed.clone(),
+                    cost,
+                });
+            }
+            for (k, r) in placed.iter().rev() {
+                let m = &self.input.movable[*k];
+                self.v.give(r.node, &m.task, &r.place);
+            }
+        }
+        for &k in set.iter().rev() {
+            let m = &self.input.movable[k];
+            self.v.take(i, &m.task, &m.place);
+        }
+        result
+    }
+
+    fn apply_rescue(&mut self, pi: usize, c: Candidate<V::Place>) {
+        let ri = self.plan.rescues.len();
+        let mut moves = Vec::new();
+        for (k, r) in c.pods {
+            let m = &self.input.movable[k];
+            let f_src = self.v.frag(c.node);
+            self.v.give(c.node, &m.task, &m.place);
+            let fall_src = f_src - self.v.frag(c.node);
+            let f_dst = self.v.frag(r.node);
+            self.v.take(r.node, &m.task, &r.place);
+            let rise_dst = self.v.frag(r.node) - f_dst;
+            moves.push(self.plan.moves.len());
+            self.plan.moves.push(Move {
+                pod: k,
+                from: c.node,
+                to: r.node,
+                to_place: r.place,
+                gain: fall_src - rise_dst,
+                rescue: Some(ri),
+            });
+            self.mark_moved(k);
+        }
+        let task = &self.input.pending[pi].task;
+        self.v.take(c.node, task, &c.place);
+        self.reserved.push(c.node);
+        self.plan.rescues.push(Rescue {
+            pending: pi,
+            node: c.node,
+            place: c.place,
+            moves,
+            waits: c.cost.1,
+            delta: c.cost.2,
+        });
+    }
+
+    // ---- defragmentation ---------------------------------------------------------------------
+
+    fn defragment(&mut self) {
+        let n = self.v.node_count();
+        let mut per_node = vec![0usize; n];
+        while self.room_left() {
+            let Some((k, to, change)) = self.best_move(&per_node) else {
+                break;
+            };
+            if -change < self.limits.min_gain {
+                break;
+            }
+            let m = &self.input.movable[k];
+            self.v.give(m.node, &m.task, &m.place);
+            self.v.take(to.node, &m.task, &to.place);
+            per_node[m.node] += 1;
+            self.plan.moves.push(Move {
+                pod: k,
+                from: m.node,
+                to: to.node,
+                to_place: to.place,
+                gain: -change,
+                rescue: None,
+            });
+            self.mark_moved(k);
+        }
+    }
+
+    /// The single move that lowers F(M) the most: (pod, destination, change of F(M)).
+    fn best_move(&self, per_node: &[usize]) -> Option<(usize, Ranked<V::Place>, f64)> {
+        // the policy's choice per (task, allowed set): shared by the pods of one shape, unless
+        // it is their own node
+        let mut dest: DestCache<V> = HashMap::new();
+        let mut best: Option<(usize, Ranked<V::Place>, f64)> = None;
+        for (k, m) in self.input.movable.iter().enumerate() {
+            let off = per_node.get(m.node).copied().unwrap_or(0);
+            if !self.may_move(k) || off >= self.limits.max_moves_per_node {
+                continue;
+            }
+            if self.reserved.contains(&m.node) {
+                continue; // a rescue's node keeps its pods (its room is counted on them)
+            }
+            let key = (self.v.task_key(&m.task), m.allowed);
+            let mut d = dest
+                .entry(key)
+                .or_insert_with(|| self.destination(k, usize::MAX, usize::MAX))
+                .clone();
+            if d.as_ref().is_some_and(|r| r.node == m.node) {
+                d = self.destination(k, m.node, usize::MAX);
+            }
+            let Some(to) = d else { continue };
+            let fall = self.v.frag(m.node) - self.v.frag_without(m.node, &m.task, &m.place);
+            let change = to.features.inc - fall;
+            if best.as_ref().is_none_or(|b| change < b.2 - 1e-9) {
+                best = Some((k, to, change));
+            }
+        }
+        best
+    }
+}
+
+/// The two best destinations per (task, allowed set), on different nodes.
+type DestCache2<V> =
+    HashMap<(<V as View>::Key, Option<usize>), [Option<Ranked<<V as View>::Place>>; 2]>;
+
+type DestCache<V> = HashMap<(<V as View>::Key, Option<usize>), Option<Ranked<<V as View>::Place>>>;
+
+fn cost_lt(a: &(usize, u32, f64), b: &(usize, u32, f64)) -> bool {
+    (a.0, a.1) < (b.0, b.1) || ((a.0, a.1) == (b.0, b.1) && a.2 < b.2 - 1e-9)
+}
+
+/// The next k-combination of 0..n in lexicographic order; false after the last.
+fn next_combination(c: &mut [usize], n: usize) -> bool {
+    let k = c.len();
+    let mut i = k;
+    while i > 0 {
+        i -= 1;
+        if c[i] < n - k + i {
+            c[i] += 1;
+            for j in i + 1..k {
+                c[j] = c[j - 1] + 1;
+            }
+            return true;
+        }
+    }
+    false
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::fragment::model::{Cluster, ClusterColumns};
-
-    /// Two 2-zone nodes of 4+4 GPUs under single-numa-node; `used[node][gpu]` in milli.
-    fn cluster(used: [[i64; 8]; 2]) -> Cluster {
-        let mut c = ClusterColumns::default();
-        c.zone_offsets.push(0);
-        c.gpu_offsets.push(0);
-        c.mig_offsets.push(0);
-        c.instance_offsets.push(0);
-        for (ni, u) in used.iter().enumerate() {
-            c.node_names.push(format!("n{ni}"));
-            c.node_models.push("H100".into());
-            c.node_policies.push("single-numa-node".into());
-            c.node_cpu_static.push(true);
-            c.node_memory_static.push(false);
-            for z in 0..2 {
-                c.zone_numa.push(z);
-                c.zone_cpu_milli.push(32000);
-                c.zone_cpu_used.push(0);
-                c.zone_memory_mib.push(0);
-                c.zone_memory_used.push(0);
-                for g in 0..4 {
-                    c.gpu_ids.push(z * 4 + g);
-                    c.gpu_used_milli.push(u[(z * 4 + g) as usize]);
-                }
-                c.gpu_offsets.push(c.gpu_ids.len());
-                c.mig_offsets.push(0);
-            }
-            c.zone_offsets.push(c.zone_numa.len());
-        }
-        Cluster::from_columns(&c).unwrap()
-    }
-
-    fn one_gpu() -> Shape {
-        Shape {
-            cpu_milli: 1000,
-            memory_mib: 0,
-            gpus: 1,
-            gpu_milli: 1000,
-            mig_profile: None,
-            gpu_models: vec![],
-            weight: 1.0,
-        }
-    }
-
-    #[test]
-    fn frees_an_aligned_zone_for_a_four_gpu_replica() {
-        // n0: one 1-GPU pod in each zone; n1: zone 0 has 3 used GPUs. A 4-GPU replica fits nowhere.
-        let c = cluster([
-            [1000, 0, 0, 0, 1000, 0, 0, 0],
-            [1000, 1000, 1000, 0, 0, 0, 0, 0],
-        ]);
-        let four = Shape {
-            gpus: 4,
-            ..one_gpu()
-        };
-        let movable = vec![
-            Movable {
-                node: 0,
-                assignment: Assignment {
-                    cpu: vec![],
-                    memory: vec![],
-                    gpus: vec![(0, 0, 1000)],
-                    mig: None,
-                },
-                shape: one_gpu(),
-            },
-            Movable {
-                node: 0,
-                assignment: Assignment {
-                    cpu: vec![],
-                    memory: vec![],
-                    gpus: vec![(1, 0, 1000)],
-                    mig: None,
-                },
-                shape: one_gpu(),
-            },
-        ];
-        let shapes = vec![
-            Shape {
-                weight: 0.5,
-                ..four.clone()
-            },
-            Shape {
-                weight: 0.5,
-                ..one_gpu()
-            },
-        ];
-        let moves = plan(&c, &movable, &shapes, &CompactionLimits::default()).unwrap();
-        assert!(!moves.is_empty());
-        // the first move takes a pod off n0 onto n1's fuller zone 0, not back onto n0
-        assert_eq!((moves[0].from, moves[0].to), (0, 1));
-        assert!(moves[0].gain() > 0.0);
-        assert_eq!(moves[0].to_assignment.gpus, vec![(0, 3, 1000)]);
-        // after the planned moves, the 4-GPU replica is admissible on n0 (a whole zone is free)
-        let mut after = c.clone();
-        let mut memo = RecoverMemo::new();
-        assert!(place_delta(&after.nodes[0], &four, &shapes, &mut memo).is_none());
-        for mv in &moves {
-            apply(
-                &mut after.nodes[mv.from],
-                &movable[mv.pod].assignment,
-                false,
-            )
-            .unwrap();
-            apply(&mut after.nodes[mv.to], &mv.to_assignment, true).unwrap();
-        }
-        assert!(place_delta(&after.nodes[0], &four, &shapes, &mut memo).is_some());
-    }
-
-    #[test]
-    fn nothing_to_gain_means_no_move() {
-        let c = cluster([[1000, 1000, 1000, 1000, 0, 0, 0, 0], [0; 8]]);
-        let movable = vec![Movable {
-            node: 0,
-            assignment: Assignment {
-                cpu: vec![],
-                memory: vec![],
-                gpus: vec![(0, 0, 1000)],
-                mig: None,
-            },
-            shape: one_gpu(),
-        }];
-        let shapes = vec![Shape {
-            gpus: 4,
-            ..one_gpu()
-        }];
-        assert!(plan(&c, &movable, &shapes, &CompactionLimits::default())
-            .unwrap()
-            .is_empty());
-        let bad = vec![Movable {
-            node: 9,
-            ..movable[0].clone()
-        }];
-        assert!(plan(&c, &bad, &shapes, &CompactionLimits::default()).is_err());
-    }
-}
+mod tests;

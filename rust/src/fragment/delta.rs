@@ -2,8 +2,11 @@
 //! where the node would put it with the least fragment growth, or removing a task that is there.
 //! `delta = F_n(M) after - F_n(M) before` (negative: the change reduces fragmentation).
 
-use super::model::{Node, GPU_MILLI};
-use super::score::{admission, device_view, mig_need, score_node, MigNeed, RecoverMemo};
+use super::model::{MigInstance, Node, GPU_MILLI};
+use super::score::{
+    admission, allows_node, device_view, dynamic_placements, mig_need, node_model, on_node,
+    score_node, MigNeed, RecoverMemo,
+};
 use super::workload::Shape;
 use crate::error::{CoreError, CoreResult};
 use crate::topology::Policy;
@@ -20,6 +23,12 @@ pub struct Assignment {
     pub gpus: Vec<(usize, usize, u32)>,
     /// (zone position, MIG GPU position in the zone, instance position)
     pub mig: Option<(usize, usize, usize)>,
+    /// (zone position, DRA GPU position in the zone, milli-GPU)
+    pub dra_gpus: Vec<(usize, usize, u32)>,
+    /// Dynamic MIG GPUs taken whole (the DRA driver's full device): (zone, MIG GPU position)
+    pub dyn_whole: Vec<(usize, usize)>,
+    /// A placement on a dynamic MIG GPU: (zone, MIG GPU position, profile index, start)
+    pub mig_new: Option<(usize, usize, usize, u8)>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -90,11 +99,59 @@ pub fn apply(node: &mut Node, a: &Assignment, place: bool) -> CoreResult<()> {
             }
         }
     }
+    for &(zi, gi, v) in &a.dra_gpus {
+        let z = n
+            .zones
+            .get_mut(zi)
+            .ok_or_else(|| bad("zone out of range"))?;
+        let g = z
+            .dra_gpus
+            .get_mut(gi)
+            .ok_or_else(|| bad("DRA GPU out of range"))?;
+        if place {
+            g.1 =
+                g.1.checked_sub(v)
+                    .ok_or_else(|| bad("not enough free GPU share"))?;
+        } else {
+            g.1 += v;
+            if g.1 > GPU_MILLI {
+                return Err(bad("removing more GPU share than is used"));
+            }
+        }
+    }
+    let model = node_model(&n);
+    for &(zi, mi) in &a.dyn_whole {
+        let m = model.ok_or_else(|| bad("no MIG model on the node"))?;
+        let full = (0..m.profiles.len())
+            .find(|&p| {
+                m.profiles[p].memory_slices == m.memory_slices
+                    && m.profiles[p].compute_slices == m.compute_slices
+            })
+            .ok_or_else(|| bad("the GPU model has no whole-GPU profile"))?;
+        let g = n
+            .zones
+            .get_mut(zi)
+            .and_then(|z| z.mig.get_mut(mi))
+            .filter(|g| g.dynamic)
+            .ok_or_else(|| bad("dynamic MIG GPU out of range"))?;
+        take_placement(g, m, full, 0, place)?;
+    }
+    if let Some((zi, mi, p, start)) = a.mig_new {
+        let m = model.ok_or_else(|| bad("no MIG model on the node"))?;
+        let g = n
+            .zones
+            .get_mut(zi)
+            .and_then(|z| z.mig.get_mut(mi))
+            .filter(|g| g.dynamic)
+            .ok_or_else(|| bad("dynamic MIG GPU out of range"))?;
+        take_placement(g, m, p, start, place)?;
+    }
     if let Some((zi, mi, ii)) = a.mig {
         let inst = n
             .zones
             .get_mut(zi)
             .and_then(|z| z.mig.get_mut(mi))
+            .filter(|g| !g.dynamic)
             .and_then(|g| g.instances.get_mut(ii))
             .ok_or_else(|| bad("MIG instance out of range"))?;
         if inst.used == place {
@@ -107,6 +164,48 @@ pub fn apply(node: &mut Node, a: &Assignment, place: bool) -> CoreResult<()> {
         inst.used = place;
     }
     *node = n;
+    Ok(())
+}
+
+/// Allocates (`place`) or releases the placement of profile `p` at `start` on a dynamic GPU.
+fn take_placement(
+    g: &mut super::model::MigGpu,
+    m: &crate::mig::catalog::GpuModel,
+    p: usize,
+    start: u8,
+    place: bool,
+) -> CoreResult<()> {
+    let bad = |what: &str| CoreError::new("assignment", what.to_string());
+    let prof = m
+        .profiles
+        .get(p)
+        .ok_or_else(|| bad("MIG profile out of range"))?;
+    let mask = prof
+        .placement_at(start)
+        .ok_or_else(|| bad("no such MIG placement"))?
+        .mask();
+    if place {
+        if mask & !g.free_mask != 0 || prof.compute_slices > g.unpartitioned_slices {
+            return Err(bad("MIG placement not free"));
+        }
+        g.free_mask &= !mask;
+        g.unpartitioned_slices -= prof.compute_slices;
+        g.instances.push(MigInstance {
+            profile: p,
+            start,
+            compute_slices: prof.compute_slices,
+            used: true,
+        });
+    } else {
+        let ii = g
+            .instances
+            .iter()
+            .position(|i| i.profile == p && i.start == start)
+            .ok_or_else(|| bad("MIG placement is not allocated"))?;
+        g.instances.remove(ii);
+        g.free_mask |= mask & m.full_mask();
+        g.unpartitioned_slices += prof.compute_slices;
+    }
     Ok(())
 }
 
@@ -166,7 +265,8 @@ fn candidate_sets(node: &Node, shape: &Shape, need: MigNeed, usable: u64) -> Vec
     sets
 }
 
-fn candidates(node: &Node, shape: &Shape) -> Vec<Assignment> {
+pub(crate) fn candidates(node: &Node, shape: &Shape) -> Vec<Assignment> {
+    let shape = &*on_node(shape, node);
     let zones = node.zones.len();
     let cpu_free: Vec<u64> = node.zones.iter().map(|z| z.cpu_free).collect();
     let mem_free: Vec<u64> = node.zones.iter().map(|z| z.memory_free).collect();
@@ -177,7 +277,8 @@ fn candidates(node: &Node, shape: &Shape) -> Vec<Assignment> {
     }
     // CPU and memory: from the placement's zones first; only from them when the kubelet's
     // manager for that resource takes part in the alignment.
-    let strict = matches!(node.policy, Policy::Restricted | Policy::SingleNumaNode);
+    // (the Topology Manager does not align DRA devices, so DRA shapes' CPUs are not held to it)
+    let strict = !shape.dra && matches!(node.policy, Policy::Restricted | Policy::SingleNumaNode);
     let cpu_provider = node.cpu_static && shape.cpu_milli > 0 && shape.cpu_milli % 1000 == 0;
     let mem_provider = node.memory_static && shape.memory_mib > 0;
     let host = |set: u64| -> Option<(ZoneAmounts, ZoneAmounts)> {
@@ -214,7 +315,7 @@ fn candidates(node: &Node, shape: &Shape) -> Vec<Assignment> {
             })
             .unwrap_or_default();
     }
-    if !shape.allows_model(&node.gpu_model) {
+    if !allows_node(shape, node) {
         return Vec::new();
     }
     let need = mig_need(node, shape);
@@ -236,6 +337,9 @@ fn candidates(node: &Node, shape: &Shape) -> Vec<Assignment> {
             MigNeed::Profile(p) => {
                 for zi in zones_of(set, zones) {
                     let found = node.zones[zi].mig.iter().enumerate().find_map(|(mi, g)| {
+                        if g.dra != shape.dra || g.dynamic {
+                            return None;
+                        }
                         g.instances
                             .iter()
                             .position(|i| i.profile == p && !i.used)
@@ -247,9 +351,64 @@ fn candidates(node: &Node, shape: &Shape) -> Vec<Assignment> {
                             ..base.clone()
                         });
                     }
+                    // dynamic GPUs: every placement that can be allocated now is a candidate
+                    if let Some(m) = node_model(node) {
+                        for (mi, g) in node.zones[zi].mig.iter().enumerate() {
+                            if !(g.dynamic && g.dra == shape.dra) {
+                                continue;
+                            }
+                            for pl in dynamic_placements(m, p, g) {
+                                out.push(Assignment {
+                                    mig_new: Some((zi, mi, p, pl.start)),
+                                    ..base.clone()
+                                });
+                            }
+                        }
+                    }
                 }
             }
             MigNeed::Unavailable => {}
+            MigNeed::None if shape.dra => {
+                // DRA devices: whole/shared DRA GPUs, and free dynamic MIG GPUs taken whole
+                let mut order = zones_of(set, zones);
+                let (elig, _, _) = device_view(node, shape, need);
+                order.sort_by_key(|&zi| (elig[zi], zi));
+                let mut devices: Vec<(usize, Option<usize>, Option<usize>)> = Vec::new();
+                for &zi in &order {
+                    let z = &node.zones[zi];
+                    for (gi, &(_, f)) in z.dra_gpus.iter().enumerate() {
+                        if f >= shape.gpu_milli {
+                            devices.push((zi, Some(gi), None));
+                        }
+                    }
+                    if shape.gpu_milli == GPU_MILLI {
+                        for (mi, g) in z.mig.iter().enumerate() {
+                            if g.dra && g.dynamic && g.instances.is_empty() {
+                                devices.push((zi, None, Some(mi)));
+                            }
+                        }
+                    }
+                }
+                let as_assignment = |picked: &[(usize, Option<usize>, Option<usize>)]| {
+                    let mut a = base.clone();
+                    for &(zi, gi, mi) in picked {
+                        if let Some(gi) = gi {
+                            a.dra_gpus.push((zi, gi, shape.gpu_milli));
+                        }
+                        if let Some(mi) = mi {
+                            a.dyn_whole.push((zi, mi));
+                        }
+                    }
+                    a
+                };
+                if shape.gpus == 1 {
+                    for dev in &devices {
+                        out.push(as_assignment(std::slice::from_ref(dev)));
+                    }
+                } else if devices.len() >= shape.gpus as usize {
+                    out.push(as_assignment(&devices[..shape.gpus as usize]));
+                }
+            }
             MigNeed::None if shape.gpus == 1 => {
                 // every eligible GPU in the set is a candidate (FGD tries each)
                 for zi in zones_of(set, zones) {

@@ -10,3 +10,6 @@ pub mod workload;
 pub use model::{Cluster, ClusterColumns, Node, Zone};
 pub use score::{score_cluster, Category, NodeScore, ZoneScore, CATEGORY_NAMES};
 pub use workload::{validate_shapes, Shape};
+
+#[cfg(test)]
+mod dra_tests;

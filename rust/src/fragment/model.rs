@@ -27,8 +27,16 @@ pub struct MigInstance {
 pub struct MigGpu {
     pub id: u32,
     pub instances: Vec<MigInstance>,
-    /// Compute slices covered by no instance (need a re-partition to be used).
+    /// Compute slices covered by no instance (need a re-partition to be used; on a dynamic GPU,
+    /// free for any placement that fits `free_mask`).
     pub unpartitioned_slices: u8,
+    /// Published by a DRA driver (usable by DRA requests only); else by the device plugin.
+    pub dra: bool,
+    /// Partitioned on demand (the NVIDIA DRA driver's DynamicMIG): `instances` are the allocated
+    /// placements (all used), and any placement within `free_mask` can be allocated.
+    pub dynamic: bool,
+    /// Free memory slices (bit i = slice i); on a dynamic GPU, the published counters' view.
+    pub free_mask: u16,
 }
 
 impl MigGpu {
@@ -51,14 +59,29 @@ pub struct Zone {
     pub cpu_free: u64,
     pub memory_mib: u64,
     pub memory_free: u64,
-    /// Whole or shared GPUs: (id, free milli-GPU).
+    /// Whole or shared GPUs of the device plugin: (id, free milli-GPU).
     pub gpus: Vec<(u32, u32)>,
     pub mig: Vec<MigGpu>,
+    /// Whole GPUs published by a DRA driver (usable by DRA requests only): (id, free milli-GPU).
+    pub dra_gpus: Vec<(u32, u32)>,
 }
 
 impl Zone {
     pub fn idle_gpu_milli(&self) -> u64 {
-        self.gpus.iter().map(|&(_, f)| f as u64).sum()
+        self.gpus
+            .iter()
+            .chain(&self.dra_gpus)
+            .map(|&(_, f)| f as u64)
+            .sum()
+    }
+
+    /// Whole/shared GPUs of one source (DRA or the device plugin).
+    pub fn gpus_of(&self, dra: bool) -> &[(u32, u32)] {
+        if dra {
+            &self.dra_gpus
+        } else {
+            &self.gpus
+        }
     }
 
     pub fn idle_mig_slices(&self) -> u64 {
@@ -76,6 +99,12 @@ pub struct Node {
     pub cpu_static: bool,
     pub memory_static: bool,
     pub zones: Vec<Zone>,
+    /// The sharing pool of its whole/shared GPUs (see `Shape::gpu_pool`; "" by default).
+    pub gpu_pool: String,
+    /// Replicas per GPU its device plugin advertises (time-slicing, MPS); 1: not replicated.
+    pub gpu_replicas: u32,
+    /// Memory of each GPU in MiB (0: unknown), for shapes that ask for GPU memory.
+    pub gpu_memory_mib: u64,
 }
 
 impl Node {
@@ -112,7 +141,24 @@ pub struct ClusterColumns {
     pub instance_profiles: Vec<String>,
     pub instance_starts: Vec<i64>,
     pub instance_used: Vec<bool>,
+    /// DRA whole GPUs per zone (optional: empty means none): `len = zones + 1` offsets.
+    pub dra_gpu_offsets: Vec<usize>,
+    pub dra_gpu_ids: Vec<i64>,
+    pub dra_gpu_used_milli: Vec<i64>,
+    /// Per MIG GPU (optional: empty means all false / derived): DRA, dynamic, free memory slices
+    /// (-1: the slices no instance covers).
+    pub mig_dra: Vec<bool>,
+    pub mig_dynamic: Vec<bool>,
+    pub mig_free_slices: Vec<i64>,
+    /// Optional (empty: every node "", 1, 0): per node, its GPU sharing pool, replicas per GPU
+    /// and per-GPU memory in MiB.
+    pub node_gpu_pools: Vec<String>,
+    pub node_gpu_replicas: Vec<i64>,
+    pub node_gpu_memory_mib: Vec<i64>,
 }
+
+/// Most replicas per GPU a node may advertise (a replica is at least 1 milli-GPU).
+pub const MAX_REPLICAS: i64 = GPU_MILLI as i64;
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Cluster {
@@ -156,6 +202,18 @@ impl Cluster {
                 return Err(CoreError::new(what, "length differs from node_names"));
             }
         }
+        for (what, len) in [
+            ("node_gpu_pools", c.node_gpu_pools.len()),
+            ("node_gpu_replicas", c.node_gpu_replicas.len()),
+            ("node_gpu_memory_mib", c.node_gpu_memory_mib.len()),
+        ] {
+            if len != n && len != 0 {
+                return Err(CoreError::new(
+                    what,
+                    "length differs from node_names (give one per node, or none)",
+                ));
+            }
+        }
         let z = c.zone_numa.len();
         for (what, len) in [
             ("zone_cpu_milli", c.zone_cpu_milli.len()),
@@ -180,7 +238,31 @@ impl Cluster {
                 "length differs from instance_profiles",
             ));
         }
+        // the DRA columns are optional (callers without DRA devices leave them empty)
+        let no_dra_offsets = vec![0usize; z + 1];
+        let dra_offsets: &[usize] = if c.dra_gpu_offsets.is_empty() {
+            &no_dra_offsets
+        } else {
+            &c.dra_gpu_offsets
+        };
+        if c.dra_gpu_ids.len() != c.dra_gpu_used_milli.len() {
+            return Err(CoreError::new(
+                "dra_gpu_used_milli",
+                "length differs from dra_gpu_ids",
+            ));
+        }
+        let nm = c.mig_gpu_ids.len();
+        for (what, len) in [
+            ("mig_dra", c.mig_dra.len()),
+            ("mig_dynamic", c.mig_dynamic.len()),
+            ("mig_free_slices", c.mig_free_slices.len()),
+        ] {
+            if len != 0 && len != nm {
+                return Err(CoreError::new(what, "length differs from mig_gpu_ids"));
+            }
+        }
         offsets_ok(&c.zone_offsets, n, z, "zone_offsets")?;
+        offsets_ok(dra_offsets, z, c.dra_gpu_ids.len(), "dra_gpu_offsets")?;
         offsets_ok(&c.gpu_offsets, z, c.gpu_ids.len(), "gpu_offsets")?;
         offsets_ok(&c.mig_offsets, z, c.mig_gpu_ids.len(), "mig_offsets")?;
         offsets_ok(
@@ -290,6 +372,27 @@ impl Cluster {
                     }
                     gpus.push((id as u32, GPU_MILLI - used as u32));
                 }
+                let mut dra_gpus = Vec::new();
+                for gi in dra_offsets[zi]..dra_offsets[zi + 1] {
+                    let id = c.dra_gpu_ids[gi];
+                    let gf = |f: &str| {
+                        format!("nodes[{name:?}].zones[numa={numa}].dra_gpus[id={id}].{f}")
+                    };
+                    if !(0..=u32::MAX as i64).contains(&id) || !gpu_seen.insert(id) {
+                        return Err(CoreError::new(
+                            gf("id"),
+                            "GPU id must be a non-negative integer, unique on the node",
+                        ));
+                    }
+                    let used = c.dra_gpu_used_milli[gi];
+                    if !(0..=GPU_MILLI as i64).contains(&used) {
+                        return Err(CoreError::new(
+                            gf("used_milli"),
+                            format!("{used} is outside 0..=1000"),
+                        ));
+                    }
+                    dra_gpus.push((id as u32, GPU_MILLI - used as u32));
+                }
                 let mut mig = Vec::new();
                 for mi in c.mig_offsets[zi]..c.mig_offsets[zi + 1] {
                     let id = c.mig_gpu_ids[mi];
@@ -339,6 +442,48 @@ impl Cluster {
                             used: c.instance_used[ii],
                         });
                     }
+                    let dra = c.mig_dra.get(mi).copied().unwrap_or(false);
+                    let dynamic = c.mig_dynamic.get(mi).copied().unwrap_or(false);
+                    if dynamic && instances.iter().any(|i| !i.used) {
+                        return Err(CoreError::new(
+                            mf("instances"),
+                            "a dynamic (DynamicMIG) GPU lists only allocated placements: every instance must be used",
+                        ));
+                    }
+                    let mut used_mask = 0u16;
+                    for &(p, start) in &pinned {
+                        if let Some(pl) = model.profiles[p].placement_at(start) {
+                            used_mask |= pl.mask();
+                        }
+                    }
+                    let full = model.full_mask();
+                    let free_mask = match c.mig_free_slices.get(mi).copied().unwrap_or(-1) {
+                        -1 => full & !used_mask,
+                        f if (0..=full as i64).contains(&f) && (f as u16) & !full == 0 => {
+                            if (f as u16) & used_mask != 0 {
+                                return Err(CoreError::new(
+                                    mf("free_slices"),
+                                    format!("free memory slices {f:#b} overlap the allocated placements {used_mask:#b}"),
+                                ));
+                            }
+                            f as u16
+                        }
+                        f => {
+                            return Err(CoreError::new(
+                                mf("free_slices"),
+                                format!(
+                                    "{f:#b} is not a set of the GPU's {} memory slices",
+                                    model.memory_slices
+                                ),
+                            ))
+                        }
+                    };
+                    if !dynamic && free_mask != full & !used_mask {
+                        return Err(CoreError::new(
+                            mf("free_slices"),
+                            "free memory slices are only given for dynamic GPUs",
+                        ));
+                    }
                     if place(model, &pinned, &[]).is_none() {
                         return Err(CoreError::new(
                             mf("instances"),
@@ -361,6 +506,9 @@ impl Cluster {
                         id: id as u32,
                         instances,
                         unpartitioned_slices: unpartitioned,
+                        dra,
+                        dynamic,
+                        free_mask,
                     });
                 }
                 zones.push(Zone {
@@ -371,8 +519,23 @@ impl Cluster {
                     memory_free: mem - mem_used,
                     gpus,
                     mig,
+                    dra_gpus,
                 });
             }
+            let gpu_replicas = match c.node_gpu_replicas.get(i) {
+                None => 1,
+                Some(&r) if (1..=MAX_REPLICAS).contains(&r) => r as u32,
+                Some(&r) => {
+                    return Err(CoreError::new(
+                        nf("gpu_replicas"),
+                        format!("{r} is outside 1..={MAX_REPLICAS}"),
+                    ))
+                }
+            };
+            let gpu_memory_mib = match c.node_gpu_memory_mib.get(i) {
+                None => 0,
+                Some(&m) => amount(m, || nf("gpu_memory_mib"))?,
+            };
             nodes.push(Node {
                 name: name.clone(),
                 gpu_model: c.node_models[i].clone(),
@@ -381,6 +544,9 @@ impl Cluster {
                 cpu_static: c.node_cpu_static[i],
                 memory_static: c.node_memory_static[i],
                 zones,
+                gpu_pool: c.node_gpu_pools.get(i).cloned().unwrap_or_default(),
+                gpu_replicas,
+                gpu_memory_mib,
             });
         }
         Ok(Cluster { nodes })

@@ -6,11 +6,12 @@
 //! shape asking for exactly their profile. Under policy `none`, on a node without MIG, the GPU
 //! fragment is exactly FGD's.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
-use super::model::{Cluster, Node};
+use super::model::{Cluster, MigGpu, Node, GPU_MILLI};
 use super::workload::Shape;
-use crate::mig::catalog::{Catalog, GpuModel};
+use crate::mig::catalog::{Catalog, GpuModel, Placement};
 use crate::mig::placement::place;
 use crate::topology::Policy;
 
@@ -70,6 +71,26 @@ pub struct NodeScore {
     /// (used instances stay where they are) could turn into instances of profiles M wants.
     pub recoverable_mig_slices: f64,
     pub zones: Vec<ZoneScore>,
+}
+
+/// Whether `shape` may use the node's GPUs at all: its GPU model is allowed and, for a whole or
+/// shared GPU shape, the node's GPUs are in the shape's sharing pool.
+pub fn allows_node(shape: &Shape, node: &Node) -> bool {
+    (shape.mig_profile.is_some() || shape.dra || shape.gpu_pool == node.gpu_pool)
+        && shape.allows_model(&node.gpu_model)
+}
+
+/// The shape with the share it needs on this node (replicas and memory requests depend on the
+/// node: `Shape::share_on`); other shapes as they are.
+pub fn on_node<'a>(shape: &'a Shape, node: &Node) -> Cow<'a, Shape> {
+    if shape.is_node_relative() {
+        let mut s = shape.clone();
+        s.gpu_milli = shape.share_on(node.gpu_replicas, node.gpu_memory_mib);
+        s.gpu_memory_mib = 0;
+        Cow::Owned(s)
+    } else {
+        Cow::Borrowed(shape)
+    }
 }
 
 /// A shape as seen on one node: which MIG profile index (if any) it needs on this node's model.
@@ -137,6 +158,8 @@ pub struct NodeCtx<'a> {
     zone_idle_gpu: [f64; 64],
     zone_idle_mig: [f64; 64],
     model_lc: String,
+    /// Some device of the node comes from a DRA driver.
+    has_dra: bool,
 }
 
 impl<'a> NodeCtx<'a> {
@@ -156,6 +179,7 @@ impl<'a> NodeCtx<'a> {
             zone_idle_gpu: [0.0; 64],
             zone_idle_mig: [0.0; 64],
             model_lc: node.gpu_model.to_ascii_lowercase(),
+            has_dra: node_has_dra(node),
         };
         let mut cpu_cap = [0u64; 64];
         let mut mem_cap = [0u64; 64];
@@ -177,7 +201,8 @@ impl<'a> NodeCtx<'a> {
     }
 
     fn allows(&self, shape: &Shape) -> bool {
-        shape.allows_lowercase_model(&self.model_lc)
+        (shape.mig_profile.is_some() || shape.gpu_pool == self.node.gpu_pool)
+            && shape.allows_lowercase_model(&self.model_lc)
     }
 }
 
@@ -190,9 +215,68 @@ pub struct Admission {
     pub usable: u64,
 }
 
+/// The node's MIG model (catalog entry), when it has MIG GPUs.
+pub fn node_model(node: &Node) -> Option<&'static GpuModel> {
+    node.mig_model.map(|mi| &Catalog::builtin().models()[mi])
+}
+
+/// The placements of profile `p` that can be allocated now on a dynamic GPU, earliest end first:
+/// within its free memory slices, with enough free compute slices and under the profile's
+/// per-GPU limit.
+pub fn dynamic_placements(model: &GpuModel, p: usize, g: &MigGpu) -> Vec<Placement> {
+    let prof = &model.profiles[p];
+    let used = g.instances.iter().filter(|i| i.profile == p).count();
+    if used >= prof.max_count as usize || prof.compute_slices > g.unpartitioned_slices {
+        return Vec::new();
+    }
+    let mut out: Vec<Placement> = prof
+        .placements
+        .iter()
+        .copied()
+        .filter(|pl| pl.mask() & !g.free_mask == 0)
+        .collect();
+    out.sort_by_key(|pl| (pl.start + pl.size, pl.start));
+    out
+}
+
+/// How many instances of profile `p` a dynamic GPU could hold at once now: disjoint placements
+/// within its free memory slices (interval scheduling, earliest end first, is optimal for
+/// intervals), bounded by its free compute slices and the profile's per-GPU limit.
+pub fn dynamic_fit(model: &GpuModel, p: usize, g: &MigGpu) -> u64 {
+    let prof = &model.profiles[p];
+    let used = g.instances.iter().filter(|i| i.profile == p).count() as u64;
+    let by_count = (prof.max_count as u64).saturating_sub(used);
+    let by_compute = if prof.compute_slices == 0 {
+        u64::MAX
+    } else {
+        g.unpartitioned_slices as u64 / prof.compute_slices as u64
+    };
+    let limit = by_count.min(by_compute);
+    let mut taken = 0u16;
+    let mut k = 0u64;
+    for pl in dynamic_placements(model, p, g) {
+        if k >= limit {
+            break;
+        }
+        if pl.mask() & taken == 0 {
+            taken |= pl.mask();
+            k += 1;
+        }
+    }
+    k
+}
+
+/// Whether a whole-GPU DRA shape could take this dynamic GPU as a whole (the driver's full
+/// device consumes every counter, so only while no partition is allocated).
+fn dynamic_whole(shape: &Shape, g: &MigGpu) -> bool {
+    shape.dra && g.dra && g.dynamic && shape.gpu_milli == GPU_MILLI && g.instances.is_empty()
+}
+
 /// Per-zone eligible devices for a shape (whole/shared GPUs with enough free share, or free
 /// instances of the MIG profile), and how many devices it needs. Capacities are the zones' GPU
-/// counts, or their instance counts of the profile.
+/// counts, or their instance counts of the profile. Only devices of the shape's source (DRA or
+/// the device plugin) count; for a DRA shape, dynamic MIG GPUs count by what they can still
+/// allocate (a whole GPU while nothing is allocated on it, or placements of the profile).
 pub fn device_view(node: &Node, shape: &Shape, need: MigNeed) -> ([u64; 64], [u64; 64], u64) {
     let mut elig = [0u64; 64];
     let mut cap = [0u64; 64];
@@ -201,18 +285,30 @@ pub fn device_view(node: &Node, shape: &Shape, need: MigNeed) -> ([u64; 64], [u6
         MigNeed::None => {
             d = shape.gpus as u64;
             for (zi, z) in node.zones.iter().take(64).enumerate() {
-                cap[zi] = z.gpus.len() as u64;
-                elig[zi] = z
-                    .gpus
-                    .iter()
-                    .filter(|&&(_, f)| f >= shape.gpu_milli)
-                    .count() as u64;
+                let list = z.gpus_of(shape.dra);
+                cap[zi] = list.len() as u64;
+                elig[zi] = list.iter().filter(|&&(_, f)| f >= shape.gpu_milli).count() as u64;
+                if shape.dra {
+                    for g in z.mig.iter().filter(|g| g.dra && g.dynamic) {
+                        cap[zi] += 1;
+                        elig[zi] += dynamic_whole(shape, g) as u64;
+                    }
+                }
             }
         }
         MigNeed::Profile(p) => {
             d = 1;
+            let model = node_model(node);
             for (zi, z) in node.zones.iter().take(64).enumerate() {
-                for g in &z.mig {
+                for g in z.mig.iter().filter(|g| g.dra == shape.dra) {
+                    if g.dynamic {
+                        if let Some(m) = model {
+                            let k = dynamic_fit(m, p, g);
+                            cap[zi] += k;
+                            elig[zi] += k;
+                        }
+                        continue;
+                    }
                     for i in g.instances.iter().filter(|i| i.profile == p) {
                         cap[zi] += 1;
                         elig[zi] += (!i.used) as u64;
@@ -262,6 +358,30 @@ fn admit(
     let policy = node.policy;
     if fail.is_some() {
         return Admission { fail, usable: 0 };
+    }
+    if shape.dra {
+        // The kubelet's Topology Manager does not see DRA devices: the claim's own constraint
+        // decides (all its devices on one NUMA node, or anywhere).
+        if !shape.numa_aligned || d <= 1 {
+            return Admission {
+                fail: None,
+                usable: all_zones,
+            };
+        }
+        let mut usable = 0u64;
+        for (zi, &e) in elig.iter().enumerate().take(zones) {
+            if e >= d {
+                usable |= 1 << zi;
+            }
+        }
+        return if usable == 0 {
+            Admission {
+                fail: Some(Category::NumaSplit),
+                usable: 0,
+            }
+        } else {
+            Admission { fail: None, usable }
+        };
     }
     if matches!(policy, Policy::None | Policy::BestEffort) {
         return Admission {
@@ -325,7 +445,8 @@ fn admit(
     }
 }
 
-/// Admission of a shape on a node (for callers outside the scoring loop).
+/// Admission of a shape on a node (for callers outside the scoring loop; the shape as resolved
+/// by `on_node`).
 pub fn admission(node: &Node, shape: &Shape, need: MigNeed, cpu_ok: bool) -> Admission {
     let ctx = NodeCtx::new(node);
     let (elig, _, d) = device_view(node, shape, need);
@@ -390,8 +511,9 @@ pub fn add_shape_fragment(
         acc.all(ctx, Category::NoAccess);
         return;
     }
+    let plain = !shape.dra && !ctx.has_dra;
     let (elig, d) = match need {
-        MigNeed::None => {
+        MigNeed::None if plain => {
             let mut elig = [0u64; 64];
             for (zi, z) in node.zones.iter().take(64).enumerate() {
                 elig[zi] = z
@@ -414,6 +536,37 @@ pub fn add_shape_fragment(
     } else {
         fail.unwrap_or(Category::LackCpu)
     };
+    if plain {
+        plain_zones(ctx, shape, need, fail, usable, other, &mut acc);
+    } else {
+        // Capacity of the other allocation mechanism (DRA vs the device plugin).
+        let foreign = if cpu_ok {
+            Category::NoAccess
+        } else {
+            fail.unwrap_or(Category::LackCpu)
+        };
+        dra_zones(ctx, shape, need, fail, usable, other, foreign, &mut acc);
+    }
+}
+
+/// Whether any device of the node comes from a DRA driver.
+pub fn node_has_dra(node: &Node) -> bool {
+    node.zones
+        .iter()
+        .any(|z| !z.dra_gpus.is_empty() || z.mig.iter().any(|g| g.dra))
+}
+
+/// The fragment of a shape on a node without DRA devices (the device plugin's GPUs and MIG).
+fn plain_zones(
+    ctx: &NodeCtx<'_>,
+    shape: &Shape,
+    need: MigNeed,
+    fail: Option<Category>,
+    usable: u64,
+    other: Category,
+    acc: &mut Acc<'_>,
+) {
+    let node = ctx.node;
     for (zi, z) in node.zones.iter().take(64).enumerate() {
         let in_u = usable & (1u64 << zi) != 0;
         match need {
@@ -458,6 +611,107 @@ pub fn add_shape_fragment(
                         acc.mig(zi, i.compute_slices as f64, cat);
                     }
                 }
+            }
+        }
+    }
+}
+
+/// The fragment of a shape on a node with DRA devices: capacity of the other source is
+/// `foreign`; dynamic MIG GPUs count what the shape could allocate on them now.
+#[allow(clippy::too_many_arguments)]
+fn dra_zones(
+    ctx: &NodeCtx<'_>,
+    shape: &Shape,
+    need: MigNeed,
+    fail: Option<Category>,
+    usable: u64,
+    other: Category,
+    foreign: Category,
+    acc: &mut Acc<'_>,
+) {
+    let node = ctx.node;
+    let model = node_model(node);
+    let ok_or = |in_u: bool| -> Option<Category> {
+        if let Some(c) = fail {
+            Some(c)
+        } else if !in_u {
+            Some(Category::NumaSplit)
+        } else {
+            None
+        }
+    };
+    for (zi, z) in node.zones.iter().take(64).enumerate() {
+        let in_u = usable & (1u64 << zi) != 0;
+        for (dra, list) in [(false, &z.gpus), (true, &z.dra_gpus)] {
+            for &(_, f) in list {
+                if f == 0 {
+                    continue;
+                }
+                let cat = if dra != shape.dra {
+                    foreign
+                } else if need != MigNeed::None {
+                    other
+                } else if let Some(c) = fail {
+                    c
+                } else if f < shape.gpu_milli {
+                    Category::Stranded
+                } else if !in_u {
+                    Category::NumaSplit
+                } else {
+                    continue;
+                };
+                acc.gpu(zi, f as f64, cat);
+            }
+        }
+        for g in &z.mig {
+            let idle = g.idle_slices();
+            if g.dra != shape.dra {
+                if idle > 0 {
+                    acc.mig(zi, idle as f64, foreign);
+                }
+                continue;
+            }
+            if g.dynamic {
+                match (need, model) {
+                    (MigNeed::Profile(p), Some(m)) => {
+                        let fit = dynamic_fit(m, p, g) * m.profiles[p].compute_slices as u64;
+                        let fit = fit.min(idle);
+                        if idle > fit {
+                            acc.mig(zi, (idle - fit) as f64, other);
+                        }
+                        if fit > 0 {
+                            if let Some(c) = ok_or(in_u) {
+                                acc.mig(zi, fit as f64, c);
+                            }
+                        }
+                    }
+                    (MigNeed::None, _) if dynamic_whole(shape, g) => {
+                        if idle > 0 {
+                            if let Some(c) = ok_or(in_u) {
+                                acc.mig(zi, idle as f64, c);
+                            }
+                        }
+                    }
+                    _ => {
+                        if idle > 0 {
+                            acc.mig(zi, idle as f64, other);
+                        }
+                    }
+                }
+                continue;
+            }
+            if g.unpartitioned_slices > 0 {
+                acc.mig(zi, g.unpartitioned_slices as f64, other);
+            }
+            for i in g.instances.iter().filter(|i| !i.used) {
+                let cat = if MigNeed::Profile(i.profile) != need {
+                    other
+                } else if let Some(c) = ok_or(in_u) {
+                    c
+                } else {
+                    continue;
+                };
+                acc.mig(zi, i.compute_slices as f64, cat);
             }
         }
     }
@@ -542,7 +796,7 @@ pub fn recoverable_slices(node: &Node, wanted_mask: u64, memo: &mut RecoverMemo)
         .collect();
     let mut total = 0u64;
     for z in &node.zones {
-        for g in &z.mig {
+        for g in z.mig.iter().filter(|g| !g.dynamic) {
             let mut pinned: Vec<(usize, u8)> = g
                 .instances
                 .iter()
@@ -586,14 +840,165 @@ pub fn score_node(node: &Node, shapes: &[Shape], memo: &mut RecoverMemo) -> Node
     let mut score = empty_score(node);
     let mut wanted = 0u64;
     for s in shapes {
-        let need = mig_need(node, s);
+        let s = on_node(s, node);
+        let need = mig_need(node, &s);
         if let MigNeed::Profile(p) = need {
-            if p < 64 && ctx.allows(s) {
+            if p < 64 && ctx.allows(&s) {
                 wanted |= 1 << p;
             }
         }
-        add_shape_fragment(&ctx, s, need, s.weight, &mut score);
+        add_shape_fragment(&ctx, &s, need, s.weight, &mut score);
     }
     score.recoverable_mig_slices = recoverable_slices(node, wanted, memo);
     score
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fragment::model::ClusterColumns;
+
+    /// One node, one zone, GPUs with `used` milli, in `pool`, shared `replicas` ways, with
+    /// `memory` MiB per GPU.
+    fn node(used: &[i64], pool: &str, replicas: i64, memory: i64) -> Node {
+        let c = ClusterColumns {
+            node_names: vec!["n".into()],
+            node_models: vec!["A100-SXM4-80GB".into()],
+            node_policies: vec!["none".into()],
+            node_cpu_static: vec![false],
+            node_memory_static: vec![false],
+            zone_offsets: vec![0, 1],
+            zone_numa: vec![0],
+            zone_cpu_milli: vec![64000],
+            zone_cpu_used: vec![0],
+            zone_memory_mib: vec![1 << 20],
+            zone_memory_used: vec![0],
+            gpu_offsets: vec![0, used.len()],
+            gpu_ids: (0..used.len() as i64).collect(),
+            gpu_used_milli: used.to_vec(),
+            mig_offsets: vec![0, 0],
+            instance_offsets: vec![0],
+            node_gpu_pools: vec![pool.into()],
+            node_gpu_replicas: vec![replicas],
+            node_gpu_memory_mib: vec![memory],
+            ..Default::default()
+        };
+        Cluster::from_columns(&c).unwrap().nodes.remove(0)
+    }
+
+    fn shape(gpus: u32, milli: u32, pool: &str, memory: u64) -> Shape {
+        Shape {
+            cpu_milli: 1000,
+            memory_mib: 0,
+            gpus,
+            gpu_milli: milli,
+            mig_profile: None,
+            gpu_models: vec![],
+            weight: 1.0,
+            gpu_pool: pool.into(),
+            gpu_memory_mib: memory,
+            ..Default::default()
+        }
+    }
+
+    fn score(n: &Node, s: Shape) -> NodeScore {
+        score_node(n, &[s], &mut RecoverMemo::new())
+    }
+
+    #[test]
+    fn another_pool_is_no_access() {
+        let n = node(&[0, 500], "nvidia.com/gpu.shared", 4, 0);
+        let s = score(&n, shape(1, 1000, "", 0));
+        assert_eq!(s.fragment_gpu_milli, 1500.0);
+        assert_eq!(s.categories[Category::NoAccess as usize], 1500.0);
+        let s = score(&n, shape(1, 0, "nvidia.com/gpu.shared", 0));
+        assert_eq!(s.fragment_gpu_milli, 0.0);
+    }
+
+    #[test]
+    fn a_replica_is_sized_by_the_node() {
+        // 3 replicas per GPU: 333 milli each; GPU 0 holds one (1000 - 2 x 333 = 334 used), GPU 1
+        // all three; GPU 2 none (the remainder 1 is counted as used)
+        let n = node(&[334, 1000, 1], "", 3, 0);
+        let s = score(&n, shape(1, 0, "", 0));
+        assert_eq!(s.idle_gpu_milli, 666.0 + 999.0);
+        assert_eq!(s.fragment_gpu_milli, 0.0);
+        // two replicas on two GPUs: still fits; on an unshared node a replica is a whole GPU
+        assert_eq!(score(&n, shape(2, 0, "", 0)).fragment_gpu_milli, 0.0);
+        let whole = node(&[0, 1000, 400], "", 1, 0);
+        let s = score(&whole, shape(1, 0, "", 0));
+        assert_eq!(s.categories[Category::Stranded as usize], 600.0);
+    }
+
+    #[test]
+    fn a_memory_request_is_a_fraction_of_the_gpu_memory() {
+        // 20000 MiB of an 80000 MiB GPU: 250 milli; GPU 1 has 200 free: stranded
+        let n = node(&[0, 800], "hami", 1, 80000);
+        let s = score(&n, shape(1, 1, "hami", 20000));
+        assert_eq!(s.categories[Category::Stranded as usize], 200.0);
+        assert_eq!(s.fragment_gpu_milli, 200.0);
+        // the core share wins when larger
+        let s = score(&n, shape(1, 300, "hami", 20000));
+        assert_eq!(s.categories[Category::Stranded as usize], 200.0);
+        let s = score(&n, shape(1, 100, "hami", 0));
+        assert_eq!(s.fragment_gpu_milli, 0.0);
+        assert_eq!(shape(1, 1, "hami", 20000).share_on(1, 0), 1000);
+    }
+
+    #[test]
+    fn shares_of_several_gpus_need_that_many_gpus_with_the_share() {
+        // two GPUs of 250 each: GPUs 0 and 2 have room, GPU 1 (100 free) is stranded
+        let n = node(&[0, 900, 700], "hami", 1, 0);
+        let s = score(&n, shape(2, 250, "hami", 0));
+        assert_eq!(s.categories[Category::Stranded as usize], 100.0);
+        assert_eq!(s.fragment_gpu_milli, 100.0);
+        let s = score(&n, shape(3, 250, "hami", 0));
+        assert_eq!(
+            s.categories[Category::LackGpu as usize],
+            1000.0 + 100.0 + 300.0
+        );
+    }
+
+    #[test]
+    fn placing_a_replica_takes_the_nodes_share() {
+        let n = node(&[0, 1000], "nvidia.com/gpu.shared", 4, 0);
+        let s = shape(1, 0, "nvidia.com/gpu.shared", 0);
+        let shapes = std::slice::from_ref(&s);
+        let d =
+            crate::fragment::delta::place_delta(&n, &s, shapes, &mut RecoverMemo::new()).unwrap();
+        assert_eq!(d.assignment.gpus, vec![(0, 0, 250)]);
+        let other = shape(1, 0, "", 0);
+        assert!(
+            crate::fragment::delta::place_delta(&n, &other, &[s], &mut RecoverMemo::new())
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn replicas_out_of_range_are_refused() {
+        let mut c = ClusterColumns {
+            node_names: vec!["n".into()],
+            node_models: vec!["x".into()],
+            node_policies: vec!["none".into()],
+            node_cpu_static: vec![false],
+            node_memory_static: vec![false],
+            zone_offsets: vec![0, 1],
+            zone_numa: vec![0],
+            zone_cpu_milli: vec![0],
+            zone_cpu_used: vec![0],
+            zone_memory_mib: vec![0],
+            zone_memory_used: vec![0],
+            gpu_offsets: vec![0, 0],
+            mig_offsets: vec![0, 0],
+            instance_offsets: vec![0],
+            node_gpu_replicas: vec![0],
+            ..Default::default()
+        };
+        let e = Cluster::from_columns(&c).unwrap_err();
+        assert_eq!(e.field, "nodes[\"n\"].gpu_replicas");
+        c.node_gpu_replicas = vec![1001];
+        assert!(Cluster::from_columns(&c).is_err());
+        c.node_gpu_replicas = vec![1, 2];
+        assert!(Cluster::from_columns(&c).is_err());
+    }
 }

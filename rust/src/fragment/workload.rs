@@ -5,7 +5,7 @@ use crate::mig::catalog::Catalog;
 
 use super::model::GPU_MILLI;
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Shape {
     pub cpu_milli: u64,
     pub memory_mib: u64,
@@ -18,11 +18,84 @@ pub struct Shape {
     /// Allowed GPU models; empty = any.
     pub gpu_models: Vec<String>,
     pub weight: f64,
+    /// Asked through a DRA ResourceClaim: only devices a DRA driver publishes serve it, and the
+    /// kubelet's Topology Manager takes no part (admission is the claim's own constraints).
+    pub dra: bool,
+    /// A DRA claim whose devices must share a NUMA node (`matchAttribute` on
+    /// `resource.kubernetes.io/numaNode`, or `pcieRoot` where zones are PCIe roots).
+    pub numa_aligned: bool,
+    /// The GPU sharing pool its GPUs must come from: the resource the scheduler matches it by
+    /// ("" is `nvidia.com/gpu` as the NVIDIA device plugin serves it; `nvidia.com/gpu.shared`
+    /// for renamed time-slicing/MPS replicas; `hami` for HAMi). Not checked for MIG shapes.
+    pub gpu_pool: String,
+    /// GPU memory per GPU (MiB) the shape needs (HAMi's `nvidia.com/gpumem`): on a node, its
+    /// share is at least this fraction of the node's per-GPU memory. 0: none.
+    pub gpu_memory_mib: u64,
 }
 
+/// Everything about a shape but its weight: two shapes with equal keys are placed alike.
+pub type ShapeKey = (
+    u64,
+    u64,
+    u32,
+    u32,
+    Option<String>,
+    Vec<String>,
+    bool,
+    bool,
+    String,
+    u64,
+);
+
 impl Shape {
+    /// The shape without its weight (a cache key).
+    pub fn key(&self) -> ShapeKey {
+        (
+            self.cpu_milli,
+            self.memory_mib,
+            self.gpus,
+            self.gpu_milli,
+            self.mig_profile.clone(),
+            self.gpu_models.clone(),
+            self.dra,
+            self.numa_aligned,
+            self.gpu_pool.clone(),
+            self.gpu_memory_mib,
+        )
+    }
+
     pub fn is_cpu_only(&self) -> bool {
         self.gpus == 0 && self.mig_profile.is_none()
+    }
+
+    /// Whether the shape's share depends on the node: a replica (one device-plugin unit per
+    /// GPU: `gpu_milli` 0) or a memory request.
+    pub fn is_node_relative(&self) -> bool {
+        self.mig_profile.is_none()
+            && self.gpus > 0
+            && (self.gpu_milli == 0 || self.gpu_memory_mib > 0)
+    }
+
+    /// The per-GPU share (milli-GPU) the shape needs on a node whose GPUs are shared
+    /// `replicas` ways (1: not shared) with `gpu_memory_mib` of memory each (0: unknown): a
+    /// replica is `1000 / replicas` (rounded down); a memory request is its fraction of the
+    /// GPU's memory (rounded up; a whole GPU when the memory is unknown), or `gpu_milli` if
+    /// that is larger.
+    pub fn share_on(&self, replicas: u32, gpu_memory_mib: u64) -> u32 {
+        if self.gpu_memory_mib > 0 {
+            let mem = if gpu_memory_mib == 0 {
+                GPU_MILLI
+            } else {
+                let m =
+                    (self.gpu_memory_mib.saturating_mul(GPU_MILLI as u64)).div_ceil(gpu_memory_mib);
+                m.min(GPU_MILLI as u64) as u32
+            };
+            return mem.max(self.gpu_milli);
+        }
+        if self.gpu_milli == 0 {
+            return GPU_MILLI / replicas.max(1);
+        }
+        self.gpu_milli
     }
 
     /// Whether a node with this GPU model may run the shape. Model names compare
@@ -73,6 +146,12 @@ pub fn validate_shapes(shapes: &mut [Shape]) -> CoreResult<()> {
             ));
         }
         total += s.weight;
+        if s.numa_aligned && !s.dra {
+            return Err(CoreError::new(
+                f("numa_aligned"),
+                "only a DRA shape (dra: true) carries its own NUMA alignment",
+            ));
+        }
         if let Some(p) = &s.mig_profile {
             if s.gpus > 1 {
                 return Err(CoreError::new(
@@ -104,19 +183,18 @@ pub fn validate_shapes(shapes: &mut [Shape]) -> CoreResult<()> {
                     "a CPU-only shape (gpus 0) must have gpu_milli 0",
                 ));
             }
-        } else {
-            if s.gpu_milli == 0 || s.gpu_milli > GPU_MILLI {
-                return Err(CoreError::new(
-                    f("gpu_milli"),
-                    format!("must be in 1..=1000 when gpus >= 1, got {}", s.gpu_milli),
-                ));
-            }
-            if s.gpu_milli < GPU_MILLI && s.gpus > 1 {
-                return Err(CoreError::new(
-                    f("gpu_milli"),
-                    "a share below 1000 is only allowed with gpus 1",
-                ));
-            }
+        } else if s.gpu_milli > GPU_MILLI {
+            // 0: one replica (device-plugin unit) of each GPU, sized by the node
+            return Err(CoreError::new(
+                f("gpu_milli"),
+                format!("must be in 0..=1000 when gpus >= 1, got {}", s.gpu_milli),
+            ));
+        }
+        if s.gpu_memory_mib > 0 && (s.gpus == 0 || s.mig_profile.is_some()) {
+            return Err(CoreError::new(
+                f("gpu_memory_mib"),
+                "only a shape asking for whole or shared GPUs (gpus >= 1, no MIG profile) can ask for GPU memory",
+            ));
         }
     }
     for s in shapes.iter_mut() {

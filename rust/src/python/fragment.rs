@@ -8,9 +8,11 @@ use pyo3::types::{PyDict, PyList, PyString};
 use super::convert::{
     field_error, int, int_list, item, sequence, string, string_list, type_name, value_error,
 };
+use crate::compaction::{self, Input, Limits, Movable, NodeSet, Pending, Plan};
 use crate::fragment::delta::{apply, place_delta, remove_delta, Assignment, Delta};
-use crate::fragment::score::{score_node, RecoverMemo};
-use crate::fragment::{validate_shapes, Cluster, ClusterColumns, Shape, CATEGORY_NAMES};
+use crate::fragment::score::{node_model, score_node, RecoverMemo};
+use crate::fragment::{validate_shapes, Cluster, ClusterColumns, Node, Shape, CATEGORY_NAMES};
+use crate::placement::{self, ClusterView, Ranked};
 
 fn ints(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Vec<i64>> {
     int_list(&item(d, key, "columns")?, || key.to_string())
@@ -32,6 +34,19 @@ fn bools(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Vec<bool>> {
         .iter()
         .map(|x| x.is_truthy())
         .collect()
+}
+
+/// An optional column: empty when the key is absent.
+fn optional<T>(
+    d: &Bound<'_, PyDict>,
+    key: &str,
+    read: impl Fn(&str) -> PyResult<Vec<T>>,
+) -> PyResult<Vec<T>> {
+    if d.contains(key)? {
+        read(key)
+    } else {
+        Ok(Vec::new())
+    }
 }
 
 fn read_shape(obj: &Bound<'_, PyAny>, prefix: &str) -> PyResult<Shape> {
@@ -66,6 +81,11 @@ fn read_shape(obj: &Bound<'_, PyAny>, prefix: &str) -> PyResult<Shape> {
         Some(v) if !v.is_none() => string_list(&v, || f("gpu_models"))?,
         _ => Vec::new(),
     };
+    let gpu_pool = match d.get_item(intern!(py, "gpu_pool"))? {
+        Some(v) if !v.is_none() => string(&v, || f("gpu_pool"))?,
+        _ => String::new(),
+    };
+    let gpu_memory_mib = num(intern!(py, "gpu_memory_mib"), "gpu_memory_mib")?;
     let weight: f64 = match d.get_item(intern!(py, "weight"))? {
         None => return Err(field_error(&f("weight"), "missing")),
         Some(v) => v.extract::<f64>().map_err(|_| {
@@ -75,6 +95,14 @@ fn read_shape(obj: &Bound<'_, PyAny>, prefix: &str) -> PyResult<Shape> {
             )
         })?,
     };
+    let flag = |k: &Bound<'_, PyString>| -> PyResult<bool> {
+        Ok(match d.get_item(k)? {
+            Some(v) if !v.is_none() => v.is_truthy()?,
+            _ => false,
+        })
+    };
+    let dra = flag(intern!(py, "dra"))?;
+    let numa_aligned = flag(intern!(py, "numa_aligned"))?;
     Ok(Shape {
         cpu_milli,
         memory_mib,
@@ -83,6 +111,10 @@ fn read_shape(obj: &Bound<'_, PyAny>, prefix: &str) -> PyResult<Shape> {
         mig_profile,
         gpu_models,
         weight,
+        dra,
+        numa_aligned,
+        gpu_pool,
+        gpu_memory_mib,
     })
 }
 
@@ -114,13 +146,34 @@ fn read_task(obj: &Bound<'_, PyAny>) -> PyResult<Shape> {
     Ok(one.remove(0))
 }
 
-fn assignment_dict<'py>(py: Python<'py>, a: &Assignment) -> PyResult<Bound<'py, PyDict>> {
+fn assignment_dict<'py>(
+    py: Python<'py>,
+    a: &Assignment,
+    node: &Node,
+) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("cpu", a.cpu.clone())?;
     d.set_item("memory", a.memory.clone())?;
     d.set_item("gpus", a.gpus.clone())?;
     d.set_item("mig", a.mig)?;
+    if !a.dra_gpus.is_empty() {
+        d.set_item("dra_gpus", a.dra_gpus.clone())?;
+    }
+    if !a.dyn_whole.is_empty() {
+        d.set_item("dyn_whole", a.dyn_whole.clone())?;
+    }
+    if let Some(v) = mig_new_out(a, node) {
+        d.set_item("mig_new", v)?;
+    }
     Ok(d)
+}
+
+/// `mig_new` with the profile by name: (zone, MIG GPU, profile, start); the index is the
+/// catalog's, of the node's GPU model.
+fn mig_new_out(a: &Assignment, node: &Node) -> Option<(usize, usize, String, u8)> {
+    let (zi, mi, p, start) = a.mig_new?;
+    let name = node_model(node)?.profiles.get(p)?.name.clone();
+    Some((zi, mi, name, start))
 }
 
 /// Rows of non-negative integers of a fixed arity (lists or tuples).
@@ -140,7 +193,7 @@ fn rows(obj: &Bound<'_, PyAny>, field: &str, arity: usize) -> PyResult<Vec<Vec<u
     Ok(out)
 }
 
-fn read_assignment(obj: &Bound<'_, PyAny>) -> PyResult<Assignment> {
+fn read_assignment(obj: &Bound<'_, PyAny>, node: &Node) -> PyResult<Assignment> {
     let d = obj
         .cast::<PyDict>()
         .map_err(|_| field_error("assignment", "expected an object"))?;
@@ -182,6 +235,45 @@ fn read_assignment(obj: &Bound<'_, PyAny>) -> PyResult<Assignment> {
             a.mig = Some((r[0] as usize, r[1] as usize, r[2] as usize));
         }
     }
+    if let Some(v) = d.get_item("dra_gpus")? {
+        a.dra_gpus = rows(&v, "assignment.dra_gpus", 3)?
+            .into_iter()
+            .map(|r| {
+                Ok((
+                    r[0] as usize,
+                    r[1] as usize,
+                    u32::try_from(r[2]).map_err(big)?,
+                ))
+            })
+            .collect::<PyResult<_>>()?;
+    }
+    if let Some(v) = d.get_item("dyn_whole")? {
+        a.dyn_whole = rows(&v, "assignment.dyn_whole", 2)?
+            .into_iter()
+            .map(|r| (r[0] as usize, r[1] as usize))
+            .collect();
+    }
+    if let Some(v) = d.get_item("mig_new")? {
+        if !v.is_none() {
+            let bad = || field_error("assignment.mig_new", "expected [zone, gpu, profile, start]");
+            let items = sequence(&v, || "assignment.mig_new".to_string())?;
+            if items.len() != 4 {
+                return Err(bad());
+            }
+            let zi = usize::try_from(int(&items[0], || "assignment.mig_new".into())?)
+                .map_err(|_| bad())?;
+            let mi = usize::try_from(int(&items[1], || "assignment.mig_new".into())?)
+                .map_err(|_| bad())?;
+            let name = string(&items[2], || "assignment.mig_new".into())?;
+            let start =
+                u8::try_from(int(&items[3], || "assignment.mig_new".into())?).map_err(|_| bad())?;
+            let model = node_model(node).ok_or_else(|| {
+                field_error("assignment.mig_new", "the node has no MIG GPU model")
+            })?;
+            let p = model.profile_index(&name).map_err(value_error)?;
+            a.mig_new = Some((zi, mi, p, start));
+        }
+    }
     Ok(a)
 }
 
@@ -191,11 +283,11 @@ pub struct PyFragmentModel {
     cluster: Cluster,
 }
 
-fn delta_dict<'py>(py: Python<'py>, d: &Delta) -> PyResult<Bound<'py, PyDict>> {
+fn delta_dict<'py>(py: Python<'py>, d: &Delta, node: &Node) -> PyResult<Bound<'py, PyDict>> {
     let out = PyDict::new(py);
     out.set_item("fragment_gpu_milli", d.fragment_gpu_milli)?;
     out.set_item("fragment_mig_slices", d.fragment_mig_slices)?;
-    out.set_item("assignment", assignment_dict(py, &d.assignment)?)?;
+    out.set_item("assignment", assignment_dict(py, &d.assignment, node)?)?;
     Ok(out)
 }
 
@@ -224,6 +316,15 @@ impl PyFragmentModel {
             instance_profiles: strings(columns, "instance_profiles")?,
             instance_starts: ints(columns, "instance_starts")?,
             instance_used: bools(columns, "instance_used")?,
+            dra_gpu_offsets: optional(columns, "dra_gpu_offsets", |k| offsets(columns, k))?,
+            dra_gpu_ids: optional(columns, "dra_gpu_ids", |k| ints(columns, k))?,
+            dra_gpu_used_milli: optional(columns, "dra_gpu_used_milli", |k| ints(columns, k))?,
+            mig_dra: optional(columns, "mig_dra", |k| bools(columns, k))?,
+            mig_dynamic: optional(columns, "mig_dynamic", |k| bools(columns, k))?,
+            mig_free_slices: optional(columns, "mig_free_slices", |k| ints(columns, k))?,
+            node_gpu_pools: optional(columns, "node_gpu_pools", |k| strings(columns, k))?,
+            node_gpu_replicas: optional(columns, "node_gpu_replicas", |k| ints(columns, k))?,
+            node_gpu_memory_mib: optional(columns, "node_gpu_memory_mib", |k| ints(columns, k))?,
         };
         let cluster = Cluster::from_columns(&c).map_err(value_error)?;
         Ok(Self { cluster })
@@ -292,7 +393,7 @@ impl PyFragmentModel {
         let task = read_task(task)?;
         let shapes = read_shapes(shapes)?;
         let d = py.detach(|| place_delta(n, &task, &shapes, &mut RecoverMemo::new()));
-        d.map(|d| delta_dict(py, &d)).transpose()
+        d.map(|d| delta_dict(py, &d, n)).transpose()
     }
 
     /// The fragment delta of removing the task at `assignment` from node `node`.
@@ -304,71 +405,115 @@ impl PyFragmentModel {
         shapes: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let n = self.node(node)?;
-        let a = read_assignment(assignment)?;
+        let a = read_assignment(assignment, n)?;
         let shapes = read_shapes(shapes)?;
         let d = py
             .detach(|| remove_delta(n, &a, &shapes, &mut RecoverMemo::new()))
             .map_err(value_error)?;
-        delta_dict(py, &d)
+        delta_dict(py, &d, n)
     }
 
-    /// Compaction plan: `movable` is a list of {"node": index, "assignment": ..., "shape": ...};
-    /// returns moves {"pod", "from", "to", "assignment", "remove_delta", "place_delta", "gain"}.
-    #[pyo3(signature = (movable, shapes, max_moves=10, min_gain=1.0, max_moves_per_node=None))]
-    fn plan_compaction<'py>(
+    /// The policy's best placement of `task` on each of `nodes` (default: every node), as
+    /// {"node", "rank", "inc", "cpu_short", "left", "idle", "assignment"}, or None where the
+    /// node does not admit it (`crate::placement::rank_nodes`).
+    #[pyo3(signature = (task, shapes, nodes=None))]
+    fn rank<'py>(
+        &self,
+        py: Python<'py>,
+        task: &Bound<'py, PyAny>,
+        shapes: &Bound<'py, PyAny>,
+        nodes: Option<Vec<usize>>,
+    ) -> PyResult<Vec<Option<Bound<'py, PyDict>>>> {
+        let task = read_task(task)?;
+        let shapes = read_shapes(shapes)?;
+        let nodes = nodes.unwrap_or_else(|| (0..self.cluster.nodes.len()).collect());
+        let cluster = &self.cluster;
+        let ranked = py.detach(|| {
+            let v = ClusterView::of(cluster, &shapes);
+            placement::rank_nodes(&v, &task, &nodes)
+        });
+        ranked
+            .iter()
+            .map(|r| r.as_ref().map(|r| ranked_dict(py, r, cluster)).transpose())
+            .collect()
+    }
+
+    /// The policy's choice for `task` among `nodes` (default: every node): the best rank, ties
+    /// to the first node in order (`crate::placement::choose`); None when none admits it.
+    #[pyo3(signature = (task, shapes, nodes=None))]
+    fn choose<'py>(
+        &self,
+        py: Python<'py>,
+        task: &Bound<'py, PyAny>,
+        shapes: &Bound<'py, PyAny>,
+        nodes: Option<Vec<usize>>,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let task = read_task(task)?;
+        let shapes = read_shapes(shapes)?;
+        let cluster = &self.cluster;
+        let count = cluster.nodes.len();
+        let allowed: Vec<bool> = match nodes {
+            None => vec![true; count],
+            Some(ns) => {
+                let mut a = vec![false; count];
+                for i in ns.into_iter().filter(|&i| i < count) {
+                    a[i] = true;
+                }
+                a
+            }
+        };
+        let got = py.detach(|| {
+            let v = ClusterView::of(cluster, &shapes);
+            placement::choose(&v, &task, |i| allowed[i])
+        });
+        got.map(|r| ranked_dict(py, &r, cluster)).transpose()
+    }
+
+    /// A compaction plan (`crate::compaction::plan`). `movable`: [{"node", "assignment",
+    /// "shape", "allowed"?, "pdb"?, "group"?}]; `pending`: [{"shape", "allowed"?}];
+    /// `node_sets`: lists of node indices that `allowed` refers to; `pdb_headroom`: disruptions
+    /// each budget allows. Returns {"moves": [{"pod", "from", "to", "assignment", "gain",
+    /// "rescue"}], "rescues": [{"pending", "node", "assignment", "moves", "waits", "delta"}],
+    /// "unrescued", "truncated"}.
+    #[pyo3(signature = (movable, pending, shapes, node_sets=Vec::new(), pdb_headroom=Vec::new(), limits=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn plan<'py>(
         &self,
         py: Python<'py>,
         movable: &Bound<'py, PyAny>,
+        pending: &Bound<'py, PyAny>,
         shapes: &Bound<'py, PyAny>,
-        max_moves: usize,
-        min_gain: f64,
-        max_moves_per_node: Option<usize>,
-    ) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        node_sets: Vec<Vec<usize>>,
+        pdb_headroom: Vec<u32>,
+        limits: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
         let shapes = read_shapes(shapes)?;
-        let mut items = Vec::new();
-        for (i, m) in sequence(movable, || "movable".to_string())?
+        let items = read_movable(movable, &self.cluster)?;
+        let pend = read_pending(pending)?;
+        let limits = read_limits(limits)?;
+        let count = self.cluster.nodes.len();
+        let sets: Vec<NodeSet> = node_sets
             .iter()
-            .enumerate()
-        {
-            let d = m
-                .cast::<PyDict>()
-                .map_err(|_| field_error(&format!("movable[{i}]"), "expected an object"))?;
-            let node = int(&item(d, "node", &format!("movable[{i}]"))?, || {
-                format!("movable[{i}].node")
-            })?;
-            let node = usize::try_from(node)
-                .map_err(|_| field_error(&format!("movable[{i}].node"), "negative"))?;
-            let assignment = read_assignment(&item(d, "assignment", &format!("movable[{i}]"))?)?;
-            let shape = read_task(&item(d, "shape", &format!("movable[{i}]"))?)?;
-            items.push(crate::compaction::Movable {
-                node,
-                assignment,
-                shape,
-            });
-        }
-        let limits = crate::compaction::CompactionLimits {
-            max_moves,
-            min_gain,
-            max_moves_per_node: max_moves_per_node.unwrap_or(usize::MAX),
-        };
-        let cluster = &self.cluster;
-        let moves = py
-            .detach(|| crate::compaction::plan(cluster, &items, &shapes, &limits))
-            .map_err(value_error)?;
-        moves
-            .iter()
-            .map(|mv| {
-                let out = PyDict::new(py);
-                out.set_item("pod", mv.pod)?;
-                out.set_item("from", mv.from)?;
-                out.set_item("to", mv.to)?;
-                out.set_item("assignment", assignment_dict(py, &mv.to_assignment)?)?;
-                out.set_item("remove_delta", mv.remove_delta)?;
-                out.set_item("place_delta", mv.place_delta)?;
-                out.set_item("gain", mv.gain())?;
-                Ok(out)
+            .map(|ns| {
+                let mut words = vec![0u64; count.div_ceil(64)];
+                for &i in ns.iter().filter(|&&i| i < count) {
+                    words[i / 64] |= 1u64 << (i % 64);
+                }
+                words
             })
-            .collect()
+            .collect();
+        let cluster = &self.cluster;
+        let plan = py.detach(|| {
+            let mut v = ClusterView::of(cluster, &shapes);
+            let input = Input {
+                movable: &items,
+                pending: &pend,
+                node_sets: &sets,
+                pdb_headroom: &pdb_headroom,
+            };
+            compaction::plan(&mut v, &input, &limits)
+        });
+        plan_dict(py, &plan, cluster)
     }
 
     /// Index of a node by name, or None.
@@ -378,7 +523,7 @@ impl PyFragmentModel {
 
     /// Places (`place=True`) or removes the task at `assignment` on node `node`, in place.
     fn apply(&mut self, node: usize, assignment: &Bound<'_, PyAny>, place: bool) -> PyResult<()> {
-        let a = read_assignment(assignment)?;
+        let a = read_assignment(assignment, self.node(node)?)?;
         let count = self.cluster.nodes.len();
         let n = self.cluster.nodes.get_mut(node).ok_or_else(|| {
             field_error("node", format!("index {node} out of range (0..{count})"))
@@ -407,6 +552,182 @@ impl PyFragmentModel {
     }
 }
 
+fn ranked_dict<'py>(
+    py: Python<'py>,
+    r: &Ranked<Assignment>,
+    cluster: &Cluster,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("node", r.node)?;
+    d.set_item("rank", r.rank)?;
+    d.set_item("inc", r.features.inc)?;
+    d.set_item("cpu_short", r.features.cpu_short)?;
+    d.set_item("left", r.features.left)?;
+    d.set_item("idle", r.features.idle)?;
+    d.set_item(
+        "assignment",
+        assignment_dict(py, &r.place, &cluster.nodes[r.node])?,
+    )?;
+    Ok(d)
+}
+
+fn opt_index(d: &Bound<'_, PyDict>, key: &str, where_: &str) -> PyResult<Option<usize>> {
+    match d.get_item(key)? {
+        None => Ok(None),
+        Some(v) if v.is_none() => Ok(None),
+        Some(v) => {
+            let x = int(&v, || format!("{where_}.{key}"))?;
+            usize::try_from(x)
+                .map(Some)
+                .map_err(|_| field_error(&format!("{where_}.{key}"), "negative"))
+        }
+    }
+}
+
+fn read_movable(
+    obj: &Bound<'_, PyAny>,
+    cluster: &Cluster,
+) -> PyResult<Vec<Movable<Shape, Assignment>>> {
+    let mut items = Vec::new();
+    for (i, m) in sequence(obj, || "movable".to_string())?.iter().enumerate() {
+        let w = format!("movable[{i}]");
+        let d = m
+            .cast::<PyDict>()
+            .map_err(|_| field_error(&w, "expected an object"))?;
+        let node = opt_index(d, "node", &w)?.ok_or_else(|| field_error(&w, "node missing"))?;
+        let group = opt_index(d, "group", &w)?
+            .map(|g| u32::try_from(g).map_err(|_| field_error(&format!("{w}.group"), "too large")))
+            .transpose()?;
+        let on = cluster.nodes.get(node).ok_or_else(|| {
+            field_error(
+                &format!("{w}.node"),
+                format!("index {node} out of range (0..{})", cluster.nodes.len()),
+            )
+        })?;
+        items.push(Movable {
+            node,
+            task: read_task(&item(d, "shape", &w)?)?,
+            place: read_assignment(&item(d, "assignment", &w)?, on)?,
+            allowed: opt_index(d, "allowed", &w)?,
+            pdb: opt_index(d, "pdb", &w)?,
+            group,
+        });
+    }
+    Ok(items)
+}
+
+fn read_pending(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Pending<Shape>>> {
+    let mut out = Vec::new();
+    for (i, m) in sequence(obj, || "pending".to_string())?.iter().enumerate() {
+        let w = format!("pending[{i}]");
+        let d = m
+            .cast::<PyDict>()
+            .map_err(|_| field_error(&w, "expected an object"))?;
+        out.push(Pending {
+            task: read_task(&item(d, "shape", &w)?)?,
+            allowed: opt_index(d, "allowed", &w)?,
+        });
+    }
+    Ok(out)
+}
+
+fn read_limits(obj: Option<&Bound<'_, PyDict>>) -> PyResult<Limits> {
+    let mut l = Limits::default();
+    let Some(d) = obj else { return Ok(l) };
+    let size = |k: &str, dflt: usize| -> PyResult<usize> {
+        match d.get_item(k)? {
+            None => Ok(dflt),
+            Some(v) if v.is_none() => Ok(dflt),
+            Some(v) => {
+                let x = int(&v, || format!("limits.{k}"))?;
+                usize::try_from(x).map_err(|_| field_error(&format!("limits.{k}"), "negative"))
+            }
+        }
+    };
+    l.max_moves = size("max_moves", l.max_moves)?;
+    l.max_moves_per_node = size("max_moves_per_node", l.max_moves_per_node)?;
+    l.rescue_depth = size("rescue_depth", l.rescue_depth)?.min(8);
+    l.max_rescues = size("max_rescues", l.max_rescues)?;
+    l.rescue_budget = size("rescue_budget", l.rescue_budget)?;
+    if let Some(v) = d.get_item("min_gain")? {
+        let g: f64 = v
+            .extract()
+            .map_err(|_| field_error("limits.min_gain", "expected a number"))?;
+        if !(g.is_finite() && g >= 0.0) {
+            return Err(field_error(
+                "limits.min_gain",
+                "must be a finite number >= 0",
+            ));
+        }
+        l.min_gain = g;
+    }
+    if let Some(v) = d.get_item("defragment")? {
+        l.defragment = v.is_truthy()?;
+    }
+    Ok(l)
+}
+
+fn plan_dict<'py>(
+    py: Python<'py>,
+    p: &Plan<Assignment>,
+    cluster: &Cluster,
+) -> PyResult<Bound<'py, PyDict>> {
+    let moves = PyList::empty(py);
+    for mv in &p.moves {
+        let d = PyDict::new(py);
+        d.set_item("pod", mv.pod)?;
+        d.set_item("from", mv.from)?;
+        d.set_item("to", mv.to)?;
+        d.set_item(
+            "assignment",
+            assignment_dict(py, &mv.to_place, &cluster.nodes[mv.to])?,
+        )?;
+        d.set_item("gain", mv.gain)?;
+        d.set_item("rescue", mv.rescue)?;
+        moves.append(d)?;
+    }
+    let rescues = PyList::empty(py);
+    for r in &p.rescues {
+        let d = PyDict::new(py);
+        d.set_item("pending", r.pending)?;
+        d.set_item("node", r.node)?;
+        d.set_item(
+            "assignment",
+            assignment_dict(py, &r.place, &cluster.nodes[r.node])?,
+        )?;
+        d.set_item("moves", r.moves.clone())?;
+        d.set_item("waits", r.waits)?;
+        d.set_item("delta", r.delta)?;
+        rescues.append(d)?;
+    }
+    let out = PyDict::new(py);
+    out.set_item("moves", moves)?;
+    out.set_item("rescues", rescues)?;
+    out.set_item("unrescued", p.unrescued.clone())?;
+    out.set_item("truncated", p.truncated)?;
+    Ok(out)
+}
+
+/// kube_default_scores(cpu_cap, cpu_left, mem_cap, mem_left, cpu, memory) -> the default
+/// scoring plugins' total (`crate::placement::kube_default_scores`).
+#[pyfunction]
+fn kube_default_scores(
+    cpu_cap: i64,
+    cpu_left: i64,
+    mem_cap: i64,
+    mem_left: i64,
+    cpu: i64,
+    memory: i64,
+) -> i64 {
+    placement::kube_default_scores(cpu_cap, cpu_left, mem_cap, mem_left, cpu, memory)
+}
+
+/// extender_scores(ranks) -> the scheduler extender's 0..10 per node (None: not admitted).
+#[pyfunction]
+fn extender_scores(ranks: Vec<Option<(i64, i64, i64)>>) -> Vec<i64> {
+    placement::extender_scores(&ranks)
+}
+
 /// mig_pack(gpu_model, counts, gpus) -> per GPU [(profile, start), ...]
 #[pyfunction]
 fn mig_pack(
@@ -420,6 +741,9 @@ fn mig_pack(
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyFragmentModel>()?;
     m.add_function(wrap_pyfunction!(mig_pack, m)?)?;
+    m.add_function(wrap_pyfunction!(extender_scores, m)?)?;
+    m.add_function(wrap_pyfunction!(kube_default_scores, m)?)?;
+    m.add("EXTENDER_WEIGHT", placement::EXTENDER_WEIGHT)?;
     m.add("CATEGORY_NAMES", PyList::new(m.py(), CATEGORY_NAMES)?)?;
     Ok(())
 }

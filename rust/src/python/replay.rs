@@ -174,10 +174,16 @@ fn replay_run<'py>(
             let d = Compaction::default();
             let every = get("every", d.every as f64)?;
             let max_moves = get("max_moves", d.max_moves as f64)?;
-            if !(1.0..=1e9).contains(&every) || !(0.0..=1e9).contains(&max_moves) {
+            let depth = get("rescue_depth", d.rescue_depth as f64)?;
+            let rescue_budget = get("rescue_budget", d.rescue_budget as f64)?;
+            if !(1.0..=1e9).contains(&every)
+                || !(0.0..=1e9).contains(&max_moves)
+                || !(0.0..=8.0).contains(&depth)
+                || !(0.0..=1e9).contains(&rescue_budget)
+            {
                 return Err(field_error(
                     "compaction",
-                    "every must be >= 1 and max_moves >= 0",
+                    "every must be >= 1, max_moves and rescue_budget >= 0, rescue_depth 0..=8",
                 ));
             }
             Some(Compaction {
@@ -186,6 +192,8 @@ fn replay_run<'py>(
                 max_moves: max_moves as u32,
                 min_gain: get("min_gain", d.min_gain)?,
                 reserve: get("reserve", d.reserve)?,
+                rescue_depth: depth as u32,
+                rescue_budget: rescue_budget as u32,
             })
         }
     };

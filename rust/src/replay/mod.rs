@@ -9,13 +9,15 @@
 //! arrival the state is sampled at every whole percent of capacity that the arrived GPU request
 //! has reached.
 
+pub mod kernel;
 pub mod policy;
 pub mod rng;
 pub mod state;
 
-use std::collections::HashMap;
-
+use crate::compaction::{Input, Limits, Movable, Pending, Plan};
 use crate::error::{CoreError, CoreResult};
+use crate::placement::View;
+use kernel::Kernel;
 pub use policy::{Policy, POLICY_NAMES};
 use rng::Rng;
 use state::{numa_split, KShape, KTask, Placed, State, MAX_GPUS, TAGS};
@@ -62,6 +64,10 @@ pub struct Compaction {
     /// Fraction of the budget periodic compaction leaves to pending-driven moves once a task
     /// has failed.
     pub reserve: f64,
+    /// Most evictions one rescue of a failing task may take (0: no rescues).
+    pub rescue_depth: u32,
+    /// Most candidate sets of pods one rescue evaluates.
+    pub rescue_budget: u32,
 }
 
 impl Default for Compaction {
@@ -72,6 +78,8 @@ impl Default for Compaction {
             max_moves: 20,
             min_gain: 1.0,
             reserve: 0.25,
+            rescue_depth: 2,
+            rescue_budget: 64,
         }
     }
 }
@@ -233,6 +241,7 @@ fn prepare_in_order(
     let mut st = State {
         cpu_cap: Vec::with_capacity(k),
         cpu_left: Vec::with_capacity(k),
+        mem_cap: Vec::with_capacity(k),
         mem_left: Vec::with_capacity(k),
         ngpu: Vec::with_capacity(k),
         split: Vec::with_capacity(k),
@@ -260,6 +269,7 @@ fn prepare_in_order(
         capacity += g as u64 * 1000;
         st.cpu_cap.push(cpu);
         st.cpu_left.push(cpu);
+        st.mem_cap.push(mem);
         st.mem_left.push(mem);
         st.ngpu.push(g);
         st.split.push(if numa && g >= 2 { g / 2 } else { 0 });
@@ -367,156 +377,180 @@ pub fn replay_order(tasks: &[KTask], capacity: u64, cfg: &Config, rng: &mut Rng)
 }
 
 struct Run<'a> {
-    st: State,
-    shapes: &'a [KShape],
+    k: Kernel<'a>,
     tasks: &'a [KTask],
     placed: Vec<Placed>,
-    /// Index into `placed` per node's pod list entries are pod ids (indices into `placed`).
     evictions: u64,
     rounds: u64,
+    policy: Policy,
 }
 
 impl Run<'_> {
     fn place(&mut self, task: u32, c: policy::Choice) -> u32 {
         let t = &self.tasks[task as usize];
-        self.st.take(c.node, t, c.gpus, self.shapes);
+        self.k.take(c.node, t, &c.gpus);
         let id = self.placed.len() as u32;
         self.placed.push(Placed {
             task,
             node: c.node as u32,
             gpus: c.gpus,
         });
-        self.st.pods_on[c.node].push(id);
+        self.k.st.pods_on[c.node].push(id);
         id
     }
 
-    /// Periodic compaction, choosing moves as the controller's planner does
-    /// (`crate::compaction::plan`): over every movable pod, the move whose eviction and
-    /// re-placement lower the cluster's F(M) the most (the fall on the source plus the rise on
-    /// the destination), as long as it falls by more than `min_gain`; up to `max_moves` a round.
-    /// A move needs no gain on its source alone: taking a 0.32 share off a GPU it shares with a
-    /// 0.47 to the 0.35 left beside a 0.65 raises the source's F_n(M) and lowers F(M).
-    /// The destination is where pyctl's placement puts the pod with its own node excluded (what
-    /// the scheduler does with the replacement), so the move predicted is the move made.
-    /// Movable (the simulator's evictor filter): pods on one GPU or a share of one; multi-GPU
-    /// replicas and CPU-only pods stay. Once a task has failed (`pending`: pods wait for capacity),
-    /// periodic moves stop at `1 - reserve` of the eviction budget; the rest is kept for
-    /// pending-driven moves (`rescue`), which place a task that would otherwise fail.
-    fn compact(&mut self, c: &Compaction, arrived: u64, pending: bool) {
-        self.rounds += 1;
-        let share = if pending { 1.0 - c.reserve } else { 1.0 };
-        let budget = (c.budget * share * arrived as f64).floor() as u64;
-        let mut moves = 0u32;
-        while moves < c.max_moves && self.evictions < budget {
-            let Some((src, k, to)) = self.best_move(c.min_gain) else {
-                break;
-            };
-            let pid = self.st.pods_on[src].swap_remove(k);
-            let p = self.placed[pid as usize];
-            let t = self.tasks[p.task as usize];
-            self.st.give(src, &t, p.gpus, self.shapes);
-            self.st.take(to.node, &t, to.gpus, self.shapes);
-            self.placed[pid as usize].node = to.node as u32;
-            self.placed[pid as usize].gpus = to.gpus;
-            self.st.pods_on[to.node].push(pid);
-            self.evictions += 1;
-            moves += 1;
-        }
-    }
-
-    /// The best single move (source node, index in its pod list, destination), if F(M) falls by
-    /// more than `min_gain` milli-GPU.
-    fn best_move(&self, min_gain: f64) -> Option<(usize, usize, policy::Choice)> {
-        type Dest = Option<(policy::Choice, f64)>;
-        // pyctl's choice on the whole cluster, per task shape: the pods of one shape share it
-        // unless it is their own node.
-        let mut dest: HashMap<(i64, i64, u16, u64), Dest> = HashMap::new();
-        let mut best: Option<(f64, usize, usize, policy::Choice)> = None;
-        for src in 0..self.st.node_count() {
-            let before = self.st.frag[src];
-            let ng = self.st.ngpu[src] as usize;
-            for (k, &pid) in self.st.pods_on[src].iter().enumerate() {
+    /// The pods compaction may move (the simulator's evictor filter): pods on one GPU or a
+    /// share of one; multi-GPU replicas and CPU-only pods stay. With their placed ids.
+    fn movable(&self) -> (Vec<Movable<KTask, u16>>, Vec<u32>) {
+        let mut items = Vec::new();
+        let mut ids = Vec::new();
+        for (node, pods) in self.k.st.pods_on.iter().enumerate() {
+            for &pid in pods {
                 let p = self.placed[pid as usize];
-                let t = &self.tasks[p.task as usize];
+                let t = self.tasks[p.task as usize];
                 if t.num != 1 {
                     continue;
                 }
-                let mut free = self.st.free[src];
-                free[p.gpus.trailing_zeros() as usize] += t.milli;
-                let after = state::frag(
-                    self.shapes,
-                    self.st.model_bit[src],
-                    self.st.cpu_left[src] + t.cpu,
-                    &free[..ng],
-                    self.st.split[src] as usize,
-                );
-                let key = (t.cpu, t.mem, t.milli, t.mask);
-                let mut d = *dest
-                    .entry(key)
-                    .or_insert_with(|| policy::choose_pyctl(&self.st, self.shapes, t, None));
-                if d.is_some_and(|(ch, _)| ch.node == src) {
-                    d = policy::choose_pyctl(&self.st, self.shapes, t, Some(src));
-                }
-                let Some((to, rise)) = d else { continue };
-                let change = rise - (before - after);
-                if change < -min_gain && best.is_none_or(|(b, ..)| change < b) {
-                    best = Some((change, src, k, to));
-                }
+                items.push(Movable {
+                    node,
+                    task: t,
+                    place: p.gpus,
+                    allowed: None,
+                    pdb: None,
+                    group: None,
+                });
+                ids.push(pid);
             }
         }
-        best.map(|(_, src, k, to)| (src, k, to))
+        (items, ids)
     }
 
-    /// Pending-driven compaction: a task that fits nowhere gets room by moving one pod off a
-    /// node where the task would then fit (the moved pod is re-placed by pyctl's choice on
-    /// another node). Counts against the same eviction budget. Returns the placement.
-    fn rescue(&mut self, t: &KTask, c: &Compaction, arrived: u64) -> Option<policy::Choice> {
+    /// Carries out a plan's moves: the evicted pod leaves its node and its replacement is placed
+    /// where the planner said (pyctl: the policy's choice, which the plan already made on the
+    /// state) or where the deployed scheduler puts it (`choose_deployed`, with the extender
+    /// keeping it off the node it left).
+    fn carry_out(&mut self, plan: &Plan<u16>, ids: &[u32], applied: bool, rng: &mut Rng) {
+        for mv in &plan.moves {
+            let pid = ids[mv.pod];
+            let from = mv.from;
+            let p = self.placed[pid as usize];
+            let t = self.tasks[p.task as usize];
+            let to = if applied {
+                policy::Choice {
+                    node: mv.to,
+                    gpus: mv.to_place,
+                }
+            } else {
+                self.k.give(from, &t, &p.gpus);
+                // the extender keeps a moved pod's replacement off the node it left (and off a
+                // rescue's node, which pyctl also taints)
+                let got = policy::choose_deployed(&self.k, &t, rng, |i| i != from).unwrap_or(
+                    policy::Choice {
+                        node: from,
+                        gpus: p.gpus,
+                    },
+                );
+                self.k.take(got.node, &t, &got.gpus);
+                got
+            };
+            self.k.st.pods_on[from].retain(|&x| x != pid);
+            self.placed[pid as usize].node = to.node as u32;
+            self.placed[pid as usize].gpus = to.gpus;
+            self.k.st.pods_on[to.node].push(pid);
+            self.evictions += 1;
+        }
+    }
+
+    /// Plans with the compaction planner (`crate::compaction::plan`): pyctl plans on the state
+    /// itself (the moves it plans are the moves made); as deployed, on a copy, and the moves
+    /// are then carried out with the deployed scheduler's placements.
+    fn plan(&mut self, pending: &[Pending<KTask>], limits: &Limits, rng: &mut Rng) -> Plan<u16> {
+        let (items, ids) = self.movable();
+        let input = Input {
+            movable: &items,
+            pending,
+            node_sets: &[],
+            pdb_headroom: &[],
+        };
+        if self.policy == Policy::PyctlDeployed {
+            let mut scratch = self.k.clone();
+            let plan = crate::compaction::plan(&mut scratch, &input, limits);
+            self.carry_out(&plan, &ids, false, rng);
+            plan
+        } else {
+            let plan = crate::compaction::plan(&mut self.k, &input, limits);
+            self.carry_out(&plan, &ids, true, rng);
+            plan
+        }
+    }
+
+    /// Periodic compaction: the planner's defragmentation, up to `max_moves` a round and within
+    /// the eviction budget. Once a task has failed (`pending`: pods wait for capacity), periodic
+    /// moves stop at `1 - reserve` of the budget; the rest is kept for rescues.
+    fn compact(&mut self, c: &Compaction, arrived: u64, pending: bool, rng: &mut Rng) {
+        self.rounds += 1;
+        let share = if pending { 1.0 - c.reserve } else { 1.0 };
+        let budget = (c.budget * share * arrived as f64).floor() as u64;
+        let room = budget
+            .saturating_sub(self.evictions)
+            .min(c.max_moves as u64) as usize;
+        if room == 0 {
+            return;
+        }
+        let limits = Limits {
+            max_moves: room,
+            min_gain: c.min_gain,
+            rescue_depth: 0,
+            ..Limits::default()
+        };
+        self.plan(&[], &limits, rng);
+    }
+
+    /// A task that fits nowhere: the planner's rescue (move up to `rescue_depth` pods off one
+    /// node so that it fits there), within the eviction budget. Returns where it then goes.
+    fn rescue(
+        &mut self,
+        t: &KTask,
+        c: &Compaction,
+        arrived: u64,
+        rng: &mut Rng,
+    ) -> Option<policy::Choice> {
         let budget = (c.budget * arrived as f64).floor() as u64;
-        if self.evictions >= budget || t.num == 0 {
+        if self.evictions >= budget || t.num == 0 || c.rescue_depth == 0 {
             return None;
         }
-        let n = self.st.node_count();
-        let mut tried = 0;
-        for i in 0..n {
-            if t.mask & self.st.model_bit[i] == 0 || tried >= 16 {
-                continue;
-            }
-            for k in 0..self.st.pods_on[i].len() {
-                let pid = self.st.pods_on[i][k];
-                let p = self.placed[pid as usize];
-                let pt = self.tasks[p.task as usize];
-                if pt.gpu_milli_total() >= t.gpu_milli_total() && t.num > 0 {
-                    continue;
-                }
-                self.st.give(i, &pt, p.gpus, self.shapes);
-                if !self.st.fits(i, t, true) {
-                    self.st.take(i, &pt, p.gpus, self.shapes);
-                    continue;
-                }
-                tried += 1;
-                if let Some((dst, _)) = policy::choose_pyctl(&self.st, self.shapes, &pt, Some(i)) {
-                    self.st.take(dst.node, &pt, dst.gpus, self.shapes);
-                    if let Some((ch, _)) = policy::choose_pyctl(&self.st, self.shapes, t, None) {
-                        self.st.pods_on[i].swap_remove(k);
-                        self.placed[pid as usize].node = dst.node as u32;
-                        self.placed[pid as usize].gpus = dst.gpus;
-                        self.st.pods_on[dst.node].push(pid);
-                        self.evictions += 1;
-                        return Some(ch);
-                    }
-                    self.st.give(dst.node, &pt, dst.gpus, self.shapes);
-                }
-                self.st.take(i, &pt, p.gpus, self.shapes);
-                if tried >= 16 {
-                    break;
-                }
-            }
+        let limits = Limits {
+            max_moves: (budget - self.evictions) as usize,
+            rescue_depth: c.rescue_depth as usize,
+            rescue_budget: c.rescue_budget as usize,
+            max_rescues: 1,
+            defragment: false,
+            ..Limits::default()
+        };
+        let pending = [Pending {
+            task: *t,
+            allowed: None,
+        }];
+        let plan = self.plan(&pending, &limits, rng);
+        let r = plan.rescues.first()?;
+        if self.policy == Policy::Pyctl {
+            // the plan placed the task on the state: the caller places it (and counts it)
+            self.k.give(r.node, t, &r.place);
         }
-        None
+        let fits = self.k.st.fits(r.node, t, true);
+        fits.then_some(policy::Choice {
+            node: r.node,
+            gpus: if self.policy == Policy::Pyctl {
+                r.place
+            } else {
+                crate::placement::best_on(&self.k, r.node, t).map_or(r.place, |b| b.place)
+            },
+        })
     }
 
     fn checkpoint(&self, pct: u32, arrived_milli: u64, arrived: u64, failed: u64) -> Checkpoint {
-        let st = &self.st;
+        let st = &self.k.st;
+        let shapes = self.k.shapes;
         let n = st.node_count();
         let idle: u64 = st.idle.iter().map(|&x| x as u64).sum();
         let cap: u64 = st.ngpu.iter().map(|&g| g as u64 * 1000).sum();
@@ -525,7 +559,7 @@ impl Run<'_> {
         for i in 0..n {
             if st.split[i] != 0 {
                 split += numa_split(
-                    self.shapes,
+                    shapes,
                     st.model_bit[i],
                     st.cpu_left[i],
                     st.gpus(i),
@@ -585,12 +619,15 @@ pub fn run(
     let order = replay_order(&prep.tasks, prep.capacity_milli, cfg, &mut rng);
     let cap = prep.capacity_milli;
     let mut run = Run {
-        st: prep.state,
-        shapes: &prep.shapes,
+        k: Kernel {
+            st: prep.state,
+            shapes: &prep.shapes,
+        },
         tasks: &prep.tasks,
         placed: Vec::with_capacity(order.len()),
         evictions: 0,
         rounds: 0,
+        policy: cfg.policy,
     };
     let mut res = ReplayResult {
         gpu_capacity_milli: cap,
@@ -608,10 +645,10 @@ pub fn run(
         let t = prep.tasks[ti as usize];
         arrived += 1;
         arrived_milli += t.gpu_milli_total();
-        let mut choice = policy::choose(cfg.policy, &run.st, run.shapes, &t, &mut rng, None);
-        if choice.is_none() && cfg.policy == Policy::Pyctl {
+        let mut choice = policy::choose(cfg.policy, &run.k, &t, &mut rng, None);
+        if choice.is_none() && cfg.policy.is_pyctl() {
             if let Some(c) = &cfg.compaction {
-                choice = run.rescue(&t, c, arrived);
+                choice = run.rescue(&t, c, arrived, &mut rng);
             }
         }
         let mut node = -1i64;
@@ -620,11 +657,11 @@ pub fn run(
                 // The kubelet's admission on a split node (a blind scheduler may pick a node
                 // whose whole GPUs are not within one zone).
                 let mut ok = true;
-                if run.st.split[c.node] != 0 && t.num > 0 {
+                if run.k.st.split[c.node] != 0 && t.num > 0 {
                     if t.is_share() {
                         ok = true;
                     } else {
-                        match run.st.admit_whole(c.node, &t, c.gpus) {
+                        match run.k.st.admit_whole(c.node, &t, c.gpus) {
                             Some(g) => c.gpus = g,
                             None => ok = false,
                         }
@@ -645,7 +682,7 @@ pub fn run(
         res.task_of.push(ti);
         if let Some(c) = &cfg.compaction {
             if arrived % c.every as u64 == 0 {
-                run.compact(c, arrived, res.failed > 0);
+                run.compact(c, arrived, res.failed > 0, &mut rng);
             }
         }
         while cap > 0 && next_pct <= cfg.max_pct && arrived_milli * 100 >= next_pct as u64 * cap {

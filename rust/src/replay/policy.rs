@@ -8,13 +8,17 @@
 //! the others = best fit (least free share that fits, first on ties), the simulator's default.
 //! Whole-GPU tasks take the lowest-indexed free GPUs.
 //!
-//! pyctl: FGD's score computed zone-aware (F_n(M) as the kubelet admits on NUMA-split nodes, and
-//! only zone-admissible nodes and GPU sets), whole-GPU sets tried per zone, with CPU-aware
-//! tie-breaks (`Rank`). Ties of the artifact policies go to the first node in node order (see
-//! `choose`).
+//! pyctl: the product's placement policy (`crate::placement`), over the replay's kernel
+//! (`super::kernel::Kernel`). pyctl as deployed (`PyctlDeployed`): the kube-scheduler with
+//! pyctl's extender, as `deploy/scheduler/extender-config.yaml` configures it (`choose_deployed`).
+//! Ties of the artifact policies go to the first node in node order (see `choose`).
 
+use super::kernel::{frag_after, share_candidates, Kernel};
 use super::rng::Rng;
-use super::state::{frag, KShape, KTask, State, MAX_GPUS};
+use super::state::{KShape, KTask, State, MAX_GPUS};
+use crate::placement::{
+    self, extender_scores, sigmoid_score, EXTENDER_WEIGHT, MAX_EXTENDER_PRIORITY, MAX_NODE_SCORE,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Policy {
@@ -25,9 +29,10 @@ pub enum Policy {
     BestFit,
     Fgd,
     Pyctl,
+    PyctlDeployed,
 }
 
-pub const POLICY_NAMES: [&str; 7] = [
+pub const POLICY_NAMES: [&str; 8] = [
     "random",
     "dotprod",
     "clustering",
@@ -35,6 +40,7 @@ pub const POLICY_NAMES: [&str; 7] = [
     "bestfit",
     "fgd",
     "pyctl",
+    "pyctl-deployed",
 ];
 
 impl Policy {
@@ -47,6 +53,7 @@ impl Policy {
             "bestfit" => Policy::BestFit,
             "fgd" => Policy::Fgd,
             "pyctl" => Policy::Pyctl,
+            "pyctl-deployed" | "pyctl_deployed" => Policy::PyctlDeployed,
             _ => return None,
         })
     }
@@ -57,28 +64,17 @@ impl Policy {
 
     /// Whether the policy's filter and score see NUMA zones.
     pub fn numa_aware(self) -> bool {
-        self == Policy::Pyctl
+        self.is_pyctl()
+    }
+
+    /// pyctl's policy, alone or as deployed.
+    pub fn is_pyctl(self) -> bool {
+        matches!(self, Policy::Pyctl | Policy::PyctlDeployed)
     }
 }
 
 const MAX_SPEC_CPU: f64 = 128000.0;
 const MAX_SPEC_GPU: f64 = 8000.0;
-
-fn sigmoid_score(delta_milli: f64) -> i64 {
-    (100.0 / (1.0 + (-(delta_milli / 1000.0)).exp())) as i64
-}
-
-/// GPU masks a sharing task could take on node `i` (one per GPU with enough free share).
-fn share_candidates(st: &State, i: usize, t: &KTask, out: &mut [u16; MAX_GPUS]) -> usize {
-    let mut n = 0;
-    for (g, &f) in st.gpus(i).iter().enumerate() {
-        if f >= t.milli {
-            out[n] = 1 << g;
-            n += 1;
-        }
-    }
-    n
-}
 
 fn best_fit_gpu(st: &State, i: usize, t: &KTask) -> u16 {
     let mut best: Option<(u16, usize)> = None;
@@ -88,26 +84,6 @@ fn best_fit_gpu(st: &State, i: usize, t: &KTask) -> u16 {
         }
     }
     best.map_or(0, |(_, g)| 1 << g)
-}
-
-/// F_n(M) of node `i` after hypothetically taking `t` on GPUs `gpus`.
-#[inline]
-fn frag_after(st: &State, shapes: &[KShape], i: usize, t: &KTask, gpus: u16, split: usize) -> f64 {
-    let n = st.ngpu[i] as usize;
-    let mut free = st.free[i];
-    let mut m = gpus;
-    while m != 0 {
-        let g = m.trailing_zeros() as usize;
-        free[g] -= t.milli;
-        m &= m - 1;
-    }
-    frag(
-        shapes,
-        st.model_bit[i],
-        st.cpu_left[i] - t.cpu,
-        &free[..n],
-        split,
-    )
 }
 
 /// The GPUs a whole-GPU task takes on node `i` as the artifact does (lowest free indices).
@@ -126,15 +102,17 @@ pub struct Choice {
 /// source of a compaction move).
 pub fn choose(
     policy: Policy,
-    st: &State,
-    shapes: &[KShape],
+    k: &Kernel<'_>,
     t: &KTask,
     rng: &mut Rng,
     skip: Option<usize>,
 ) -> Option<Choice> {
-    if policy == Policy::Pyctl {
-        return choose_pyctl(st, shapes, t, skip).map(|(c, _)| c);
+    match policy {
+        Policy::Pyctl => return choose_pyctl(k, t, skip),
+        Policy::PyctlDeployed => return choose_deployed(k, t, rng, |i| Some(i) != skip),
+        _ => {}
     }
+    let (st, shapes) = (&k.st, k.shapes);
     let aware = policy.numa_aware();
     let n = st.node_count();
     let mut best_score = i64::MIN;
@@ -180,7 +158,7 @@ pub fn choose(
                 (((1.0 - s) * 100.0) as i64, gpu_default(st, i, t))
             }
             Policy::Fgd => fgd_score(st, shapes, i, t, &mut cands),
-            Policy::Pyctl => unreachable_pyctl(),
+            Policy::Pyctl | Policy::PyctlDeployed => unreachable_pyctl(),
         };
         if score > best_score {
             best_score = score;
@@ -312,108 +290,75 @@ fn fgd_score(
     }
 }
 
-/// Whether taking `t` on GPUs `gpus` would make node `i` CPU-short: leave it a smaller share of
-/// its CPU than of its GPU, when it was not before (its idle GPUs would then be the first to be
-/// stranded for want of CPU). A node already CPU-short is not held against a placement: using its
-/// GPUs is what it needs.
-#[inline]
-fn makes_cpu_short(st: &State, i: usize, t: &KTask, gpus: u16) -> bool {
-    let gpu_cap = st.ngpu[i] as i128 * 1000;
-    if gpu_cap == 0 {
-        return false;
-    }
-    let cpu_cap = st.cpu_cap[i] as i128;
-    let short = |cpu: i64, idle: i64| (cpu as i128) * gpu_cap < (idle as i128) * cpu_cap;
-    let idle = st.idle[i] as i64;
-    let idle_after = idle - gpus.count_ones() as i64 * t.milli as i64;
-    !short(st.cpu_left[i], idle) && short(st.cpu_left[i] - t.cpu, idle_after)
+/// pyctl's choice: the product's placement policy over the replay's kernel.
+pub fn choose_pyctl(k: &Kernel<'_>, t: &KTask, skip: Option<usize>) -> Option<Choice> {
+    placement::choose(k, t, |i| Some(i) != skip).map(|r| Choice {
+        node: r.node,
+        gpus: r.place,
+    })
 }
 
-/// pyctl's ranking of one placement, smallest first. For a GPU task: FGD's quantised score,
-/// then placements that do not make the node CPU-short (`makes_cpu_short`; F_n(M) sees CPU only
-/// once a shape no longer fits, and by then the GPUs are stranded), then the GPU left with the
-/// least free share (best fit). For a CPU-only task: the node with the least idle GPU first (GPU
-/// tasks do not need its CPU), then FGD's score. Ties go to the first node in node order, a
-/// packing bias that measurably helps. Measured (default trace, 10 seeds, docs/simulator.md):
-/// FGD's score alone 4.59% unallocated, with these tie-breaks 4.14%.
-type Rank = (i64, i64, i64);
+fn default_scores(st: &State, i: usize, t: &KTask) -> i64 {
+    placement::kube_default_scores(
+        st.cpu_cap[i],
+        st.cpu_left[i],
+        st.mem_cap[i],
+        st.mem_left[i],
+        t.cpu,
+        t.mem,
+    )
+}
 
-/// pyctl's choice and its exact fragment delta (increase of F_n(M) on the chosen node).
-pub fn choose_pyctl(
-    st: &State,
-    shapes: &[KShape],
+/// pyctl as deployed: kube-scheduler's filter with pyctl's extender filter (the nodes the
+/// kubelet would admit), then the default scoring plugins that differ between nodes here
+/// (NodeResourcesFit, BalancedAllocation) plus the extender's score (0..=10) times
+/// `MaxNodeScore / MaxExtenderPriority` and its weight; the highest total wins, ties drawn
+/// uniformly (kube-scheduler's `selectHost`). The GPUs are those pyctl's policy picks on that
+/// node (the device plugin's own choice is not modelled). The plugins that score every node
+/// alike here (TaintToleration, NodeAffinity, InterPodAffinity, ImageLocality, and
+/// PodTopologySpread's default constraints, which need owners the trace does not have) are left
+/// out.
+pub fn choose_deployed(
+    k: &Kernel<'_>,
     t: &KTask,
-    skip: Option<usize>,
-) -> Option<(Choice, f64)> {
-    let n = st.node_count();
-    let mut best: Option<(Rank, usize, u16)> = None;
-    let mut cands = [0u16; MAX_GPUS];
-    for i in 0..n {
-        if Some(i) == skip || !st.fits(i, t, true) {
-            continue;
-        }
-        let split = st.split[i] as usize;
-        let old = st.frag[i];
-        let consider = |gpus: u16, best: &mut Option<(Rank, usize, u16)>| {
-            let inc = frag_after(st, shapes, i, t, gpus, split) - old;
-            let q = -sigmoid_score(-inc);
-            let rank: Rank = if t.num == 0 {
-                (st.idle[i] as i64, q, 0)
-            } else {
-                let left = if t.is_share() {
-                    st.free[i][gpus.trailing_zeros() as usize] - t.milli
-                } else {
-                    0
-                };
-                (q, makes_cpu_short(st, i, t, gpus) as i64, left as i64)
-            };
-            if best.is_none_or(|(b, _, _)| rank < b) {
-                *best = Some((rank, i, gpus));
-            }
+    rng: &mut Rng,
+    allowed: impl Fn(usize) -> bool,
+) -> Option<Choice> {
+    let nodes: Vec<usize> = (0..k.st.node_count()).filter(|&i| allowed(i)).collect();
+    let ranked = placement::rank_nodes(k, t, &nodes);
+    let ranks: Vec<_> = ranked.iter().map(|r| r.as_ref().map(|r| r.rank)).collect();
+    let ext = extender_scores(&ranks);
+    let scale = MAX_NODE_SCORE / MAX_EXTENDER_PRIORITY * EXTENDER_WEIGHT;
+    let mut best: Option<(i64, Choice)> = None;
+    let mut ties = 0u64;
+    for ((&i, r), e) in nodes.iter().zip(&ranked).zip(&ext) {
+        let Some(r) = r else { continue };
+        let total = default_scores(&k.st, i, t) + e * scale;
+        let c = Choice {
+            node: i,
+            gpus: r.place,
         };
-        if t.is_share() {
-            let k = share_candidates(st, i, t, &mut cands);
-            let mut seen = [u16::MAX; MAX_GPUS];
-            let mut zone_seen = [0u8; MAX_GPUS];
-            let mut nseen = 0;
-            for &c in &cands[..k] {
-                let g = c.trailing_zeros() as usize;
-                let f = st.free[i][g];
-                let z = (split != 0 && g >= split) as u8;
-                if seen[..nseen]
-                    .iter()
-                    .zip(&zone_seen[..nseen])
-                    .any(|(&x, &zz)| x == f && zz == z)
-                {
-                    continue;
-                }
-                seen[nseen] = f;
-                zone_seen[nseen] = z;
-                nseen += 1;
-                consider(c, &mut best);
-            }
-        } else if t.num > 0 {
-            for (lo, hi) in st.zones(i) {
-                if hi > lo {
-                    if let Some(g) = st.whole_gpus(i, t.num, lo, hi) {
-                        consider(g, &mut best);
-                    }
+        match best {
+            Some((b, _)) if total < b => {}
+            Some((b, _)) if total == b => {
+                ties += 1;
+                if rng.below(ties) == 0 {
+                    best = Some((total, c));
                 }
             }
-        } else {
-            consider(0, &mut best);
+            _ => {
+                best = Some((total, c));
+                ties = 1;
+            }
         }
     }
-    best.map(|(_, node, gpus)| {
-        let split = st.split[node] as usize;
-        let t_inc = frag_after(st, shapes, node, t, gpus, split) - st.frag[node];
-        (Choice { node, gpus }, t_inc)
-    })
+    best.map(|(_, c)| c)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::replay::kernel::makes_cpu_short;
     use crate::replay::{prepare, NodeSpec};
 
     #[test]

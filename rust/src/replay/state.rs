@@ -103,6 +103,43 @@ pub fn frag(shapes: &[KShape], model_bit: u64, cpu_left: i64, free: &[u16], spli
     acc
 }
 
+/// Whether a node with these free amounts takes `t`: model, CPU, memory and, for a GPU task,
+/// enough GPUs with `t`'s share free (within one zone when `split` != 0).
+#[inline]
+pub fn fits_on(
+    cpu_left: i64,
+    mem_left: i64,
+    model_bit: u64,
+    free: &[u16],
+    split: usize,
+    t: &KTask,
+) -> bool {
+    if cpu_left < t.cpu || mem_left < t.mem {
+        return false;
+    }
+    if t.num == 0 {
+        return true;
+    }
+    if t.mask & model_bit == 0 {
+        return false;
+    }
+    if split != 0 {
+        let (mut c0, mut c1) = (0u8, 0u8);
+        for (g, &f) in free.iter().enumerate() {
+            if f >= t.milli {
+                if g < split {
+                    c0 += 1
+                } else {
+                    c1 += 1
+                }
+            }
+        }
+        c0 >= t.num || c1 >= t.num
+    } else {
+        free.iter().filter(|&&f| f >= t.milli).count() >= t.num as usize
+    }
+}
+
 /// Idle GPU of a node that is fragment only because of the NUMA split: F under the zone rule
 /// minus F under the blind rule (never negative).
 pub fn numa_split(
@@ -133,6 +170,7 @@ pub struct Placed {
 pub struct State {
     pub cpu_cap: Vec<i64>,
     pub cpu_left: Vec<i64>,
+    pub mem_cap: Vec<i64>,
     pub mem_left: Vec<i64>,
     pub ngpu: Vec<u8>,
     /// GPUs `0..split` are zone 0, the rest zone 1; 0 = one zone.
@@ -207,32 +245,15 @@ impl State {
     /// without, node-wide (what a NUMA-blind scheduler filters on).
     #[inline]
     pub fn fits(&self, i: usize, t: &KTask, aware: bool) -> bool {
-        if self.cpu_left[i] < t.cpu || self.mem_left[i] < t.mem {
-            return false;
-        }
-        if t.num == 0 {
-            return true;
-        }
-        if t.mask & self.model_bit[i] == 0 {
-            return false;
-        }
-        let free = self.gpus(i);
-        let split = self.split[i] as usize;
-        if aware && split != 0 {
-            let (mut c0, mut c1) = (0u8, 0u8);
-            for (g, &f) in free.iter().enumerate() {
-                if f >= t.milli {
-                    if g < split {
-                        c0 += 1
-                    } else {
-                        c1 += 1
-                    }
-                }
-            }
-            c0 >= t.num || c1 >= t.num
-        } else {
-            free.iter().filter(|&&f| f >= t.milli).count() >= t.num as usize
-        }
+        let split = if aware { self.split[i] as usize } else { 0 };
+        fits_on(
+            self.cpu_left[i],
+            self.mem_left[i],
+            self.model_bit[i],
+            self.gpus(i),
+            split,
+            t,
+        )
     }
 
     /// The lowest-indexed `num` whole free GPUs within `lo..hi`, if there are enough.
@@ -332,6 +353,7 @@ mod tests {
                 mig_profile: None,
                 gpu_models: vec![],
                 weight: 0.3,
+                ..Default::default()
             },
             Shape {
                 cpu_milli: 8000,
@@ -341,6 +363,7 @@ mod tests {
                 mig_profile: None,
                 gpu_models: vec![],
                 weight: 0.3,
+                ..Default::default()
             },
             Shape {
                 cpu_milli: 2000,
@@ -350,6 +373,7 @@ mod tests {
                 mig_profile: None,
                 gpu_models: vec![],
                 weight: 0.2,
+                ..Default::default()
             },
             Shape {
                 cpu_milli: 2000,
@@ -359,6 +383,7 @@ mod tests {
                 mig_profile: None,
                 gpu_models: vec!["T4".into()],
                 weight: 0.2,
+                ..Default::default()
             },
         ];
         let ks: Vec<KShape> = shapes

@@ -231,18 +231,22 @@ fn compaction_takes_a_move_that_only_pays_off_across_two_nodes() {
     ];
     let prep = repairable(&shapes);
     let mut run = Run {
-        st: prep.state,
-        shapes: &prep.shapes,
+        k: Kernel {
+            st: prep.state,
+            shapes: &prep.shapes,
+        },
         tasks: &prep.tasks,
         placed: Vec::new(),
         evictions: 0,
         rounds: 0,
+        policy: Policy::Pyctl,
     };
+    let mut rng = Rng::new(1);
     let one = |node| policy::Choice { node, gpus: 1 };
     for (task, node) in [(0, 0), (1, 0), (2, 1)] {
         run.place(task, one(node));
     }
-    let total = |run: &Run| run.st.frag.iter().sum::<f64>();
+    let total = |run: &Run| run.k.st.frag.iter().sum::<f64>();
     // F: a's 0.21 is fragment for every shape (210), b's 0.35 for the two larger (262.5).
     assert!((total(&run) - 472.5).abs() < 1e-6, "{}", total(&run));
     // Taking the 0.32 off a alone raises a's F_n(M) (0.53 left, fragment for whole GPUs).
@@ -252,19 +256,20 @@ fn compaction_takes_a_move_that_only_pays_off_across_two_nodes() {
         max_moves: 4,
         min_gain: 1.0,
         reserve: 1.0,
+        ..Default::default()
     };
-    run.compact(&reserve_all, 3, true);
+    run.compact(&reserve_all, 3, true, &mut rng);
     assert_eq!(
         run.evictions, 0,
         "with a task pending, a full reserve stops periodic moves"
     );
-    run.compact(&reserve_all, 3, false);
+    run.compact(&reserve_all, 3, false, &mut rng);
     assert_eq!(run.evictions, 1, "the reserve holds only while tasks fail");
     assert_eq!(run.placed[1].node, 1, "the 0.32 joins the 0.65 on b");
     // a: 0.53 for whole GPUs (265); b: 0.03 for every shape (30).
     assert!((total(&run) - 295.0).abs() < 1e-6, "{}", total(&run));
     // No further move lowers F(M).
-    run.compact(&reserve_all, 3, false);
+    run.compact(&reserve_all, 3, false, &mut rng);
     assert_eq!(run.evictions, 1);
 }
 

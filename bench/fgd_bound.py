@@ -1,0 +1,235 @@
+"""How far from the limit: a lower bound on unallocated GPU for the openb traces (issue 21), beside
+pyctl, FGD and BestFit, and the eviction frontier.
+
+Per seed, the tasks that had arrived when the arrived GPU request reached 90%, 100% and 110% of
+capacity (the same tasks for every policy: the arrival order depends on the seed only) are packed
+onto the trace's nodes with free choice of placement by `pyctl.replay.bound`: the LP relaxation
+gives a lower bound on unallocated GPU, and the best placement built from the MILP (checked
+against the replay's rules) an upper one; where the two meet, it is the optimum.
+
+Usage: python bench/fgd_bound.py TRACE_DIR [--seeds N] [--variants LIST|all] [--variant-seeds N]
+                                 [--numa] [--frontier PNG] [--frontier-seeds N] [--budgets LIST]
+Prints per trace the medians over the seeds, then the last line
+`fgd_bound: default trace, bound <B>% (LP), optimum <O>% (gap <G>%), pyctl <P>%, FGD <F>%`
+(at 100% arrived, medians over the seeds; O is the best placement found: the optimum where the
+gap is 0). With --frontier, pyctl is replayed at each eviction budget and the frontier drawn
+(unallocated GPU at 100% arrived against the share of pods evicted by then), with FGD, BestFit
+and the bound as horizontal lines; its Markdown table is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from _common import REPO  # noqa: F401  (puts the repository on sys.path)
+
+from pyctl.replay import bound
+from pyctl.replay.trace import POLICIES, Compaction, Trace, TraceError, load_trace, median, replay
+
+POINTS = (90, 100, 110)
+#: The variants of docs/fgd-variants.md.
+VARIANTS = [
+    *("cpu050", "cpu100", "cpu200", "cpu250"),
+    *("gpushare20", "gpushare40", "gpushare60", "gpushare80", "gpushare100"),
+    *("gpuspec10", "gpuspec20", "gpuspec25", "gpuspec33"),
+    *("multigpu20", "multigpu30", "multigpu50"),
+]
+
+
+@dataclass(frozen=True)
+class FrontierPolicy:
+    """One line of the frontier: a replay policy run at every eviction budget."""
+
+    label: str
+    policy: str
+
+
+#: Adding a policy to the frontier is one entry here.
+FRONTIER: list[FrontierPolicy] = [FrontierPolicy("pyctl", "pyctl")]
+if "pyctl-deployed" in POLICIES:
+    FRONTIER.append(FrontierPolicy("pyctl as deployed", "pyctl-deployed"))
+BUDGETS = (0.0, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0)
+
+
+@dataclass
+class SeedResult:
+    seed: int
+    policy: dict[str, float]  # unallocated % at 100% arrived
+    bounds: dict[int, bound.Bound]
+    evicted: float
+
+
+def run_seed(trace: Trace, seed: int, numa: bool, points: tuple[int, ...]) -> SeedResult:
+    runs = {p: replay(trace, p, seed, numa=numa, placements=p == "fgd") for p in POLICY_COLUMNS}
+    arrival = runs["fgd"]
+    bounds = {}
+    for pct in points:
+        arrived = arrival.arrived_task_indices(pct)
+        if arrived is None:
+            continue
+        prob = bound.make_problem(trace.nodes, trace.tasks, arrived, numa=numa)
+        b = bound.solve(prob)
+        placed = bound.check_placement(trace.nodes, trace.tasks, arrived, b.placement, numa=numa)
+        if placed != b.best_alloc_milli:
+            raise SystemExit(
+                f"fgd_bound: placement check disagrees ({placed} != {b.best_alloc_milli})"
+            )
+        for p, r in runs.items():
+            if r.unallocated_pct(pct) < b.bound_pct - 1e-9:
+                raise SystemExit(f"fgd_bound: {p} seed {seed} beats the bound at {pct}%: a bug")
+        bounds[pct] = b
+    return SeedResult(
+        seed,
+        {p: r.unallocated_pct(100) for p, r in runs.items()},
+        bounds,
+        runs["pyctl"].evicted_pct(),
+    )
+
+
+POLICY_COLUMNS = ("fgd", "bestfit", "pyctl")
+
+
+def report(name: str, results: list[SeedResult], points: tuple[int, ...]) -> dict[str, float]:
+    def med(f: list[float]) -> float:
+        return median(f)
+
+    out: dict[str, float] = {}
+    parts = []
+    for pct in points:
+        bs = [r.bounds[pct] for r in results if pct in r.bounds]
+        if not bs:
+            continue
+        b, o, g = (
+            med([x.bound_pct for x in bs]),
+            med([x.best_pct for x in bs]),
+            med([x.gap_pct for x in bs]),
+        )
+        closed = sum(x.closed for x in bs)
+        secs = max(x.lp_seconds + x.place_seconds for x in bs)
+        parts.append(
+            f"@{pct}%: bound {b:.2f}%, best placement {o:.2f}% (gap {g:.2f}, closed {closed}/"
+            f"{len(bs)}, LP {med([x.lp_seconds for x in bs]):.1f} s, up to {secs:.0f} s)"
+        )
+        if pct == 100:
+            out.update(bound=b, optimum=o, gap=g)
+    for p in POLICY_COLUMNS:
+        out[p] = med([r.policy[p] for r in results])
+    out["evicted"] = med([r.evicted for r in results])
+    print(
+        f"{name}: pyctl {out['pyctl']:.2f}% ({out['evicted']:.2f}% evicted), "
+        f"FGD {out['fgd']:.2f}%, BestFit {out['bestfit']:.2f}% @100%; " + "; ".join(parts),
+        flush=True,
+    )
+    return out
+
+
+def frontier(
+    trace: Trace, seeds: list[int], budgets: tuple[float, ...], lines: dict[str, float], png: Path
+) -> None:
+    rows: dict[str, list[tuple[float, float, float]]] = {}
+    for fp in FRONTIER:
+        for b in budgets:
+            comp = Compaction(budget=b / 100.0)
+            rs = [replay(trace, fp.policy, s, compaction=comp) for s in seeds]
+            ev = median(r.evicted_pct() for r in rs)
+            un = median(r.unallocated_pct(100) for r in rs)
+            rows.setdefault(fp.label, []).append((b, ev, un))
+            print(f"frontier {fp.label} budget {b:g}%: {ev:.2f}% evicted, {un:.2f}% unallocated")
+    print()
+    print(
+        "| eviction budget % | "
+        + " | ".join(f"{k}: evicted % / unallocated %" for k in rows)
+        + " |"
+    )
+    print("|---:|" + "---:|" * len(rows))
+    for i, b in enumerate(budgets):
+        cells = [f"{v[i][1]:.2f} / {v[i][2]:.2f}" for v in rows.values()]
+        print(f"| {b:g} | " + " | ".join(cells) + " |")
+    print(
+        f"| horizontal lines | FGD {lines['fgd']:.2f}, BestFit {lines['bestfit']:.2f}, "
+        f"bound (LP) {lines['bound']:.2f}, best placement {lines['optimum']:.2f} |"
+    )
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for label, pts in rows.items():
+        ax.plot([p[1] for p in pts], [p[2] for p in pts], marker="o", label=label)
+    styles = [
+        ("bestfit", "BestFit", "tab:gray", ":"),
+        ("fgd", "FGD", "tab:red", "--"),
+        ("optimum", "best placement found (no limit on moves)", "tab:green", "-."),
+        ("bound", "lower bound (LP)", "black", "-"),
+    ]
+    for key, label, color, ls in styles:
+        ax.axhline(
+            lines[key], color=color, linestyle=ls, linewidth=1, label=f"{label} {lines[key]:.2f}%"
+        )
+    ax.set_xlabel("pods evicted by 100% arrived (% of pods arrived)")
+    ax.set_ylabel("unallocated GPU at 100% arrived (%)")
+    ax.set_title(f"Eviction frontier, openb default trace (median of {len(seeds)} seeds)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=120)
+    print(f"fgd_bound: wrote {png}")
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("trace_dir")
+    ap.add_argument("--seeds", type=int, default=10, help="seeds from 42 for the default trace")
+    ap.add_argument(
+        "--variants",
+        default="",
+        help="comma-separated variants of docs/fgd-variants.md, or 'all' (default: none)",
+    )
+    ap.add_argument("--variant-seeds", type=int, default=1, help="seeds per variant (default 1)")
+    ap.add_argument("--variant-points", default="100", help="arrived %% points for variants")
+    ap.add_argument("--numa", action="store_true", help="the NUMA variant of the replay")
+    ap.add_argument("--frontier", type=Path, help="draw the eviction frontier into this PNG")
+    ap.add_argument("--frontier-seeds", type=int, help="seeds for the frontier (default --seeds)")
+    ap.add_argument("--budgets", default=",".join(f"{b:g}" for b in BUDGETS), help="%% of pods")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    variants = VARIANTS if args.variants == "all" else [v for v in args.variants.split(",") if v]
+    out: dict[str, dict[str, float]] = {}
+    for name in ["default", *variants]:
+        try:
+            trace = load_trace(args.trace_dir, name)
+        except TraceError as e:
+            print(f"fgd_bound: {name}: {e}", file=sys.stderr)
+            if name == "default":
+                return 2
+            continue
+        n = args.seeds if name == "default" else args.variant_seeds
+        points = (
+            POINTS if name == "default" else tuple(int(x) for x in args.variant_points.split(","))
+        )
+        t1 = time.perf_counter()
+        results = [run_seed(trace, s, args.numa, points) for s in range(42, 42 + n)]
+        out[name] = report(f"{name} ({n} seeds, {time.perf_counter() - t1:.0f} s)", results, points)
+    d = out["default"]
+    if args.frontier is not None:
+        trace = load_trace(args.trace_dir, "default")
+        seeds = list(range(42, 42 + (args.frontier_seeds or args.seeds)))
+        budgets = tuple(float(x) for x in args.budgets.split(","))
+        frontier(trace, seeds, budgets, d, args.frontier)
+    print(f"fgd_bound: {time.perf_counter() - t0:.0f} s in all")
+    print(
+        f"fgd_bound: default trace, bound {d['bound']:.2f}% (LP), optimum {d['optimum']:.2f}% "
+        f"(gap {d['gap']:.2f}%), pyctl {d['pyctl']:.2f}%, FGD {d['fgd']:.2f}%"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,287 @@
+"""pyctl's placement policy and compaction planner (rust/src/placement, rust/src/compaction):
+one ranking of a task's feasible placements, used by the scheduler extender, the simulated
+cluster and the trace replay alike, and one planner (multi-move rescues of pending pods, then
+defragmentation), used by the controller and the replay alike.
+
+Nodes are named here (the core works with indices into a `FragmentationModel`'s snapshot).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyctl import _core
+from pyctl.core.fragmentation import FragmentationModel, shape_dict
+from pyctl.model import Shape, Workload
+
+Rank = tuple[int, int, int]
+#: the kube-scheduler extender's MaxExtenderPriority
+MAX_EXTENDER_PRIORITY = 10
+
+
+@dataclass(frozen=True, slots=True)
+class Ranked:
+    """The policy's best placement of a task on one node, and why it ranks where it does."""
+
+    node: str
+    rank: Rank
+    #: the node's fragment increase, milli-GPU
+    inc: float
+    cpu_short: bool
+    #: free share left on the GPU a sharing task takes
+    left: int
+    #: the node's idle GPU before, milli-GPU
+    idle: int
+    assignment: Mapping[str, Any]
+
+    def explain(self, shape: Shape) -> str:
+        """The rank in words (for `pyctl explain` and the extender's logs)."""
+        if shape.is_cpu_only:
+            return f"CPU-only: {self.idle / 1000:.2f} idle GPUs on the node (fewer is better)"
+        parts = [f"fragment {self.inc / 1000:+.2f} GPU (FGD score {-self.rank[0]})"]
+        parts.append("leaves the node short of CPU" if self.cpu_short else "keeps CPU for its GPUs")
+        if self.left:
+            parts.append(f"best fit leaves {self.left / 1000:.2f} of the GPU")
+        return ", ".join(parts)
+
+
+def _ranked(names: Sequence[str], raw: Mapping[str, Any]) -> Ranked:
+    r = raw["rank"]
+    return Ranked(
+        names[int(raw["node"])],
+        (int(r[0]), int(r[1]), int(r[2])),
+        float(raw["inc"]),
+        bool(raw["cpu_short"]),
+        int(raw["left"]),
+        int(raw["idle"]),
+        raw["assignment"],
+    )
+
+
+def _indices(model: FragmentationModel, nodes: Iterable[str] | None) -> list[int] | None:
+    if nodes is None:
+        return None
+    idx = model.index
+    return [idx[n] for n in nodes if n in idx]
+
+
+def rank(
+    model: FragmentationModel, shape: Shape, workload: Workload, nodes: Sequence[str] | None = None
+) -> list[Ranked | None]:
+    """The best placement of `shape` on each of `nodes` (default: every node of the model),
+    None where the node does not admit it (or is not in the model)."""
+    names = [n.name for n in model.snapshot.nodes]
+    wanted = list(nodes) if nodes is not None else names
+    idx = model.index
+    known = [n for n in wanted if n in idx]
+    raw = model.core.rank(
+        shape_dict(shape), [shape_dict(s) for s in workload.shapes], [idx[n] for n in known]
+    )
+    by_name = {
+        n: (None if r is None else _ranked(names, r)) for n, r in zip(known, raw, strict=True)
+    }
+    return [by_name.get(n) for n in wanted]
+
+
+def choose(
+    model: FragmentationModel, shape: Shape, workload: Workload, nodes: Iterable[str] | None = None
+) -> Ranked | None:
+    """The policy's choice among `nodes` (default: every node): the best rank, ties to the first
+    node of the model's order."""
+    names = [n.name for n in model.snapshot.nodes]
+    raw = model.core.choose(
+        shape_dict(shape), [shape_dict(s) for s in workload.shapes], _indices(model, nodes)
+    )
+    return None if raw is None else _ranked(names, raw)
+
+
+def extender_scores(ranks: Sequence[Ranked | None]) -> list[int]:
+    """The extender's 0..10 per node: 10 for the best rank, 1..9 by fragment score for the
+    others, 0 where the node does not admit the pod."""
+    return list(_core.extender_scores([None if r is None else r.rank for r in ranks]))
+
+
+def kube_default_scores(
+    cpu_cap: int, cpu_left: int, mem_cap: int, mem_left: int, cpu: int, memory: int
+) -> int:
+    """kube-scheduler's NodeResourcesFit (LeastAllocated) + BalancedAllocation for a pod of
+    `cpu` milli and `memory` MiB on a node, as the replay's `pyctl-deployed` policy scores."""
+    return int(_core.kube_default_scores(cpu_cap, cpu_left, mem_cap, mem_left, cpu, memory))
+
+
+#: the extender's weight in deploy/scheduler/extender-config.yaml (a test pins the two)
+EXTENDER_WEIGHT: int = int(_core.EXTENDER_WEIGHT)
+
+
+# ---- the compaction planner --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MovablePod:
+    """A pod the planner may move: where it is (`assignment` on `node`), its shape, and where it
+    may go (`allowed`: node names, None for any)."""
+
+    key: str
+    node: str
+    assignment: Mapping[str, Any]
+    shape: Shape
+    allowed: frozenset[str] | None = None
+    #: its PodDisruptionBudget (key) and the disruptions it allows now
+    pdb: str | None = None
+    pdb_headroom: int = 0
+    #: pods of one group never move in the same plan (inter-pod constraints)
+    group: str | None = None
+
+
+@dataclass(frozen=True)
+class PendingPod:
+    key: str
+    shape: Shape
+    allowed: frozenset[str] | None = None
+
+
+@dataclass(frozen=True)
+class PlanLimits:
+    max_moves: int = 10
+    min_gain: float = 1.0
+    max_moves_per_node: int | None = None
+    #: most evictions one rescue takes (0: no rescues)
+    rescue_depth: int = 3
+    max_rescues: int = 1
+    rescue_budget: int = 4096
+    defragment: bool = True
+
+
+@dataclass(frozen=True)
+class Move:
+    pod: str
+    from_node: str
+    to_node: str
+    #: fall of F(M), milli-GPU, by this move alone
+    gain: float
+    assignment: Mapping[str, Any]
+    #: index of the rescue it belongs to
+    rescue: int | None = None
+
+
+@dataclass(frozen=True)
+class Rescue:
+    pending: str
+    node: str
+    assignment: Mapping[str, Any]
+    moves: tuple[Move, ...]
+    #: evictions that wait for an earlier one's replacement (PodDisruptionBudgets)
+    waits: int
+    #: change of F(M) by the rescue, the pending pod placed, milli-GPU
+    delta: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    moves: tuple[Move, ...] = ()
+    rescues: tuple[Rescue, ...] = ()
+    unrescued: tuple[str, ...] = ()
+    truncated: bool = False
+    refused: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def gain_gpu_milli(self) -> float:
+        return sum(m.gain for m in self.moves)
+
+
+def plan(
+    model: FragmentationModel,
+    movable: Sequence[MovablePod],
+    pending: Sequence[PendingPod],
+    workload: Workload,
+    limits: PlanLimits | None = None,
+) -> Plan:
+    """The planner on `model`'s cluster (it is not changed)."""
+    lim = limits or PlanLimits()
+    names = [n.name for n in model.snapshot.nodes]
+    idx = model.index
+    sets: dict[frozenset[str], int] = {}
+    groups: dict[str, int] = {}
+    pdbs: dict[str, int] = {}
+    headroom: list[int] = []
+
+    def set_of(allowed: frozenset[str] | None) -> int | None:
+        if allowed is None:
+            return None
+        if allowed not in sets:
+            sets[allowed] = len(sets)
+        return sets[allowed]
+
+    items: list[dict[str, Any]] = []
+    kept: list[MovablePod] = []
+    for m in movable:
+        if m.node not in idx:
+            continue
+        pdb = None
+        if m.pdb is not None:
+            if m.pdb not in pdbs:
+                pdbs[m.pdb] = len(pdbs)
+                headroom.append(max(0, m.pdb_headroom))
+            pdb = pdbs[m.pdb]
+        group = None
+        if m.group is not None:
+            group = groups.setdefault(m.group, len(groups))
+        items.append(
+            {
+                "node": idx[m.node],
+                "assignment": dict(m.assignment),
+                "shape": shape_dict(m.shape),
+                "allowed": set_of(m.allowed),
+                "pdb": pdb,
+                "group": group,
+            }
+        )
+        kept.append(m)
+    pend = [{"shape": shape_dict(p.shape), "allowed": set_of(p.allowed)} for p in pending]
+    node_sets = [[idx[n] for n in s if n in idx] for s in sorted(sets, key=sets.__getitem__)]
+    raw = model.core.plan(
+        items,
+        pend,
+        [shape_dict(s) for s in workload.shapes],
+        node_sets,
+        headroom,
+        {
+            "max_moves": lim.max_moves,
+            "min_gain": lim.min_gain,
+            "max_moves_per_node": lim.max_moves_per_node,
+            "rescue_depth": lim.rescue_depth,
+            "max_rescues": lim.max_rescues,
+            "rescue_budget": lim.rescue_budget,
+            "defragment": lim.defragment,
+        },
+    )
+    moves = tuple(
+        Move(
+            kept[int(m["pod"])].key,
+            names[int(m["from"])],
+            names[int(m["to"])],
+            float(m["gain"]),
+            m["assignment"],
+            None if m["rescue"] is None else int(m["rescue"]),
+        )
+        for m in raw["moves"]
+    )
+    rescues = tuple(
+        Rescue(
+            pending[int(r["pending"])].key,
+            names[int(r["node"])],
+            r["assignment"],
+            tuple(moves[int(i)] for i in r["moves"]),
+            int(r["waits"]),
+            float(r["delta"]),
+        )
+        for r in raw["rescues"]
+    )
+    return Plan(
+        moves,
+        rescues,
+        tuple(pending[int(i)].key for i in raw["unrescued"]),
+        bool(raw["truncated"]),
+    )

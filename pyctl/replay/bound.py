@@ -1,0 +1,758 @@
+"""How far from the limit (issue 21): a lower bound on the unallocated GPU of a trace replay, and
+the best placement found, for the tasks that had arrived at a checkpoint, packed onto the trace's
+nodes with free choice of placement (as if every task could be moved).
+
+Constraints are the replay's (`rust/src/replay/state.rs`, `State::fits` and `admit_whole`): per
+node CPU milli, memory MiB, GPU count and GPU model (a task may list allowed models, compared
+without case; an empty list allows any); a task takes `num_gpu` whole GPUs (gpu_milli 1000: GPUs
+nothing else uses) or one share `gpu_milli` < 1000 of ONE GPU, which it shares with other shares
+up to 1000 milli; with `numa=True` a node of g >= 2 GPUs has zones of g//2 and g - g//2 GPUs and
+a whole-GPU task's GPUs lie in one zone (shares and CPU are not zone-bound). The replay's
+"unallocated GPU" is capacity minus the GPU milli of the placed tasks, so its least value is
+capacity minus the most GPU milli that any placement of a subset of the arrived tasks reaches.
+
+The model (an integer program with identical nodes and identical tasks aggregated into types):
+node types = equal (CPU, memory, GPUs, model); task types = equal (CPU, memory, GPU request,
+allowed models among the cluster's). CPU-only tasks are left out (they place no GPU and only take
+room), as are tasks that fit on no empty node. Per node type k:
+- v[k, L]: nodes of type k with layout L. A layout gives each zone's GPUs to whole-GPU tasks
+  (how many of each size) and leaves the rest to shares; sum_L v[k, L] <= nodes of type k.
+- z[k, p]: GPUs of type k that carry share pattern p, a maximal multiset of share sizes that
+  fits in 1000 milli; sum_p z[k, p] <= sum_L (share GPUs of L) v[k, L].
+- x[t, k]: tasks of type t placed on type k. Shares of size m: sum_t x[t, k] <= sum_p
+  (slots of size m in p) z[k, p]; whole-GPU tasks of size s: sum_t x[t, k] <= sum_L (slots of
+  size s in L) v[k, L]; CPU: sum_t cpu_t x[t, k] <= nodes x CPU of a node; memory likewise;
+  per task type sum_k x[t, k] <= arrived tasks of type t.
+Maximise sum value_t x[t, k], value = GPU milli. Any placement gives a solution of the same
+value (per node its layout, per GPU a maximal pattern that contains its shares' sizes, per node
+type the sums), so the optimum of the LP relaxation is at least the most GPU any placement
+allocates: capacity minus it is a valid lower bound on unallocated GPU. The GPU side is exact
+(per GPU through the patterns, per zone through the layouts); the relaxation is in CPU and
+memory, counted per node type instead of per node, and in the LP's fractional counts. The bound
+is rounded down to a multiple of the gcd of the task types' GPU milli (an allocation is a sum of
+them) after a relative safety margin of 1e-6 for floating point.
+
+The best placement: the integer program, with the share patterns the LP uses, is solved with
+HiGHS (each node type's CPU and memory scaled by 1 - slack, a few slacks tried), its solution is
+split over the nodes of each type (layouts and patterns to nodes, tasks to slots, most CPU and
+memory first, to the node with the most room left), and what is left on the nodes is filled
+with unplaced arrived tasks. The result is checked by `check_placement` against the replay's
+rules; when it reaches the bound, it is the optimum.
+
+HiGHS comes from the `highspy` package (`pip install 'pyctl[bound]'`); it is imported when a
+bound is solved, so pyctl works without it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import reduce
+from typing import Any
+
+GPU_MILLI = 1000
+#: Relative safety margin added to the floating-point bound before rounding it down.
+SAFETY = 1e-6
+
+
+class BoundError(RuntimeError):
+    """The bound cannot be computed (HiGHS missing, or a solver failure; the message says)."""
+
+
+def _highspy() -> Any:
+    try:
+        return importlib.import_module("highspy")
+    except ImportError:
+        raise BoundError(
+            "the bound needs HiGHS: install pyctl's 'bound' extra (pip install 'pyctl[bound]')"
+        ) from None
+
+
+# -- the instance ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeType:
+    cpu_milli: int
+    memory_mib: int
+    gpus: int
+    #: GPU model, lower-cased (the replay compares models without case).
+    model: str
+    #: GPUs per zone that a whole-GPU task must fit within (one zone unless NUMA).
+    zones: tuple[int, ...]
+    #: The trace's node indices of this type.
+    nodes: tuple[int, ...]
+
+    @property
+    def count(self) -> int:
+        return len(self.nodes)
+
+
+@dataclass(frozen=True)
+class TaskType:
+    cpu_milli: int
+    memory_mib: int
+    num_gpu: int
+    gpu_milli: int
+    #: Allowed node models (lower-cased, among the cluster's); None = any.
+    models: frozenset[str] | None
+    #: Positions in the arrived task list of the tasks of this type.
+    slots: tuple[int, ...]
+
+    @property
+    def count(self) -> int:
+        return len(self.slots)
+
+    @property
+    def value(self) -> int:
+        """GPU milli the task places."""
+        return self.num_gpu * self.gpu_milli
+
+    @property
+    def is_share(self) -> bool:
+        return self.num_gpu == 1 and self.gpu_milli < GPU_MILLI
+
+
+@dataclass(frozen=True)
+class Problem:
+    node_types: tuple[NodeType, ...]
+    task_types: tuple[TaskType, ...]
+    numa: bool
+    capacity_milli: int
+    #: GPU milli of every arrived task (also those left out).
+    arrived_milli: int
+    arrived_tasks: int
+    #: Arrived tasks left out: CPU-only, or fitting on no empty node.
+    left_out: int
+
+    def fits_empty(self, k: int, t: int) -> bool:
+        """Whether one task of type t fits alone on an empty node of type k."""
+        return _fits_empty(self.node_types[k], self.task_types[t])
+
+
+def _fits_empty(n: NodeType, t: TaskType) -> bool:
+    if t.cpu_milli > n.cpu_milli or t.memory_mib > n.memory_mib or t.num_gpu == 0:
+        return False
+    if t.models is not None and n.model not in t.models:
+        return False
+    if t.is_share:
+        return n.gpus >= 1
+    return any(z >= t.num_gpu for z in n.zones)
+
+
+def zones_of(gpus: int, numa: bool) -> tuple[int, ...]:
+    """GPUs per zone as the replay splits a node (`split = g / 2` for g >= 2 under NUMA)."""
+    if numa and gpus >= 2:
+        return (gpus // 2, gpus - gpus // 2)
+    return (gpus,)
+
+
+def _task_gpu(num: int, milli: int, where: str) -> tuple[int, int]:
+    """The replay's rule for a task's GPU request (`gpu_request` in rust/src/replay/mod.rs)."""
+    if num < 0 or num > 16:
+        raise ValueError(f"{where}: num_gpu {num} is outside 0..=16")
+    if num == 0:
+        return 0, 0
+    if not 1 <= milli <= GPU_MILLI:
+        raise ValueError(f"{where}: gpu_milli {milli} is outside 1..=1000 for a GPU task")
+    if num > 1 and milli != GPU_MILLI:
+        raise ValueError(f"{where}: a task with {num} GPUs must take whole GPUs, got {milli}")
+    return num, milli
+
+
+def make_problem(
+    nodes: Mapping[str, Sequence[Any]],
+    tasks: Mapping[str, Sequence[Any]],
+    arrived: Sequence[int] | None = None,
+    *,
+    numa: bool = False,
+) -> Problem:
+    """The instance for the tasks `arrived` (indices into the task columns, repeats allowed: the
+    replay's resampled clones; None = every task once) on the nodes, in the columns of
+    `pyctl.replay.trace` (`Trace.nodes`, `Trace.tasks`)."""
+    models = {str(m).lower() for m in nodes["model"]}
+    by_node: dict[tuple[int, int, int, str], list[int]] = {}
+    capacity = 0
+    for i, (cpu, mem, g, m) in enumerate(
+        zip(nodes["cpu_milli"], nodes["memory_mib"], nodes["gpu"], nodes["model"], strict=True)
+    ):
+        if cpu < 0 or mem < 0 or not 0 <= g <= 16:
+            raise ValueError(f"nodes[{i}]: negative resources or more than 16 GPUs")
+        capacity += int(g) * GPU_MILLI
+        by_node.setdefault((int(cpu), int(mem), int(g), str(m).lower()), []).append(i)
+    node_types = tuple(
+        NodeType(cpu, mem, g, m, zones_of(g, numa), tuple(ix))
+        for (cpu, mem, g, m), ix in sorted(by_node.items(), key=lambda kv: kv[1][0])
+    )
+    order = list(range(len(tasks["cpu_milli"]))) if arrived is None else list(arrived)
+    by_task: dict[tuple[int, int, int, int, frozenset[str] | None], list[int]] = {}
+    arrived_milli = 0
+    left_out = 0
+    for slot, i in enumerate(order):
+        num, milli = _task_gpu(int(tasks["num_gpu"][i]), int(tasks["gpu_milli"][i]), f"tasks[{i}]")
+        cpu, mem = int(tasks["cpu_milli"][i]), int(tasks["memory_mib"][i])
+        if cpu < 0 or mem < 0:
+            raise ValueError(f"tasks[{i}]: negative CPU or memory")
+        arrived_milli += num * milli
+        spec = [str(x).lower() for x in (tasks.get("gpu_models") or [[]] * (i + 1))[i]]
+        allowed = frozenset(m for m in models if m in spec) if spec else None
+        by_task.setdefault((cpu, mem, num, milli, allowed), []).append(slot)
+    task_types: list[TaskType] = []
+    for (cpu, mem, num, milli, allowed), slots in by_task.items():
+        t = TaskType(cpu, mem, num, milli, allowed, tuple(slots))
+        if any(_fits_empty(n, t) for n in node_types):
+            task_types.append(t)
+        else:
+            left_out += t.count
+    task_types.sort(key=lambda t: (-t.value, t.cpu_milli, t.memory_mib, t.slots[0]))
+    return Problem(
+        node_types,
+        tuple(task_types),
+        numa,
+        capacity,
+        arrived_milli,
+        len(order),
+        left_out,
+    )
+
+
+# -- placements ------------------------------------------------------------------------------
+
+#: One placed task: (position in the arrived list, node index, the node's GPUs it takes).
+Placed = tuple[int, int, tuple[int, ...]]
+
+
+def check_placement(
+    nodes: Mapping[str, Sequence[Any]],
+    tasks: Mapping[str, Sequence[Any]],
+    arrived: Sequence[int],
+    placement: Sequence[Placed],
+    *,
+    numa: bool = False,
+) -> int:
+    """The GPU milli a placement allocates, after checking it against the replay's rules
+    (raises ValueError naming the first violation)."""
+    models = nodes["model"]
+    spec_col = tasks.get("gpu_models")
+    cpu_used: Counter[int] = Counter()
+    mem_used: Counter[int] = Counter()
+    gpu_used: Counter[tuple[int, int]] = Counter()
+    owned: set[tuple[int, int]] = set()
+    seen: set[int] = set()
+    total = 0
+    for slot, node, gpus in placement:
+        if slot in seen or not 0 <= slot < len(arrived):
+            raise ValueError(f"slot {slot}: placed twice or out of range")
+        seen.add(slot)
+        i = arrived[slot]
+        num, milli = _task_gpu(int(tasks["num_gpu"][i]), int(tasks["gpu_milli"][i]), f"tasks[{i}]")
+        g = int(nodes["gpu"][node])
+        if num == 0 or len(gpus) != num or len(set(gpus)) != num:
+            raise ValueError(f"slot {slot}: task {i} needs {num} GPUs, given {gpus}")
+        if any(not 0 <= x < g for x in gpus):
+            raise ValueError(f"slot {slot}: node {node} has {g} GPUs, given {gpus}")
+        spec = [str(x).lower() for x in spec_col[i]] if spec_col is not None else []
+        if spec and str(models[node]).lower() not in spec:
+            raise ValueError(f"slot {slot}: task {i} may not run on model {models[node]}")
+        cpu_used[node] += int(tasks["cpu_milli"][i])
+        mem_used[node] += int(tasks["memory_mib"][i])
+        if num == 1 and milli < GPU_MILLI:
+            gpu_used[node, gpus[0]] += milli
+        else:
+            if not any(
+                lo <= min(gpus) and max(gpus) < lo + z for lo, z in _zone_ranges(zones_of(g, numa))
+            ):
+                raise ValueError(f"slot {slot}: GPUs {gpus} of node {node} span zones")
+            for x in gpus:
+                gpu_used[node, x] += GPU_MILLI
+                owned.add((node, x))
+        total += num * milli
+    for (node, x), used in gpu_used.items():
+        if used > GPU_MILLI:
+            raise ValueError(f"node {node} GPU {x}: {used} milli placed")
+    for node, used in cpu_used.items():
+        if used > int(nodes["cpu_milli"][node]) or mem_used[node] > int(nodes["memory_mib"][node]):
+            raise ValueError(f"node {node}: CPU or memory over capacity")
+    return total
+
+
+def _zone_ranges(zones: Sequence[int]) -> list[tuple[int, int]]:
+    """(first GPU, GPUs) per zone."""
+    out = []
+    lo = 0
+    for z in zones:
+        out.append((lo, z))
+        lo += z
+    return out
+
+
+# -- the model -------------------------------------------------------------------------------
+
+
+def share_patterns(sizes: Sequence[int]) -> list[tuple[int, ...]]:
+    """The maximal multisets of share sizes on one GPU (sum <= 1000 and no size can be added),
+    as counts per size in the order of `sizes`."""
+    sz = list(sizes)
+    if not sz:
+        return []
+    smallest = min(sz)
+    out: list[tuple[int, ...]] = []
+
+    def rec(i: int, left: int, cur: list[int]) -> None:
+        if i == len(sz):
+            if left < smallest:
+                out.append(tuple(cur))
+            return
+        for c in range(left // sz[i], -1, -1):
+            cur.append(c)
+            rec(i + 1, left - c * sz[i], cur)
+            cur.pop()
+
+    rec(0, GPU_MILLI, [])
+    return out
+
+
+def _zone_options(z: int, whole_sizes: Sequence[int]) -> list[tuple[int, tuple[int, ...]]]:
+    """(GPUs left for shares, whole tasks per size) for every way to fill a zone of z GPUs."""
+    opts: list[tuple[int, tuple[int, ...]]] = []
+
+    def rec(i: int, left: int, cur: list[int]) -> None:
+        if i == len(whole_sizes):
+            opts.append((left, tuple(cur)))
+            return
+        for c in range(left // whole_sizes[i] + 1):
+            cur.append(c)
+            rec(i + 1, left - c * whole_sizes[i], cur)
+            cur.pop()
+
+    rec(0, z, [])
+    return opts
+
+
+def node_layouts(
+    zones: Sequence[int], whole_sizes: Sequence[int]
+) -> list[tuple[tuple[int, tuple[int, ...]], ...]]:
+    """The ways to give a node's zones to whole-GPU tasks: per zone (GPUs left for shares,
+    counts of whole tasks per size in `whole_sizes` order). One layout per distinct node total
+    (shares' GPUs, counts per size)."""
+    per_zone = [_zone_options(z, whole_sizes) for z in zones]
+    seen: dict[tuple[int, tuple[int, ...]], tuple[tuple[int, tuple[int, ...]], ...]] = {}
+
+    def combine(zi: int, acc: list[tuple[int, tuple[int, ...]]]) -> None:
+        if zi == len(per_zone):
+            key = (
+                sum(a for a, _ in acc),
+                tuple(sum(c[j] for _, c in acc) for j in range(len(whole_sizes))),
+            )
+            seen.setdefault(key, tuple(acc))
+            return
+        for o in per_zone[zi]:
+            acc.append(o)
+            combine(zi + 1, acc)
+            acc.pop()
+
+    combine(0, [])
+    return list(seen.values())
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The result for one instance. Allocations are GPU milli."""
+
+    capacity_milli: int
+    arrived_milli: int
+    #: Upper bound on the GPU that any placement of the arrived tasks allocates: the LP
+    #: relaxation's optimum, rounded down to `granularity` after a 1e-6 safety margin.
+    max_alloc_milli: int
+    #: The best placement found (checked with `check_placement`) and what it allocates.
+    placement: tuple[Placed, ...]
+    best_alloc_milli: int
+    granularity: int
+    lp_seconds: float
+    #: MILP solves and placement construction.
+    place_seconds: float
+    columns: int
+    rows: int
+
+    def _pct(self, alloc: float) -> float:
+        return 100.0 - 100.0 * alloc / self.capacity_milli if self.capacity_milli else 0.0
+
+    @property
+    def bound_pct(self) -> float:
+        """Lower bound on unallocated GPU, % of capacity."""
+        return self._pct(self.max_alloc_milli)
+
+    @property
+    def best_pct(self) -> float:
+        """Unallocated GPU % of the best placement found (the optimum when `closed`)."""
+        return self._pct(self.best_alloc_milli)
+
+    @property
+    def gap_pct(self) -> float:
+        """Best placement against the bound, points of capacity."""
+        return 100.0 * (self.max_alloc_milli - self.best_alloc_milli) / max(1, self.capacity_milli)
+
+    @property
+    def closed(self) -> bool:
+        return self.best_alloc_milli >= self.max_alloc_milli
+
+
+def _round_down(x: float, g: int) -> int:
+    return math.floor((x + SAFETY * max(1.0, abs(x))) / g) * g
+
+
+class _Model:
+    """The aggregated MILP (see the module docstring), built column by column."""
+
+    def __init__(self, hs: Any, p: Problem) -> None:
+        self.hs = hs
+        self.p = p
+        h = hs.Highs()
+        for opt, setting in (("output_flag", False), ("threads", 1), ("random_seed", 1)):
+            h.setOptionValue(opt, setting)
+        h.changeObjectiveSense(hs.ObjSense.kMaximize)
+        self.h = h
+        self.resource_rows: list[tuple[int, float]] = []
+        self.nrow = 0
+        #: the patterns `restrict_patterns` fixed to 0, with their bounds before
+        self._released: tuple[list[int], list[float], list[float]] | None = None
+        self.ncol = 0
+        self.integer: list[int] = []
+        inf = hs.kHighsInf
+        tt = p.task_types
+        # rows per task type: placed <= arrived
+        self.task_row = [self._row(float(t.count)) for t in tt]
+        # per node type
+        self.v: list[list[tuple[int, tuple[tuple[int, tuple[int, ...]], ...]]]] = []
+        self.z: list[list[tuple[int, tuple[int, ...]]]] = []
+        self.x: dict[tuple[int, int], int] = {}
+        self.sizes: list[list[int]] = []
+        self.whole_sizes: list[list[int]] = []
+        for k, n in enumerate(p.node_types):
+            compat = [t for t in range(len(tt)) if p.fits_empty(k, t)]
+            shares = [t for t in compat if tt[t].is_share]
+            wholes = [t for t in compat if not tt[t].is_share]
+            sizes = sorted({tt[t].gpu_milli for t in shares})
+            wsizes = sorted({tt[t].num_gpu for t in wholes})
+            self.sizes.append(sizes)
+            self.whole_sizes.append(wsizes)
+            if not compat:
+                self.v.append([])
+                self.z.append([])
+                continue
+            r_nodes = self._row(float(n.count))
+            r_share_gpus = self._row(0.0)
+            r_size = {m: self._row(0.0) for m in sizes}
+            r_wsize = {s: self._row(0.0) for s in wsizes}
+            r_cpu = self._row(float(n.count) * n.cpu_milli)
+            r_mem = self._row(float(n.count) * n.memory_mib)
+            self.resource_rows.append((r_cpu, float(n.count) * n.cpu_milli))
+            self.resource_rows.append((r_mem, float(n.count) * n.memory_mib))
+            layouts = node_layouts(n.zones, wsizes)
+            vs = []
+            for lay in layouts:
+                idx = [r_nodes]
+                val = [1.0]
+                share_gpus = sum(x for x, _ in lay)
+                if sizes and share_gpus:
+                    idx.append(r_share_gpus)
+                    val.append(-float(share_gpus))
+                for j, s in enumerate(wsizes):
+                    c = sum(cz[j] for _, cz in lay)
+                    if c:
+                        idx.append(r_wsize[s])
+                        val.append(-float(c))
+                vs.append((self._col(0.0, float(n.count), idx, val), lay))
+            self.v.append(vs)
+            zs = []
+            for pat in share_patterns(sizes):
+                idx = [r_share_gpus] + [r_size[m] for m, c in zip(sizes, pat, strict=True) if c]
+                val = [1.0] + [-float(c) for c in pat if c]
+                zs.append((self._col(0.0, inf, idx, val), pat))
+            self.z.append(zs)
+            for t in compat:
+                a = tt[t]
+                idx = [self.task_row[t]]
+                val = [1.0]
+                idx.append(r_size[a.gpu_milli] if a.is_share else r_wsize[a.num_gpu])
+                val.append(1.0)
+                if a.cpu_milli:
+                    idx.append(r_cpu)
+                    val.append(float(a.cpu_milli))
+                if a.memory_mib:
+                    idx.append(r_mem)
+                    val.append(float(a.memory_mib))
+                self.x[t, k] = self._col(float(a.value), float(a.count), idx, val)
+
+    def _row(self, ub: float) -> int:
+        self.h.addRow(-self.hs.kHighsInf, ub, 0, [], [])
+        self.nrow += 1
+        return self.nrow - 1
+
+    def _col(self, cost: float, ub: float, idx: list[int], val: list[float]) -> int:
+        self.h.addCol(cost, 0.0, ub, len(idx), idx, val)
+        self.integer.append(self.ncol)
+        self.ncol += 1
+        return self.ncol - 1
+
+    def solve_lp(self) -> float:
+        self.h.setOptionValue("solver", "simplex")
+        self.h.run()
+        if self.h.getModelStatus() != self.hs.HighsModelStatus.kOptimal:
+            raise BoundError(f"LP relaxation: HiGHS status {self.h.getModelStatus()}")
+        return float(self.h.getInfo().objective_function_value)
+
+    def restrict_patterns(self) -> int:
+        """Fixes to 0 the share patterns the LP solution does not use; returns how many stay."""
+        val = self.h.getSolution().col_value
+        off = [c for zs in self.z for c, _ in zs if val[c] <= 1e-9]
+        if off:
+            lp = self.h.getLp()
+            self._released = (
+                off,
+                [lp.col_lower_[c] for c in off],
+                [lp.col_upper_[c] for c in off],
+            )
+            self.h.changeColsBounds(len(off), off, [0.0] * len(off), [0.0] * len(off))
+        return sum(len(zs) for zs in self.z) - len(off)
+
+    def release_patterns(self) -> bool:
+        """Undoes `restrict_patterns` (every pattern allowed again); False if it fixed none."""
+        released = self._released
+        if not released:
+            return False
+        off, lower, upper = released
+        self.h.changeColsBounds(len(off), off, lower, upper)
+        self._released = None
+        return True
+
+    def scale_resources(self, factor: float) -> None:
+        """Scales every node type's CPU and memory (the placement MILP leaves slack so that the
+        per-node-type totals can be split over the nodes)."""
+        for r, cap in self.resource_rows:
+            self.h.changeRowBounds(r, -self.hs.kHighsInf, cap * factor)
+
+    def solve_mip(self, time_limit: float) -> list[float] | None:
+        """An integer solution (the best found within the time limit), or None."""
+        hs = self.hs
+        n = len(self.integer)
+        self.h.changeColsIntegrality(n, self.integer, [hs.HighsVarType.kInteger] * n)
+        self.h.setOptionValue("time_limit", float(time_limit))
+        self.h.setOptionValue("mip_rel_gap", 1e-6)
+        self.h.run()
+        if self.h.getInfo().primal_solution_status == 0:
+            return None
+        return list(self.h.getSolution().col_value)
+
+
+#: a model this small gets a last MILP over every share pattern when the restricted ones fall
+#: short of the bound (what keeps tiny instances exact)
+EXACT_COLUMNS = 5000
+
+
+def solve(
+    p: Problem,
+    *,
+    mip_time_limit: float = 20.0,
+    slack: Sequence[float] = (0.0, 0.05, 0.1, 0.2),
+) -> Bound:
+    """The LP bound, and the best placement built from the MILP with each node type's CPU and
+    memory scaled by 1 - s for s in `slack` (each MILP within `mip_time_limit` seconds; stops
+    once a placement reaches the bound)."""
+    hs = _highspy()
+    gran = reduce(math.gcd, (t.value for t in p.task_types), 0) or 1
+    trivial = min(p.capacity_milli, sum(t.value * t.count for t in p.task_types))
+    t0 = time.perf_counter()
+    model = _Model(hs, p)
+    if model.ncol == 0:
+        return Bound(p.capacity_milli, p.arrived_milli, 0, (), 0, gran, 0.0, 0.0, 0, model.nrow)
+    lp = model.solve_lp()
+    max_alloc = min(_round_down(lp, gran), trivial)
+    t1 = time.perf_counter()
+    model.restrict_patterns()
+    type_of = _type_of(p)
+    best: list[Placed] = []
+    best_alloc = 0
+    for s in slack:
+        model.scale_resources(1.0 - s)
+        sol = model.solve_mip(mip_time_limit)
+        if sol is None:
+            continue
+        placement = _place(p, model, sol)
+        alloc = sum(p.task_types[type_of[slot]].value for slot, _, _ in placement)
+        if alloc > best_alloc:
+            best, best_alloc = placement, alloc
+        if best_alloc >= max_alloc:
+            break
+    if best_alloc < max_alloc and model.ncol <= EXACT_COLUMNS and model.release_patterns():
+        # a small model: the MILP over every pattern, so that its placement is the optimum
+        model.scale_resources(1.0)
+        sol = model.solve_mip(mip_time_limit)
+        if sol is not None:
+            placement = _place(p, model, sol)
+            alloc = sum(p.task_types[type_of[slot]].value for slot, _, _ in placement)
+            if alloc > best_alloc:
+                best, best_alloc = placement, alloc
+    return Bound(
+        p.capacity_milli,
+        p.arrived_milli,
+        max_alloc,
+        tuple(best),
+        best_alloc,
+        gran,
+        t1 - t0,
+        time.perf_counter() - t1,
+        model.ncol,
+        model.nrow,
+    )
+
+
+def _type_of(p: Problem) -> dict[int, int]:
+    return {s: t for t, tt in enumerate(p.task_types) for s in tt.slots}
+
+
+class _Free:
+    """What is left on every node while a placement is built."""
+
+    def __init__(self, p: Problem) -> None:
+        self.cpu: dict[int, int] = {}
+        self.mem: dict[int, int] = {}
+        self.gpu: dict[int, list[int]] = {}
+        self.type_of: dict[int, int] = {}
+        for k, n in enumerate(p.node_types):
+            for i in n.nodes:
+                self.cpu[i] = n.cpu_milli
+                self.mem[i] = n.memory_mib
+                self.gpu[i] = [GPU_MILLI] * n.gpus
+                self.type_of[i] = k
+
+    def room(self, node: int, t: TaskType) -> bool:
+        return self.cpu[node] >= t.cpu_milli and self.mem[node] >= t.memory_mib
+
+    def take(self, node: int, t: TaskType, gpus: Sequence[int]) -> None:
+        self.cpu[node] -= t.cpu_milli
+        self.mem[node] -= t.memory_mib
+        for g in gpus:
+            self.gpu[node][g] -= t.gpu_milli
+
+
+def _place(p: Problem, model: _Model, sol: Sequence[float]) -> list[Placed]:
+    """A placement from the MILP's solution: per node type, layouts and share patterns go to the
+    nodes of the type, then the tasks the MILP put on the type go, most CPU first, to the node
+    with the most CPU left that has a slot of their size; what does not fit (the MILP counts CPU
+    and memory per node type, not per node) is then placed first-fit anywhere it fits, or not."""
+    r = [round(v) for v in sol]
+    tt = p.task_types
+    pools = [list(t.slots) for t in tt]
+    free = _Free(p)
+    placed: list[Placed] = []
+    left: list[tuple[int, int]] = []  # (type, slot)
+    for k, n in enumerate(p.node_types):
+        if not model.v[k]:
+            continue
+        wsizes = model.whole_sizes[k]
+        sizes = model.sizes[k]
+        lays = [lay for col, lay in model.v[k] for _ in range(r[col])]
+        default = tuple((z, (0,) * len(wsizes)) for z in n.zones)
+        # slots: share GPUs per size (node -> list of GPUs with a free slot), whole GPU sets
+        share_gpus: list[tuple[int, int]] = []
+        whole_slots: dict[int, dict[int, list[tuple[int, ...]]]] = {s: {} for s in wsizes}
+        per_node_share: list[list[tuple[int, int]]] = []
+        for node, lay in zip(n.nodes, lays + [default] * (n.count - len(lays)), strict=False):
+            mine: list[tuple[int, int]] = []
+            for (lo, _), (for_shares, counts) in zip(_zone_ranges(n.zones), lay, strict=True):
+                g = lo
+                for s, c in zip(wsizes, counts, strict=True):
+                    for _ in range(c):
+                        whole_slots[s].setdefault(node, []).append(tuple(range(g, g + s)))
+                        g += s
+                mine.extend((node, x) for x in range(g, g + for_shares))
+            per_node_share.append(mine)
+        # interleave nodes so that consecutive patterns land on different nodes
+        depth = max((len(m) for m in per_node_share), default=0)
+        for d in range(depth):
+            share_gpus.extend(m[d] for m in per_node_share if d < len(m))
+        pats = [pat for col, pat in model.z[k] for _ in range(r[col])]
+        slot_of: dict[int, dict[int, list[int]]] = {m: {} for m in sizes}  # size -> node -> GPUs
+        for (node, g), pat in zip(share_gpus, pats, strict=False):
+            for m, c in zip(sizes, pat, strict=True):
+                slot_of[m].setdefault(node, []).extend([g] * c)
+        mine_tasks: list[int] = []
+        for t in range(len(tt)):
+            col = model.x.get((t, k))
+            if col is not None and r[col] > 0:
+                take = min(r[col], len(pools[t]))
+                mine_tasks.extend([t] * take)
+        cpu_n = float(max(1, n.cpu_milli))
+        mem_n = float(max(1, n.memory_mib))
+        # most CPU or memory first (as a share of the node's), each to the node with the most
+        # room left in its tighter resource
+        mine_tasks.sort(key=lambda t: (-max(tt[t].cpu_milli / cpu_n, tt[t].memory_mib / mem_n), t))
+        for t in mine_tasks:
+            task = tt[t]
+            slots: Mapping[int, Sequence[object]] = (
+                slot_of[task.gpu_milli] if task.is_share else whole_slots[task.num_gpu]
+            )
+            best = -1
+            best_room = -1.0
+            for node, gs in slots.items():
+                if gs and free.room(node, task):
+                    rm = min(free.cpu[node] / cpu_n, free.mem[node] / mem_n)
+                    if rm > best_room:
+                        best, best_room = node, rm
+            slot = pools[t].pop()
+            if best < 0:
+                left.append((t, slot))
+                continue
+            if task.is_share:
+                gpus: tuple[int, ...] = (slot_of[task.gpu_milli][best].pop(),)
+            else:
+                gpus = whole_slots[task.num_gpu][best].pop()
+            free.take(best, task, gpus)
+            placed.append((slot, best, gpus))
+    for t, slot in left:
+        pools[t].append(slot)
+    _fill(p, free, pools, placed)
+    return placed
+
+
+def _fill(p: Problem, free: _Free, pools: list[list[int]], placed: list[Placed]) -> None:
+    """Fills what is left on every node with unplaced tasks (any arrived task, not only those the
+    MILP chose): per node, the most GPU-valuable task type that still fits, until none does."""
+    tt = p.task_types
+    order = sorted(range(len(tt)), key=lambda t: (-tt[t].value, tt[t].cpu_milli, t))
+    for k, n in enumerate(p.node_types):
+        compat = [t for t in order if p.fits_empty(k, t)]
+        for node in n.nodes:
+            while True:
+                gs = free.gpu[node]
+                if not any(gs) or not compat:
+                    break
+                where = None
+                for t in compat:
+                    if not pools[t] or not free.room(node, tt[t]):
+                        continue
+                    where = _gpus_for(n, gs, tt[t])
+                    if where is not None:
+                        break
+                if where is None:
+                    break
+                free.take(node, tt[t], where)
+                placed.append((pools[t].pop(), node, where))
+
+
+def _gpus_for(n: NodeType, gs: Sequence[int], t: TaskType) -> tuple[int, ...] | None:
+    """The GPUs a task takes on a node with `gs` milli free per GPU (shares: the fullest GPU with
+    room; whole tasks: the first zone with enough untouched GPUs), or None."""
+    if t.is_share:
+        fit = [g for g in range(n.gpus) if gs[g] >= t.gpu_milli]
+        return (min(fit, key=lambda g: gs[g]),) if fit else None
+    for lo, z in _zone_ranges(n.zones):
+        whole = [g for g in range(lo, lo + z) if gs[g] == GPU_MILLI]
+        if len(whole) >= t.num_gpu:
+            return tuple(whole[: t.num_gpu])
+    return None

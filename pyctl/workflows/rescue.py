@@ -1,0 +1,267 @@
+"""The rescue workflow: room made on one node for one pending pod, by several evictions, as one
+plan (the planner's rescue, `pyctl.core.policy`).
+
+Steps (each an engine handler, persisted after it returns; each idempotent):
+
+``isolating``  pyctl's taint `pyctl.io/rescue=<pending pod uid>:NoSchedule` on the node, so that
+               the evicted pods' replacements (and anything else) do not land there again.
+``evicting``   the planned pods, one per advance, through the gate (rate limits, the Lease, the
+               evictor's rules re-checked on the live pod, the uid as a precondition). A
+               PodDisruptionBudget's 429 waits and retries, so pods of one budget go one after
+               the other as their replacements become ready; then it waits until they are gone.
+``waiting``    the taint removed; until the pending pod is bound. Meanwhile the scheduler
+               extender keeps every other pod off the node (`reservations`), so the freed room
+               goes to the pod it was made for.
+``releasing``  the taint removed (if still there), the outcome counted and announced; then
+               ``done`` (the pod runs on the node) or ``abandoned`` (why in the result).
+
+The plan stops making sense, and the workflow goes to ``releasing``, when the pending pod is
+gone, bound elsewhere, or no longer pending; when a planned pod cannot be evicted (protected,
+denied by admission); or at the deadline. Every path from ``isolating`` ends in ``releasing``,
+so a controller killed anywhere never leaves the node tainted (and the compactor also clears a
+rescue taint no workflow owns).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+import msgspec
+
+from pyctl.cluster.records import PodRecord
+from pyctl.workflows.base import Context, Workflow, WorkflowKind
+
+log = logging.getLogger("pyctl.rescue")
+
+KIND: Final = "rescue"
+TAINT_KEY: Final = "pyctl.io/rescue"
+REASON: Final = "PyctlRescue"
+STEPS: Final = ("isolating", "evicting", "waiting", "releasing")
+#: steps that may leave the node tainted (releasing is owed)
+ISOLATED: Final = ("isolating", "evicting", "waiting")
+
+
+@dataclass(frozen=True)
+class RescueOptions:
+    #: from the start to the pending pod bound, seconds (evictions wait on budgets meanwhile)
+    deadline: float = 900.0
+    #: how often a waiting step looks again
+    poll: float = 2.0
+
+
+@dataclass
+class CompactionContext(Context):
+    """The context of the compaction engine (compaction and rescue workflows)."""
+
+    rescue: RescueOptions = field(default_factory=RescueOptions)
+
+
+def workflow_for(
+    pending: PodRecord,
+    node: str,
+    moves: Iterable[tuple[PodRecord, str]],
+    now: float,
+    options: RescueOptions | None = None,
+) -> Workflow:
+    """The workflow that frees `node` for `pending` by evicting `moves` (pod, expected
+    destination) in order."""
+    opt = options or RescueOptions()
+    return Workflow(
+        id=f"{KIND}-{pending.uid or pending.key}",
+        kind=KIND,
+        node=node,
+        step="isolating",
+        created=now,
+        updated=now,
+        data={
+            "namespace": pending.namespace,
+            "pod": pending.name,
+            "uid": pending.uid,
+            "pods": json.dumps(
+                [
+                    [p.namespace, p.name, p.uid, f"{p.owner_kind}/{p.owner_name}", to]
+                    for p, to in moves
+                ]
+            ),
+            "evicted": "[]",
+            "deadline": str(now + opt.deadline),
+        },
+    )
+
+
+def _set(wf: Workflow, step: str | None = None, **data: str) -> Workflow:
+    return msgspec.structs.replace(
+        wf, step=step or wf.step, data={**wf.data, **data}, attempts=0 if step else wf.attempts
+    )
+
+
+def _later(wf: Workflow, ctx: Context, seconds: float, why: str) -> Workflow:
+    return msgspec.structs.replace(wf, not_before=ctx.clock() + seconds, result=why)
+
+
+def _release(wf: Workflow, outcome: str, why: str) -> Workflow:
+    return _set(wf, "releasing", outcome=outcome, reason=why)
+
+
+def _pending(ctx: Context, wf: Workflow) -> tuple[PodRecord | None, str]:
+    """The pending pod, or why the rescue no longer makes sense."""
+    p = ctx.pod(wf.data["namespace"], wf.data["pod"])
+    uid = wf.data.get("uid", "")
+    if p is None or (uid and p.uid != uid) or p.terminated or p.deleting:
+        return None, "the pending pod is gone"
+    if p.node and p.node != wf.node:
+        return None, f"the pending pod was bound to {p.node}"
+    return p, ""
+
+
+def _options(ctx: Context) -> RescueOptions:
+    return ctx.rescue if isinstance(ctx, CompactionContext) else RescueOptions()
+
+
+async def _isolating(ctx: Context, wf: Workflow) -> Workflow:
+    p, why = _pending(ctx, wf)
+    if p is None:
+        return _release(wf, "abandoned", why)
+    if p.node == wf.node:
+        return _release(wf, "done", "the pending pod is already there")
+    r = await ctx.gate.taint(wf.node, TAINT_KEY, on=True, value=wf.data.get("uid", ""))
+    if r.outcome == "dry-run":
+        return msgspec.structs.replace(wf, step="dry-run", result="observe mode")
+    if not r.done:
+        return _later(wf, ctx, _options(ctx).poll, r.reason or r.outcome)
+    n = len(json.loads(wf.data["pods"]))
+    await ctx.gate.event(
+        "Pod",
+        wf.data["namespace"],
+        wf.data["pod"],
+        REASON,
+        f"pyctl is making room for this pod on {wf.node}: {n} eviction(s)",
+        uid=wf.data.get("uid", ""),
+    )
+    return _set(wf, "evicting")
+
+
+async def _evicting(ctx: Context, wf: Workflow) -> Workflow:
+    p, why = _pending(ctx, wf)
+    if p is None:
+        return _release(wf, "abandoned", why)
+    if ctx.clock() > float(wf.data["deadline"]):
+        return _release(wf, "abandoned", "deadline passed while evicting")
+    evicted: list[str] = json.loads(wf.data.get("evicted", "[]"))
+    remaining = 0
+    for ns, name, uid, workload, to in planned_pods(wf):
+        key = f"{ns}/{name}"
+        pod = ctx.pod(ns, name)
+        present = (
+            pod is not None
+            and (not uid or pod.uid == uid)
+            and pod.node == wf.node
+            and not pod.terminated
+        )
+        if not present:
+            continue
+        remaining += 1
+        assert pod is not None
+        if key in evicted or pod.deleting:
+            continue  # asked once: never again; wait for it to go
+        r = await ctx.gate.evict(
+            pod,
+            wf.node,
+            workload=workload,
+            reason=REASON,
+            message=f"evicted from {wf.node} to make room for {wf.data['namespace']}/"
+            f"{wf.data['pod']} (expected to land on {to})",
+        )
+        if r.outcome == "dry-run":
+            return msgspec.structs.replace(wf, step="dry-run", result="observe mode")
+        if r.done:
+            # one eviction per advance, persisted before the next
+            return _set(wf, evicted=json.dumps([*evicted, key]))
+        if not r.retriable:
+            return _release(wf, "abandoned", f"cannot evict {key}: {r.reason}")
+        return _later(wf, ctx, max(r.retry_after, 1.0), f"{r.reason}: waiting")
+    if remaining == 0:
+        return _set(wf, "waiting")
+    return _later(wf, ctx, _options(ctx).poll, f"waiting for {remaining} pod(s) to go")
+
+
+async def _waiting(ctx: Context, wf: Workflow) -> Workflow:
+    p, why = _pending(ctx, wf)
+    if p is None:
+        return _release(wf, "abandoned", why)
+    if p.node == wf.node:
+        return _release(wf, "done", f"{p.key} runs on {wf.node}")
+    if wf.data.get("untainted") != "1":
+        r = await ctx.gate.taint(wf.node, TAINT_KEY, on=False)
+        if not r.done:
+            return _later(wf, ctx, _options(ctx).poll, r.reason or r.outcome)
+        wf = _set(wf, untainted="1")
+    if ctx.clock() > float(wf.data["deadline"]):
+        return _release(wf, "abandoned", "the pending pod was not bound before the deadline")
+    return _later(wf, ctx, _options(ctx).poll, "waiting for the scheduler to bind the pod")
+
+
+async def _releasing(ctx: Context, wf: Workflow) -> Workflow:
+    if wf.data.get("untainted") != "1":
+        r = await ctx.gate.taint(wf.node, TAINT_KEY, on=False)
+        if not r.done:
+            return _later(wf, ctx, _options(ctx).poll, r.reason or r.outcome)
+    outcome = wf.data.get("outcome", "abandoned")
+    reason = wf.data.get("reason", "")
+    gate = ctx.gate
+    gate.metrics.workflow.rescues.labels(gate.cluster, outcome).inc()
+    await gate.event(
+        "Pod",
+        wf.data["namespace"],
+        wf.data["pod"],
+        REASON if outcome == "done" else f"{REASON}Abandoned",
+        f"rescue on {wf.node}: {reason}",
+        uid=wf.data.get("uid", ""),
+        warning=outcome != "done",
+    )
+    step = "done" if outcome == "done" else "abandoned"
+    return msgspec.structs.replace(_set(wf, step), result=f"{outcome}: {reason}")
+
+
+def _give_up(wf: Workflow, error: str) -> Workflow:
+    """After too many failed attempts: release the node (never leave it tainted)."""
+    if wf.step == "releasing":
+        return wf  # keep trying to remove the taint
+    return _release(wf, "abandoned", error)
+
+
+def workflow_kind(max_errors: int = 10) -> WorkflowKind:
+    return WorkflowKind(
+        KIND,
+        {
+            "isolating": _isolating,
+            "evicting": _evicting,
+            "waiting": _waiting,
+            "releasing": _releasing,
+        },
+        give_up=_give_up,
+        max_errors=max_errors,
+    )
+
+
+def planned_pods(wf: Workflow) -> list[tuple[str, str, str, str, str]]:
+    """The pods a rescue evicts: (namespace, name, uid, "kind/name" of the owner, destination)."""
+    out: list[tuple[str, str, str, str, str]] = []
+    for x in json.loads(wf.data.get("pods", "[]")):
+        ns, name, uid, workload, to = (str(v) for v in x)
+        out.append((ns, name, uid, workload, to))
+    return out
+
+
+def reservations(workflows: Iterable[Workflow]) -> Mapping[str, str]:
+    """Nodes whose room is promised to a pending pod (node -> "namespace/name"): the active
+    rescues' nodes. The scheduler extender keeps every other pod off them."""
+    return {
+        wf.node: f"{wf.data['namespace']}/{wf.data['pod']}"
+        for wf in workflows
+        if wf.kind == KIND and wf.step in ISOLATED
+    }

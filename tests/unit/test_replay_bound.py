@@ -1,0 +1,272 @@
+"""The bound on unallocated GPU (pyctl/replay/bound.py) against brute force: on tiny instances
+every assignment of every task (unplaced, or a node and the GPUs it takes) is enumerated with the
+replay's rules written out again here, independently of the model (state.rs `fits` and
+`admit_whole`: CPU, memory, model, a share on one GPU with other shares up to 1000 milli, whole
+GPUs that nothing else uses, under NUMA a whole-GPU task's GPUs in one zone of g//2 | g - g//2).
+The bound's allocation must never be below the most any assignment allocates, and the best
+placement it reports must be a real one (never above it)."""
+
+from __future__ import annotations
+
+import importlib
+from itertools import combinations
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pyctl.replay import bound
+from pyctl.replay.trace import load_trace, replay
+
+TINY = Path(__file__).resolve().parent.parent / "data" / "replay_tiny"
+
+pytest.importorskip("highspy")
+
+Node = tuple[int, int, int, str]  # cpu, mem, gpus, model
+Task = tuple[int, int, int, int, tuple[str, ...]]  # cpu, mem, num_gpu, gpu_milli, models
+
+
+Columns = dict[str, list[Any]]
+
+
+def columns(nodes: list[Node], tasks: list[Task]) -> tuple[Columns, Columns]:
+    nc: dict[str, list[Any]] = {
+        "name": [f"n{i}" for i in range(len(nodes))],
+        "cpu_milli": [n[0] for n in nodes],
+        "memory_mib": [n[1] for n in nodes],
+        "gpu": [n[2] for n in nodes],
+        "model": [n[3] for n in nodes],
+    }
+    tc: dict[str, list[Any]] = {
+        "name": [f"t{i}" for i in range(len(tasks))],
+        "cpu_milli": [t[0] for t in tasks],
+        "memory_mib": [t[1] for t in tasks],
+        "num_gpu": [t[2] for t in tasks],
+        "gpu_milli": [t[3] if t[2] else 0 for t in tasks],
+        "gpu_models": [list(t[4]) for t in tasks],
+    }
+    return nc, tc
+
+
+def brute_force(nodes: list[Node], tasks: list[Task], numa: bool) -> int:
+    """The most GPU milli any placement of a subset of the tasks allocates."""
+    cpu = [n[0] for n in nodes]
+    mem = [n[1] for n in nodes]
+    load = [[0] * n[2] for n in nodes]  # milli used per GPU
+    whole = [[False] * n[2] for n in nodes]  # GPU given to a whole-GPU task
+
+    def options(t: Task) -> list[tuple[int, tuple[int, ...]]]:
+        out: list[tuple[int, tuple[int, ...]]] = []
+        _, _, num, milli, models = t
+        if num == 0:
+            return out
+        for i, (_, _, g, model) in enumerate(nodes):
+            if models and model.lower() not in {x.lower() for x in models}:
+                continue
+            if num == 1 and milli < 1000:
+                out.extend((i, (x,)) for x in range(g))
+                continue
+            split = g // 2 if numa and g >= 2 else 0
+            zones = [range(split), range(split, g)] if split else [range(g)]
+            for z in zones:
+                out.extend((i, gs) for gs in combinations(z, num))
+        return out
+
+    opts = [options(t) for t in tasks]
+    best = 0
+
+    def rec(j: int, total: int) -> None:
+        nonlocal best
+        best = max(best, total)
+        if j == len(tasks):
+            return
+        rec(j + 1, total)  # task j not placed
+        c, m, num, milli, _ = tasks[j]
+        for i, gs in opts[j]:
+            if cpu[i] < c or mem[i] < m:
+                continue
+            if num == 1 and milli < 1000:
+                x = gs[0]
+                if whole[i][x] or load[i][x] + milli > 1000:
+                    continue
+            elif any(load[i][x] or whole[i][x] for x in gs):
+                continue
+            cpu[i] -= c
+            mem[i] -= m
+            for x in gs:
+                load[i][x] += milli
+                if not (num == 1 and milli < 1000):
+                    whole[i][x] = True
+            rec(j + 1, total + num * milli)
+            cpu[i] += c
+            mem[i] += m
+            for x in gs:
+                load[i][x] -= milli
+                whole[i][x] = False
+
+    rec(0, 0)
+    return best
+
+
+def solve(nodes: list[Node], tasks: list[Task], numa: bool) -> tuple[bound.Bound, int]:
+    nc, tc = columns(nodes, tasks)
+    p = bound.make_problem(nc, tc, numa=numa)
+    b = bound.solve(p)
+    placed = bound.check_placement(nc, tc, list(range(len(tasks))), b.placement, numa=numa)
+    assert placed == b.best_alloc_milli
+    return b, brute_force(nodes, tasks, numa)
+
+
+def test_slivers_two_halves_beat_one_large_share() -> None:
+    # one GPU: 0.81 alone strands 0.19; the two 0.47 shares together leave 0.06
+    tasks = [(1000, 0, 1, 810, ()), (1000, 0, 1, 470, ())] * 2
+    b, best = solve([(8000, 8192, 1, "G")], tasks, False)
+    assert best == 940
+    assert b.max_alloc_milli == b.best_alloc_milli == 940
+    assert b.closed
+
+
+def test_numa_zone_rule_refuses_a_task_spanning_zones() -> None:
+    node = [(64000, 65536, 4, "G")]
+    four = [(4000, 0, 4, 1000, ())]
+    b, best = solve(node, four, True)
+    assert best == 0
+    assert b.max_alloc_milli == 0
+    b, best = solve(node, four, False)
+    assert best == b.max_alloc_milli == b.best_alloc_milli == 4000
+    # two 2-GPU tasks fit one zone each; a third one does not
+    b, best = solve(node, [(4000, 0, 2, 1000, ())] * 3, True)
+    assert best == b.max_alloc_milli == b.best_alloc_milli == 4000
+    # a share on one zone's GPU leaves that zone one whole GPU, not two
+    tasks = [(1000, 0, 1, 300, ()), (1000, 0, 2, 1000, ()), (1000, 0, 2, 1000, ())]
+    b, best = solve(node, tasks, True)
+    assert best == 4000
+    assert b.max_alloc_milli >= best >= b.best_alloc_milli
+
+
+def test_models_and_case() -> None:
+    nodes = [(8000, 8192, 1, "T4"), (8000, 8192, 1, "V100")]
+    tasks = [(1000, 0, 1, 1000, ("t4",)), (1000, 0, 1, 1000, ("t4",)), (1000, 0, 1, 600, ("P100",))]
+    b, best = solve(nodes, tasks, False)
+    assert best == 1000
+    assert b.max_alloc_milli == b.best_alloc_milli == 1000
+
+
+def test_cpu_per_node_is_where_the_relaxation_is_weaker() -> None:
+    # two 1-GPU nodes with 10 cores; three shares with 7 cores: one per node (1010 milli), but
+    # the model counts CPU per node type (20 cores for the two): 20/7 shares' worth
+    nodes = [(10000, 8192, 1, "G")] * 2
+    tasks = [(7000, 0, 1, 500, ()), (7000, 0, 1, 500, ()), (7000, 0, 1, 510, ())]
+    b, best = solve(nodes, tasks, False)
+    assert best == 1010
+    assert b.best_alloc_milli == 1010
+    assert b.max_alloc_milli > best  # the relaxation, as the docs say
+    assert not b.closed
+
+
+def test_cpu_only_and_unfittable_tasks_are_left_out() -> None:
+    nc, tc = columns(
+        [(8000, 8192, 2, "G")],
+        [(1000, 0, 0, 0, ()), (99000, 0, 1, 1000, ()), (1000, 0, 1, 1000, ("other",))],
+    )
+    p = bound.make_problem(nc, tc)
+    assert p.task_types == ()
+    assert p.left_out == 3
+    assert p.arrived_milli == 2000
+    b = bound.solve(p)
+    assert b.max_alloc_milli == 0
+    assert b.bound_pct == 100.0
+
+
+GPU_REQUEST = st.sampled_from(
+    [(0, 0), (1, 1000), (1, 1000), (1, 250), (1, 300), (1, 470), (1, 500), (1, 810), (2, 1000)]
+)
+TASK = st.tuples(
+    st.sampled_from([0, 1000, 2000, 3000, 5000]),
+    st.sampled_from([0, 1024, 4096]),
+    GPU_REQUEST,
+    st.sampled_from([(), ("A",), ("b",), ("A", "B")]),
+).map(lambda x: (x[0], x[1], x[2][0], x[2][1], x[3]))
+NODE = st.tuples(
+    st.sampled_from([4000, 6000, 16000]),
+    st.sampled_from([4096, 8192, 65536]),
+    st.integers(1, 3),
+    st.sampled_from(["A", "B"]),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    nodes=st.lists(NODE, min_size=1, max_size=2),
+    tasks=st.lists(TASK, min_size=1, max_size=6),
+    numa=st.booleans(),
+)
+def test_bound_is_never_below_the_brute_force_optimum(
+    nodes: list[Node], tasks: list[Task], numa: bool
+) -> None:
+    b, best = solve(nodes, tasks, numa)
+    assert b.max_alloc_milli >= best >= b.best_alloc_milli
+    assert b.bound_pct <= b.best_pct
+    if b.closed:
+        assert b.best_alloc_milli == best
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    gpus=st.lists(st.integers(1, 4), min_size=1, max_size=2),
+    tasks=st.lists(GPU_REQUEST.filter(lambda r: r[0] > 0), min_size=1, max_size=6),
+    numa=st.booleans(),
+)
+def test_exact_when_cpu_and_memory_do_not_bind(
+    gpus: list[int], tasks: list[tuple[int, int]], numa: bool
+) -> None:
+    # no CPU or memory asked: the GPU side of the model is exact per GPU and per zone; the
+    # placement built from the integer program is then the optimum
+    b, best = solve(
+        [(1000, 1024, g, "A") for g in gpus], [(0, 0, n, m, ()) for n, m in tasks], numa
+    )
+    assert b.max_alloc_milli >= best == b.best_alloc_milli
+
+
+def test_replays_never_beat_the_bound_on_the_tiny_trace() -> None:
+    tr = load_trace(TINY)
+    for numa in (False, True):
+        for policy in ("bestfit", "fgd", "pyctl", "random"):
+            r = replay(tr, policy, 43, placements=True, numa=numa)
+            for pct in (90, 100, 110):
+                arrived = r.arrived_task_indices(pct)
+                assert arrived is not None
+                p = bound.make_problem(tr.nodes, tr.tasks, arrived, numa=numa)
+                b = bound.solve(p)
+                got = bound.check_placement(tr.nodes, tr.tasks, arrived, b.placement, numa=numa)
+                assert got == b.best_alloc_milli
+                assert r.unallocated_pct(pct) >= b.bound_pct - 1e-9, (policy, numa, pct)
+
+
+def test_check_placement_names_violations() -> None:
+    nc, tc = columns([(4000, 4096, 2, "A")], [(1000, 0, 1, 600, ()), (1000, 0, 1, 600, ("b",))])
+    assert bound.check_placement(nc, tc, [0, 0], [(0, 0, (0,)), (1, 0, (1,))]) == 1200
+    with pytest.raises(ValueError, match="milli placed"):
+        bound.check_placement(nc, tc, [0, 0], [(0, 0, (0,)), (1, 0, (0,))])
+    with pytest.raises(ValueError, match="may not run"):
+        bound.check_placement(nc, tc, [1], [(0, 0, (0,))])
+    nc, tc = columns([(4000, 4096, 4, "A")], [(1000, 0, 2, 1000, ())])
+    with pytest.raises(ValueError, match="span zones"):
+        bound.check_placement(nc, tc, [0], [(0, 0, (1, 2))], numa=True)
+    assert bound.check_placement(nc, tc, [0], [(0, 0, (1, 2))], numa=False) == 2000
+
+
+def test_without_highspy_the_error_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.import_module
+
+    def fake(name: str, *a: Any) -> Any:
+        if name == "highspy":
+            raise ImportError("no highspy")
+        return real(name, *a)
+
+    monkeypatch.setattr(importlib, "import_module", fake)
+    nc, tc = columns([(4000, 4096, 1, "A")], [(1000, 0, 1, 600, ())])
+    with pytest.raises(bound.BoundError, match=r"pyctl\[bound\]"):
+        bound.solve(bound.make_problem(nc, tc))
