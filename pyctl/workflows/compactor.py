@@ -41,14 +41,19 @@ def departures(workflows: list[Workflow], now: float, seconds: float) -> dict[st
 
 
 def abandoned(workflows: list[Workflow]) -> dict[str, str]:
-    """The pods whose compaction move was abandoned (until the engine forgets the record), with
-    why: the next plans leave them where they are, so the other moves go on instead of the same
-    refused one being planned again and again."""
+    """The pods whose move was abandoned (until the engine forgets the record), with why: a
+    compaction move given up, or the pod whose eviction a rescue could not make (protected, or
+    denied by admission). The next plans leave them where they are, so the other moves (and
+    other rescues) go on instead of the same refused one being planned again and again."""
     out: dict[str, str] = {}
     for wf in workflows:
-        if wf.kind == KIND and wf.step == "abandoned":
+        if wf.step != "abandoned":
+            continue
+        if wf.kind == KIND:
             key = f"{wf.data.get('namespace', '')}/{wf.data.get('pod', '')}"
             out[key] = f"its last move was abandoned: {wf.result}"[:300]
+        elif wf.kind == rescue.KIND and wf.data.get("refused"):
+            out[wf.data["refused"]] = f"a rescue could not evict it: {wf.result}"[:300]
     return out
 
 

@@ -182,7 +182,8 @@ async def _evicting(ctx: Context, wf: Workflow) -> Workflow:
             # one eviction per advance, persisted before the next
             return _set(wf, evicted=json.dumps([*evicted, key]))
         if not r.retriable:
-            return _release(wf, "abandoned", f"cannot evict {key}: {r.reason}")
+            # kept with the record: the next plans leave this pod where it is (`refused`)
+            return _release(_set(wf, refused=key), "abandoned", f"cannot evict {key}: {r.reason}")
         return _later(wf, ctx, max(r.retry_after, 1.0), f"{r.reason}: waiting")
     if remaining == 0:
         return _set(wf, "waiting")

@@ -366,6 +366,41 @@ async def test_an_abandoned_move_is_not_planned_again_and_another_is() -> None:
     assert plan.moves  # the next best move instead
 
 
+@pytest.mark.anyio
+async def test_a_pod_a_rescue_could_not_evict_is_left_where_it_is() -> None:
+    """A rescue that could not evict one of its pods (denied by admission) records which: the
+    next plans make room without that pod."""
+    four = PodRecord(
+        "serving",
+        "big",
+        "uid-big",
+        cpu_milli=4000,
+        gpus=4,
+        unschedulable=True,
+        owner_kind="ReplicaSet",
+        owner_name="big",
+    )
+    c = cluster([four])
+    cp, store = compactor(c, reconciled(c))
+    first = cp.plan().moves[0]
+    denied = Workflow(
+        id="rescue-denied",
+        kind="rescue",
+        node=first.from_node,
+        step="abandoned",
+        created=0.0,
+        updated=time.time(),
+        data={"namespace": "serving", "pod": "big", "uid": "uid-big", "refused": first.pod},
+        result=f"abandoned: cannot evict {first.pod}: admission refused the eviction (422)",
+    )
+    await store.put(denied.id, msgspec.json.encode(denied), 0)
+    await cp.tick(False)
+    plan = cp.last_plan
+    assert plan is not None
+    assert first.pod not in {m.pod for m in plan.moves}
+    assert plan.refused[first.pod].startswith("a rescue could not evict it: abandoned: cannot")
+
+
 def test_the_workload_section_is_checked_and_wired() -> None:
     with pytest.raises(ConfigError, match="workload_label_selector"):
         load_config(env={}, flags={"workload_label_selector": "team in (a"})
