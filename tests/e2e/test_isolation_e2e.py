@@ -45,7 +45,7 @@ from pyctl.state.ratelimit import BucketLimit, SafetyLimits
 from pyctl.state.redis_store import RedisStore
 from pyctl.workflows.base import Workflow
 from pyctl.workflows.mig_reconfig import MigOptions
-from tests.e2e.conftest import wait_until
+from tests.e2e.conftest import WaitTimeout, wait_until
 from tests.e2e.control_plane import ControlPlane, ExtraScheduler
 from tests.e2e.gpu_nodes import GPU, GpuNodeSpec, apply_nrt_crd, body
 from tests.e2e.mig_manager_sim import MigManagerSim, a100_all_1g, create_mig_node, mig_pod
@@ -478,7 +478,17 @@ async def test_an_admission_policy_denying_one_eviction_abandons_that_move_only(
             assert await dry_run_evict(kube, other[0]) in (200, 201)
 
             c.leader[0] = True
-            await wait_until(lambda: c.big_bound_on("c-frag"), "compaction done anyway", 180)
+            try:
+                await wait_until(lambda: c.big_bound_on("c-frag"), "compaction done anyway", 180)
+            except WaitTimeout as e:  # say what the workflows and the last plan were
+                got = await comp.engine.workflows()
+                state = [(w.kind, w.step, w.data.get("pod"), w.result) for w in got]
+                raise WaitTimeout(f"{e}; workflows {state}; last plan {comp.last_plan}") from None
+
+            async def finished() -> bool:  # a rescue is done once it has seen the pod bound
+                return any(w.step == "done" for w in await comp.engine.workflows())
+
+            await wait_until(finished, "the workflow that made room done", 60)
             wfs = await comp.engine.workflows()
             # the move is a compaction workflow, or part of a rescue of the pending replica
             (gave_up,) = [w for w in wfs if w.step == "abandoned"]
