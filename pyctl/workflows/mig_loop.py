@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
 
+from pyctl.cluster.records import PodRecord
 from pyctl.controller.cache import ClusterCache
 from pyctl.core import mig
 from pyctl.metrics import Metrics
@@ -30,11 +31,14 @@ from pyctl.workflows.mig_reconfig import KIND, STEPS, TAINT_KEY, MigOptions, wor
 log = logging.getLogger("pyctl.mig_loop")
 
 
-def pending_demand(cache: ClusterCache) -> Counter[str]:
-    """Profile -> count of pending, Unschedulable pods asking for MIG instances."""
+def pending_demand(
+    cache: ClusterCache, admit: Callable[[PodRecord], bool] | None = None
+) -> Counter[str]:
+    """Profile -> count of pending, Unschedulable pods asking for MIG instances (those `admit`
+    takes: the workload's scope, and a shape the core can model)."""
     want: Counter[str] = Counter()
     for p in cache.pending_pods():
-        if p.unschedulable and p.mig:
+        if p.unschedulable and p.mig and (admit is None or admit(p)):
             for prof, n in p.mig:
                 want[prof] += n
     return want
@@ -133,8 +137,11 @@ class MigLoop:
         cluster: str,
         interval: float = 10.0,
         options: MigOptions | None = None,
+        admit: Callable[[PodRecord], bool] | None = None,
     ) -> None:
         self.cache = cache
+        #: which pending pods make demand (None: all)
+        self.admit = admit
         #: the reconciler's node models (kept current by it)
         self.models = models
         self.engine = engine
@@ -168,7 +175,7 @@ class MigLoop:
             and (not w.finished or now - w.updated < self.options.node_holdoff_seconds)
         }
         t0 = time.perf_counter()
-        demand = pending_demand(self.cache)
+        demand = pending_demand(self.cache, self.admit)
         plans = (
             plan_nodes(self.cache, self.models, demand, sorted(recent), self.options)
             if demand
