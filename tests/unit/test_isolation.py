@@ -316,10 +316,11 @@ async def test_a_failing_plan_never_stops_the_workflows() -> None:
     )
     await cp.engine.start(wf)
 
-    def boom() -> None:
+    def boom(inputs: object) -> None:
         raise RuntimeError("planner bug")
 
-    cp.plan = boom  # type: ignore[assignment,method-assign]
+    # the round the compactor runs (in a worker thread) fails
+    cp._plan = boom  # type: ignore[assignment,method-assign]
     await cp.tick(True)
     got = await cp.engine.get("w1")
     assert got is not None

@@ -19,15 +19,28 @@ from pyctl.state.store import MemberSummary, StoredKind, StoredState
 
 HOSTILE = [
     (b"\xff\x00", "summary does not decode: JSON is malformed"),
-    (b"[1, 2]", "summary does not decode: not a JSON object"),
-    (b'{"nodes": "many"}', "summary does not decode: invalid literal for int()"),
-    (b'{"nodes": 1e999}', "summary does not decode: Number out of range"),
-    (b'{"idle_gpu_milli": "lots"}', "summary does not decode: could not convert string to float"),
-    (b'{"categories": [1]}', "summary does not decode: 'list' object has no attribute 'items'"),
-    (b'{"blocked": {"lack_gpu": "x"}}', "summary does not decode: invalid literal for int()"),
-    (b'{"workload": 5, "snapshot": "x"}', "the published workload or node models do not decode"),
+    (b"[1, 2]", "summary does not decode: Expected `object`, got `array`"),
+    (b'{"cluster": "c"', "summary does not decode: Input data was truncated"),
+    (b'{"nodes": 3}', "summary does not decode: Object missing required field `cluster`"),
+    (b'{"cluster": "c", "nodes": "many"}', "summary does not decode: Expected `int`, got `str`"),
+    (b'{"cluster": "c", "nodes": 1e999}', "summary does not decode: Number out of range"),
+    (b'{"cluster": "c", "nodes": -1}', "summary does not decode: Expected `int` >= 0"),
     (
-        b'{"workload": [], "snapshot": {"nodes": []}}',
+        b'{"cluster": "c", "idle_gpu_milli": "lots"}',
+        "summary does not decode: Expected `float`, got `str`",
+    ),
+    (b'{"cluster": "c", "categories": [1]}', "summary does not decode: Expected `object`"),
+    (
+        b'{"cluster": "c", "blocked": {"lack_gpu": "x"}}',
+        "summary does not decode: Expected `int`, got `str`",
+    ),
+    (b'{"cluster": "c", "workload": 5, "snapshot": "x"}', "summary does not decode: Expected"),
+    (
+        b'{"cluster": "c", "workload": [5], "snapshot": {"nodes": 3}}',
+        "the published workload or node models do not decode",
+    ),
+    (
+        b'{"cluster": "c", "workload": [], "snapshot": {"nodes": []}}',
         "the published workload or node models do not decode",
     ),
 ]
