@@ -14,7 +14,7 @@ CARGO_TARGET_DIR ?= $(PYCTL_CACHE)/cargo-target
 export CARGO_TARGET_DIR
 export PYO3_PYTHON := $(abspath $(VPY))
 
-.PHONY: help setup system-deps venv build lint rust-test py-test unit-test test test-fast demo cluster bench clean
+.PHONY: help setup system-deps venv build lint rust-test py-test unit-test test test-fast fuzz demo cluster bench clean
 
 help:
 	@echo "make demo   install what is needed, then run pyctl's main job on its embedded default"
@@ -22,6 +22,7 @@ help:
 	@echo "make cluster  a local Kubernetes cluster with GPU nodes and pyctl acting on it (Ctrl-C stops it)"
 	@echo "make test-fast  lint, types, Rust tests and the Python unit tests (no control plane, no Redis)"
 	@echo "make bench  run the benchmarks in bench/ (ratios measured in one run)"
+	@echo "make fuzz   the fuzz tier with a long budget (FUZZ_EXAMPLES=20000 cases per test)"
 
 # System packages (Debian) that the tests use; installed only when missing.
 system-deps:
@@ -76,6 +77,11 @@ unit-test: build
 	$(VENV)/bin/pytest -q tests/unit tests/conformance
 
 test-fast: lint rust-test unit-test
+
+# The fuzz tier with a longer budget than the one `make test` runs it with (tests/fuzz/conftest.py).
+FUZZ_EXAMPLES ?= 20000
+fuzz: build
+	PYCTL_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(VENV)/bin/pytest -q -p no:logging tests/fuzz
 
 demo: setup
 	$(VENV)/bin/pyctl demo

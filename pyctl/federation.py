@@ -11,7 +11,10 @@ under the cluster's own hash tag; `keys.py`). Two formats are read here:
   each of its nodes.
 
 `read_members` reads every member (fresh or stale: a member whose heartbeat is older than its
-TTL is marked stale and counted in `pyctl_federation_members_stale`); `place` ranks the fresh
+TTL is marked stale and counted in `pyctl_federation_members_stale`; one whose summary does not
+decode as a `SummaryRecord`, every number finite, non-negative and bounded, is shown with its
+error, never used, and counted in `pyctl_quarantined_records_total{store="summaries"}`); `place`
+ranks the fresh
 clusters, then their nodes, for one replica of a shape by fragment delta (FGD: the placement that
 grows fragment least, under each cluster's own workload M). The CLI is `pyctl federation`, the
 HTTP view `GET /federation` (`pyctl.controller.http`).
@@ -19,15 +22,19 @@ HTTP view `GET /federation` (`pyctl.controller.http`).
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import msgspec
 
+from pyctl.controller.summary import SummaryRecord, decode_summary
 from pyctl.core.fragmentation import FragmentationModel, shape_dict
 from pyctl.core.types import Assignment
 from pyctl.metrics import Metrics
@@ -36,6 +43,8 @@ from pyctl.snapshot import SnapshotError, load_snapshot, shape_from_json
 from pyctl.state.store import MemberSummary, StateStore, StoreError
 
 GPU = 1000.0
+
+log = logging.getLogger("pyctl.federation")
 
 
 # -- reading ---------------------------------------------------------------------------------
@@ -47,45 +56,49 @@ class Member:
     stale: bool
     age_seconds: float
     ttl_seconds: int
-    #: the decoded summary ({} when it did not decode; then `error` says why)
-    summary: dict[str, Any] = field(default_factory=dict)
+    #: the decoded summary (None when it did not decode; then `error` says why)
+    summary: SummaryRecord | None = None
     error: str = ""
 
     @property
+    def _s(self) -> SummaryRecord:
+        return self.summary if self.summary is not None else _EMPTY
+
+    @property
     def nodes(self) -> int:
-        return int(self.summary.get("nodes", 0))
+        return self._s.nodes
 
     @property
     def idle_gpus(self) -> float:
-        return float(self.summary.get("idle_gpu_milli", 0.0)) / GPU
+        return self._s.idle_gpu_milli / GPU
 
     @property
     def fragment_gpus(self) -> float:
-        return float(self.summary.get("fragment_gpu_milli", 0.0)) / GPU
+        return self._s.fragment_gpu_milli / GPU
 
     @property
     def fragmentation_rate(self) -> float:
-        return float(self.summary.get("fragmentation_rate", 0.0))
+        return self._s.fragmentation_rate
 
     @property
     def pending(self) -> int:
-        return int(self.summary.get("pending", 0))
+        return self._s.pending
 
     @property
     def blocked(self) -> int:
-        b = self.summary.get("blocked") or {}
-        return sum(int(v) for v in b.values()) if isinstance(b, dict) else 0
+        return sum(self._s.blocked.values())
 
     @property
     def scheduling_success(self) -> float:
-        return float(self.summary.get("scheduling_success", 1.0))
+        return self._s.scheduling_success
 
     @property
     def rich(self) -> bool:
         """Whether the member publishes its node models (can be ranked by `place`)."""
-        return "snapshot" in self.summary and "workload" in self.summary
+        return self._s.rich
 
     def to_json(self) -> dict[str, Any]:
+        s = self._s
         return {
             "cluster": self.cluster,
             "stale": self.stale,
@@ -96,44 +109,57 @@ class Member:
             "idle_gpus": round(self.idle_gpus, 3),
             "fragment_gpus": round(self.fragment_gpus, 3),
             "fragmentation_rate": round(self.fragmentation_rate, 4),
-            "categories_gpus": {
-                k: round(float(v) / GPU, 3)
-                for k, v in (self.summary.get("categories") or {}).items()
-            },
-            "idle_mig_slices": self.summary.get("idle_mig_slices", 0),
-            "fragment_mig_slices": self.summary.get("fragment_mig_slices", 0),
+            "categories_gpus": {k: round(v / GPU, 3) for k, v in s.categories.items()},
+            "idle_mig_slices": s.idle_mig_slices,
+            "fragment_mig_slices": s.fragment_mig_slices,
             "pending": self.pending,
-            "blocked": self.summary.get("blocked") or {},
+            "blocked": dict(s.blocked),
             "scheduling_success": self.scheduling_success,
-            "by_model": self.summary.get("by_model") or {},
+            "by_model": {
+                k: {"idle_gpu_milli": v.idle_gpu_milli, "fragment_gpu_milli": v.fragment_gpu_milli}
+                for k, v in s.by_model.items()
+            },
             "placeable": self.rich,
         }
 
 
+_EMPTY = SummaryRecord(cluster="")
+
+
 def decode_member(cluster: str, m: MemberSummary) -> Member:
+    """A member as read; a summary that does not decode (or holds a value out of its bounds)
+    leaves `summary` None and says why in `error`."""
     try:
-        d = msgspec.json.decode(m.summary)
-        if not isinstance(d, dict):
-            raise ValueError("not a JSON object")
-        error = ""
-    except (msgspec.DecodeError, ValueError) as e:
-        d, error = {}, f"summary does not decode: {e}"
-    member = Member(cluster, m.stale, m.age_seconds, m.ttl_seconds, d, error)
-    try:  # a field of the wrong type (a hostile or foreign summary) is said, never raised later
-        member.to_json()
-        _ = member.blocked
-    except (TypeError, ValueError, AttributeError, OverflowError) as e:
-        why = " ".join(str(e).split())[:200]
-        return Member(
-            cluster, m.stale, m.age_seconds, m.ttl_seconds, {}, f"summary does not decode: {why}"
-        )
-    return member
+        return Member(cluster, m.stale, m.age_seconds, m.ttl_seconds, decode_summary(m.summary))
+    except ValueError as e:
+        error = f"summary does not decode: {e}"[:500]
+    return Member(cluster, m.stale, m.age_seconds, m.ttl_seconds, None, error)
+
+
+#: (observer, member, digest of the summary) of the bad summaries already counted
+_COUNTED: OrderedDict[tuple[str, str, bytes], None] = OrderedDict()
+
+
+def _count_bad(metrics: Metrics, observer: str, m: Member, data: bytes) -> None:
+    """A member's summary that does not decode: counted and logged once per summary."""
+    key = (observer, m.cluster, hashlib.blake2b(data, digest_size=16).digest())
+    if key in _COUNTED:
+        return
+    _COUNTED[key] = None
+    while len(_COUNTED) > 1000:
+        _COUNTED.popitem(last=False)
+    metrics.workflow.quarantined.labels(observer, "summaries").inc()
+    log.warning(
+        "federation summary does not decode; member skipped",
+        extra={"member": m.cluster, "error": m.error[:300]},
+    )
 
 
 class MemberDecoder:
-    """`decode_member` for a reader that reads the members again and again (the HTTP view):
-    a member's summary is decoded only when its bytes changed since the last read (a 5,000-node
-    rich summary is megabytes of JSON); its age and staleness are always the store's latest."""
+    """`decode_member` for a reader that reads the members again and again (the controller's
+    `watch_members`, the HTTP view): a member's summary is decoded only when its bytes changed
+    since the last read (a 5,000-node rich summary is megabytes of JSON); its age and staleness
+    are always the store's latest."""
 
     def __init__(self) -> None:
         self._last: dict[str, tuple[bytes, Member]] = {}
@@ -158,13 +184,25 @@ class MemberDecoder:
         return [self(c, members[c]) for c in sorted(members)]
 
 
-async def read_members(store: StateStore, decoder: MemberDecoder | None = None) -> list[Member]:
-    """Every member still known (fresh and stale), sorted by cluster name. Raises `StoreError`.
-    `decoder`: kept between reads, decodes only the summaries that changed since the last."""
+async def read_members(
+    store: StateStore,
+    metrics: Metrics | None = None,
+    observer: str | None = None,
+    decoder: MemberDecoder | None = None,
+) -> list[Member]:
+    """Every member still known (fresh and stale), sorted by cluster name; with `metrics`, a
+    member whose summary does not decode is counted (once per summary). `decoder`: kept between
+    reads, it decodes only the summaries that changed since the last. Raises `StoreError`."""
     members = await store.get_members()
     if decoder is not None:
-        return decoder.decode_all(members)
-    return [decode_member(c, members[c]) for c in sorted(members)]
+        out = decoder.decode_all(members)
+    else:
+        out = [decode_member(c, members[c]) for c in sorted(members)]
+    if metrics is not None:
+        for m in out:
+            if m.summary is None:
+                _count_bad(metrics, observer or store.cluster, m, members[m.cluster].summary)
+    return out
 
 
 def export_stale(metrics: Metrics, cluster: str, members: Sequence[Member]) -> int:
@@ -182,7 +220,7 @@ async def federation_status(
 ) -> dict[str, Any]:
     """The view across clusters as JSON (the CLI's `--json` and `GET /federation`); updates the
     stale-member gauge when `metrics` is given. Raises `StoreError`."""
-    members = await read_members(store, decoder)
+    members = await read_members(store, metrics, cluster, decoder)
     stale = sum(1 for m in members if m.stale)
     if metrics is not None:
         export_stale(metrics, cluster or store.cluster, members)
@@ -199,13 +237,12 @@ async def watch_members(
     store: StateStore, metrics: Metrics, cluster: str, interval: float = 10.0
 ) -> None:
     """Keep `pyctl_federation_members_stale` current (run it in the controller's task group);
-    a failing store leaves the last value and is retried at the next interval. Staleness is the
-    store's (a summary's age against its TTL): the summaries themselves are not decoded."""
+    a failing store leaves the last value and is retried at the next interval. A member's
+    summary is decoded again only when its bytes changed (`MemberDecoder`)."""
+    decoder = MemberDecoder()
     while True:
         try:
-            members = await store.get_members()
-            n = sum(1 for m in members.values() if m.stale)
-            metrics.federation_members_stale.labels(cluster).set(n)
+            export_stale(metrics, cluster, await read_members(store, metrics, cluster, decoder))
         except StoreError:
             metrics.store_errors.labels(cluster).inc()
         await anyio.sleep(interval)
@@ -375,15 +412,19 @@ def place(
             skip("publishes no per-node data (basic summary)")
             continue
         try:
-            snap = load_snapshot(m.summary["snapshot"])
+            snap = load_snapshot(m._s.snapshot)
             shapes = tuple(
-                shape_from_json(s, f"workload[{i}]") for i, s in enumerate(m.summary["workload"])
+                shape_from_json(s, f"workload[{i}]") for i, s in enumerate(m._s.workload or ())
             )
-        except (SnapshotError, TypeError, KeyError) as e:
+        except (SnapshotError, TypeError, KeyError, ValueError, RecursionError) as e:
             skip(f"per-node data does not decode: {e}")
             continue
         workload = Workload(shapes) if shapes else Workload((shape,))
-        all_nodes = rank_nodes(snap, workload, shape)
+        try:
+            all_nodes = rank_nodes(snap, workload, shape)
+        except ValueError as e:  # the core refused the member's data: that member only
+            skip(f"per-node data refused: {e}"[:300])
+            continue
         if not all_nodes:
             skip("no node admits the shape")
             continue

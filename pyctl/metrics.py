@@ -79,6 +79,20 @@ class Metrics:
             [*c, "kind"],
             registry=r,
         )
+        self.ignored_objects = Counter(
+            "pyctl_ignored_objects_total",
+            "Objects left out of pyctl's view (counted once per object and reason): malformed, "
+            "too_large, bad_quantity, out_of_bounds (decode), shape_rejected (a pod the core "
+            "cannot model), untranslatable (a node)",
+            [*c, "kind", "reason"],
+            registry=r,
+        )
+        self.node_taint = Gauge(
+            "pyctl_node_taint",
+            "1 while the node carries pyctl's own taint `key` (pyctl.io/*), as the API shows it",
+            [*c, "node", "key"],
+            registry=r,
+        )
         self.event_lag = Histogram(
             "pyctl_event_to_state_seconds",
             "From a watch event's arrival to its state update",
@@ -190,7 +204,8 @@ class WorkflowMetrics:
         )
         self.quarantined = Counter(
             "pyctl_quarantined_records_total",
-            "Stored records that did not decode and were moved aside, by store",
+            "Stored records that did not decode and were moved aside (workflows, objects) or "
+            "skipped (summaries of federation members), by store",
             [*c, "store"],
             registry=r,
         )

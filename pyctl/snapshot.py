@@ -11,6 +11,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
+from pyctl.cluster.bounds import MAX_WEIGHT
 from pyctl.core import mig
 from pyctl.model import (
     MANAGER_POLICIES,
@@ -262,8 +263,10 @@ def shape_from_json(raw: Any, where: str, need_weight: bool = True) -> Shape:
     weight = s.get("weight", None if need_weight else 1.0)
     if isinstance(weight, bool) or not isinstance(weight, int | float):
         raise SnapshotError(f"{where}.weight: expected a positive number, got {weight!r}")
-    if not (math.isfinite(weight) and weight > 0):
-        raise SnapshotError(f"{where}.weight: must be positive, got {weight}")
+    if not (math.isfinite(weight) and 0 < weight <= MAX_WEIGHT):
+        raise SnapshotError(
+            f"{where}.weight: must be positive, at most {MAX_WEIGHT:g}, got {weight}"
+        )
     mig = s.get("mig_profile")
     if mig is not None and not isinstance(mig, str):
         raise SnapshotError(f"{where}.mig_profile: expected a string")

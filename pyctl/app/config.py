@@ -27,6 +27,7 @@ from typing import Any, Union
 import yaml
 
 from pyctl.cluster.kube.reflector import ReflectorOptions
+from pyctl.cluster.selectors import SelectorError, parse_selector
 from pyctl.core.policy import PlanLimits
 from pyctl.recommend.prometheus import parse_duration
 from pyctl.serve.extender_server import ExtenderOptions
@@ -434,6 +435,11 @@ def _validate(c: Config) -> None:
             c.redis.client_config()
         except ValueError as e:
             raise bad("redis", _mask(str(e), c.redis.password)) from None
+    if c.workload.label_selector.strip():
+        try:
+            parse_selector(c.workload.label_selector)
+        except SelectorError as e:
+            raise bad("workload_label_selector", str(e)) from None
     if c.log.format not in ("json", "text"):
         raise bad("log_format", "must be json or text")
     if c.log.level not in ("debug", "info", "warning", "error"):

@@ -33,7 +33,7 @@ from pyctl.core import policy
 from pyctl.core.fragmentation import FragmentationModel, blocked_by, shape_dict
 from pyctl.model import Shape, Snapshot
 from pyctl.workflows.compaction import CompactionPlan
-from pyctl.workflows.compactor import plan_round
+from pyctl.workflows.compactor import abandoned, plan_round
 from pyctl.workflows.engine import Workflow
 from pyctl.workflows.evictor import Evictor
 
@@ -285,7 +285,12 @@ def _blocked(view: StoredView, shape: Shape) -> tuple[str | None, str]:
 
 def _plan(view: StoredView, cfg: Config) -> CompactionPlan:
     return plan_round(
-        view.cache, view.reconciler, cfg.evictor, cfg.workflow.plan_limits(), view.reservations()
+        view.cache,
+        view.reconciler,
+        cfg.evictor,
+        cfg.workflow.plan_limits(),
+        view.reservations(),
+        abandoned(view.workflows),
     )
 
 

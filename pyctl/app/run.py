@@ -19,6 +19,7 @@ from pyctl.app.wiring import (
     make_store,
     sim_limits,
     start_servers,
+    workload_scope,
 )
 from pyctl.cluster.kube.actuator import KubeActuator
 from pyctl.cluster.kube.client import connect
@@ -32,6 +33,7 @@ from pyctl.controller.controller import Controller
 from pyctl.controller.placement import PlacementAdvisor
 from pyctl.controller.summary import Summary
 from pyctl.federation import watch_members
+from pyctl.metrics import Metrics
 from pyctl.model import Workload
 
 
@@ -52,15 +54,18 @@ async def run_kube(cfg: Config, workload: Workload | None) -> int:
             retry_period=d / 6,
         ),
     )
+    metrics = Metrics()
     ctl = Controller(
         cfg.cluster,
         KubeClusterSource(kube, options=cfg.reflector),
-        make_store(cfg),
+        make_store(cfg, metrics),
+        metrics,
         workload=workload,
         summary_interval=cfg.summary_interval,
         default_policy=cfg.default_topology_policy,
         is_leader=elector.still_leader,
         workload_interval=cfg.workload.interval,
+        scope=workload_scope(cfg),
     )
     actuator: Actuator = (
         KubeActuator(kube, instance=identity) if cfg.mode == "enforce" else NullActuator()
@@ -116,16 +121,19 @@ def build_sim(
     second) are used instead and the run depends on the playback speed."""
     scenario = inference_day(seed=cfg.sim.seed)
     source = SimClusterSource(scenario, speed=cfg.sim.speed or None, forever=cfg.sim.forever)
+    metrics = Metrics()
     ctl = Controller(
         cfg.cluster,
         source,
-        make_store(cfg),
+        make_store(cfg, metrics),
+        metrics,
         workload=workload,
         summary_interval=0.0,  # summaries come with the virtual ticks
         default_policy=cfg.default_topology_policy,
         on_summary=on_summary,
         workload_interval=cfg.workload.interval,
         clock=source.now,
+        scope=workload_scope(cfg),
     )
     enforce = cfg.mode == "enforce"
     actuator: Actuator = SimActuator(source) if enforce else NullActuator()

@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from pyctl.app.config import Config
 from pyctl.cluster.records import KINDS
@@ -116,16 +115,15 @@ class StoredView:
 def published_of(m: MemberSummary, cluster: str) -> Published:
     """A published summary as read: federation's decoding, the heartbeat and M."""
     member = decode_member(cluster, m)
-    d: Mapping[str, Any] = member.summary
-    hb = d.get("heartbeat")
-    heartbeat = float(hb) if isinstance(hb, int | float) and not isinstance(hb, bool) else None
+    s = member.summary
+    heartbeat = s.heartbeat if s is not None and s.heartbeat > 0 else None
     workload: Workload | None = None
     models: dict[str, Node] | None = None
     error = ""
-    if d.get("workload") is not None and d.get("snapshot") is not None:
+    if s is not None and s.workload is not None and s.snapshot is not None:
         try:
-            workload = load_workload({"shapes": d["workload"]})
-            models = {n.name: n for n in load_snapshot(d["snapshot"]).nodes}
+            workload = load_workload({"shapes": s.workload})
+            models = {n.name: n for n in load_snapshot(s.snapshot).nodes}
         except (SnapshotError, TypeError, ValueError) as e:
             workload, models = None, None
             error = f"the published workload or node models do not decode: {e}"

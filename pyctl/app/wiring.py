@@ -10,10 +10,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyctl.app.config import Config
-from pyctl.cluster.records import PodRecord
+from pyctl.cluster.records import ObjectRef, PodRecord
+from pyctl.cluster.selectors import parse_selector
 from pyctl.cluster.source import Actuator, NullActuator
 from pyctl.controller.controller import Controller
 from pyctl.controller.placement import PlacementAdvisor
+from pyctl.controller.workload import WorkloadScope
+from pyctl.metrics import Metrics
 from pyctl.recommend.recommender import attach_from_config
 from pyctl.serve.extender import ExtenderHandler
 from pyctl.serve.extender_server import ExtenderServer, HttpMetrics
@@ -36,13 +39,25 @@ from pyctl.workflows.rescue import KIND as RESCUE_KIND
 from pyctl.workflows.rescue import CompactionContext, RescueOptions
 
 
-def make_store(cfg: Config) -> StateStore:
-    """Where the cluster's records are kept: Redis when configured, else memory."""
+def workload_scope(cfg: Config) -> WorkloadScope:
+    """Which pods shape the workload M (the configuration's `workload` section)."""
+    w = cfg.workload
+    return WorkloadScope(
+        namespaces=frozenset(w.namespaces),
+        excluded_namespaces=frozenset(w.excluded_namespaces),
+        selector=parse_selector(w.label_selector) if w.label_selector.strip() else None,
+        max_shape_weight=w.max_shape_weight,
+    )
+
+
+def make_store(cfg: Config, metrics: Metrics | None = None) -> StateStore:
+    """Where the cluster's records are kept: Redis when configured, else memory (`metrics`
+    counts the stored records that do not decode)."""
     if not cfg.redis.url:
         return MemoryStore(cfg.cluster)
     from pyctl.state.redis_store import RedisStore
 
-    return RedisStore(cfg.redis.client_config(), cfg.cluster)
+    return RedisStore(cfg.redis.client_config(), cfg.cluster, metrics=metrics)
 
 
 def workflow_backends(
@@ -124,6 +139,12 @@ def attach_workflows(
     )
     registry = builtin_registry()
 
+    async def tell(ref: ObjectRef, reason: str, message: str) -> None:
+        await gate.event("Pod", ref.namespace, ref.name, reason, message, uid=ref.uid, warning=True)
+
+    # Events on the pods pyctl ignores (enforce mode: the gate writes nothing in observe mode)
+    ctl.event_sender = tell
+
     def pod(ns: str, name: str) -> PodRecord | None:
         return pods.get(f"{ns}/{name}")
 
@@ -160,6 +181,7 @@ def attach_workflows(
         cfg.cluster,
         interval,
         options=cfg.mig,
+        admit=lambda p: ctl.reconciler.scope.admits(p) and ctl.reconciler.modelled(p),
     )
     dra_steering = DraSteering(ctl.reconciler, gate, interval)
     if loops:

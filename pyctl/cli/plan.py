@@ -18,7 +18,12 @@ from pyctl.cli.errors import UserError, load_json
 from pyctl.cluster.dra import DraContext, DraModel
 from pyctl.cluster.kube.dump import dra_context, is_dump, records
 from pyctl.cluster.records import NodeRecord, NrtRecord, PodRecord
-from pyctl.cluster.translate import DraPositions, TranslateError, model_of, shape_of
+from pyctl.cluster.translate import (
+    DraPositions,
+    model_of,
+    pod_shape_problem,
+    shape_of,
+)
 from pyctl.core.fragmentation import derive_workload
 from pyctl.core.policy import PlanLimits
 from pyctl.model import Node, Workload
@@ -47,7 +52,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _json(plan: CompactionPlan, dra_lines: list[str]) -> dict[str, Any]:
+def _json(plan: CompactionPlan, dra_lines: list[str], ignored: dict[str, str]) -> dict[str, Any]:
     def move(m: Any) -> dict[str, Any]:
         return {
             "pod": m.pod,
@@ -74,6 +79,7 @@ def _json(plan: CompactionPlan, dra_lines: list[str]) -> dict[str, Any]:
         "refused": dict(plan.refused),
         "unrescued": dict(plan.unrescued),
         "dra": dra_lines,
+        "ignored": ignored,
     }
 
 
@@ -87,19 +93,27 @@ def run(args: argparse.Namespace) -> int:
     dra = dra_context(raw)
     by_name = {n.name: n for n in nodes}
     live = [p for p in pods if not p.terminated]
+    # as the controller does: a pod the core cannot model and a node that cannot be translated
+    # are left out (and said), the rest is planned
+    ignored: dict[str, str] = {}
+    modelled = []
+    for p in live:
+        s = shape_of(p, dra, by_name.get(p.node))
+        why = pod_shape_problem(p, s) if s is not None and (p.gpus or p.mig or p.claims) else None
+        if why is None:
+            modelled.append(p)
+        else:
+            ignored[f"pod {p.key}"] = why
     if args.workload:
         workload = load_workload(load_json(args.workload))
     else:
-        got = [shape_of(p, dra, by_name.get(p.node)) for p in live]
+        got = [shape_of(p, dra, by_name.get(p.node)) for p in modelled]
         shapes = [s for s in got if s is not None and not s.is_cpu_only]
         if not shapes:
             raise UserError(f"{args.dump}: no GPU pods to derive a workload from; give --workload")
         workload = derive_workload(shapes)
-    try:
-        models, dra_models, positions = _models(nodes, nrts, live, dra)
-    except TranslateError as e:
-        raise UserError(f"{args.dump}: {e}") from None
-    pending = [p for p in live if not p.node and p.unschedulable]
+    models, dra_models, positions = _models(nodes, nrts, live, dra, ignored)
+    pending = [p for p in modelled if not p.node and p.unschedulable]
     plan = plan_compaction(
         models,
         {n.name: n for n in nodes},
@@ -115,19 +129,26 @@ def run(args: argparse.Namespace) -> int:
     if dra is not None:
         dra_lines = _dra_lines(nodes, models, dra_models, workload, not args.no_device_taint_rules)
     if args.json:
-        print(json.dumps(_json(plan, dra_lines), indent=1))
+        print(json.dumps(_json(plan, dra_lines, ignored), indent=1))
         return 0
     _print(plan, len(pending))
     c = Console()
     for line in dra_lines:
         c.print(f"DRA: {line}" if not line.startswith("  ") else line)
+    for what, why in ignored.items():
+        c.print(f"left out: {what}: {why}")
     return 0
 
 
 def _models(
-    nodes: list[NodeRecord], nrts: list[NrtRecord], live: list[PodRecord], dra: DraContext | None
+    nodes: list[NodeRecord],
+    nrts: list[NrtRecord],
+    live: list[PodRecord],
+    dra: DraContext | None,
+    ignored: dict[str, str],
 ) -> tuple[dict[str, Node], dict[str, DraModel], dict[str, DraPositions]]:
-    """Each node's model, its DRA part and where its pods' DRA devices sit."""
+    """Each node's model, its DRA part and where its pods' DRA devices sit; a node that cannot
+    be modelled is left out and said in `ignored` (as the controller leaves it out)."""
     nrt = {t.name: t for t in nrts}
     by_node: dict[str, list[PodRecord]] = {}
     for p in live:
@@ -138,9 +159,13 @@ def _models(
     positions: dict[str, DraPositions] = {}
     for n in nodes:
         where: DraPositions = {}
-        models[n.name], dm = model_of(
-            n, nrt.get(n.name), by_node.get(n.name, []), dra=dra, positions=where
-        )
+        try:
+            models[n.name], dm = model_of(
+                n, nrt.get(n.name), by_node.get(n.name, []), dra=dra, positions=where
+            )
+        except ValueError as e:  # TranslateError, or the core refusing the node
+            ignored[f"node {n.name}"] = str(e)
+            continue
         if dm is not None:
             dra_models[n.name] = dm
             positions[n.name] = where

@@ -47,8 +47,10 @@ def parse_quantity(text: str | int | float | Fraction) -> Fraction:
         return Fraction(str(text))
     if not isinstance(text, str):
         raise QuantityError(f"not a quantity: {text!r}")
+    if len(text) > 64:
+        raise QuantityError(f"malformed quantity {text[:64]!r}... ({len(text)} characters)")
     m = _RE.match(text.strip())
-    if not m or len(text) > 64:
+    if not m:
         raise QuantityError(f"malformed quantity {text!r}")
     value = Fraction(m.group("num"))
     if m.group("exp"):

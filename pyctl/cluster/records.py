@@ -8,8 +8,10 @@ from typing import Any, Literal, TypeAlias
 
 import msgspec
 
+from pyctl.cluster import bounds as b
 from pyctl.cluster.dra_records import (
     ClaimRecord,
+    ClaimSpec,
     ClaimTemplateRecord,
     DeviceClassRecord,
     PodClaim,
@@ -352,5 +354,213 @@ def encode_record(r: Record) -> bytes:
 
 
 def decode_record(kind: Kind, data: bytes) -> Record:
-    rec: Record = _DECODERS[kind].decode(data)
+    """A stored record; raises ValueError (msgspec's, or `bounds.BoundsError`) when `data` is not
+    one or holds a value beyond `pyctl.cluster.bounds`."""
+    try:
+        rec: Record = _DECODERS[kind].decode(data)
+    except RecursionError:
+        raise ValueError(f"{kind} record: nested too deeply") from None
+    check_record(rec)
     return rec
+
+
+class ObjectRef(msgspec.Struct, frozen=True):
+    """Which object a message is about (as far as it could be read)."""
+
+    kind: Kind
+    namespace: str = ""
+    name: str = ""
+    uid: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}" if self.namespace else self.name
+
+
+def tombstone(ref: ObjectRef) -> Record | None:
+    """A record with only the identity of `ref`: what a DELETED event needs to drop the object
+    from the cache and the store (None when the name is unknown)."""
+    if not ref.name:
+        return None
+    if ref.kind == "Node":
+        return NodeRecord(ref.name)
+    if ref.kind == "Pod":
+        return PodRecord(ref.namespace, ref.name, ref.uid)
+    if ref.kind == "PodDisruptionBudget":
+        return PdbRecord(ref.namespace, ref.name)
+    if ref.kind == "NodeResourceTopology":
+        return NrtRecord(ref.name)
+    if ref.kind == "DeviceClass":
+        return DeviceClassRecord(ref.name)
+    if ref.kind == "ResourceSlice":
+        return SliceRecord(ref.name)
+    if ref.kind == "ResourceClaim":
+        return ClaimRecord(ref.namespace, ref.name, ref.uid)
+    if ref.kind == "ResourceClaimTemplate":
+        return ClaimTemplateRecord(ref.namespace, ref.name)
+    return None
+
+
+# -- bounds (pyctl.cluster.bounds) on a record from anywhere: decode, the store, the simulator ----
+
+
+def _mig(where: str, mig: tuple[tuple[str, int], ...], per_profile: int) -> None:
+    b.check_len(f"{where} MIG resources", len(mig), b.MAX_MIG_PROFILES)
+    for prof, n in mig:
+        b.check(f"{where} nvidia.com/mig-{prof[:40]}", n, per_profile)
+
+
+def _lists(where: str, **lists: tuple[object, ...]) -> None:
+    for name, items in lists.items():
+        b.check_len(
+            f"{where} {name}", len(items), b.MAX_LABELS if name == "labels" else b.MAX_ITEMS
+        )
+
+
+def _name(where: str, *names: str) -> None:
+    for n in names:
+        if len(n) > b.MAX_NAME_CHARS:
+            raise b.BoundsError(f"{where}: a name of {len(n)} characters")
+
+
+def _constraints(where: str, c: Constraints) -> None:
+    _lists(
+        where,
+        node_selector=c.node_selector,
+        node_affinity=c.node_affinity,
+        tolerations=c.tolerations,
+        affinity=c.affinity,
+        anti_affinity=c.anti_affinity,
+        spread=c.spread,
+    )
+    for t in c.node_affinity:
+        _lists(where, match_expressions=t.match_expressions, match_fields=t.match_fields)
+        for r in (*t.match_expressions, *t.match_fields):
+            b.check_len(f"{where} requirement {r.key[:40]}", len(r.values), b.MAX_VALUES)
+    for pt in (*c.affinity, *c.anti_affinity):
+        _lists(where, namespaces=pt.namespaces)
+        if pt.selector is not None:
+            _selector(where, pt.selector)
+    for sp in c.spread:
+        if sp.selector is not None:
+            _selector(where, sp.selector)
+
+
+def _selector(where: str, s: Selector) -> None:
+    _lists(where, match_labels=s.match_labels, match_expressions=s.match_expressions)
+    for r in s.match_expressions:
+        b.check_len(f"{where} requirement {r.key[:40]}", len(r.values), b.MAX_VALUES)
+
+
+def check_record(r: Record) -> None:
+    """Raise `bounds.BoundsError` (a ValueError naming the field) if a count, amount or list of
+    `r` is beyond `pyctl.cluster.bounds`. Cheap: it compares numbers and list lengths."""
+    if isinstance(r, PodRecord):
+        where = f"pod {r.namespace[:63]}/{r.name[:253]}"
+        _name(where, r.namespace, r.name, r.node)
+        b.check_len(f"{where} resource claims", len(r.claims), b.DRA_BOUNDS["claims_per_pod"])
+        b.check(f"{where} cpu request (millicores)", r.cpu_milli, b.MAX_CPU_MILLI)
+        b.check(f"{where} memory request (MiB)", r.memory_mib, b.MAX_MEMORY_MIB)
+        b.check(f"{where} nvidia.com/gpu", r.gpus, b.MAX_GPUS_PER_POD)
+        _mig(where, r.mig, b.MAX_MIG_PER_POD)
+        b.check(f"{where} priority", r.priority, b.INT32[1], b.INT32[0])
+        _lists(where, labels=r.labels)
+        if r.constraints is not None:
+            _constraints(where, r.constraints)
+    elif isinstance(r, NodeRecord):
+        where = f"node {r.name[:253]}"
+        _name(where, r.name)
+        b.check(f"{where} cpu (millicores)", r.cpu_milli, b.MAX_CPU_MILLI)
+        b.check(f"{where} memory (MiB)", r.memory_mib, b.MAX_MEMORY_MIB)
+        b.check(f"{where} nvidia.com/gpu", r.gpus, b.MAX_GPUS_PER_NODE)
+        b.check(f"{where} nvidia.com/gpu.count", r.gpu_count_label, b.MAX_GPUS_PER_NODE)
+        _mig(where, r.mig, b.MAX_MIG_PER_NODE)
+        b.check(f"{where} MIG instances", sum(n for _, n in r.mig), b.MAX_MIG_PER_NODE)
+        b.check_len(f"{where} GPU NUMA labels", len(r.gpu_numa), b.MAX_NUMA_ZONES)
+        for gpu, numa in r.gpu_numa:
+            b.check(f"{where} GPU index of nvidia.com/gpu-<i>-numa", gpu, b.MAX_GPUS_PER_NODE)
+            b.check(f"{where} nvidia.com/gpu-{gpu}-numa", numa, b.MAX_NUMA_ID)
+        _lists(where, labels=r.labels, taints=r.taints)
+    elif isinstance(r, NrtRecord):
+        where = f"NodeResourceTopology {r.name[:253]}"
+        _name(where, r.name)
+        b.check_len(f"{where} zones", len(r.zones), b.MAX_NUMA_ZONES)
+        seen: set[int] = set()
+        for z in r.zones:
+            zw = f"{where} zone {z.numa}"
+            b.check(f"{where} NUMA id", z.numa, b.MAX_NUMA_ID)
+            if z.numa in seen:
+                raise b.BoundsError(f"{where}: NUMA id {z.numa} appears twice")
+            seen.add(z.numa)
+            for what, v, hi in (
+                ("cpu", z.cpu_milli, b.MAX_CPU_MILLI),
+                ("cpu available", z.cpu_available, b.MAX_CPU_MILLI),
+                ("memory", z.memory_mib, b.MAX_MEMORY_MIB),
+                ("memory available", z.memory_available, b.MAX_MEMORY_MIB),
+                ("nvidia.com/gpu", z.gpus, b.MAX_GPUS_PER_NODE),
+                ("nvidia.com/gpu available", z.gpus_available, b.MAX_GPUS_PER_NODE),
+            ):
+                b.check(f"{zw} {what}", v, hi)
+            b.check_len(f"{zw} MIG resources", len(z.mig), b.MAX_MIG_PROFILES)
+            for prof, total, avail in z.mig:
+                b.check(f"{zw} nvidia.com/mig-{prof[:40]}", total, b.MAX_MIG_PER_NODE)
+                b.check(f"{zw} nvidia.com/mig-{prof[:40]} available", avail, b.MAX_MIG_PER_NODE)
+        b.check(f"{where} nvidia.com/gpu", sum(z.gpus for z in r.zones), b.MAX_GPUS_PER_NODE)
+        mig = sum(n for z in r.zones for _, n, _ in z.mig)
+        b.check(f"{where} MIG instances", mig, b.MAX_MIG_PER_NODE)
+    elif isinstance(r, PdbRecord):
+        where = f"PodDisruptionBudget {r.namespace[:63]}/{r.name[:253]}"
+        _name(where, r.namespace, r.name)
+        _lists(where, match_labels=r.match_labels, match_expressions=r.match_expressions)
+    else:
+        _check_dra(r)
+
+
+def _dra(what: str, n: int, where: str) -> None:
+    b.check_len(f"{where} {what.replace('_', ' ')}", n, b.DRA_BOUNDS[what])
+
+
+def _claim_spec(where: str, spec: ClaimSpec) -> None:
+    _dra("requests_per_claim", len(spec.requests), where)
+    _dra("constraints_per_claim", len(spec.constraints), where)
+    for req in spec.requests:
+        _dra("subrequests_per_request", len(req.first_available), where)
+        for sub in (req, *req.first_available):
+            _dra("selectors_per_request", len(sub.selectors), where)
+            _dra("tolerations_per_request", len(sub.tolerations), where)
+            b.check(
+                f"{where} request {sub.name[:63]} count",
+                sub.count,
+                b.DRA_BOUNDS["count_per_request"],
+            )
+
+
+def _check_dra(r: DeviceClassRecord | SliceRecord | ClaimRecord | ClaimTemplateRecord) -> None:
+    """The limits of k8s.io/api/resource/v1 that `kube/dra_decode.py` applies when decoding,
+    on a DRA record from anywhere."""
+    if isinstance(r, SliceRecord):
+        where = f"ResourceSlice {r.name[:253]}"
+        _name(where, r.name, r.node)
+        _dra("devices_per_slice", len(r.devices), where)
+        _dra("counter_sets_per_slice", len(r.counter_sets), where)
+        for cs in r.counter_sets:
+            _dra("counters_per_set", len(cs.counters), where)
+        for d in r.devices:
+            dw = f"{where} device {d.name[:63]}"
+            _dra("attributes_and_capacities_per_device", len(d.attributes) + len(d.capacity), dw)
+            _dra("consumptions_per_device", len(d.consumes), dw)
+            _dra("taints_per_device", len(d.taints), dw)
+    elif isinstance(r, DeviceClassRecord):
+        where = f"DeviceClass {r.name[:253]}"
+        _name(where, r.name)
+        _dra("selectors_per_request", len(r.selectors), where)
+    elif isinstance(r, ClaimRecord):
+        where = f"ResourceClaim {r.namespace[:63]}/{r.name[:253]}"
+        _name(where, r.namespace, r.name, r.allocated_node)
+        _claim_spec(where, r.spec)
+        _dra("results_per_claim", len(r.allocated), where)
+        _dra("reserved_for", len(r.reserved_for), where)
+    else:
+        where = f"ResourceClaimTemplate {r.namespace[:63]}/{r.name[:253]}"
+        _name(where, r.namespace, r.name)
+        _claim_spec(where, r.spec)

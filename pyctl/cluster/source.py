@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from pyctl.cluster.records import Event, Kind, Record
+from pyctl.cluster.records import Event, Kind, ObjectRef, Record
 
 
 class EventSink(Protocol):
@@ -22,8 +22,11 @@ class EventSink(Protocol):
     async def apply(self, events: Sequence[Event], resource_versions: Mapping[Kind, str]) -> None:
         """A batch of watch events, and the resourceVersions they bring each kind to."""
 
-    def decode_error(self, kind: Kind, message: str) -> None:
-        """An object the source could not understand (counted, logged once; the rest goes on)."""
+    def decode_error(
+        self, kind: Kind, message: str, *, reason: str = "malformed", ref: ObjectRef | None = None
+    ) -> None:
+        """An object the source could not understand (counted, logged once; the rest goes on):
+        `reason` in one word (`DecodeError.reason`), `ref` the object when it could be named."""
 
 
 class ClusterSource(Protocol):
@@ -59,7 +62,8 @@ class Actuator(Protocol):
     async def try_evict(self, namespace: str, pod: str, uid: str = "") -> EvictionOutcome:
         """Eviction API (with `uid` as a precondition when given): accepted (or the pod, or
         that incarnation of it, is already gone), or refused: 429 (a PodDisruptionBudget), with
-        why and how long the API server asks to wait, or 403 (an admission denial)."""
+        why and how long the API server asks to wait, or 403/422 (an admission denial: a
+        webhook's 403, a ValidatingAdmissionPolicy's 422)."""
 
     async def label_node(self, node: str, labels: Mapping[str, str | None]) -> None: ...
 

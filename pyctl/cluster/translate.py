@@ -19,6 +19,10 @@ zones, GPUs and MIG instances.
   (`extendedResourceClaimStatus`) are those devices, not device-plugin GPUs: counted once.
 - Shared GPUs (time-slicing, MPS, HAMi): `pyctl.cluster.sharing` says how many physical GPUs
   there are, in which zone, and each one's used share and holders; docs/sharing.md.
+
+Every count translate loops over (GPUs, MIG instances, NUMA zones) is first checked against
+`pyctl.cluster.bounds` (`records.check_record`): a record beyond them is a `TranslateError`, never
+a long loop.
 """
 
 from __future__ import annotations
@@ -28,10 +32,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import cast
 
-from pyctl.cluster import sharing
+from pyctl.cluster import bounds, sharing
 from pyctl.cluster.dra import DraContext, DraModel, DraNeed, gpu_model_name, model_gpus
-from pyctl.cluster.records import NodeRecord, NrtRecord, PodRecord
+from pyctl.cluster.records import NodeRecord, NrtRecord, PodRecord, check_record
 from pyctl.core import mig
+from pyctl.core.fragmentation import check_shape
 from pyctl.model import TOPOLOGY_POLICIES, Gpu, MigGpu, MigInstance, Node, PolicyName, Shape, Zone
 
 #: where a pod's DRA devices sit in a node's model: ("dra_gpus", zone position, GPU position),
@@ -82,6 +87,18 @@ def pod_shape(p: PodRecord, node: NodeRecord | None = None, need: DraNeed | None
         gpu_milli=1000 if p.gpus else 0,
         mig_profile=profile,
     )
+
+
+def pod_shape_problem(p: PodRecord, shape: Shape | None = None) -> str | None:
+    """Why pyctl cannot model `p`'s request as a task shape (so the pod is left out of the
+    workload M, of the pending pods and of the compaction candidates), or None. `shape`: the
+    pod's shape as the caller derived it (`shape_of`: its claims, the node that sizes a shared
+    GPU), else `pod_shape(p)`. The core decides (`check_shape`); the common mistake is named in
+    the user's words."""
+    if p.gpus and p.mig and not p.extended_claim:
+        return f"requests both nvidia.com/gpu and a MIG profile (nvidia.com/mig-{p.mig[0][0]})"
+    why = check_shape(shape if shape is not None else pod_shape(p))
+    return None if why is None else f"its GPU request is not one pyctl can model: {why}"
 
 
 def _top_up(drafts: list[_Draft], used_cpu: int, used_mem: int, used_gpus: int) -> None:
@@ -140,10 +157,21 @@ def node_from_records(
     """The node's model. `dra`: its DRA GPUs (`pyctl.cluster.dra.model_gpus`); `positions`, if
     given, is filled with where each pod's DRA devices sit; `previous`, its last model: replicas
     of shared GPUs already attributed stay where they were (docs/sharing.md)."""
-    where = f"node {node.name}"
+    where = f"node {node.name[:253]}"
     # in name order: the model is a function of the records, not of the order they arrived in
     # (MIG instances and shared GPUs are attributed to pods in this order)
     live = sorted((p for p in pods if not p.terminated), key=lambda p: p.key)
+    try:
+        check_record(node)
+        if nrt is not None:
+            check_record(nrt)
+        for p in live:
+            bounds.check(f"pod {p.key[:300]} nvidia.com/gpu", p.gpus, bounds.MAX_GPUS_PER_POD)
+            for prof, n in p.mig[: bounds.MAX_MIG_PROFILES + 1]:
+                bounds.check(f"pod {p.key[:300]} MIG {prof[:40]}", n, bounds.MAX_MIG_PER_POD)
+            bounds.check_len(f"pod {p.key[:300]} MIG", len(p.mig), bounds.MAX_MIG_PROFILES)
+    except bounds.BoundsError as e:
+        raise TranslateError(f"{where}: {e}") from None
     # extended resources a DRA claim serves are that claim's devices (counted by `dra`)
     plugin = [p for p in live if not p.extended_claim]
     used_cpu = sum(p.cpu_milli for p in live)
@@ -183,15 +211,16 @@ def node_from_records(
         numa_of = dict(node.gpu_numa)
         if shares and shares.devices:
             numa_of = {i: d.numa for i, d in enumerate(shares.devices)}
+        per_numa = Counter(numa_of.values())
         dra_ids = set(dra.zones) if dra is not None else set()
-        ids = sorted(set(numa_of.values()) | dra_ids) or [0]
+        ids = sorted(set(per_numa) | dra_ids) or [0]
         numa_known = bool(numa_of)
         drafts = [_Draft(i) for i in ids]
         k = len(drafts)
         for i, d in enumerate(drafts):
             d.cpu = node.cpu_milli // k + (node.cpu_milli % k if i == 0 else 0)
             d.mem = node.memory_mib // k + (node.memory_mib % k if i == 0 else 0)
-            d.gpus = sum(1 for n in numa_of.values() if n == d.numa) if numa_of else 0
+            d.gpus = per_numa[d.numa] if numa_of else 0
         if sum(d.gpus for d in drafts) != whole:
             drafts[0].gpus = max(0, drafts[0].gpus + whole - sum(d.gpus for d in drafts))
         drafts[0].mig = dict(node.mig)

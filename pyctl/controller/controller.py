@@ -20,11 +20,22 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from pyctl.cluster.records import KINDS, Event, Kind, PodRecord, Record, record_key, record_kind
+from pyctl.cluster.records import (
+    KINDS,
+    Event,
+    Kind,
+    ObjectRef,
+    PodRecord,
+    Record,
+    record_key,
+    record_kind,
+)
 from pyctl.cluster.source import ClusterSource
 from pyctl.controller.cache import ClusterCache
+from pyctl.controller.ignored import EventSender, IgnoredObjects
 from pyctl.controller.reconcile import Reconciler
 from pyctl.controller.summary import FederationEncoder, Summary
+from pyctl.controller.workload import WorkloadScope
 from pyctl.controller.workqueue import WorkQueue
 from pyctl.metrics import Metrics
 from pyctl.model import Workload
@@ -57,6 +68,7 @@ class Controller:
         flush_interval: float = 0.005,
         flush_events: int = 2000,
         workload_interval: float = 30.0,
+        scope: WorkloadScope | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cluster = cluster
@@ -65,7 +77,14 @@ class Controller:
         self.metrics = metrics or Metrics()
         self.cache = ClusterCache()
         self.queue = WorkQueue()
-        self.reconciler = Reconciler(self.cache, self.metrics, cluster, workload, default_policy)
+        #: objects left out of the view (counted, logged, an Event on an ignored pod)
+        self.ignored = IgnoredObjects(self.metrics, cluster)
+        self.reconciler = Reconciler(
+            self.cache, self.metrics, cluster, workload, default_policy, scope, self.ignored
+        )
+        #: how Events on ignored pods are written (set by the application in enforce mode; only
+        #: the leader sends them)
+        self.event_sender: EventSender | None = None
         self.summary_interval = summary_interval
         self.is_leader = is_leader
         self.on_summary = on_summary
@@ -95,7 +114,6 @@ class Controller:
         #: the last resourceVersion seen per kind (what a re-sync writes with the records)
         self._seen_rv: dict[Kind, str] = {}
         self._store_wakeup = anyio.Event()
-        self._logged_errors: set[str] = set()
         self.last_summary: Summary | None = None
         self._counters: dict[tuple[str, str], Any] = {}
         #: more loops to run beside the controller's own (e.g. the compaction loop)
@@ -159,14 +177,14 @@ class Controller:
             )
         return c
 
-    def decode_error(self, kind: Kind, message: str) -> None:
+    def decode_error(
+        self, kind: Kind, message: str, *, reason: str = "malformed", ref: ObjectRef | None = None
+    ) -> None:
+        """An object the source could not decode: counted (`pyctl_decode_errors_total` per
+        occurrence), and left out as an ignored object (counted once, logged once, an Event on
+        a pod); the source drops its previous version from the view."""
         self.metrics.decode_errors.labels(self.cluster, kind).inc()
-        key = f"{kind}:{message[:80]}"
-        if key not in self._logged_errors:
-            self._logged_errors.add(key)
-            log.warning(
-                "cannot understand an object; skipped", extra={"kind": kind, "error": message}
-            )
+        self.ignored.report(kind, reason, message, ref)
 
     # -- readiness -------------------------------------------------------------------------
     def ready(self) -> tuple[bool, str]:
@@ -294,7 +312,11 @@ class Controller:
             return False
         # the federation summary carries every node's model: published at a slow rate
         self._published_at = now
-        data = self.federation.encode(s, self.reconciler.models, self.reconciler.workload)
+        try:
+            data = self.federation.encode(s, self.reconciler.models, self.reconciler.workload)
+        except ValueError as e:  # a value out of its bounds: not published
+            log.error("summary not published", extra={"error": str(e)[:300]})
+            return False
         try:
             await self.store.put_summary(data, int(max(30, 3 * self.federation_interval)))
         except StoreError:
@@ -302,10 +324,20 @@ class Controller:
             return False
         return True
 
+    async def _send_events(self) -> None:
+        if self.event_sender is not None and self.ignored.queued_events and self.is_leader():
+            await self.ignored.send_events(self.event_sender, time.monotonic())
+
     async def _summary_loop(self) -> None:
         while True:
             await anyio.sleep(self.summary_interval)
-            s = self.summarize()
+            try:
+                s = self.summarize()
+                await self._send_events()
+            except Exception:  # never fatal: the next interval tries again
+                log.exception("summary failed; will retry")
+                self.metrics.reconcile_errors.labels(self.cluster).inc()
+                continue
             if self.on_summary:
                 self.on_summary(s)
             await self.publish(s)

@@ -8,6 +8,7 @@ Nothing here reads watch events or talks to Redis: it reads the cache and writes
 from __future__ import annotations
 
 import heapq
+import logging
 import time
 from collections import Counter, deque
 from collections.abc import Iterable
@@ -15,10 +16,18 @@ from dataclasses import replace
 from typing import Any
 
 from pyctl.cluster.dra import DraModel, Misaligned, misaligned_pods, unknown_kind
-from pyctl.cluster.records import PodRecord
-from pyctl.cluster.translate import DraPositions, TranslateError, model_of, shape_of
+from pyctl.cluster.records import NodeRecord, ObjectRef, PodRecord
+from pyctl.cluster.translate import (
+    DraPositions,
+    TranslateError,
+    model_of,
+    pod_shape_problem,
+    shape_of,
+)
 from pyctl.controller.cache import ClusterCache
+from pyctl.controller.ignored import IgnoredObjects
 from pyctl.controller.summary import Summary
+from pyctl.controller.workload import WorkloadScope, capped_workload
 from pyctl.core.fragmentation import (
     CATEGORIES,
     FragmentationModel,
@@ -29,6 +38,11 @@ from pyctl.core.fragmentation import (
 )
 from pyctl.metrics import Metrics
 from pyctl.model import Node, Shape, Snapshot, Workload
+
+log = logging.getLogger("pyctl.controller")
+
+#: the prefix of the taints pyctl puts on nodes (exported as pyctl_node_taint)
+PYCTL_TAINT_PREFIX = "pyctl.io/"
 
 GPU = 1000.0
 
@@ -157,6 +171,8 @@ class Reconciler:
         cluster: str,
         workload: Workload | None = None,
         default_policy: str = "none",
+        scope: WorkloadScope | None = None,
+        ignored: IgnoredObjects | None = None,
     ) -> None:
         self.cache = cache
         self.metrics = metrics
@@ -166,9 +182,14 @@ class Reconciler:
         self.workload = workload or Workload((Shape(cpu_milli=1000, gpus=1, gpu_milli=1000),))
         #: True until M has been derived from observed pods (then refreshed at a slow rate)
         self.workload_unset = workload is None
+        #: which pods shape M, and the cap on one shape's weight
+        self.scope = scope or WorkloadScope()
+        self.ignored = ignored or IgnoredObjects(metrics, cluster)
         self.models: dict[str, Node] = {}
         self.scores: dict[str, NodeScore] = {}
         self.bad_nodes: dict[str, str] = {}
+        #: node -> pyctl taint keys exported as pyctl_node_taint
+        self._taints: dict[str, set[str]] = {}
         self.window = SchedulingWindow()
         #: DRA: each DRA node's devices as modelled (zones' basis, notes)
         self.dra_models: dict[str, DraModel] = {}
@@ -195,18 +216,48 @@ class Reconciler:
             self.unknown.pop(p.key, None)
         return s
 
+    def modelled_shape(self, p: PodRecord) -> Shape | None:
+        """The pod's shape if the core can model it; None if its claims are unknown (recorded
+        in `unknown`) or the core cannot model it (reported: counted, logged, an Event), so that
+        it is left out of M, of the pending pods and of the compaction candidates."""
+        s = self.shape_of(p)
+        if s is None:
+            return None
+        why = pod_shape_problem(p, s)
+        if why is None:
+            return s
+        ref = ObjectRef("Pod", p.namespace, p.name, p.uid)
+        self.ignored.report("Pod", "shape_rejected", why, ref)
+        return None
+
+    def modelled(self, p: PodRecord) -> bool:
+        """Whether `p` has a shape the core can model (`modelled_shape`)."""
+        return self.modelled_shape(p) is not None
+
     def refresh_workload(self) -> bool:
-        """Re-derive M from the observed pods (unless it is configured); True if it changed, in
-        which case every node must be re-scored."""
+        """Re-derive M from the observed pods in scope (unless it is configured), each shape's
+        weight capped; True if it changed, in which case every node must be re-scored."""
         if self.fixed_workload is not None:
             return False
         # GPU and MIG pods only: a CPU-only shape would count every idle GPU as fragment (FGD's
         # definition), which says nothing about GPU placement on a mixed pool
-        got = [self.shape_of(p) for p in self.cache.pods.values() if not p.terminated]
-        shapes = [s for s in got if s is not None and not s.is_cpu_only]
+        shapes = []
+        for p in self.cache.pods.values():
+            if p.terminated or not self.scope.admits(p):
+                continue
+            s = self.modelled_shape(p)
+            if s is not None and not s.is_cpu_only:
+                shapes.append(s)
         if not shapes:
             return False
-        new = derive_workload(shapes)
+        new = capped_workload(derive_workload(shapes), self.scope.max_shape_weight)
+        try:  # every shape passed the core's check: this cannot fail, but M is shared by all
+            FragmentationModel(Snapshot(())).score(new)
+        except ValueError as e:
+            log.error(
+                "derived workload refused by the core; kept the last", extra={"error": str(e)}
+            )
+            return False
         first = self.workload_unset
         self.workload_unset = False
         if new == self.workload or (not first and same_workload(new, self.workload)):
@@ -214,19 +265,42 @@ class Reconciler:
         self.workload = new
         return True
 
+    def _export_taints(self, name: str, rec: NodeRecord | None) -> None:
+        """pyctl_node_taint{node, key}: pyctl's own taints as the API shows them (so a taint
+        left behind is seen, and alerted on, whatever process put it there)."""
+        now = (
+            {t.key for t in rec.taints if t.key.startswith(PYCTL_TAINT_PREFIX)}
+            if rec is not None
+            else set()
+        )
+        before = self._taints.get(name, set())
+        if now == before:
+            return
+        g = self.metrics.node_taint
+        for key in before - now:
+            g.remove(self.cluster, name, key)
+        for key in now - before:
+            g.labels(self.cluster, name, key).set(1)
+        if now:
+            self._taints[name] = now
+        else:
+            self._taints.pop(name, None)
+
     def reconcile(self, name: str) -> None:
         """Re-translate and re-score one node (raises on a failure, for the queue to retry)."""
         t0 = time.perf_counter()
         rec = self.cache.nodes.get(name)
         m = self.metrics
         self._touched.add(name)
+        self._export_taints(name, rec)
         if rec is None:
             self.models.pop(name, None)
             self.dra_models.pop(name, None)
             self.dra_positions.pop(name, None)
             old = self.scores.pop(name, None)
             self._rows.pop(name, None)
-            self.bad_nodes.pop(name, None)
+            if self.bad_nodes.pop(name, None) is not None:
+                self.ignored.forget("Node", name)
             if old is not None:
                 m.node_idle.remove(self.cluster, name)
                 m.node_fragment.remove(self.cluster, name)
@@ -248,17 +322,26 @@ class Reconciler:
             )
             score = FragmentationModel(Snapshot((node,))).score(self.workload).nodes[0]
         except (TranslateError, ValueError) as e:
-            # a node pyctl cannot understand: counted once, kept out of the totals
+            # a node pyctl cannot understand: counted once, kept out of the totals; the other
+            # nodes are scored on their own and never see it
             if name not in self.bad_nodes:
                 m.decode_errors.labels(self.cluster, "Node").inc()
+            self.ignored.report("Node", "untranslatable", str(e), ObjectRef("Node", "", name))
             self.bad_nodes[name] = str(e)
             self.models.pop(name, None)
             self.dra_models.pop(name, None)
             self.dra_positions.pop(name, None)
-            self.scores.pop(name, None)
+            old = self.scores.pop(name, None)
             self._rows.pop(name, None)
+            if old is not None:
+                m.node_idle.remove(self.cluster, name)
+                m.node_fragment.remove(self.cluster, name)
+                for z in old.zones:
+                    m.zone_idle.remove(self.cluster, name, str(z.numa))
+                    m.zone_fragment.remove(self.cluster, name, str(z.numa))
             return
-        self.bad_nodes.pop(name, None)
+        if self.bad_nodes.pop(name, None) is not None:
+            self.ignored.forget("Node", name)
         self.models[name] = node
         self.scores[name] = score
         self._rows[name] = _row(node, score)
@@ -289,27 +372,32 @@ class Reconciler:
         out: Counter[str] = Counter()
         by_shape: dict[Shape, str | None] = {}
         updated: set[Shape] = set()
-        for p in pending:
-            got = self.shape_of(p)
-            if got is None or got.is_cpu_only:
-                continue
-            shape = replace(got, weight=1.0)
-            if shape not in by_shape:
-                if too_full_for(shape, idle_gpu, idle_mig):
-                    by_shape[shape] = None  # the cluster is full, not fragmented
-                else:
-                    view = self._shape_views.get(shape)
-                    if view is None:
-                        view = self._shape_views[shape] = _ShapeView(shape)
-                        view.update(self.models, list(self.models))
+        try:
+            for p in pending:
+                got = self.modelled_shape(p)
+                if got is None or got.is_cpu_only:
+                    continue
+                shape = replace(got, weight=1.0)
+                if shape not in by_shape:
+                    if too_full_for(shape, idle_gpu, idle_mig):
+                        by_shape[shape] = None  # the cluster is full, not fragmented
                     else:
-                        view.update(self.models, touched)
-                    updated.add(shape)
-                    # a node admits it: waiting, not blocked
-                    by_shape[shape] = view.reason()
-            reason = by_shape[shape]
-            if reason is not None:
-                out[reason] += 1
+                        view = self._shape_views.get(shape)
+                        if view is None:
+                            view = self._shape_views[shape] = _ShapeView(shape)
+                            view.update(self.models, list(self.models))
+                        else:
+                            view.update(self.models, touched)
+                        updated.add(shape)
+                        # a node admits it: waiting, not blocked
+                        by_shape[shape] = view.reason()
+                reason = by_shape[shape]
+                if reason is not None:
+                    out[reason] += 1
+        except ValueError as e:  # modelled_shape asked the core: not expected, never fatal
+            log.error("pending analysis failed", extra={"error": str(e)[:300]})
+            self._shape_views.clear()
+            return {}
         # views not brought up to date this time (the shape is no longer pending, or the
         # cluster was simply full for it) are built anew when next needed
         for stale in [s for s in self._shape_views if s not in updated]:

@@ -7,10 +7,11 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
+from pyctl.cluster.bounds import MAX_ITEMS, Key, Name
 from pyctl.core.fragmentation import shape_dict
 from pyctl.model import Node, Snapshot, Workload
 from pyctl.snapshot import node_to_json, snapshot_to_json
@@ -47,29 +48,111 @@ class Summary:
         return self.fragment_gpu_milli / self.idle_gpu_milli if self.idle_gpu_milli else 0.0
 
 
-def summary_bytes(s: Summary) -> bytes:
-    d: dict[str, Any] = {
-        "cluster": s.cluster,
-        "nodes": s.nodes,
-        "idle_gpu_milli": s.idle_gpu_milli,
-        "fragment_gpu_milli": s.fragment_gpu_milli,
-        "fragmentation_rate": s.fragmentation_rate,
-        "categories": s.categories,
-        "idle_mig_slices": s.idle_mig_slices,
-        "fragment_mig_slices": s.fragment_mig_slices,
-        "recoverable_mig_slices": s.recoverable_mig_slices,
-        "pending": s.pending,
-        "blocked": s.blocked,
-        "scheduling_success": s.scheduling_success,
-        "by_model": {
-            k: {"idle_gpu_milli": v[0], "fragment_gpu_milli": v[1]} for k, v in s.by_model.items()
-        },
-        "shared_gpus": s.shared_gpus,
-        "shared_used_milli": s.shared_used_milli,
-        "shared_pods": s.shared_pods,
-        "heartbeat": time.time(),
-    }
-    return msgspec.json.encode(d)
+# -- the wire format: a typed record, validated when it is read ------------------------------------
+
+#: the largest summary read from the store (a rich summary of 10,000 nodes is a few MiB)
+MAX_SUMMARY_BYTES = 64 << 20
+#: an amount (milli-GPU, MIG slices) no cluster reaches: 2**31 nodes of 1024 GPUs in milli-GPU
+MAX_AMOUNT = float(1 << 51)
+
+Amount = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_AMOUNT)]
+Count = Annotated[int, msgspec.Meta(ge=0, le=(1 << 31) - 1)]
+Ratio = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+Cats = Annotated[dict[Key, Amount], msgspec.Meta(max_length=64)]
+
+
+class ModelTotals(msgspec.Struct, forbid_unknown_fields=False):
+    idle_gpu_milli: Amount = 0.0
+    fragment_gpu_milli: Amount = 0.0
+
+
+class SummaryRecord(msgspec.Struct, omit_defaults=True):
+    """A cluster's published summary as stored and read (`summary_bytes`; with `format`,
+    `workload` and `snapshot`, `federation_summary_bytes`). Every number is finite, non-negative
+    and bounded; decoding refuses anything else (a member's summary that does not decode is
+    shown with its error, never used)."""
+
+    cluster: Name
+    nodes: Count = 0
+    idle_gpu_milli: Amount = 0.0
+    fragment_gpu_milli: Amount = 0.0
+    fragmentation_rate: Ratio = 0.0
+    categories: Cats = {}
+    idle_mig_slices: Amount = 0.0
+    fragment_mig_slices: Amount = 0.0
+    recoverable_mig_slices: Amount = 0.0
+    pending: Count = 0
+    blocked: Annotated[dict[Key, Count], msgspec.Meta(max_length=64)] = {}
+    scheduling_success: Ratio = 1.0
+    by_model: Annotated[dict[Key, ModelTotals], msgspec.Meta(max_length=MAX_ITEMS)] = {}
+    #: GPUs shared by time-slicing, MPS or HAMi: how many, their use, the pods holding them
+    shared_gpus: Count = 0
+    shared_used_milli: Amount = 0.0
+    shared_pods: Count = 0
+    #: wall-clock seconds of the publisher (Redis TIME decides ages)
+    heartbeat: Annotated[float, msgspec.Meta(ge=0.0, le=1e11)] = 0.0
+    #: RICH_FORMAT when `workload` and `snapshot` are there
+    format: Count = 0
+    #: the workload M (pyctl's shape format; checked by `snapshot.shape_from_json` when used)
+    workload: Annotated[list[Any], msgspec.Meta(max_length=MAX_ITEMS)] | None = None
+    #: every node's model (pyctl's snapshot format; checked by `snapshot.load_snapshot`)
+    snapshot: dict[str, Any] | None = None
+
+    @property
+    def rich(self) -> bool:
+        return self.workload is not None and self.snapshot is not None
+
+
+_SUMMARY = msgspec.json.Decoder(SummaryRecord)
+_ENC = msgspec.json.Encoder()
+
+
+def decode_summary(data: bytes) -> SummaryRecord:
+    """A stored summary; raises ValueError saying why it is not one."""
+    if len(data) > MAX_SUMMARY_BYTES:
+        raise ValueError(f"{len(data)} bytes, more than {MAX_SUMMARY_BYTES}")
+    try:
+        return _SUMMARY.decode(data)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    except msgspec.DecodeError as e:  # ValidationError too
+        raise ValueError(str(e)) from None
+
+
+def _record(s: Summary, now: float | None) -> SummaryRecord:
+    return SummaryRecord(
+        cluster=s.cluster,
+        nodes=s.nodes,
+        idle_gpu_milli=float(s.idle_gpu_milli),
+        fragment_gpu_milli=float(s.fragment_gpu_milli),
+        fragmentation_rate=float(s.fragmentation_rate),
+        categories={k: float(v) for k, v in s.categories.items()},
+        idle_mig_slices=float(s.idle_mig_slices),
+        fragment_mig_slices=float(s.fragment_mig_slices),
+        recoverable_mig_slices=float(s.recoverable_mig_slices),
+        pending=s.pending,
+        blocked=dict(s.blocked),
+        scheduling_success=float(s.scheduling_success),
+        by_model={k: ModelTotals(float(v[0]), float(v[1])) for k, v in s.by_model.items()},
+        shared_gpus=s.shared_gpus,
+        shared_used_milli=float(s.shared_used_milli),
+        shared_pods=s.shared_pods,
+        heartbeat=time.time() if now is None else now,
+    )
+
+
+def _checked(r: SummaryRecord) -> bytes:
+    """The encoded record, after checking it decodes (a summary with a value out of its bounds
+    is refused here, by the publisher, rather than by every reader)."""
+    data = _ENC.encode(r)
+    decode_summary(data)
+    return data
+
+
+def summary_bytes(s: Summary, now: float | None = None) -> bytes:
+    """The basic summary. Raises ValueError when a value is out of its bounds (not finite,
+    negative, ...): such a summary is not published."""
+    return _checked(_record(s, now))
 
 
 def federation_summary_bytes(
@@ -81,28 +164,30 @@ def federation_summary_bytes(
     """The rich federation summary: every key of `summary_bytes`, plus the node models and the
     workload M (what `place` needs to rank this cluster's nodes). Call it where the controller
     publishes (`Controller._summary_loop`) with `self.reconciler.models` and
-    `self.reconciler.workload` instead of `summary_bytes(s)`."""
-    d = _federation_head(summary, workload, now)
-    d["snapshot"] = snapshot_to_json(Snapshot(tuple(models[n] for n in sorted(models))))
-    return msgspec.json.encode(d)
+    `self.reconciler.workload` instead of `summary_bytes(s)`. Raises ValueError like
+    `summary_bytes`."""
+    r = msgspec.structs.replace(
+        _federation_head(summary, workload, now),
+        snapshot=snapshot_to_json(Snapshot(tuple(models[n] for n in sorted(models)))),
+    )
+    return _checked(r)
 
 
-def _federation_head(summary: Summary, workload: Workload, now: float | None) -> dict[str, Any]:
-    """The rich summary's keys before `snapshot` (its last key)."""
-    d: dict[str, Any] = msgspec.json.decode(summary_bytes(summary))
-    if now is not None:
-        d["heartbeat"] = now
-    d["format"] = RICH_FORMAT
-    d["workload"] = [shape_dict(s) for s in workload.shapes]
-    return d
+def _federation_head(summary: Summary, workload: Workload, now: float | None) -> SummaryRecord:
+    """The rich summary without its snapshot (the record's last field)."""
+    return msgspec.structs.replace(
+        _record(summary, now), format=RICH_FORMAT, workload=[shape_dict(s) for s in workload.shapes]
+    )
 
 
 class FederationEncoder:
-    """`federation_summary_bytes`, byte for byte, with each node model's encoded form kept
-    between publishes: a node whose model is the same object as at the last publish is not
-    encoded again (the controller's models are immutable; a re-scored node gets a new one). The
-    snapshot is the last key of the summary, so the summary is its head's JSON with the
-    snapshot's nodes spliced in."""
+    """`federation_summary_bytes`, byte for byte and with the same checks, with each node
+    model's encoded form kept between publishes: a node whose model is the same object as at
+    the last publish is not encoded again (the controller's models are immutable; a re-scored
+    node gets a new one). The snapshot is the record's last field, so the summary is its
+    head's JSON with the snapshot's nodes spliced in; the head is checked as `_checked` checks
+    the whole (the snapshot, pyctl's own fixed-depth format, adds only its size to check), so
+    the whole is not decoded again at each publish."""
 
     def __init__(self) -> None:
         self._nodes: dict[str, tuple[Node, bytes]] = {}
@@ -116,16 +201,21 @@ class FederationEncoder:
         workload: Workload,
         now: float | None = None,
     ) -> bytes:
-        head = msgspec.json.encode(_federation_head(summary, workload, now))
+        """Raises ValueError like `federation_summary_bytes`."""
+        head = _ENC.encode(_federation_head(summary, workload, now))
         last, kept = self._nodes, {}
         self.encoded = 0
         for name in sorted(models):
             node = models[name]
             got = last.get(name)
             if got is None or got[0] is not node:
-                got = (node, msgspec.json.encode(node_to_json(node)))
+                got = (node, _ENC.encode(node_to_json(node)))
                 self.encoded += 1
             kept[name] = got
         self._nodes = kept
         nodes = b",".join(b for _, b in kept.values())
-        return head[:-1] + b',"snapshot":{"nodes":[' + nodes + b"]}}"
+        data = head[:-1] + b',"snapshot":{"nodes":[' + nodes + b"]}}"
+        if len(data) > MAX_SUMMARY_BYTES:
+            raise ValueError(f"{len(data)} bytes, more than {MAX_SUMMARY_BYTES}")
+        decode_summary(head)
+        return data

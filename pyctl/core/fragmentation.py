@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Any
 
 from pyctl import _core
@@ -299,6 +300,23 @@ class FragmentationModel:
     def apply(self, node: str, assignment: Mapping[str, Any], place: bool = True) -> None:
         """Place (or remove) a task at `assignment` on `node` in this model."""
         self.core.apply(self._node(node), dict(assignment), place)
+
+
+_EMPTY: FragmentationModel | None = None
+
+
+@lru_cache(maxsize=4096)
+def check_shape(shape: Shape) -> str | None:
+    """Why the core refuses `shape` as a task of the workload M (its own message, without the
+    field's position), or None if it takes it. Cached: pods repeat a few shapes."""
+    global _EMPTY
+    if _EMPTY is None:
+        _EMPTY = FragmentationModel(Snapshot(()))
+    try:
+        _EMPTY.core.score([shape_dict(replace(shape, weight=1.0))])
+    except ValueError as e:
+        return str(e).removeprefix("shapes[0].")
+    return None
 
 
 def score(snapshot: Snapshot, workload: Workload) -> ClusterScore:

@@ -84,6 +84,11 @@ def _rows(path: Path, required: Sequence[str]) -> Iterable[tuple[int, dict[str, 
             rows = list(enumerate(reader, start=2))
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise TraceError(f"{path}: cannot read: {e}") from None
+    for row, r in rows:
+        # DictReader fills a short row's missing cells with None and keeps a long row's extra
+        # cells under the key None
+        if None in r or any(r[c] is None for c in required):
+            raise TraceError(f"{path}: row {row} does not have the header's {len(header)} columns")
     return rows
 
 

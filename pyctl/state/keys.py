@@ -13,6 +13,8 @@ Per cluster ``c`` (``P`` is the prefix)::
     P:{c}:written                 hash    Kind -> when it was last written (Redis TIME, seconds)
     P:{c}:obj:<Kind>              hash    record key (name, or namespace/name) -> encoded record
                                           (msgspec JSON array, `pyctl.cluster.records`)
+    P:{c}:quarantine:obj:<Kind>   hash    record key -> a stored record that did not decode
+    P:{c}:quarantine:obj:<Kind>:reason  hash  record key -> why it was moved aside
     P:{c}:summary                 hash    data (the federation summary), published (Redis TIME,
                                           seconds), ttl (seconds it is fresh for)
     P:{c}:wf:data                 hash    workflow id -> workflow record (bytes)
@@ -97,6 +99,12 @@ class Keys:
 
     def objects(self, kind: Kind) -> str:
         return f"{self.base}:obj:{kind}"
+
+    def objects_quarantine(self, kind: Kind) -> str:
+        return f"{self.base}:quarantine:obj:{kind}"
+
+    def objects_quarantine_reasons(self, kind: Kind) -> str:
+        return f"{self.base}:quarantine:obj:{kind}:reason"
 
     @property
     def summary(self) -> str:

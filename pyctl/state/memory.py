@@ -40,6 +40,8 @@ class MemoryStore:
         self._written: dict[Kind, float] = {}
         #: cluster -> (summary, published at, ttl seconds)
         self._summaries: dict[str, tuple[bytes, float, int]] = {}
+        #: records that did not decode on load: kind -> key -> (the record, why)
+        self._quarantine: dict[Kind, dict[str, tuple[bytes, str]]] = {k: {} for k in KINDS}
         self._open = False
 
     async def open(self) -> None:
@@ -77,10 +79,17 @@ class MemoryStore:
 
     async def load(self, kind: Kind) -> tuple[dict[str, Record], str]:
         self._check()
-        return (
-            {k: decode_record(kind, v) for k, v in self._objects[kind].items()},
-            self._rv[kind],
-        )
+        out: dict[str, Record] = {}
+        objects = self._objects[kind]
+        for k, v in list(objects.items()):
+            try:
+                out[k] = decode_record(kind, v)
+            except ValueError as e:  # one at a time: moved aside, never fatal
+                self._quarantine[kind][k] = (objects.pop(k), f"{type(e).__name__}: {e}"[:1000])
+        return out, self._rv[kind]
+
+    async def quarantined(self, kind: Kind) -> dict[str, tuple[bytes, str]]:
+        return dict(self._quarantine[kind])
 
     async def put_summary(self, summary: bytes, ttl_seconds: int) -> None:
         self._check()

@@ -16,11 +16,10 @@ on ages.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
-
-import msgspec
 
 from pyctl.cluster.records import (
     KINDS,
@@ -32,6 +31,7 @@ from pyctl.cluster.records import (
     record_key,
     record_kind,
 )
+from pyctl.metrics import Metrics
 from pyctl.state.keys import Keys
 from pyctl.state.redis_client import (
     RedisClient,
@@ -53,6 +53,8 @@ from pyctl.state.store import (
 )
 
 __all__ = ["CHUNK", "RedisConfig", "RedisStore"]
+
+log = logging.getLogger("pyctl.state")
 
 #: arguments per HSET/HDEL call inside a script (Lua's unpack() stops near 8,000)
 CHUNK = 4000
@@ -143,6 +145,20 @@ return {rv, redis.call('HGETALL', KEYS[3])}
 """
 )
 
+# KEYS: schema, obj:<kind>, quarantine:obj:<kind>, its reasons. ARGV: version, field, the value
+# read, reason. Moves the record aside if it still holds the value read; returns 1 if moved.
+_QUARANTINE = Script(
+    _CHECKS
+    + """
+local v = redis.call('HGET', KEYS[2], ARGV[2])
+if v ~= ARGV[3] then return 0 end
+redis.call('HSET', KEYS[3], ARGV[2], v)
+redis.call('HSET', KEYS[4], ARGV[2], ARGV[4])
+redis.call('HDEL', KEYS[2], ARGV[2])
+return 1
+"""
+)
+
 # KEYS: summary. ARGV: data, ttl, retention. Returns the publication time (Redis TIME, seconds).
 _PUT_SUMMARY = Script("""
 local t = redis.call('TIME')
@@ -211,8 +227,11 @@ class RedisStore:
         *,
         client: RedisClient | None = None,
         schema_version: int = SCHEMA_VERSION,
+        metrics: Metrics | None = None,
     ) -> None:
         self.config = config
+        #: counts records moved aside (`pyctl_quarantined_records_total{store="objects"}`)
+        self.metrics = metrics
         self.keys = Keys(cluster, config.key_prefix)
         self.cluster = self.keys.cluster
         self.schema_version = schema_version
@@ -309,16 +328,54 @@ class RedisStore:
         async with redis_errors(f"load {kind}", self.config):
             rv, flat = await _LOAD(client, keys, [str(self.schema_version), kind])
         records: dict[str, Record] = {}
+        bad: list[tuple[bytes, bytes, str]] = []
         for i in range(0, len(flat), 2):
-            key = _text(flat[i])
+            field, data = bytes(flat[i]), bytes(flat[i + 1])
             try:
-                records[key] = decode_record(kind, flat[i + 1])
-            except msgspec.MsgspecError as exc:
-                raise StoreError(
-                    f"load {kind}: record {key!r} in {self.keys.objects(kind)} does not decode "
-                    f"({exc}); replace the kind (relist) to repair it"
-                ) from exc
+                records[field.decode()] = decode_record(kind, data)
+            except ValueError as exc:  # msgspec's errors, BoundsError, UnicodeDecodeError
+                bad.append((field, data, f"{type(exc).__name__}: {exc}"[:1000]))
+        for field, data, why in bad:
+            await self._quarantine(kind, field, data, why)
         return records, _text(rv)
+
+    async def _quarantine(self, kind: Kind, field: bytes, data: bytes, why: str) -> None:
+        """Move a record that does not decode aside (one at a time, never fatal: the others are
+        loaded; a relist writes the object again)."""
+        shown = field.decode(errors="replace")[:300]
+        log.error(
+            "stored record does not decode; quarantined",
+            extra={"kind": kind, "record": shown, "error": why[:300]},
+        )
+        if self.metrics is not None:
+            self.metrics.workflow.quarantined.labels(self.cluster, "objects").inc()
+        keys = [
+            self.keys.schema,
+            self.keys.objects(kind),
+            self.keys.objects_quarantine(kind),
+            self.keys.objects_quarantine_reasons(kind),
+        ]
+        try:
+            async with redis_errors(f"quarantine {kind} record", self.config):
+                await _QUARANTINE(
+                    self._opened(), keys, [str(self.schema_version), field, data, why]
+                )
+        except StoreError as e:  # left where it is: moved aside at the next load
+            log.warning("could not quarantine a record", extra={"error": str(e)})
+
+    async def quarantined(self, kind: Kind) -> dict[str, tuple[bytes, str]]:
+        """The records of `kind` moved aside: key -> (the record as stored, why)."""
+        client = self._opened()
+        async with redis_errors(f"list quarantined {kind} records", self.config):
+            r = await ready(client)
+            data = await r.hgetall(self.keys.objects_quarantine(kind))
+            why = cast(
+                "dict[Any, Any]", await r.hgetall(self.keys.objects_quarantine_reasons(kind))
+            )
+        return {
+            bytes(k).decode(errors="replace"): (bytes(v), bytes(why.get(k, b"")).decode())
+            for k, v in cast("dict[Any, Any]", data).items()
+        }
 
     async def put_summary(self, summary: bytes, ttl_seconds: int) -> None:
         client = self._opened()

@@ -17,7 +17,13 @@ import msgspec
 from pyctl.cluster.dra import DraContext
 from pyctl.cluster.nodefit import Fit, grouped
 from pyctl.cluster.records import NodeRecord, PdbRecord, PodRecord
-from pyctl.cluster.translate import DraPositions, attribute_pods, pod_shape, shape_of
+from pyctl.cluster.translate import (
+    DraPositions,
+    attribute_pods,
+    pod_shape,
+    pod_shape_problem,
+    shape_of,
+)
 from pyctl.core import policy
 from pyctl.core.fragmentation import FragmentationModel
 from pyctl.model import Node, Snapshot, Workload
@@ -133,6 +139,7 @@ def plan_compaction(
     dra: DraContext | None = None,
     dra_positions: Mapping[str, DraPositions] | None = None,
     attributions: Attributions | None = None,
+    exclude: Mapping[str, str] | None = None,
 ) -> CompactionPlan:
     """Plan evictions on the cluster the reconciler modelled (`models`, by node name; nodes it
     could not model are left out). `pending`: unschedulable pods to make room for; `reserved`:
@@ -143,7 +150,11 @@ def plan_compaction(
     where their allocation results say and move as DRA shapes; a pod with a standalone claim is
     not movable (its replacement would wait for the same devices), nor one whose claims pyctl
     cannot tell, nor a pod on a node whose GPUs are managed both by the device plugin and by a
-    DRA driver. `attributions`: where pods sit, kept from the last round (see `Attributions`)."""
+    DRA driver. `attributions`: where pods sit, kept from the last round (see `Attributions`).
+
+    `exclude`: pod key -> why it is not to be moved now (e.g. its last move was abandoned; listed
+    in `refused`). A pod whose shape the core cannot model stays where it is (its usage still
+    counts) and is never a pending pod to make room for."""
     all_pods = [p for p in pods if not p.terminated]
     names = sorted(n for n in models if n in nodes)
     by_node: dict[str, list[PodRecord]] = {}
@@ -168,6 +179,9 @@ def plan_compaction(
     evictor = Evictor(options or EvictorOptions(), all_pods, pdb_list)
     movable, refused_by_rules = evictor.movable([p for p in all_pods if p.node in models])
     refused = dict(refused_by_rules)
+    if exclude:  # pods not to plan again now (e.g. their eviction was denied for good)
+        refused.update({p.key: exclude[p.key] for p in movable if p.key in exclude})
+        movable = [p for p in movable if p.key not in exclude]
     fit = Fit({n: nodes[n] for n in names}, all_pods)
     allowed = _Allowed(fit, frozenset(reserved))
     items: list[policy.MovablePod] = []
@@ -179,13 +193,16 @@ def plan_compaction(
             refused[p.key] = why
             continue
         got = shape_of(p, dra, nodes.get(p.node))
+        shape = got if got is not None else pod_shape(p, nodes.get(p.node))
+        if pod_shape_problem(p, shape) is not None:
+            continue
         pdb = next((b for b in pdb_list if pdb_matches(b, p)), None)
         items.append(
             policy.MovablePod(
                 key=p.key,
                 node=p.node,
                 assignment=where[p.key],
-                shape=got if got is not None else pod_shape(p, nodes.get(p.node)),
+                shape=shape,
                 allowed=allowed(p),
                 pdb=pdb.key if pdb is not None else None,
                 pdb_headroom=evictor.pdb_headroom(p) or 0,
@@ -195,7 +212,7 @@ def plan_compaction(
     pend: list[policy.PendingPod] = []
     for p in pending:
         want = shape_of(p, dra) if not p.node else None
-        if want is not None and not want.is_cpu_only:
+        if want is not None and not want.is_cpu_only and pod_shape_problem(p, want) is None:
             pend.append(policy.PendingPod(p.key, want, allowed(p)))
     model = FragmentationModel(Snapshot(tuple(models[n] for n in names)))
     raw = policy.plan(model, items, pend, workload, limits)

@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 
 from pyctl.cluster.dra import DraContext
+from pyctl.cluster.records import PodRecord
 from pyctl.controller.cache import ClusterCache
 from pyctl.controller.reconcile import Reconciler
 from pyctl.core.policy import PlanLimits
@@ -51,22 +52,32 @@ def departure_seconds(interval: float) -> float:
 
 
 def round_inputs(
-    cache: ClusterCache, reconciler: Reconciler, reservations: Mapping[str, str]
+    cache: ClusterCache,
+    reconciler: Reconciler,
+    reservations: Mapping[str, str],
+    exclude: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """What one compaction round reads from the controller's view (`cache`, `reconciler`), taken
     at one moment: copies of the live tables (records and models are immutable, so copying the
     containers is enough; the DRA view is made anew over copies of its indexes), so the round can
     run away from the event loop while events keep changing the cache. The nodes of the rescues
     in progress (`reservations`: node -> the pending pod it is kept for) are out of reach, and
-    those pods out of the new rescues.
+    those pods out of the new rescues. The pods to make room for are the unschedulable ones in
+    the workload's scope whose shape the core can model (a pod pyctl ignores never makes it
+    evict); `exclude` (pod -> why: `abandoned`) are left where they are.
 
     The inputs are a function of the state, not of the order events arrived in: pending pods are
     rescued oldest first (creation time, then name), and pods and budgets are offered to the
     planner in name order (its ties go to the first)."""
     c = cache
     rescued = set(reservations.values())
+    r = reconciler
     pending = sorted(
-        (p for p in c.pending_pods() if p.unschedulable and p.key not in rescued),
+        (
+            p
+            for p in c.pending_pods()
+            if p.unschedulable and p.key not in rescued and r.scope.admits(p) and r.modelled(p)
+        ),
         key=lambda p: (p.created, p.key),
     )
     return {
@@ -85,6 +96,7 @@ def round_inputs(
             {n: dict(v) for n, v in c.claims_by_node.items()},
         ),
         "dra_positions": dict(reconciler.dra_positions),
+        "exclude": dict(exclude or {}),
     }
 
 
@@ -94,13 +106,33 @@ def plan_round(
     options: EvictorOptions,
     limits: PlanLimits,
     reservations: Mapping[str, str],
+    exclude: Mapping[str, str] | None = None,
 ) -> CompactionPlan:
     """What one compaction round plans on the controller's view: moves and rescues of the
     unschedulable pods (`round_inputs`). `pyctl explain` asks the same question of the stored
     state."""
     return plan_compaction(
-        options=options, limits=limits, **round_inputs(cache, reconciler, reservations)
+        options=options,
+        limits=limits,
+        **round_inputs(cache, reconciler, reservations, exclude),
     )
+
+
+def abandoned(workflows: list[Workflow]) -> dict[str, str]:
+    """The pods whose move was abandoned (until the engine forgets the record), with why: a
+    compaction move given up, or the pod whose eviction a rescue could not make (protected, or
+    denied by admission). The next plans leave them where they are, so the other moves (and
+    other rescues) go on instead of the same refused one being planned again and again."""
+    out: dict[str, str] = {}
+    for wf in workflows:
+        if wf.step != "abandoned":
+            continue
+        if wf.kind == KIND:
+            key = f"{wf.data.get('namespace', '')}/{wf.data.get('pod', '')}"
+            out[key] = f"its last move was abandoned: {wf.result}"[:300]
+        elif wf.kind == rescue.KIND and wf.data.get("refused"):
+            out[wf.data["refused"]] = f"a rescue could not evict it: {wf.result}"[:300]
+    return out
 
 
 class Compactor:
@@ -139,9 +171,17 @@ class Compactor:
         self.reservations: Mapping[str, str] = {}
         #: workload ("namespace/kind/name") -> the node a recent move took one of its pods off
         self.departures: Mapping[str, str] = {}
+        #: pod key -> why it is not planned now: its move was abandoned (a denial by admission,
+        #: the evictor's rules on the live pod, too many failures) and the record is still kept
+        self.exclude: dict[str, str] = {}
+
+    def pending(self) -> list[PodRecord]:
+        """The unschedulable pods a round makes room for (`round_inputs`)."""
+        pending: list[PodRecord] = self._inputs()["pending"]
+        return pending
 
     def _inputs(self) -> dict[str, Any]:
-        return round_inputs(self.cache, self.reconciler, self.reservations)
+        return round_inputs(self.cache, self.reconciler, self.reservations, self.exclude)
 
     def _plan(self, inputs: Mapping[str, Any]) -> CompactionPlan:
         t0 = time.perf_counter()
@@ -222,13 +262,20 @@ class Compactor:
     def _track(self, workflows: list[Workflow], now: float) -> None:
         self.reservations = rescue.reservations(workflows)
         self.departures = departures(workflows, now, self.departure_seconds)
+        self.exclude = abandoned(workflows)
 
     async def tick(self, leader: bool) -> None:
-        self._track(await self.engine.workflows(), self.engine.now())
-        plan = await self.plan_off_loop()
+        try:
+            self._track(await self.engine.workflows(), self.engine.now())
+            plan: CompactionPlan | None = await self.plan_off_loop()
+        except Exception:  # a plan that fails never stops the workflows already running
+            log.exception("compaction planning failed; the workflows still advance")
+            self.metrics.reconcile_errors.labels(self.cluster).inc()
+            plan = None
         if leader:
             await self._clear_orphans()
-            await self._start(plan, self.engine.now())
+            if plan is not None:
+                await self._start(plan, self.engine.now())
             self.gauge.export(await self.engine.advance_all())
             self._track(await self.engine.workflows(), self.engine.now())
 

@@ -110,13 +110,16 @@ class Engine:
         except ValueError as e:
             why = str(e)
         gate = self.ctx.gate
+        try:
+            await self.store.quarantine(wid, rec.version, why[:1000])
+        except ConflictError:  # another engine (or replica) moved it first, or it changed
+            return None
+        # counted and logged by whoever moved it aside: once per record
         log.error(
             "workflow record does not decode; quarantined",
             extra={"workflow": wid, "error": why[:300]},
         )
         gate.metrics.workflow.quarantined.labels(gate.cluster, "workflows").inc()
-        with contextlib.suppress(ConflictError):
-            await self.store.quarantine(wid, rec.version, why[:1000])
         return None
 
     async def advance_all(self) -> Counter[tuple[str, str]]:

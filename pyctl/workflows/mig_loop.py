@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from pyctl.cluster.records import NodeRecord
+from pyctl.cluster.records import NodeRecord, PodRecord
 from pyctl.controller.cache import ClusterCache
 from pyctl.core import mig
 from pyctl.metrics import Metrics
@@ -33,11 +33,14 @@ from pyctl.workflows.mig_reconfig import KIND, STEPS, TAINT_KEY, MigOptions, wor
 log = logging.getLogger("pyctl.mig_loop")
 
 
-def pending_demand(cache: ClusterCache) -> Counter[str]:
-    """Profile -> count of pending, Unschedulable pods asking for MIG instances."""
+def pending_demand(
+    cache: ClusterCache, admit: Callable[[PodRecord], bool] | None = None
+) -> Counter[str]:
+    """Profile -> count of pending, Unschedulable pods asking for MIG instances (those `admit`
+    takes: the workload's scope, and a shape the core can model)."""
     want: Counter[str] = Counter()
     for p in cache.pending_pods():
-        if p.unschedulable and p.mig:
+        if p.unschedulable and p.mig and (admit is None or admit(p)):
             for prof, n in p.mig:
                 want[prof] += n
     return want
@@ -119,15 +122,16 @@ def round_inputs(
     models: Mapping[str, Node],
     exclude: Sequence[str],
     options: MigOptions,
+    admit: Callable[[PodRecord], bool] | None = None,
 ) -> dict[str, Any]:
     """What one MIG planning round reads from the controller's view, taken at one moment on the
-    event loop: the demand, and copies of the node records and models (records and models are
-    immutable, so copying the containers is enough), so `plan_nodes` can run in a worker thread
-    while events keep changing the cache."""
+    event loop: the demand (`pending_demand`, `admit` asked on the loop), and copies of the node
+    records and models (records and models are immutable, so copying the containers is enough),
+    so `plan_nodes` can run in a worker thread while events keep changing the cache."""
     return {
         "nodes": dict(cache.nodes),
         "models": dict(models),
-        "demand": pending_demand(cache),
+        "demand": pending_demand(cache, admit),
         "exclude": tuple(exclude),
         "options": options,
     }
@@ -156,8 +160,11 @@ class MigLoop:
         cluster: str,
         interval: float = 10.0,
         options: MigOptions | None = None,
+        admit: Callable[[PodRecord], bool] | None = None,
     ) -> None:
         self.cache = cache
+        #: which pending pods make demand (None: all)
+        self.admit = admit
         #: the reconciler's node models (kept current by it)
         self.models = models
         self.engine = engine
@@ -192,7 +199,7 @@ class MigLoop:
         event loop (`round_inputs`), the round (seconds on thousands of nodes) runs beside it,
         so watch events, scoring and the extender's answers do not wait for it. The caller
         awaits the round: the simulated cluster's lockstep tick waits for it as before."""
-        inputs = round_inputs(self.cache, self.models, exclude, self.options)
+        inputs = round_inputs(self.cache, self.models, exclude, self.options, self.admit)
         return await anyio.to_thread.run_sync(self._plan, inputs)
 
     async def tick(self, leader: bool) -> None:

@@ -24,6 +24,7 @@ rescue taint no workflow owns).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Iterable, Mapping
@@ -70,8 +71,15 @@ def workflow_for(
     """The workflow that frees `node` for `pending` by evicting `moves` (pod, expected
     destination) in order."""
     opt = options or RescueOptions()
+    moves = list(moves)
+    # one record per pending pod and set of evictions: the same rescue is not started again
+    # while the record of an earlier attempt is kept, another one (e.g. without a pod whose
+    # eviction was refused) may be
+    plan = hashlib.sha256(
+        json.dumps(sorted([node, *(f"{p.key}/{p.uid}" for p, _ in moves)])).encode()
+    ).hexdigest()[:10]
     return Workflow(
-        id=f"{KIND}-{pending.uid or pending.key}",
+        id=f"{KIND}-{pending.uid or pending.key}-{plan}",
         kind=KIND,
         node=node,
         step="isolating",
@@ -182,7 +190,8 @@ async def _evicting(ctx: Context, wf: Workflow) -> Workflow:
             # one eviction per advance, persisted before the next
             return _set(wf, evicted=json.dumps([*evicted, key]))
         if not r.retriable:
-            return _release(wf, "abandoned", f"cannot evict {key}: {r.reason}")
+            # kept with the record: the next plans leave this pod where it is (`refused`)
+            return _release(_set(wf, refused=key), "abandoned", f"cannot evict {key}: {r.reason}")
         return _later(wf, ctx, max(r.retry_after, 1.0), f"{r.reason}: waiting")
     if remaining == 0:
         return _set(wf, "waiting")

@@ -11,7 +11,7 @@ import anyio
 import pytest
 from kubernetes_asyncio import client, config
 
-from pyctl.cluster.records import Event, Kind, Record, record_key
+from pyctl.cluster.records import Event, Kind, ObjectRef, Record, record_key
 from pyctl.controller.cache import ClusterCache
 from pyctl.dev.control_plane import (
     Binaries,
@@ -122,6 +122,7 @@ class CacheSink:
         self.replaced: Counter[Kind] = Counter()
         self.applied: Counter[str] = Counter()
         self.decode_errors: list[tuple[Kind, str]] = []
+        self.decode_refs: list[tuple[str, ObjectRef | None]] = []
         #: (event type, record key, resourceVersion) of every event, in order
         self.log: list[tuple[str, str, str]] = []
         self.changed = anyio.Event()
@@ -144,8 +145,18 @@ class CacheSink:
             self.log.append((ev.type, record_key(ev.record), ev.record.resource_version))
         self._poke()
 
-    def decode_error(self, kind: Kind, message: str) -> None:
+    def decode_error(
+        self, kind: Kind, message: str, *, reason: str = "malformed", ref: ObjectRef | None = None
+    ) -> None:
         self.decode_errors.append((kind, message))
+        self.decode_refs.append((reason, ref))
+
+
+class WaitTimeout(AssertionError):
+    """`wait_until` gave up. An AssertionError, not `pytest.fail()`'s BaseException: raised inside
+    a task group, a BaseException makes a BaseExceptionGroup, which stops anyio's pytest runner
+    task, and every async fixture's teardown then fails with `ClosedResourceError`, hiding this
+    message behind it."""
 
 
 async def wait_until(
@@ -160,7 +171,7 @@ async def wait_until(
             if got:
                 return
             await anyio.sleep(0.05)
-    pytest.fail(f"timed out after {within:.0f} s waiting for {what}")
+    raise WaitTimeout(f"timed out after {within:.0f} s waiting for {what}")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

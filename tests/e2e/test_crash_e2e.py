@@ -24,6 +24,7 @@ import os
 import random
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -43,7 +44,7 @@ from pyctl.state.redis_client import RedisConfig, close_client, connect
 from pyctl.state.redis_workflows import RedisWorkflowStore
 from pyctl.workflows.engine import Workflow
 from pyctl.workflows.mig_reconfig import TAINT_KEY
-from tests.e2e.conftest import wait_until
+from tests.e2e.conftest import WaitTimeout, wait_until
 from tests.e2e.test_placement_e2e import (
     TopologyUpdater,
     create_nodes,
@@ -65,6 +66,10 @@ LEASE = "pyctl-crash-e2e"
 LEADER = re.compile(r'^pyctl_leader\{cluster="e2e"\} 1(\.0)?$', re.M)
 #: a workflow's claim outlives a killed replica by this long (Engine.claim_ttl)
 CLAIM_TTL = 60.0
+#: how long a started process may take to lead (start-up, then the killed holder's Lease expiring)
+LEADER_WITHIN = 30.0
+#: how long the last start may take to converge (a claimed step waits for its claim to expire)
+CONVERGE_WITHIN = CLAIM_TTL + 60
 
 
 def deployment(name: str, replicas: int, gpus: int, tier: str) -> dict[str, Any]:
@@ -200,6 +205,16 @@ class Scenario:
     async def cordon(self, node: str, on: bool) -> None:
         await self.core.patch_node(node, body({"spec": {"unschedulable": True if on else None}}))
 
+    async def state(self) -> str:
+        """The test pods as the API server and the test's topology-updater see them."""
+        pods = await self.core.list_namespaced_pod("default", label_selector=f"app={LABEL}")
+        api = [
+            (p.metadata.name, p.spec.node_name, p.status.phase, bool(p.metadata.deletion_timestamp))
+            for p in pods.items
+        ]
+        used = {n: self.updater.gpus_used(n) for n in self.updater.specs}
+        return f"API {api}; GPUs used per zone {used}; placed {self.updater.where}"
+
     async def big_bound(self) -> bool:
         got = await self.tier("b")
         return len(got) == 1 and bool(got[0].spec.node_name)
@@ -306,12 +321,15 @@ async def kill_at_a_random_point(
     rng: random.Random,
     i: int,
     linger: float,
-) -> tuple[str, list[Workflow], float]:
+) -> tuple[str, list[Workflow], float, float]:
     """One round of a crash loop: start pyctl (a restart, or the other replica), wait until it
     leads, then SIGKILL it after a random delay, or as soon as Redis shows an unfinished workflow
-    and up to `linger` s more (bounded). Returns how, the workflows in flight, and when."""
+    and up to `linger` s more (bounded). Returns how, the workflows in flight, when, and how
+    long the new process took to lead."""
     pyctl.start(rng.choice(["pyctl-a", "pyctl-b"]))
-    await wait_until(pyctl.is_leader, f"pyctl leader (round {i})", within=30)
+    t0 = time.monotonic()
+    await wait_until(pyctl.is_leader, f"pyctl leader (round {i})", within=LEADER_WITHIN)
+    to_lead = time.monotonic() - t0
     how = rng.choice(["delay", "in-flight"])
     delay = rng.uniform(0.0, 3.0)
     if how == "in-flight":
@@ -325,7 +343,7 @@ async def kill_at_a_random_point(
     now = time.time()
     early = pyctl.kill()
     assert early is None, f"pyctl exited by itself ({early}) in round {i}: see {pyctl.logs}"
-    return how, open_, now
+    return how, open_, now, to_lead
 
 
 @pytest.mark.anyio
@@ -383,20 +401,26 @@ async def test_sigkill_at_random_points_always_converges(
                 updater.pinned[f"default/{name}"] = zone
                 pod = gpu_pod(name, 3, label=LABEL, node="c-full")
                 await core.create_namespaced_pod("default", body(pod))
-            await wait_until(
-                lambda: updater.gpus_used("c-full") == [3, 3], "the fill pods", within=30
-            )
+            try:
+                await wait_until(
+                    lambda: updater.gpus_used("c-full") == [3, 3], "the fill pods", within=60
+                )
+            except WaitTimeout as e:  # say what the test's topology-updater and the API saw
+                raise WaitTimeout(f"{e}: {await scenario.state()}") from None
             pyctl.kill()  # the crash loop starts with the work
             await apps.create_namespaced_deployment("default", body(deployment("big", 1, 4, "b")))
             tg.start_soon(scenario.drive)
 
             # -- the crash loop -----------------------------------------------------------------
             for i in range(ROUNDS):
-                how, open_, now = await kill_at_a_random_point(pyctl, store, rng, i, linger=0.03)
+                how, open_, now, to_lead = await kill_at_a_random_point(
+                    pyctl, store, rng, i, linger=0.03
+                )
                 kills.append(
                     {
                         "round": i,
                         "how": how,
+                        "to_lead": to_lead,
                         "in_flight": len(open_),
                         "claimed": sum(1 for w in open_ if w.claimed_until > now),
                         "cycles": scenario.cycles,
@@ -411,7 +435,8 @@ async def test_sigkill_at_random_points_always_converges(
             await scenario.cordon("c-full", False)  # the driver may have stopped in fragment()
             await scenario.scale("big", 1)
             pyctl.start("pyctl-final")
-            await wait_until(pyctl.is_leader, "pyctl leader (final)", within=30)
+            final_start = time.monotonic()
+            await wait_until(pyctl.is_leader, "pyctl leader (final)", within=LEADER_WITHIN)
 
             async def converged() -> bool:
                 if not await scenario.settled():
@@ -426,7 +451,10 @@ async def test_sigkill_at_random_points_always_converges(
                 return all(w.finished for w in await workflows(store))
 
             # a step claimed by a killed replica waits for its claim to expire (60 s)
-            await wait_until(converged, "convergence after the last restart", within=CLAIM_TTL + 60)
+            await wait_until(
+                converged, "convergence after the last restart", within=CONVERGE_WITHIN
+            )
+            converged_after = time.monotonic() - final_start
             await anyio.sleep(2.0)  # a late eviction would show up here
             assert await converged()
             pyctl.kill()
@@ -443,6 +471,7 @@ async def test_sigkill_at_random_points_always_converges(
         twice = {uid: n for uid, n in per_uid.items() if n > 1}
         assert not twice, f"pods evicted more than once: {twice}"
         assert not set(scenario.evicted.values()) & {"fill-0", "fill-1"}
+        leads = [float(k["to_lead"]) for k in kills]
         in_flight = [k for k in kills if k["in_flight"]]
         claimed = [k for k in kills if k["claimed"]]
         print(
@@ -452,7 +481,10 @@ async def test_sigkill_at_random_points_always_converges(
             f"{len(per_uid)} pods evicted per Events, {len(scenario.evicted)} per the API server's "
             f"DisruptionTarget ({len(set(scenario.evicted) - set(per_uid))} without an Event: "
             "killed between the eviction and its Event); workflows in Redis: "
-            f"{Counter(w.step for w in await workflows(store))}"
+            f"{Counter(w.step for w in await workflows(store))}; a started process led after "
+            f"{statistics.median(leads):.1f} s (median), {max(leads):.1f} s (max; allowed "
+            f"{LEADER_WITHIN:.0f}); the last start converged after {converged_after:.0f} s "
+            f"(allowed {CONVERGE_WITHIN:.0f})"
         )
         assert len(kills) == ROUNDS
         assert scenario.cycles >= 2, "the scenario supplied too little work"

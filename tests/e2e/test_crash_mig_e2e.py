@@ -152,7 +152,7 @@ async def test_sigkill_during_mig_reconfiguration_always_converges(
             tg.start_soon(drive)
             # -- the crash loop ---------------------------------------------------------------
             for i in range(ROUNDS):
-                how, open_, _ = await kill_at_a_random_point(pyctl, store, rng, i, linger=1.0)
+                how, open_, _, _ = await kill_at_a_random_point(pyctl, store, rng, i, linger=1.0)
                 kills.append({"round": i, "how": how, "steps": [w.step for w in open_]})
 
             # -- the last start: convergence --------------------------------------------------

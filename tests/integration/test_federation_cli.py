@@ -360,8 +360,10 @@ async def test_real_controller_summary_round_trips(
         (member,) = [m for m in await read_members(reader) if m.cluster == store.cluster]
         assert member.rich
         assert not member.stale
-        assert member.nodes == len(member.summary["snapshot"]["nodes"]) > 0
-        assert member.summary["workload"]
+        assert member.summary is not None
+        assert member.summary.snapshot is not None
+        assert member.nodes == len(member.summary.snapshot["nodes"]) > 0
+        assert member.summary.workload
         ranks = [r for r in place([member], parse_shape("gpus=1")) if not r.skipped]
         assert ranks, "the simulated cluster has room for one GPU"
         assert ranks[0].nodes[0].node in ctl.reconciler.models

@@ -11,7 +11,8 @@ import anyio.lowlevel
 import pytest
 import redis.asyncio as aioredis
 
-from pyctl.cluster.records import record_key
+from pyctl.cluster.records import encode_record, record_key
+from pyctl.metrics import Metrics
 from pyctl.state.keys import Keys, members_key
 from pyctl.state.redis_client import REDIS_COMMANDS, RedisConfig, close_client, connect
 from pyctl.state.redis_ratelimit import RedisRateLimiter
@@ -384,14 +385,28 @@ async def test_unreachable_address_is_a_store_error(cluster_name: str) -> None:
     await st.close()
 
 
-async def test_undecodable_record_is_a_store_error(
+async def test_undecodable_records_are_quarantined_one_at_a_time(
     redis_conn: RedisConn, cluster_name: str
 ) -> None:
-    st = RedisStore(redis_conn.config, cluster_name, client=redis_conn.client)
+    metrics = Metrics()
+    st = RedisStore(redis_conn.config, cluster_name, client=redis_conn.client, metrics=metrics)
     await st.open()
-    await st.replace("Node", [node("gpu-1")], "1")
-    await redis_conn.client.hset(st.keys.objects("Node"), "gpu-2", b"{not a record")
-    with pytest.raises(StoreError, match=r"record 'gpu-2' in .*obj:Node does not decode"):
-        await st.load("Node")
-    await st.replace("Node", [node("gpu-1")], "2")  # a relist repairs it
+    await st.replace("Node", [node("gpu-1"), node("gpu-3")], "1")
+    c = redis_conn.client
+    await c.hset(st.keys.objects("Node"), "gpu-2", b"{not a record")
+    await c.hset(st.keys.objects("Node"), "gpu-4", encode_record(node("gpu-4", gpus=10**6)))
+    await c.hset(st.keys.objects("Node"), b"\xff\xfe", encode_record(node("gpu-5")))
+    # the good records load; each bad one is moved aside with why, and counted
+    assert await st.load("Node") == ({"gpu-1": node("gpu-1"), "gpu-3": node("gpu-3")}, "1")
+    q = await st.quarantined("Node")
+    assert set(q) == {"gpu-2", "gpu-4", "\ufffd\ufffd"}
+    assert q["gpu-2"][0] == b"{not a record"
+    assert "outside 0..1024" in q["gpu-4"][1]
+    assert set(await c.hkeys(st.keys.objects("Node"))) == {b"gpu-1", b"gpu-3"}
+    counted = metrics.registry.get_sample_value(
+        "pyctl_quarantined_records_total", {"cluster": st.cluster, "store": "objects"}
+    )
+    assert counted == 3
+    assert await st.load("Node") == ({"gpu-1": node("gpu-1"), "gpu-3": node("gpu-3")}, "1")
+    await st.replace("Node", [node("gpu-1")], "2")  # a relist writes the kind again
     assert await st.load("Node") == ({"gpu-1": node("gpu-1")}, "2")

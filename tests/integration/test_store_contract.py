@@ -155,3 +155,13 @@ async def test_read_summary_of_this_cluster(store: Store) -> None:
     assert got.summary == b'{"nodes": 3}'
     assert got.ttl_seconds == 30
     assert 0 <= got.age_seconds < 5
+
+
+async def test_a_record_beyond_the_bounds_is_quarantined_on_load(store: Store) -> None:
+    """Stored records are held to pyctl.cluster.bounds when read back: one beyond them (written
+    by anything) is moved aside, never fatal, and the others load."""
+    good, bad = node("gpu-1"), node("gpu-2", gpus=10**6)
+    await store.apply([ev("ADDED", good), ev("ADDED", bad)], {"Node": "1"})
+    assert await store.load("Node") == ({"gpu-1": good}, "1")
+    assert set(await store.quarantined("Node")) == {"gpu-2"}
+    assert await store.load("Node") == ({"gpu-1": good}, "1")

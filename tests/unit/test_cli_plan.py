@@ -92,3 +92,28 @@ def test_plan_needs_a_dump(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     f.write_text('{"nodes": []}')
     assert main(["plan", str(f)]) == 2
     assert "expected a kubectl -o json dump" in capsys.readouterr().err
+
+
+def test_plan_leaves_out_what_the_controller_leaves_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    items = [_node("a"), _node("b"), _nrt("a", (3, 3)), _nrt("b", (1, 3))]
+    items += [_pod("a0", "a"), _pod("a1", "a")] + [_pod(f"b{i}", "b") for i in range(4)]
+    items.append(_pod("big", None, gpus=4))
+    f = tmp_path / "dump.json"
+    f.write_text(json.dumps({"kind": "List", "items": items}))
+    assert main(["plan", str(f), "--json"]) == 0
+    want = json.loads(capsys.readouterr().out)
+    # a pending pod asking for GPUs and a MIG instance at once, and a node whose NUMA zones
+    # cannot be modelled (an unknown Topology Manager policy)
+    both = _pod("both", None, gpus=2)
+    both["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/mig-1g.10gb"] = "1"
+    odd_node = _node("c")
+    odd_node["metadata"]["labels"]["pyctl.io/topology-manager-policy"] = "bogus"
+    items += [both, odd_node]
+    f.write_text(json.dumps({"kind": "List", "items": items}))
+    assert main(["plan", str(f), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["moves"] == want["moves"]
+    assert "requests both nvidia.com/gpu and a MIG profile" in got["ignored"]["pod serving/both"]
+    assert "unknown Topology Manager policy" in got["ignored"]["node c"]

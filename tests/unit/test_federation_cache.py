@@ -5,17 +5,20 @@ definitions (`federation_summary_bytes`, `decode_member`), byte for byte and fie
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from functools import partial
 
 import msgspec
 import pytest
 
 from pyctl.cluster.sim.scenario import inference_day
 from pyctl.cluster.sim.source import SimClusterSource
+from pyctl.controller import summary
 from pyctl.controller.controller import Controller
 from pyctl.controller.summary import FederationEncoder, Summary, federation_summary_bytes
 from pyctl.federation import MemberDecoder, decode_member
-from pyctl.model import Node
+from pyctl.model import Gpu, Node, Shape, Workload, Zone
 from pyctl.state.memory import MemoryStore
 from pyctl.state.store import MemberSummary
 
@@ -91,9 +94,9 @@ def member(data: bytes, age: float = 1.0, ttl: int = 30) -> MemberSummary:
 
 def test_the_decoder_decodes_only_changed_summaries_and_says_the_same() -> None:
     dec = MemberDecoder()
-    a1 = msgspec.json.encode({"nodes": 3, "pending": 1, "blocked": {"numa": 2}})
-    a2 = msgspec.json.encode({"nodes": 4, "pending": 0, "blocked": {}})
-    bad = b'{"pending": [], "nodes": 3}'
+    a1 = msgspec.json.encode({"cluster": "a", "nodes": 3, "pending": 1, "blocked": {"numa": 2}})
+    a2 = msgspec.json.encode({"cluster": "a", "nodes": 4, "pending": 0, "blocked": {}})
+    bad = b'{"cluster": "b", "pending": [], "nodes": 3}'
     rounds = [
         {"a": member(a1), "b": member(bad)},
         {"a": member(a1, age=11.0), "b": member(bad, age=40.0)},  # unchanged; b now stale
@@ -109,3 +112,42 @@ def test_the_decoder_decodes_only_changed_summaries_and_says_the_same() -> None:
         decoded.append(dec.decoded)
     assert decoded == [2, 0, 2, 0, 1]
     assert [m.stale for m in dec.decode_all(rounds[1])] == [False, True]
+    # not vacuous: good summaries decoded, bad ones said
+    assert [(m.summary is not None, bool(m.error)) for m in dec.decode_all(rounds[0])] == [
+        (True, False),
+        (False, True),
+    ]
+
+
+def test_the_encoder_refuses_what_federation_summary_bytes_refuses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A value out of its bounds, or a summary too big: the same ValueError, the same words."""
+    node = Node("n", "H100-SXM5-80GB", "none", zones=(Zone(0, 8000, 0, 8192, 0, (Gpu(0),)),))
+    models = {"n": node}
+    w = Workload((Shape(cpu_milli=1000, gpus=1, gpu_milli=1000),))
+    s = Summary("c", 1, 1000.0, 0.0, {}, 0.0, 0.0, 0.0, 0, {}, 1.0)
+    assert FederationEncoder().encode(s, models, w, now=1.0) == federation_summary_bytes(
+        s, models, w, now=1.0
+    )
+    bad = [
+        replace(s, idle_gpu_milli=-1.0),
+        replace(s, scheduling_success=2.0),
+        replace(s, fragment_gpu_milli=float("nan")),
+        replace(s, blocked={"x" * 10_000: 1}),
+    ]
+    for b in bad:
+        want = refusal(partial(federation_summary_bytes, b, models, w, now=1.0))
+        assert refusal(partial(FederationEncoder().encode, b, models, w, now=1.0)) == want
+    monkeypatch.setattr(summary, "MAX_SUMMARY_BYTES", 400)
+    want = refusal(lambda: federation_summary_bytes(s, models, w, now=1.0))
+    assert refusal(lambda: FederationEncoder().encode(s, models, w, now=1.0)) == want
+    assert "more than 400" in want
+
+
+def refusal(publish: Callable[[], bytes]) -> str:
+    try:
+        publish()
+    except ValueError as e:
+        return str(e)
+    raise AssertionError("published")

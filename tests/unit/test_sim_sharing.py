@@ -10,7 +10,15 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from pyctl.cluster.records import Event, Kind, NodeRecord, NrtRecord, PodRecord, Record
+from pyctl.cluster.records import (
+    Event,
+    Kind,
+    NodeRecord,
+    NrtRecord,
+    ObjectRef,
+    PodRecord,
+    Record,
+)
 from pyctl.cluster.sim.scenario import SHARED, TIME_SLICES, inference_day
 from pyctl.cluster.sim.source import SimClusterSource
 from pyctl.cluster.translate import node_from_records
@@ -45,7 +53,9 @@ class Sink:
             else:
                 self.objects[self._key(e.record)] = e.record
 
-    def decode_error(self, kind: Kind, message: str) -> None:
+    def decode_error(
+        self, kind: Kind, message: str, *, reason: str = "malformed", ref: ObjectRef | None = None
+    ) -> None:
         raise AssertionError(message)
 
 

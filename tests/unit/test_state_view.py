@@ -19,15 +19,28 @@ from pyctl.state.store import MemberSummary, StoredKind, StoredState
 
 HOSTILE = [
     (b"\xff\x00", "summary does not decode: JSON is malformed"),
-    (b"[1, 2]", "summary does not decode: not a JSON object"),
-    (b'{"nodes": "many"}', "summary does not decode: invalid literal for int()"),
-    (b'{"nodes": 1e999}', "summary does not decode: Number out of range"),
-    (b'{"idle_gpu_milli": "lots"}', "summary does not decode: could not convert string to float"),
-    (b'{"categories": [1]}', "summary does not decode: 'list' object has no attribute 'items'"),
-    (b'{"blocked": {"lack_gpu": "x"}}', "summary does not decode: invalid literal for int()"),
-    (b'{"workload": 5, "snapshot": "x"}', "the published workload or node models do not decode"),
+    (b"[1, 2]", "summary does not decode: Expected `object`, got `array`"),
+    (b'{"cluster": "c"', "summary does not decode: Input data was truncated"),
+    (b'{"nodes": 3}', "summary does not decode: Object missing required field `cluster`"),
+    (b'{"cluster": "c", "nodes": "many"}', "summary does not decode: Expected `int`, got `str`"),
+    (b'{"cluster": "c", "nodes": 1e999}', "summary does not decode: Number out of range"),
+    (b'{"cluster": "c", "nodes": -1}', "summary does not decode: Expected `int` >= 0"),
     (
-        b'{"workload": [], "snapshot": {"nodes": []}}',
+        b'{"cluster": "c", "idle_gpu_milli": "lots"}',
+        "summary does not decode: Expected `float`, got `str`",
+    ),
+    (b'{"cluster": "c", "categories": [1]}', "summary does not decode: Expected `object`"),
+    (
+        b'{"cluster": "c", "blocked": {"lack_gpu": "x"}}',
+        "summary does not decode: Expected `int`, got `str`",
+    ),
+    (b'{"cluster": "c", "workload": 5, "snapshot": "x"}', "summary does not decode: Expected"),
+    (
+        b'{"cluster": "c", "workload": [5], "snapshot": {"nodes": 3}}',
+        "the published workload or node models do not decode",
+    ),
+    (
+        b'{"cluster": "c", "workload": [], "snapshot": {"nodes": []}}',
         "the published workload or node models do not decode",
     ),
 ]
@@ -61,8 +74,8 @@ def test_a_hostile_summary_is_said_and_the_records_still_read(data: bytes, said:
 def test_decode_member_says_a_field_of_the_wrong_type() -> None:
     m = decode_member("c", MemberSummary(b'{"pending": [], "nodes": 3}', 1.0, 30))
     assert m.error.startswith("summary does not decode:")
-    assert m.summary == {}
+    assert m.summary is None
     assert m.to_json()["nodes"] == 0
-    good = decode_member("c", MemberSummary(b'{"pending": 2, "nodes": 3}', 1.0, 30))
+    good = decode_member("c", MemberSummary(b'{"cluster": "c", "pending": 2, "nodes": 3}', 1.0, 30))
     assert good.error == ""
     assert (good.pending, good.nodes) == (2, 3)

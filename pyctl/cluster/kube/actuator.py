@@ -6,7 +6,8 @@ first; this module does not decide anything.
 - cordon / uncordon: `spec.unschedulable` (merge patch)
 - eviction: policy/v1 Eviction (`try_evict`); allowed when the API server accepts it (or the pod
   is already gone), refused on 429 (a PodDisruptionBudget, or a budget still being computed),
-  with the budget named in `details.causes` and any retry-after; other errors raise
+  with the budget named in `details.causes` and any retry-after, or denied by admission (403 from
+  a webhook, 422 from a ValidatingAdmissionPolicy); other errors raise
 - node labels (None deletes one), taints (for MIG reconfiguration), core/v1 Events
 """
 
@@ -207,9 +208,10 @@ class KubeActuator:
             # The uid precondition failed: the pod of that name is another incarnation, the one
             # meant is gone. Never evict the new one.
             return EvictionOutcome(True, 409, err.reason, err.message)
-        if resp.status == 403:
-            # An admission webhook or policy denied it: not a reason to retry soon.
-            return EvictionOutcome(False, 403, err.reason, err.message)
+        if resp.status in (403, 422):
+            # An admission webhook (403 by default) or a ValidatingAdmissionPolicy (422 Invalid
+            # unless its validation names another reason) denied it: not a reason to retry.
+            return EvictionOutcome(False, resp.status, err.reason, err.message)
         if resp.status != 429:
             raise err
         causes = tuple(

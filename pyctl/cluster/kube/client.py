@@ -18,8 +18,11 @@ from typing import Any, Final
 from urllib.parse import quote
 
 import aiohttp
+import anyio
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
+
+from pyctl.cluster.bounds import MAX_INPUT_BYTES
 
 #: What a request, or a stream being read, can fail with when the connection is the problem.
 CONNECTION_ERRORS: Final = (aiohttp.ClientError, TimeoutError, OSError)
@@ -225,10 +228,27 @@ async def connect(
             kw["environ"] = dict(environ)
         k8s_config.load_incluster_config(client_configuration=cfg, **kw)  # type: ignore[no-untyped-call]
     else:
-        await k8s_config.load_kube_config(
-            config_file=str(kubeconfig),
-            context=context,
-            client_configuration=cfg,
-            persist_config=False,
-        )
+        where = f"kubeconfig {kubeconfig}"
+        try:
+            if (await anyio.Path(str(kubeconfig)).stat()).st_size > MAX_INPUT_BYTES:
+                raise KubeConfigError(f"{where}: larger than {MAX_INPUT_BYTES} bytes")
+            await k8s_config.load_kube_config(
+                config_file=str(kubeconfig),
+                context=context,
+                client_configuration=cfg,
+                persist_config=False,
+            )
+        except KubeConfigError:
+            raise
+        except OSError as e:
+            raise KubeConfigError(f"{where}: cannot read: {e.strerror or e}") from None
+        except RecursionError:
+            raise KubeConfigError(f"{where}: nested too deeply") from None
+        except Exception as e:  # whatever the loader makes of a bad file: not a kubeconfig
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise KubeConfigError(f"{where}: not a usable kubeconfig: {first}") from None
     return KubeClient(_TimeoutApiClient(cfg, timeouts), timeouts)
+
+
+class KubeConfigError(ValueError):
+    """A kubeconfig that cannot be read or used; the message names the file."""

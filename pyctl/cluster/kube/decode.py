@@ -4,6 +4,11 @@ Raw bytes are decoded with msgspec straight into the `wire` structs (unknown fie
 then summarised into records: pod requests summed over containers (max with init containers),
 quantities parsed exactly (with a cache, since the same strings repeat), the NVIDIA stack's
 resources and labels picked out.
+
+An object pyctl cannot take raises `DecodeError`, with a `reason` (a metric label) and, when its
+metadata could be read, a `ref` naming it: `malformed` (not the object's JSON shape, or a list or
+string longer than `pyctl.cluster.bounds` allows), `too_large` (more bytes than an API server
+stores), `bad_quantity`, `out_of_bounds` (a count or amount no real machine has).
 """
 
 from __future__ import annotations
@@ -17,6 +22,14 @@ from typing import Any, Final, TypeVar
 import msgspec
 
 from pyctl.cluster import quantity as q
+from pyctl.cluster.bounds import (
+    MAX_CPU_MILLI,
+    MAX_GPUS_PER_POD,
+    MAX_MEMORY_MIB,
+    MAX_OBJECT_BYTES,
+    MAX_TEXT_CHARS,
+    BoundsError,
+)
 from pyctl.cluster.kube import dra_decode, dra_wire, wire
 from pyctl.cluster.kube.sharing import (
     HAMI_ALLOCATED,
@@ -32,6 +45,7 @@ from pyctl.cluster.records import (
     NodeRecord,
     NodeTerm,
     NrtRecord,
+    ObjectRef,
     PdbRecord,
     PodRecord,
     PodTerm,
@@ -42,6 +56,8 @@ from pyctl.cluster.records import (
     Taint,
     Toleration,
     ZoneRecord,
+    check_record,
+    tombstone,
 )
 
 GPU: Final = "nvidia.com/gpu"
@@ -52,7 +68,7 @@ MIG_CONFIG_LABEL: Final = "nvidia.com/mig.config"
 MIG_CONFIG_STATE_LABEL: Final = "nvidia.com/mig.config.state"
 MIG_STRATEGY_LABEL: Final = "nvidia.com/mig.strategy"
 POLICY_LABEL: Final = "pyctl.io/topology-manager-policy"
-GPU_NUMA_LABEL: Final = re.compile(r"^nvidia\.com/gpu-(\d+)-numa$")
+GPU_NUMA_LABEL: Final = re.compile(r"^nvidia\.com/gpu-(\d+)-numa$", re.ASCII)
 EVICT_ANNOTATIONS: Final = ("pyctl.io/evict", "descheduler.alpha.kubernetes.io/evict")
 MIRROR_ANNOTATION: Final = "kubernetes.io/config.mirror"
 NRT_POLICIES: Final = {
@@ -69,7 +85,38 @@ NRT_POLICIES: Final = {
 
 
 class DecodeError(ValueError):
-    """An object pyctl cannot understand; the message names it."""
+    """An object pyctl cannot understand; the message names it, `reason` says why in one word
+    (a metric label), `ref` names the object when its metadata could be read."""
+
+    def __init__(self, message: str, reason: str = "malformed", ref: ObjectRef | None = None):
+        super().__init__(message)
+        self.reason = reason
+        self.ref = ref
+
+    @property
+    def tombstone(self) -> Record | None:
+        """A DELETED event's record for the object (None when it is not named): a watch event
+        that does not decode drops the object's previous version from the controller's view."""
+        return tombstone(self.ref) if self.ref is not None else None
+
+
+def _ref(kind: Kind, meta: wire.Meta) -> ObjectRef:
+    return ObjectRef(kind, meta.namespace, meta.name, meta.uid)
+
+
+def _digits(v: str) -> bool:
+    return v.isascii() and v.isdigit()
+
+
+_R = TypeVar("_R", NodeRecord, PodRecord, PdbRecord, NrtRecord)
+
+
+def _check(rec: _R, kind: Kind, meta: wire.Meta) -> _R:
+    try:
+        check_record(rec)
+    except BoundsError as e:
+        raise DecodeError(str(e), "out_of_bounds", _ref(kind, meta)) from None
+    return rec
 
 
 @lru_cache(maxsize=8192)
@@ -116,14 +163,16 @@ def node_record(n: wire.Node) -> NodeRecord:
                 sorted(
                     (int(m.group(1)), int(v))
                     for k, v in labels.items()
-                    if (m := GPU_NUMA_LABEL.match(k)) and v.isdigit()
+                    if (m := GPU_NUMA_LABEL.match(k)) and _digits(v)
                 )
             ),
-            gpu_count_label=int(count_label) if count_label.isdigit() else 0,
+            gpu_count_label=int(count_label) if _digits(count_label) else 0,
             mig_config=labels.get(MIG_CONFIG_LABEL, ""),
             mig_config_state=labels.get(MIG_CONFIG_STATE_LABEL, ""),
             mig_strategy=labels.get(MIG_STRATEGY_LABEL, ""),
-            topology_policy=labels.get(POLICY_LABEL, meta.annotations.get(POLICY_LABEL, "")),
+            topology_policy=labels.get(POLICY_LABEL, meta.annotations.get(POLICY_LABEL, ""))[
+                :MAX_TEXT_CHARS
+            ],
             unschedulable=n.spec.unschedulable,
             taints=tuple(Taint(t.key, t.value, t.effect) for t in n.spec.taints),
             ready=all(c.status == "True" for c in n.status.conditions if c.type == "Ready"),
@@ -132,9 +181,13 @@ def node_record(n: wire.Node) -> NodeRecord:
                 labels, meta.annotations, {SHARED: _count(alloc[SHARED])} if SHARED in alloc else {}
             ),
         )
-    except (q.QuantityError, SharingError) as e:
-        raise DecodeError(f"{_where('node', meta)}: {e}") from None
-    return rec
+    except q.QuantityError as e:
+        raise DecodeError(
+            f"{_where('node', meta)}: {e}", "bad_quantity", _ref("Node", meta)
+        ) from None
+    except SharingError as e:
+        raise DecodeError(f"{_where('node', meta)}: {e}", "malformed", _ref("Node", meta)) from None
+    return _check(rec, "Node", meta)
 
 
 @lru_cache(maxsize=16384)
@@ -164,7 +217,11 @@ def _sum_requests(containers: list[wire.Container], meta: wire.Meta) -> dict[str
                 if k not in reqs and k not in ("cpu", "memory", "ephemeral-storage"):
                     acc[k] = acc.get(k, 0) + _units(k, v)
         except q.QuantityError as e:
-            raise DecodeError(f"{_where('pod', meta)}: container {c.name}: {k}: {e}") from None
+            raise DecodeError(
+                f"{_where('pod', meta)}: container {c.name}: {k}: {e}",
+                "bad_quantity",
+                _ref("Pod", meta),
+            ) from None
     return acc
 
 
@@ -195,7 +252,7 @@ def pod_record(p: wire.Pod) -> PodRecord:
     if annotations:
         for a in EVICT_ANNOTATIONS:
             if a in annotations:
-                evict = annotations[a]
+                evict = annotations[a][:MAX_TEXT_CHARS]
                 break
     mig: tuple[tuple[str, int], ...] = ()
     if len(req) > 3 or (req and not req.keys() <= _PLAIN):
@@ -215,7 +272,9 @@ def pod_record(p: wire.Pod) -> PodRecord:
                 req, annotations, spec.schedulerName, len(spec.initContainers), req.get(GPU, 0)
             )
         except SharingError as e:
-            raise DecodeError(f"{_where('pod', meta)}: {e}") from None
+            raise DecodeError(
+                f"{_where('pod', meta)}: {e}", "malformed", _ref("Pod", meta)
+            ) from None
     local = pvc = False
     for vol in spec.volumes:
         if vol.emptyDir is not None or vol.hostPath is not None:
@@ -223,7 +282,7 @@ def pod_record(p: wire.Pod) -> PodRecord:
         if vol.persistentVolumeClaim is not None or vol.ephemeral is not None:
             pvc = True
     labels = meta.labels
-    return PodRecord(
+    rec = PodRecord(
         meta.namespace,
         meta.name,
         meta.uid,
@@ -253,6 +312,16 @@ def pod_record(p: wire.Pod) -> PodRecord:
         ext.resourceClaimName if (ext := p.status.extendedResourceClaimStatus) else "",
         sharing,
     )
+    # the wire types bound every list and string; what is left are the amounts (a fast path,
+    # since this runs for every pod event: the full check only when one is out of bounds)
+    if (
+        not 0 <= rec.cpu_milli <= MAX_CPU_MILLI
+        or not 0 <= rec.memory_mib <= MAX_MEMORY_MIB
+        or not 0 <= rec.gpus <= MAX_GPUS_PER_POD
+        or mig
+    ):
+        return _check(rec, "Pod", meta)
+    return rec
 
 
 DEFAULT_SCHEDULER: Final = "default-scheduler"
@@ -337,7 +406,7 @@ def _int_or_pct(v: int | str | None) -> str:
 
 def pdb_record(b: wire.Pdb) -> PdbRecord:
     meta = b.metadata
-    return PdbRecord(
+    rec = PdbRecord(
         namespace=meta.namespace,
         name=meta.name,
         resource_version=meta.resourceVersion,
@@ -350,18 +419,23 @@ def pdb_record(b: wire.Pdb) -> PdbRecord:
         desired_healthy=b.status.desiredHealthy,
         expected_pods=b.status.expectedPods,
     )
+    return _check(rec, "PodDisruptionBudget", meta)
 
 
-def _numa_id(name: str, where: str) -> int:
-    m = re.search(r"(\d+)$", name)
+_NUMA_ID: Final = re.compile(r"(\d+)$", re.ASCII)
+
+
+def _numa_id(name: str, where: str, ref: ObjectRef) -> int:
+    m = _NUMA_ID.search(name)
     if not m:
-        raise DecodeError(f"{where}: zone {name!r} has no NUMA id in its name")
+        raise DecodeError(f"{where}: zone {name!r} has no NUMA id in its name", ref=ref)
     return int(m.group(1))
 
 
 def nrt_record(t: wire.Nrt) -> NrtRecord:
     meta = t.metadata
     where = _where("NodeResourceTopology", meta)
+    ref = _ref("NodeResourceTopology", meta)
     policy = ""
     scope = ""
     for a in t.attributes:
@@ -392,10 +466,12 @@ def nrt_record(t: wire.Nrt) -> NrtRecord:
                 elif r.name.startswith(MIG_PREFIX):
                     mig.append((r.name[len(MIG_PREFIX) :], _count(total), _count(avail)))
             except q.QuantityError as e:
-                raise DecodeError(f"{where}: zone {z.name}: {r.name}: {e}") from None
+                raise DecodeError(
+                    f"{where}: zone {z.name}: {r.name}: {e}", "bad_quantity", ref
+                ) from None
         zones.append(
             ZoneRecord(
-                _numa_id(z.name, where),
+                _numa_id(z.name, where, ref),
                 cpu,
                 cpu_av,
                 mem,
@@ -407,7 +483,8 @@ def nrt_record(t: wire.Nrt) -> NrtRecord:
                 shared_av,
             )
         )
-    return NrtRecord(meta.name, meta.resourceVersion, policy, scope, tuple(zones))
+    rec = NrtRecord(meta.name, meta.resourceVersion, policy, scope[:MAX_TEXT_CHARS], tuple(zones))
+    return _check(rec, "NodeResourceTopology", meta)
 
 
 _WIRE: Final[dict[str, type[Any]]] = {
@@ -437,21 +514,66 @@ _STATUS: Final = msgspec.json.Decoder(wire.Status)
 T = TypeVar("T")
 
 
+class _IdentMeta(msgspec.Struct):
+    name: str = ""
+    namespace: str = ""
+    uid: str = ""
+
+
+class _Ident(msgspec.Struct):
+    metadata: _IdentMeta = msgspec.field(default_factory=_IdentMeta)
+
+
+_IDENT: Final = msgspec.json.Decoder(_Ident)
+
+
+def _ident(
+    kind: Kind, data: bytes | bytearray | memoryview | Mapping[str, Any]
+) -> ObjectRef | None:
+    """The object's name, namespace and uid if its metadata reads (on the error path only)."""
+    try:
+        if isinstance(data, Mapping):
+            m = msgspec.convert(data.get("metadata") or {}, _IdentMeta, strict=False)
+        else:
+            m = _IDENT.decode(data).metadata
+    except (msgspec.MsgspecError, RecursionError, TypeError, ValueError):
+        return None
+    if not m.name or len(m.name) > 253 or len(m.namespace) > 253 or len(m.uid) > 128:
+        return None
+    return ObjectRef(kind, m.namespace, m.name, m.uid)
+
+
 def decode_object(kind: Kind, data: bytes | Mapping[str, Any]) -> Record:
-    """One Kubernetes object (JSON bytes, or an already parsed dict) as a record."""
+    """One Kubernetes object (JSON bytes, or an already parsed dict) as a record. Raises
+    `DecodeError` (with its reason, and the object's ref when its metadata reads)."""
     try:
         if isinstance(data, bytes | bytearray | memoryview):
+            if len(data) > MAX_OBJECT_BYTES:
+                raise DecodeError(
+                    f"{kind}: {len(data)} bytes, more than an API server stores "
+                    f"({MAX_OBJECT_BYTES})",
+                    "too_large",
+                    _ident(kind, data),
+                )
             obj = _DECODERS[kind].decode(data)
         else:
             obj = msgspec.convert(data, _WIRE[kind], strict=False)
     except msgspec.ValidationError as e:
-        raise DecodeError(f"{kind}: {e}") from None
+        ref = _ident(kind, data)
+        who = f" {ref.key}" if ref else ""
+        raise DecodeError(f"{kind}{who}: {e}", "malformed", ref) from None
     except msgspec.DecodeError as e:
         raise DecodeError(f"{kind}: broken JSON: {e}") from None
+    except UnicodeDecodeError as e:
+        raise DecodeError(f"{kind}: not UTF-8 (byte {e.start})", ref=_ident(kind, data)) from None
+    except RecursionError:
+        raise DecodeError(f"{kind}: JSON nested too deeply", ref=_ident(kind, data)) from None
     try:
         rec: Record = _TO_RECORD[kind](obj)
     except dra_decode.DraDecodeError as e:
-        raise DecodeError(str(e)) from None
+        # beyond a limit of k8s.io/api/resource/v1 (bounds.DRA_BOUNDS), or a value pyctl cannot read
+        reason = "out_of_bounds" if "more than the limit" in str(e) else "malformed"
+        raise DecodeError(str(e), reason, _ident(kind, data)) from None
     return rec
 
 
@@ -469,8 +591,10 @@ def decode_watch_line(kind: Kind, line: bytes) -> tuple[str, Record | None, str]
     An ERROR event raises `WatchError`."""
     try:
         ev = _LINE.decode(line)
-    except (msgspec.ValidationError, msgspec.DecodeError) as e:
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError) as e:
         raise DecodeError(f"{kind} watch: broken event: {e}") from None
+    except RecursionError:
+        raise DecodeError(f"{kind} watch: event nested too deeply") from None
     if ev.type == "ERROR":
         st = _STATUS.decode(ev.object)
         raise WatchError(st.code, st.reason, st.message)

@@ -15,6 +15,7 @@ from functools import lru_cache
 from typing import Final
 
 from pyctl.cluster import quantity as q
+from pyctl.cluster.bounds import DRA_BOUNDS
 from pyctl.cluster.dra_records import (
     Allocated,
     Attr,
@@ -36,27 +37,8 @@ from pyctl.cluster.dra_records import (
 from pyctl.cluster.kube import dra_wire as w
 from pyctl.cluster.kube import wire
 
-#: Limits of the objects pyctl decodes: those of k8s.io/api/resource/v1 (validation), so that
-#: nothing the API server accepts is refused.
-BOUNDS: Final[Mapping[str, int]] = {
-    "devices_per_slice": 128,  # ResourceSliceMaxDevices
-    "attributes_and_capacities_per_device": 32,  # ResourceSliceMaxAttributesAndCapacitiesPerDevice
-    "counter_sets_per_slice": 8,  # ResourceSliceMaxCounterSets
-    "counters_per_set": 32,  # ResourceSliceMaxCountersPerCounterSet
-    "consumptions_per_device": 2,  # ResourceSliceMaxDeviceCounterConsumptionsPerDevice
-    "taints_per_device": 16,  # DeviceTaintsMaxLength
-    "list_attribute_items": 64,  # list-type attributes (DRAListTypeAttributes)
-    "requests_per_claim": 32,  # DeviceRequestsMaxSize
-    "subrequests_per_request": 8,  # FirstAvailableDeviceRequestMaxSize
-    "constraints_per_claim": 32,  # DeviceConstraintsMaxSize
-    "selectors_per_request": 32,  # DeviceSelectorsMaxSize
-    "selector_length": 10 * 1024,  # CELSelectorExpressionMaxLength
-    "tolerations_per_request": 16,  # DeviceTolerationsMaxLength
-    "results_per_claim": 32,  # AllocationResultsMaxSize
-    "reserved_for": 256,  # ResourceClaimReservedForMaxSize
-    "count_per_request": 128,  # AllocationResultsMaxSize bounds what ExactCount can ask
-    "claims_per_pod": 32,
-}
+#: Limits of the objects pyctl decodes (`pyctl.cluster.bounds.DRA_BOUNDS`)
+BOUNDS: Final[Mapping[str, int]] = DRA_BOUNDS
 
 EXTENDED_CLAIM_ANNOTATION: Final = "resource.kubernetes.io/extended-resource-claim"
 POD_CLAIM_ANNOTATION: Final = "resource.kubernetes.io/pod-claim-name"

@@ -27,7 +27,7 @@ from pyctl.cluster.records import (
     PdbRecord,
     PodRecord,
 )
-from pyctl.cluster.translate import TranslateError, models_of, shape_of
+from pyctl.cluster.translate import TranslateError, models_of, pod_shape_problem, shape_of
 from pyctl.model import Shape, Snapshot
 
 
@@ -116,13 +116,20 @@ def snapshot_from_dump(data: Mapping[str, Any]) -> Snapshot:
 
 
 def pod_shapes(data: Mapping[str, Any]) -> list[Shape]:
-    """The task shapes of every pod in a dump that has not terminated (for deriving M); pods
-    whose claims pyctl cannot tell are left out (`dra_report` shows them)."""
+    """The task shapes of every pod in a dump that has not terminated (for deriving M), as the
+    controller takes them: pods whose claims pyctl cannot tell (`dra_report` shows them) and
+    pods whose shape the core cannot model are left out."""
     nodes, pods, _ = _records(data)
     dra = dra_context(data)
     by_name = {n.name: n for n in nodes}
-    got = [shape_of(p, dra, by_name.get(p.node)) for p in pods if not p.terminated]
-    return [s for s in got if s is not None]
+    out = []
+    for p in pods:
+        if p.terminated:
+            continue
+        s = shape_of(p, dra, by_name.get(p.node))
+        if s is not None and pod_shape_problem(p, s) is None:
+            out.append(s)
+    return out
 
 
 def dra_report(data: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -8,7 +8,9 @@
         server closes the stream (timeoutSeconds) ─▶ watch again from the last rv
         410 Gone (an ERROR event, or the HTTP status) ─▶ relist (counted)
         connection dropped, timeout, ClientPayloadError, 5xx/429 ─▶ back off, watch from last rv
-        an object that does not decode ─▶ sink.decode_error, go on
+        an object that does not decode ─▶ sink.decode_error (its reason, and the object when its
+            metadata reads), a DELETED event for it when named (its last good version leaves the
+            view: an object pyctl cannot take is left out, not kept stale), go on
         the sink fails ─▶ back off, relist (the sink then gets a whole, consistent kind)
 
 kubernetes-asyncio's `Watch` is not used: it builds model objects, retries a 410 with the same
@@ -29,7 +31,7 @@ import anyio
 import msgspec
 
 from pyctl.cluster.kube.client import CONNECTION_ERRORS, KubeApiError, KubeClient, Query, api_error
-from pyctl.cluster.kube.decode import WatchError, decode_object, decode_watch_line
+from pyctl.cluster.kube.decode import DecodeError, WatchError, decode_object, decode_watch_line
 from pyctl.cluster.records import Event, EventType, Kind, Record
 from pyctl.cluster.source import EventSink
 
@@ -386,7 +388,7 @@ class Reflector:
                     # memoryview: no copy (decode_object accepts any buffer)
                     records.append(decode_object(self.kind, cast(bytes, memoryview(raw))))
                 except ValueError as e:  # DecodeError (and any ValueError of one object)
-                    self._decode_error(sink, str(e))
+                    self._decode_error(sink, e)
             cont = page.metadata.continue_
             if not cont:
                 rv = page.metadata.resourceVersion
@@ -406,9 +408,12 @@ class Reflector:
         self.stats.resource_version = rv
         return rv
 
-    def _decode_error(self, sink: EventSink, message: str) -> None:
+    def _decode_error(self, sink: EventSink, e: ValueError) -> None:
         self.stats.decode_errors += 1
-        sink.decode_error(self.kind, message)
+        if isinstance(e, DecodeError):
+            sink.decode_error(self.kind, str(e), reason=e.reason, ref=e.ref)
+        else:
+            sink.decode_error(self.kind, str(e))
 
     # -- watch -------------------------------------------------------------------------------------
 
@@ -483,7 +488,13 @@ class Reflector:
                         try:
                             typ, rec, new_rv = decode_watch_line(self.kind, line)
                         except ValueError as e:  # DecodeError, or msgspec's on a bad bookmark
-                            self._decode_error(sink, str(e))
+                            self._decode_error(sink, e)
+                            gone = e.tombstone if isinstance(e, DecodeError) else None
+                            if gone is not None:
+                                # the object's previous version must not stay in the view
+                                if not batch:
+                                    first = now
+                                batch.append(Event("DELETED", gone, now))
                             continue
                         if rec is None:  # BOOKMARK
                             self.stats.bookmarks += 1

@@ -3,61 +3,79 @@ decoding a watch event skips everything else without building the generated mode
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated
 
 import msgspec
 
+from pyctl.cluster.bounds import (
+    MAX_ITEMS,
+    MAX_LABELS,
+    MAX_RESOURCES,
+    Int32,
+    Key,
+    Labels,
+    Name,
+    Names,
+    Text,
+    Values,
+)
+
+#: a list of at most `MAX_ITEMS` entries (checked while decoding)
+ITEMS = msgspec.Meta(max_length=MAX_ITEMS)
+
 
 class OwnerRef(msgspec.Struct):
-    kind: str = ""
-    name: str = ""
+    kind: Text = ""
+    name: Name = ""
     controller: bool = False
     uid: str = ""
 
 
 class Meta(msgspec.Struct):
-    name: str = ""
-    namespace: str = ""
-    uid: str = ""
-    resourceVersion: str = ""
-    creationTimestamp: str | None = None
-    labels: dict[str, str] = {}
-    annotations: dict[str, str] = {}
-    ownerReferences: list[OwnerRef] = []
-    deletionTimestamp: str | None = None
+    name: Name = ""
+    namespace: Name = ""
+    uid: Text = ""
+    resourceVersion: Text = ""
+    creationTimestamp: Text | None = None
+    labels: Labels = {}
+    #: unbounded values (kubectl's last-applied-configuration is a whole object): only a few
+    #: short ones are carried into records, cut to `MAX_TEXT_CHARS`
+    annotations: Annotated[dict[Key, str], msgspec.Meta(max_length=MAX_LABELS)] = {}
+    ownerReferences: Annotated[list[OwnerRef], ITEMS] = []
+    deletionTimestamp: Text | None = None
 
 
 class Taint(msgspec.Struct):
-    key: str = ""
-    value: str = ""
-    effect: str = ""
+    key: Key = ""
+    value: Text = ""
+    effect: Text = ""
 
 
 class Toleration(msgspec.Struct):
-    key: str = ""
-    operator: str = ""
-    value: str = ""
-    effect: str = ""
+    key: Key = ""
+    operator: Text = ""
+    value: Text = ""
+    effect: Text = ""
 
 
 class Requirement(msgspec.Struct):
-    key: str = ""
-    operator: str = ""
-    values: list[str] = []
+    key: Key = ""
+    operator: Text = ""
+    values: Values = []
 
 
 class LabelSelector(msgspec.Struct):
-    matchLabels: dict[str, str] = {}
-    matchExpressions: list[Requirement] = []
+    matchLabels: Labels = {}
+    matchExpressions: Annotated[list[Requirement], ITEMS] = []
 
 
 class NodeSelectorTerm(msgspec.Struct):
-    matchExpressions: list[Requirement] = []
-    matchFields: list[Requirement] = []
+    matchExpressions: Annotated[list[Requirement], ITEMS] = []
+    matchFields: Annotated[list[Requirement], ITEMS] = []
 
 
 class NodeSelector(msgspec.Struct):
-    nodeSelectorTerms: list[NodeSelectorTerm] = []
+    nodeSelectorTerms: Annotated[list[NodeSelectorTerm], ITEMS] = []
 
 
 class NodeAffinity(msgspec.Struct):
@@ -65,14 +83,14 @@ class NodeAffinity(msgspec.Struct):
 
 
 class PodAffinityTerm(msgspec.Struct):
-    topologyKey: str = ""
+    topologyKey: Key = ""
     labelSelector: LabelSelector | None = None
-    namespaces: list[str] = []
+    namespaces: Names = []
     namespaceSelector: LabelSelector | None = None
 
 
 class PodAffinity(msgspec.Struct):
-    requiredDuringSchedulingIgnoredDuringExecution: list[PodAffinityTerm] = []
+    requiredDuringSchedulingIgnoredDuringExecution: Annotated[list[PodAffinityTerm], ITEMS] = []
 
 
 class Affinity(msgspec.Struct):
@@ -82,32 +100,34 @@ class Affinity(msgspec.Struct):
 
 
 class TopologySpreadConstraint(msgspec.Struct):
-    maxSkew: int = 1
-    topologyKey: str = ""
-    whenUnsatisfiable: str = ""
+    maxSkew: Int32 = 1
+    topologyKey: Key = ""
+    whenUnsatisfiable: Text = ""
     labelSelector: LabelSelector | None = None
-    minDomains: int | None = None
+    minDomains: Int32 | None = None
 
 
 class Condition(msgspec.Struct):
-    type: str = ""
-    status: str = ""
-    reason: str = ""
+    type: Text = ""
+    status: Text = ""
+    reason: Text = ""
+    #: unbounded (the scheduler's message lists every node's reason): records keep 200 characters
     message: str = ""
 
 
-Quantities = dict[str, str | int | float]
+#: resource name -> quantity (a quantity string longer than 64 characters is refused when parsed)
+Quantities = Annotated[dict[Key, Text | int | float], msgspec.Meta(max_length=MAX_RESOURCES)]
 
 
 class NodeSpec(msgspec.Struct):
     unschedulable: bool = False
-    taints: list[Taint] = []
+    taints: Annotated[list[Taint], ITEMS] = []
 
 
 class NodeStatus(msgspec.Struct):
     allocatable: Quantities = {}
     capacity: Quantities = {}
-    conditions: list[Condition] = []
+    conditions: Annotated[list[Condition], ITEMS] = []
 
 
 class Node(msgspec.Struct):
@@ -122,54 +142,58 @@ class Resources(msgspec.Struct):
 
 
 class Container(msgspec.Struct):
-    name: str = ""
+    name: Name = ""
     resources: Resources = msgspec.field(default_factory=Resources)
 
 
+class Present(msgspec.Struct):
+    """An object whose presence is all pyctl reads (its fields are skipped)."""
+
+
 class Volume(msgspec.Struct):
-    name: str = ""
-    emptyDir: dict[str, Any] | None = None
-    hostPath: dict[str, Any] | None = None
-    persistentVolumeClaim: dict[str, Any] | None = None
-    ephemeral: dict[str, Any] | None = None
+    name: Name = ""
+    emptyDir: Present | None = None
+    hostPath: Present | None = None
+    persistentVolumeClaim: Present | None = None
+    ephemeral: Present | None = None
 
 
 class PodResourceClaim(msgspec.Struct):
     """spec.resourceClaims[] (DRA)."""
 
-    name: str = ""
-    resourceClaimName: str | None = None
-    resourceClaimTemplateName: str | None = None
+    name: Name = ""
+    resourceClaimName: Name | None = None
+    resourceClaimTemplateName: Name | None = None
 
 
 class PodResourceClaimStatus(msgspec.Struct):
-    name: str = ""
-    resourceClaimName: str | None = None
+    name: Name = ""
+    resourceClaimName: Name | None = None
 
 
 class PodExtendedResourceClaimStatus(msgspec.Struct):
-    resourceClaimName: str = ""
+    resourceClaimName: Name = ""
 
 
 class PodSpec(msgspec.Struct):
-    nodeName: str = ""
-    containers: list[Container] = []
-    initContainers: list[Container] = []
-    priority: int | None = None
-    priorityClassName: str = ""
-    volumes: list[Volume] = []
-    schedulerName: str = ""
-    nodeSelector: dict[str, str] = {}
+    nodeName: Name = ""
+    containers: Annotated[list[Container], ITEMS] = []
+    initContainers: Annotated[list[Container], ITEMS] = []
+    priority: Int32 | None = None
+    priorityClassName: Name = ""
+    volumes: Annotated[list[Volume], ITEMS] = []
+    schedulerName: Name = ""
+    nodeSelector: Labels = {}
     affinity: Affinity | None = None
-    tolerations: list[Toleration] = []
-    topologySpreadConstraints: list[TopologySpreadConstraint] = []
-    resourceClaims: list[PodResourceClaim] = []
+    tolerations: Annotated[list[Toleration], ITEMS] = []
+    topologySpreadConstraints: Annotated[list[TopologySpreadConstraint], ITEMS] = []
+    resourceClaims: Annotated[list[PodResourceClaim], ITEMS] = []
 
 
 class PodStatus(msgspec.Struct):
-    phase: str = ""
-    conditions: list[Condition] = []
-    resourceClaimStatuses: list[PodResourceClaimStatus] = []
+    phase: Text = ""
+    conditions: Annotated[list[Condition], ITEMS] = []
+    resourceClaimStatuses: Annotated[list[PodResourceClaimStatus], ITEMS] = []
     extendedResourceClaimStatus: PodExtendedResourceClaimStatus | None = None
 
 
@@ -180,16 +204,16 @@ class Pod(msgspec.Struct):
 
 
 class PdbSpec(msgspec.Struct):
-    minAvailable: int | str | None = None
-    maxUnavailable: int | str | None = None
+    minAvailable: Int32 | Text | None = None
+    maxUnavailable: Int32 | Text | None = None
     selector: LabelSelector = msgspec.field(default_factory=LabelSelector)
 
 
 class PdbStatus(msgspec.Struct):
-    disruptionsAllowed: int = 0
-    currentHealthy: int = 0
-    desiredHealthy: int = 0
-    expectedPods: int = 0
+    disruptionsAllowed: Int32 = 0
+    currentHealthy: Int32 = 0
+    desiredHealthy: Int32 = 0
+    expectedPods: Int32 = 0
 
 
 class Pdb(msgspec.Struct):
@@ -199,28 +223,28 @@ class Pdb(msgspec.Struct):
 
 
 class NrtResource(msgspec.Struct):
-    name: str = ""
-    capacity: str | int = 0
-    allocatable: str | int | None = None
-    available: str | int | None = None
+    name: Key = ""
+    capacity: Text | int = 0
+    allocatable: Text | int | None = None
+    available: Text | int | None = None
 
 
 class NrtZone(msgspec.Struct):
-    name: str = ""
-    type: str = "Node"
-    resources: list[NrtResource] = []
+    name: Name = ""
+    type: Text = "Node"
+    resources: Annotated[list[NrtResource], msgspec.Meta(max_length=MAX_RESOURCES)] = []
 
 
 class NrtAttribute(msgspec.Struct):
-    name: str = ""
-    value: str = ""
+    name: Text = ""
+    value: Text = ""
 
 
 class Nrt(msgspec.Struct):
     metadata: Meta = msgspec.field(default_factory=Meta)
-    attributes: list[NrtAttribute] = []
-    topologyPolicies: list[str] = []
-    zones: list[NrtZone] = []
+    attributes: Annotated[list[NrtAttribute], ITEMS] = []
+    topologyPolicies: Annotated[list[Text], ITEMS] = []
+    zones: Annotated[list[NrtZone], ITEMS] = []
 
 
 class Status(msgspec.Struct):

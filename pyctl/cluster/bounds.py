@@ -1,0 +1,126 @@
+"""The bounds pyctl holds every object and record to: values a real machine or a real Kubernetes
+object cannot exceed, stated once. An object beyond them is left out (counted, logged, and for a
+pod reported in an Event) instead of being modelled, so that nothing downstream (translate, the
+core, the planners) ever loops over an unbounded count or carries an unbounded list.
+
+Where they are enforced:
+
+- `cluster/kube/wire.py`: list, map and string lengths of what is decoded from the API (msgspec
+  checks them while decoding, in C), through the `Annotated` types below;
+- `cluster/kube/decode.py`: the object's size, and the amounts parsed from quantities and labels
+  (GPU, MIG, CPU, memory, NUMA ids), through `check`;
+- `cluster/records.py` `check_record`: the same amounts and lengths on a record from anywhere
+  (the store, the simulator), used by `cluster/translate.py` before it builds a node and by the
+  state store when it reads records back.
+
+docs/reliability.md lists them with the reasoning behind each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Final, TypeAlias
+
+import msgspec
+
+#: the largest object read from the API, in bytes of JSON. etcd refuses requests above 1.5 MiB
+#: (its default `--max-request-bytes`), so the API server never stores a bigger object; twice
+#: that leaves room for a raised etcd limit.
+MAX_OBJECT_BYTES: Final = 3 << 20
+
+#: the largest file a command reads (a kubectl dump of 10,000 pods is about 200 MiB)
+MAX_INPUT_BYTES: Final = 256 << 20
+
+#: `nvidia.com/gpu` units on one node. Physical GPUs per node are at most 16 to 20 today; the
+#: device plugin's time-slicing advertises replicas x GPUs (16 GPUs x 64 replicas = 1024).
+MAX_GPUS_PER_NODE: Final = 1024
+#: `nvidia.com/gpu` a pod may request: no more than a node can have
+MAX_GPUS_PER_POD: Final = MAX_GPUS_PER_NODE
+#: MIG instances on one node (7 per GPU, the most any MIG geometry has, x 64 GPUs), and of one
+#: profile requested by one pod
+MAX_MIG_PER_NODE: Final = 7 * 64
+MAX_MIG_PER_POD: Final = MAX_MIG_PER_NODE
+#: distinct `nvidia.com/mig-<profile>` resources on one object (a GPU model in the MIG catalog
+#: has at most 7 profiles, 8 with the `+me` variants)
+MAX_MIG_PROFILES: Final = 64
+#: CPU in millicores (65,536 cores: 16 times the largest single-system-image machines)
+MAX_CPU_MILLI: Final = 65_536 * 1000
+#: memory in MiB (1 PiB: 16 times the largest single-system-image machines)
+MAX_MEMORY_MIB: Final = 1 << 30
+#: NUMA node ids (Linux's MAX_NUMNODES is at most 1024: CONFIG_NODES_SHIFT <= 10)
+MAX_NUMA_ID: Final = 1023
+#: NUMA zones of one node (and GPU index labels `nvidia.com/gpu-<i>-numa`)
+MAX_NUMA_ZONES: Final = 1024
+
+#: names (DNS subdomains: node, pod, namespace names) and label keys (a 253-character prefix,
+#: '/', a 63-character name)
+MAX_NAME_CHARS: Final = 253
+MAX_KEY_CHARS: Final = 317
+#: every other string a record carries (label values, taint values, uids, resourceVersions, a
+#: selector's values, ...): the API server holds most to 63 characters
+MAX_TEXT_CHARS: Final = 1024
+#: labels on one object (node feature discovery puts a few hundred on a node)
+MAX_LABELS: Final = 4096
+#: entries of every other list an object carries (taints, tolerations, containers, volumes,
+#: conditions, affinity terms, selector requirements, NodeResourceTopology zones, ...)
+MAX_ITEMS: Final = 1024
+#: values of one selector requirement (`In` over a list of node names, say)
+MAX_VALUES: Final = 16384
+#: resources named in one requests/limits/allocatable map
+MAX_RESOURCES: Final = 1024
+#: priorities, counts and skews: what fits a Kubernetes int32
+INT32: Final = (-(1 << 31), (1 << 31) - 1)
+
+#: a workload shape's weight (a workload file may give counts instead of shares); the core
+#: normalises weights, so a sum that overflows to inf would silently weigh every shape 0
+MAX_WEIGHT: Final = 1e9
+
+
+#: Limits of the objects pyctl decodes: those of k8s.io/api/resource/v1 (validation), so that
+#: nothing the API server accepts is refused.
+DRA_BOUNDS: Final[Mapping[str, int]] = {
+    "devices_per_slice": 128,  # ResourceSliceMaxDevices
+    "attributes_and_capacities_per_device": 32,  # ResourceSliceMaxAttributesAndCapacitiesPerDevice
+    "counter_sets_per_slice": 8,  # ResourceSliceMaxCounterSets
+    "counters_per_set": 32,  # ResourceSliceMaxCountersPerCounterSet
+    "consumptions_per_device": 2,  # ResourceSliceMaxDeviceCounterConsumptionsPerDevice
+    "taints_per_device": 16,  # DeviceTaintsMaxLength
+    "list_attribute_items": 64,  # list-type attributes (DRAListTypeAttributes)
+    "requests_per_claim": 32,  # DeviceRequestsMaxSize
+    "subrequests_per_request": 8,  # FirstAvailableDeviceRequestMaxSize
+    "constraints_per_claim": 32,  # DeviceConstraintsMaxSize
+    "selectors_per_request": 32,  # DeviceSelectorsMaxSize
+    "selector_length": 10 * 1024,  # CELSelectorExpressionMaxLength
+    "tolerations_per_request": 16,  # DeviceTolerationsMaxLength
+    "results_per_claim": 32,  # AllocationResultsMaxSize
+    "reserved_for": 256,  # ResourceClaimReservedForMaxSize
+    "count_per_request": 128,  # AllocationResultsMaxSize bounds what ExactCount can ask
+    "claims_per_pod": 32,
+}
+
+# -- msgspec types: the lengths above, checked while decoding ------------------------------------
+Name: TypeAlias = Annotated[str, msgspec.Meta(max_length=MAX_NAME_CHARS)]
+Key: TypeAlias = Annotated[str, msgspec.Meta(max_length=MAX_KEY_CHARS)]
+Text: TypeAlias = Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS)]
+Labels: TypeAlias = Annotated[dict[Key, Text], msgspec.Meta(max_length=MAX_LABELS)]
+Int32: TypeAlias = Annotated[int, msgspec.Meta(ge=INT32[0], le=INT32[1])]
+Values: TypeAlias = Annotated[list[Text], msgspec.Meta(max_length=MAX_VALUES)]
+Names: TypeAlias = Annotated[list[Name], msgspec.Meta(max_length=MAX_ITEMS)]
+
+
+class BoundsError(ValueError):
+    """A value beyond its bound; the message names it, its value and the bound."""
+
+
+def check(what: str, value: int, high: int, low: int = 0) -> int:
+    """`value` if `low <= value <= high`; `BoundsError` naming `what` otherwise."""
+    if not low <= value <= high:
+        shown = str(value) if abs(value) < 10**30 else f"a {len(str(abs(value)))}-digit number"
+        raise BoundsError(f"{what} is {shown}, outside {low}..{high}")
+    return value
+
+
+def check_len(what: str, n: int, high: int) -> None:
+    """A length at most `high`; `BoundsError` otherwise."""
+    if n > high:
+        raise BoundsError(f"{what} has {n} entries, more than {high}")

@@ -1,0 +1,183 @@
+"""The bounds of pyctl.cluster.bounds at decode, on stored records and in translate: an object
+beyond them is refused with its reason and its name (never a long loop, never a traceback), and
+the objects around it are untouched."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import msgspec
+import pytest
+
+from pyctl.cluster import bounds
+from pyctl.cluster.kube.decode import DecodeError, decode_object, decode_watch_line
+from pyctl.cluster.records import (
+    NodeRecord,
+    NrtRecord,
+    ObjectRef,
+    PodRecord,
+    ZoneRecord,
+    check_record,
+    decode_record,
+    encode_record,
+)
+from pyctl.cluster.translate import TranslateError, node_from_records, pod_shape_problem
+
+
+def pod(requests: dict[str, Any], name: str = "p", **spec: Any) -> dict[str, Any]:
+    return {
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
+        "spec": {"containers": [{"name": "c", "resources": {"requests": requests}}], **spec},
+    }
+
+
+def node(allocatable: dict[str, Any], labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "kind": "Node",
+        "metadata": {"name": "n1", "uid": "uid-n1", "labels": labels or {}},
+        "status": {"allocatable": allocatable},
+    }
+
+
+def refused(kind: Any, obj: Any) -> DecodeError:
+    data = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
+    with pytest.raises(DecodeError) as e:
+        decode_object(kind, data)
+    return e.value
+
+
+@pytest.mark.parametrize(
+    ("requests", "needle"),
+    [
+        ({"nvidia.com/gpu": "4294967296"}, "nvidia.com/gpu is 4294967296, outside 0..1024"),
+        ({"nvidia.com/gpu": "1025"}, "outside 0..1024"),
+        ({"nvidia.com/mig-1g.5gb": "100000"}, "nvidia.com/mig-1g.5gb is 100000"),
+        ({"cpu": "-1"}, "cpu request (millicores) is -1000"),
+        ({"memory": "1e30"}, "memory request (MiB)"),
+        ({"cpu": "1e30"}, "a 34-digit number"),
+    ],
+)
+def test_a_pod_beyond_the_bounds_is_refused_by_name(requests: dict[str, Any], needle: str) -> None:
+    e = refused("Pod", pod(requests))
+    assert e.reason == "out_of_bounds"
+    assert needle in str(e)
+    assert e.ref == ObjectRef("Pod", "ns", "p", "uid-p")
+    assert e.tombstone == PodRecord("ns", "p", "uid-p")
+
+
+def test_a_node_with_an_absurd_gpu_count_is_refused_at_once() -> None:
+    t = time.perf_counter()
+    e = refused("Node", node({"nvidia.com/gpu": "999999999999999999999"}))
+    assert time.perf_counter() - t < 1.0  # no loop over the count (it used to hang)
+    assert e.reason == "out_of_bounds"
+    assert "node n1 nvidia.com/gpu is 999999999999999999999, outside 0..1024" in str(e)
+    assert e.tombstone == NodeRecord("n1")
+    e = refused("Node", node({"nvidia.com/gpu": 10**30}))  # a JSON number, not a string
+    assert e.reason == "out_of_bounds"
+
+
+def test_node_labels_beyond_the_bounds() -> None:
+    e = refused("Node", node({}, {"nvidia.com/gpu.count": "99999999999999999999999999"}))
+    assert "nvidia.com/gpu.count" in str(e)
+    e = refused("Node", node({}, {"nvidia.com/gpu-0-numa": "5000"}))
+    assert "nvidia.com/gpu-0-numa is 5000" in str(e)
+    # digits that are not ASCII are not a count (int() would refuse some of them)
+    rec = decode_object("Node", json.dumps(node({}, {"nvidia.com/gpu.count": "²"})).encode())
+    assert isinstance(rec, NodeRecord)
+    assert rec.gpu_count_label == 0
+
+
+def test_lists_and_strings_beyond_the_bounds_are_malformed_and_named() -> None:
+    labels = {f"k{i}": "v" for i in range(bounds.MAX_LABELS + 1)}
+    obj = pod({"cpu": "1"})
+    obj["metadata"]["labels"] = labels
+    e = refused("Pod", obj)
+    assert e.reason == "malformed"
+    assert "$.metadata.labels" in str(e)
+    assert e.ref == ObjectRef("Pod", "ns", "p", "uid-p")
+    tolerations = [{"key": "k"}] * (bounds.MAX_ITEMS + 1)
+    e = refused("Pod", pod({"cpu": "1"}, tolerations=tolerations))
+    assert e.reason == "malformed"
+    assert "tolerations" in str(e)
+    e = refused("Pod", pod({"cpu": "1"}, nodeName="x" * 254))
+    assert e.reason == "malformed"
+    e = refused("Pod", pod({"cpu": "1"}, priority=2**40))
+    assert e.reason == "malformed"
+    assert "priority" in str(e)
+
+
+def test_too_large_and_too_deep_objects() -> None:
+    obj = pod({"cpu": "1"})
+    obj["metadata"]["annotations"] = {"big": "x" * bounds.MAX_OBJECT_BYTES}
+    e = refused("Pod", obj)
+    assert e.reason == "too_large"
+    assert e.ref == ObjectRef("Pod", "ns", "p", "uid-p")
+    # msgspec skips an unknown field by recursing into it: a RecursionError, unless caught
+    deep = b'{"metadata": {"name": "d"}, "x": ' + b'{"a": ' * 100_000 + b"1" + b"}" * 100_000
+    e = refused("Pod", deep + b"}")  # a DecodeError, not a RecursionError
+    assert e.reason == "malformed"
+    with pytest.raises(DecodeError):
+        decode_watch_line("Pod", b'{"type": "ADDED", "object": ' + b"[" * 100_000)
+
+
+def test_nrt_zones_beyond_the_bounds() -> None:
+    def nrt(zones: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"metadata": {"name": "n1"}, "zones": zones}
+
+    gpu = [{"name": "nvidia.com/gpu", "capacity": "4"}]
+    e = refused("NodeResourceTopology", nrt([{"name": "node-99999", "resources": gpu}]))
+    assert e.reason == "out_of_bounds"
+    assert "NUMA id" in str(e)
+    twice = [{"name": "node-0", "resources": gpu}, {"name": "node-00", "resources": gpu}]
+    e = refused("NodeResourceTopology", nrt(twice))
+    assert "NUMA id 0 appears twice" in str(e)
+    many = [{"name": f"node-{i}", "resources": gpu} for i in range(300)]  # 1200 GPUs in all
+    e = refused("NodeResourceTopology", nrt(many))
+    assert "nvidia.com/gpu is 1200" in str(e)
+
+
+def test_translate_refuses_records_beyond_the_bounds_without_looping() -> None:
+    t = time.perf_counter()
+    with pytest.raises(TranslateError, match=r"nvidia\.com/gpu is 1000000"):
+        node_from_records(NodeRecord("n", gpus=1_000_000), None, [])
+    big_zone = NrtRecord("n", zones=(ZoneRecord(0, gpus=10**9),))
+    with pytest.raises(TranslateError, match="outside"):
+        node_from_records(NodeRecord("n"), big_zone, [])
+    greedy = PodRecord("ns", "p", node="n", mig=(("1g.5gb", 10**12),))
+    with pytest.raises(TranslateError, match="pod ns/p MIG"):
+        node_from_records(NodeRecord("n", gpus=1), None, [greedy])
+    assert time.perf_counter() - t < 1.0
+    # at the bound it is a model
+    n = node_from_records(NodeRecord("n", gpus=bounds.MAX_GPUS_PER_NODE), None, [])
+    assert sum(len(z.gpus) for z in n.zones) == bounds.MAX_GPUS_PER_NODE
+
+
+def test_stored_records_are_held_to_the_same_bounds() -> None:
+    good = PodRecord("ns", "p", gpus=2)
+    assert decode_record("Pod", encode_record(good)) == good
+    bad = encode_record(PodRecord("ns", "p", gpus=10**6))
+    with pytest.raises(ValueError, match="outside"):
+        decode_record("Pod", bad)
+    every = msgspec.json.encode(msgspec.structs.astuple(good))  # every field, then a deep one
+    with pytest.raises(ValueError, match="nested too deeply"):
+        decode_record("Pod", every[:-1] + b"," + b"[" * 100_000 + b"]" * 100_000 + b"]")
+    with pytest.raises(msgspec.ValidationError):
+        decode_record("Node", b'["n", "", "", 0, 0, "many"]')
+    check_record(NodeRecord("n", gpus=8, mig=(("1g.5gb", 7),)))
+
+
+@pytest.mark.parametrize(
+    ("rec", "needle"),
+    [
+        (PodRecord("ns", "p", gpus=2, mig=(("1g.5gb", 1),)), "both nvidia.com/gpu and a MIG"),
+        (PodRecord("ns", "p", mig=(("9g.1tb", 1),)), 'unknown MIG profile "9g.1tb"'),
+        (PodRecord("ns", "p", gpus=1), None),
+        (PodRecord("ns", "p", mig=(("1g.5gb", 1),)), None),
+    ],
+)
+def test_pod_shape_problem(rec: PodRecord, needle: str | None) -> None:
+    why = pod_shape_problem(rec)
+    assert (why is None) if needle is None else (why is not None and needle in why)
