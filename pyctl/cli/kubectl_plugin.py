@@ -2,14 +2,17 @@
 context (kubectl finds the `kubectl-pyctl` console script on PATH).
 
     kubectl pyctl score [--json] [--workload W.json] [--top N]
-    kubectl pyctl plan  [--json] [--workload W.json] [--max-moves N]
+    kubectl pyctl plan  [--json] [--workload W.json] [--max-moves N] [--rescue-depth N]
+    kubectl pyctl status  --redis URL [--cluster NAME]
+    kubectl pyctl explain POD --redis URL [--cluster NAME]
 
 It lists the objects live (Nodes, Pods, PodDisruptionBudgets, and NodeResourceTopology objects when
 their CRD is served) the way `kubectl get nodes,pods,poddisruptionbudgets,noderesourcetopologies -o
 json` dumps them, and runs `pyctl score` / `pyctl plan` on that dump: the same output. Nothing in
 the cluster is changed; it needs list on those kinds. `--kubeconfig` and `--context` (after the
 command) choose another kubeconfig or context; otherwise $KUBECONFIG or ~/.kube/config and its
-current context, as kubectl.
+current context, as kubectl. `status` and `explain` are `pyctl status` / `pyctl explain`: they
+read a running controller's state from Redis, not the API server.
 """
 
 from __future__ import annotations
@@ -87,13 +90,21 @@ def build_parser() -> argparse.ArgumentParser:
             "--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)"
         )
         p.add_argument("--context", help="kubeconfig context (default: its current context)")
+    from pyctl.cli import explain, status
+
+    # from a controller's stored state (Redis), as `pyctl status` / `pyctl explain`
+    status.register(sub)
+    explain.register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    kubeconfig = args.kubeconfig or default_kubeconfig()
     try:
+        if not hasattr(args, "source_arg"):  # status, explain: the stored state, not the API
+            code: int = args.handler(args)
+            return code
+        kubeconfig = args.kubeconfig or default_kubeconfig()
         if not Path(kubeconfig).is_file():
             raise UserError(f"no kubeconfig at {kubeconfig} (set KUBECONFIG or --kubeconfig)")
         from kubernetes_asyncio.config import ConfigException
@@ -106,8 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             path = Path(tmp) / "cluster.json"
             path.write_text(json.dumps(data), encoding="utf-8")
             setattr(args, args.source_arg, str(path))
-            code: int = args.handler(args)
-            return code
+            out: int = args.handler(args)
+            return out
     except (UserError, ValueError) as e:
         print(f"kubectl pyctl: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

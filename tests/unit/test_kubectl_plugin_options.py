@@ -19,11 +19,11 @@ def _options(parser: argparse.ArgumentParser, command: str) -> dict[str, object]
     return {
         a.dest: a.default
         for a in p._actions
-        if a.option_strings and a.dest not in {"help", "kubeconfig", "context"}
+        if a.dest not in {"help", "kubeconfig", "context", "dump", "snapshot"}
     }
 
 
-@pytest.mark.parametrize("command", ["score", "plan"])
+@pytest.mark.parametrize("command", ["score", "plan", "status", "explain"])
 def test_plugin_options_are_the_commands_options(command: str) -> None:
     plugin = _options(kubectl_plugin.build_parser(), command)
     pyctl = _options(main.build_parser(), command)
@@ -36,3 +36,12 @@ def test_plugin_plan_arguments_reach_run() -> None:
     assert args.rescue_depth == 2
     assert args.max_moves == 10
     assert not args.no_device_taint_rules
+
+
+def test_plugin_status_without_redis_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """`kubectl pyctl status` reads the stored state, not the API server: no Redis, one line."""
+    code = kubectl_plugin.main(["status", "--redis", "redis://127.0.0.1:1/0", "--cluster", "c"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1
+    assert "error" in err
