@@ -168,7 +168,8 @@ async def fragmented_cluster(
         cluster="e2e-iso",
         mode="enforce",
         summary_interval=0.5,
-        workload=WorkloadSection(interval=0.5),
+        # M from this test's pods only (the session's other tests leave theirs in 'default')
+        workload=WorkloadSection(interval=0.5, label_selector=f"app={label}"),
         workflow=WorkflowSection(interval=0.5, max_moves=3),
         **settings,
     )
@@ -489,9 +490,13 @@ async def test_an_admission_policy_denying_one_eviction_abandons_that_move_only(
                 return any(w.step == "done" for w in await comp.engine.workflows())
 
             await wait_until(finished, "the workflow that made room done", 60)
-            wfs = await comp.engine.workflows()
+            # this test's workflows (the controller also sees the session's other pods)
+            ours = {s.name for s in c.specs}
+            wfs = [w for w in await comp.engine.workflows() if w.node in ours]
             # the move is a compaction workflow, or part of a rescue of the pending replica
-            (gave_up,) = [w for w in wfs if w.step == "abandoned"]
+            abandoned = [w for w in wfs if w.step == "abandoned"]
+            assert len(abandoned) == 1, [(w.kind, w.node, w.data, w.result) for w in abandoned]
+            (gave_up,) = abandoned
             assert c.counter("pyctl_workflows_abandoned_total", kind=gave_up.kind) == 1
             if gave_up.kind == "rescue":
                 assert gave_up.data["refused"] == f"default/{first}"
