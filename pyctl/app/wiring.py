@@ -233,13 +233,12 @@ async def start_servers(ctl: Controller, cfg: Config, flows: Workflows | None = 
         if cfg.metrics.port:
             federation: Callable[[], Awaitable[Mapping[str, Any]]] | None = None
             if cfg.redis.url:
-                from pyctl.federation import MemberDecoder, federation_status
+                from pyctl.federation import federation_status
 
                 store = ctl.store
-                decoder = MemberDecoder()
 
                 async def status() -> Mapping[str, Any]:
-                    return await federation_status(store, ctl.metrics, cfg.cluster, decoder)
+                    return await federation_status(store, ctl.metrics, cfg.cluster)
 
                 federation = status
             servers.health = HealthServer(

@@ -315,6 +315,10 @@ async def workflows(store: RedisWorkflowStore) -> list[Workflow]:
     return [msgspec.json.decode(r.data, type=Workflow) for r in recs.values()]
 
 
+async def abandoned_of(store: RedisWorkflowStore) -> list[Workflow]:
+    return [w for w in await workflows(store) if w.step == "abandoned"]
+
+
 async def kill_at_a_random_point(
     pyctl: ControllerProcess,
     store: RedisWorkflowStore,
@@ -481,7 +485,9 @@ async def test_sigkill_at_random_points_always_converges(
             f"{len(per_uid)} pods evicted per Events, {len(scenario.evicted)} per the API server's "
             f"DisruptionTarget ({len(set(scenario.evicted) - set(per_uid))} without an Event: "
             "killed between the eviction and its Event); workflows in Redis: "
-            f"{Counter(w.step for w in await workflows(store))}; a started process led after "
+            f"{Counter(w.step for w in await workflows(store))} "
+            f"{[(w.kind, w.data.get('pod'), w.result) for w in await abandoned_of(store)]}"
+            "; a started process led after "
             f"{statistics.median(leads):.1f} s (median), {max(leads):.1f} s (max; allowed "
             f"{LEADER_WITHIN:.0f}); the last start converged after {converged_after:.0f} s "
             f"(allowed {CONVERGE_WITHIN:.0f})"
