@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -493,29 +494,33 @@ async def test_an_admission_policy_denying_one_eviction_abandons_that_move_only(
             # this test's workflows (the controller also sees the session's other pods)
             ours = {s.name for s in c.specs}
             wfs = [w for w in await comp.engine.workflows() if w.node in ours]
-            # the move is a compaction workflow, or part of a rescue of the pending replica
+            # the denied move is given up: as a compaction workflow, as part of a rescue of the
+            # pending replica, or both (a rescue may be planned with it before the compaction's
+            # denial is recorded); nothing else is abandoned
             abandoned = [w for w in wfs if w.step == "abandoned"]
-            assert len(abandoned) == 1, [(w.kind, w.node, w.data, w.result) for w in abandoned]
-            (gave_up,) = abandoned
-            assert c.counter("pyctl_workflows_abandoned_total", kind=gave_up.kind) == 1
-            if gave_up.kind == "rescue":
-                assert gave_up.data["refused"] == f"default/{first}"
-            else:
-                assert gave_up.data["pod"] == first
-            assert "admission refused the eviction" in gave_up.result
-            # a ValidatingAdmissionPolicy denies with 422 Invalid (a webhook with 403): both
-            # are final, never retried
-            assert "(422)" in gave_up.result
-            assert f"{first} may not be evicted" in gave_up.result
+            assert abandoned, "the denied move was not abandoned"
+            kinds = Counter(w.kind for w in abandoned)
+            for kind, n in kinds.items():
+                assert c.counter("pyctl_workflows_abandoned_total", kind=kind) == n
+            events = await c.core.list_namespaced_event(
+                "default", field_selector="reason=PyctlWorkflowAbandoned"
+            )
+            for gave_up in abandoned:
+                if gave_up.kind == "rescue":
+                    assert gave_up.data["refused"] == f"default/{first}", gave_up
+                else:
+                    assert gave_up.data["pod"] == first, gave_up
+                assert "admission refused the eviction" in gave_up.result
+                # a ValidatingAdmissionPolicy denies with 422 Invalid (a webhook with 403): both
+                # are final, never retried
+                assert "(422)" in gave_up.result
+                assert f"{first} may not be evicted" in gave_up.result
+                assert any(gave_up.id in e.message for e in events.items)
             done = [w for w in wfs if w.step == "done"]
             assert sorted(n for w in done for n in evicted_by(w)) == sorted(other)  # the other move
             smalls = {p.metadata.name: p.metadata.uid for p in await c.tier("s")}
             assert first in smalls  # never evicted: the same pod, still running
             assert smalls[first] in original
-            events = await c.core.list_namespaced_event(
-                "default", field_selector="reason=PyctlWorkflowAbandoned"
-            )
-            assert any(gave_up.id in e.message for e in events.items)
     finally:
         for call in (
             adm.delete_validating_admission_policy_binding(name),
