@@ -4,11 +4,13 @@ arrays) and what the reconcile loop reads. Kubernetes JSON never gets past `clus
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Literal, TypeAlias
 
 import msgspec
 
 from pyctl.cluster import bounds as b
+from pyctl.cluster import quantity as q
 from pyctl.cluster.dra_records import (
     ClaimRecord,
     ClaimSpec,
@@ -520,6 +522,16 @@ def _dra(what: str, n: int, where: str) -> None:
     b.check_len(f"{where} {what.replace('_', ' ')}", n, b.DRA_BOUNDS[what])
 
 
+def _quantities(where: str, pairs: Iterable[tuple[str, str]]) -> None:
+    """Quantities of a stored DRA record parse (the decoder checked them; a record from anywhere
+    else may not have been)."""
+    for name, v in pairs:
+        try:
+            q.parse_quantity(v)
+        except q.QuantityError as e:
+            raise b.BoundsError(f"{where} {name[:63]}: {e}") from None
+
+
 def _claim_spec(where: str, spec: ClaimSpec) -> None:
     _dra("requests_per_claim", len(spec.requests), where)
     _dra("constraints_per_claim", len(spec.constraints), where)
@@ -528,6 +540,7 @@ def _claim_spec(where: str, spec: ClaimSpec) -> None:
         for sub in (req, *req.first_available):
             _dra("selectors_per_request", len(sub.selectors), where)
             _dra("tolerations_per_request", len(sub.tolerations), where)
+            _quantities(f"{where} request {sub.name[:63]} capacity", sub.capacity)
             b.check(
                 f"{where} request {sub.name[:63]} count",
                 sub.count,
@@ -545,11 +558,31 @@ def _check_dra(r: DeviceClassRecord | SliceRecord | ClaimRecord | ClaimTemplateR
         _dra("counter_sets_per_slice", len(r.counter_sets), where)
         for cs in r.counter_sets:
             _dra("counters_per_set", len(cs.counters), where)
+            _quantities(f"{where} counter set {cs.name[:63]}", cs.counters)
         for d in r.devices:
             dw = f"{where} device {d.name[:63]}"
             _dra("attributes_and_capacities_per_device", len(d.attributes) + len(d.capacity), dw)
             _dra("consumptions_per_device", len(d.consumes), dw)
             _dra("taints_per_device", len(d.taints), dw)
+            _quantities(f"{dw} capacity", d.capacity)
+            for use in d.consumes:
+                _quantities(f"{dw} counters of {use.counter_set[:63]}", use.counters)
+            for p in d.policies:
+                _dra("capacity_valid_values", len(p.valid_values), dw)
+                _quantities(
+                    f"{dw} capacity {p.name[:63]} requestPolicy",
+                    [
+                        (k, v)
+                        for k, v in (
+                            ("default", p.default),
+                            ("min", p.min),
+                            ("max", p.max),
+                            ("step", p.step),
+                        )
+                        if v
+                    ]
+                    + [("validValues", v) for v in p.valid_values],
+                )
     elif isinstance(r, DeviceClassRecord):
         where = f"DeviceClass {r.name[:253]}"
         _name(where, r.name)
@@ -560,6 +593,8 @@ def _check_dra(r: DeviceClassRecord | SliceRecord | ClaimRecord | ClaimTemplateR
         _claim_spec(where, r.spec)
         _dra("results_per_claim", len(r.allocated), where)
         _dra("reserved_for", len(r.reserved_for), where)
+        for a in r.allocated:
+            _quantities(f"{where} result {a.device[:63]} consumed", a.consumed)
     else:
         where = f"ResourceClaimTemplate {r.namespace[:63]}/{r.name[:253]}"
         _name(where, r.namespace, r.name)

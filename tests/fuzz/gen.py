@@ -303,6 +303,23 @@ def claim(name: str, allocated: bool = False) -> dict[str, Any]:
     }
 
 
+def shared_claim() -> dict[str, Any]:
+    """A claim holding a share of node s's shared GPU (consumable capacity), reserved for pod p."""
+    c = claim("a", allocated=True)
+    c["metadata"]["name"] = "share"
+    c["spec"]["devices"]["requests"][0]["exactly"]["capacity"] = {
+        "requests": {"memory": "20Gi", "compute": "25"}
+    }
+    alloc = c["status"]["allocation"]
+    alloc["devices"]["results"][0] |= {
+        "pool": "s",
+        "shareID": "3f0e5a54-0000-4000-8000-000000000001",
+        "consumedCapacity": {"memory": "20Gi", "compute": "25"},
+    }
+    alloc["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"] = ["s"]
+    return c
+
+
 def dra_pod(p: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
     """`p` with one `spec.resourceClaims` entry (and its generated claim's status when it comes
     from a template)."""
@@ -323,7 +340,7 @@ def claim_template() -> dict[str, Any]:
 
 
 TEMPLATES: dict[str, list[Any]] = {
-    "Node": [node("a"), node("c", gpus=4)],
+    "Node": [node("a"), node("c", gpus=4), node("s", gpus=0)],
     "Pod": [
         pod("p", "a"),
         pod("q", "", gpus=2, pending=True),
@@ -345,8 +362,10 @@ TEMPLATES: dict[str, list[Any]] = {
     "ResourceSlice": [
         *slices_for(SimNode("a", [SimGpu(0, 0), SimGpu(1, 1)])),
         *slices_for(SimNode("c", [SimGpu(0, 0, dynamic_mig=True)])),
+        # GPUs several claims share by capacity (allowMultipleAllocations, request policies)
+        *slices_for(SimNode("s", [SimGpu(0, 0, shared=True)])),
     ],
-    "ResourceClaim": [claim("a", allocated=True), claim("q")],
+    "ResourceClaim": [claim("a", allocated=True), claim("q"), shared_claim()],
     "ResourceClaimTemplate": [claim_template()],
 }
 

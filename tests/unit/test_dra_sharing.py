@@ -12,14 +12,16 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from pyctl.cli.main import main
 from pyctl.cluster import dra_capacity as dc
 from pyctl.cluster.dra import allocate, pod_claim_specs
-from pyctl.cluster.dra_records import CapacityPolicy, Device
+from pyctl.cluster.dra_records import CapacityPolicy, ClaimRecord, Device, SliceRecord
 from pyctl.cluster.kube.decode import DecodeError, decode_object
 from pyctl.cluster.kube.dump import dra_context, pod_shapes, records
+from pyctl.cluster.records import check_record
 from pyctl.cluster.translate import attribute_pods, model_of
 from tests.paths import REPO
 
@@ -294,3 +296,25 @@ def test_a_zero_step_or_value_does_not_break_the_arithmetic() -> None:
     # memory (value 0) counts for nothing; compute has no default: the whole 100 is consumed
     assert dc.share(caps, got) == 1000
     assert not dc.fits(caps, {}, got)
+
+
+def test_a_stored_record_with_a_bad_quantity_is_refused_in_one_line() -> None:
+    """A record written to the store by anyone (not the decoder) is held to the same rules: a
+    capacity, policy or consumed amount that is not a quantity is refused, never parsed later."""
+    s = decode_object("ResourceSlice", slice_with({"default": "8Gi"}))
+    assert isinstance(s, SliceRecord)
+    d = s.devices[0]
+    bad_policy = msgspec.structs.replace(d, policies=(CapacityPolicy("memory", step="5 gigs"),))
+    bad_capacity = msgspec.structs.replace(d, capacity=(("memory", "lots"),))
+    for dev in (bad_policy, bad_capacity):
+        with pytest.raises(ValueError, match="malformed quantity") as e:
+            check_record(msgspec.structs.replace(s, devices=(dev,)))
+        assert "\n" not in str(e.value)
+    c = decode_object(
+        "ResourceClaim", next(o for o in load()["items"] if o["kind"] == "ResourceClaim")
+    )
+    assert isinstance(c, ClaimRecord)
+    a = msgspec.structs.replace(c.allocated[0], consumed=(("memory", "-"),))
+    with pytest.raises(ValueError, match="consumed"):
+        check_record(msgspec.structs.replace(c, allocated=(a,)))
+    check_record(c)
