@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,10 @@ from pyctl.cluster.dra import allocate, pod_claim_specs
 from pyctl.cluster.dra_records import CapacityPolicy, ClaimRecord, Device, SliceRecord
 from pyctl.cluster.kube.decode import DecodeError, decode_object
 from pyctl.cluster.kube.dump import dra_context, pod_shapes, records
-from pyctl.cluster.records import check_record
-from pyctl.cluster.translate import attribute_pods, model_of
+from pyctl.cluster.records import PodRecord, check_record
+from pyctl.cluster.translate import attribute_pods, model_of, shape_of
+from pyctl.controller.placement import PlacementAdvisor
+from pyctl.model import Shape, Workload
 from tests.paths import REPO
 
 DATA = REPO / "tests" / "data" / "sharing"
@@ -198,6 +201,42 @@ def test_compaction_moves_a_share_to_make_room_for_a_pending_share(
     assert [(m["pod"], m["from"], m["to"]) for m in rescue["moves"]] == [
         (S + "x-0", "dra-h100-1", "dra-h100-0")
     ]
+
+
+def test_the_extender_ranks_a_pending_share_by_its_share() -> None:
+    """A pending pod asking 40Gi (500 milli): dra-h100-0's gpu-1 has 500 free, dra-h100-1's GPU
+    625: both are ranked. Asking 75Gi (938): neither is (the scheduler's allocator agrees: no
+    GPU has 75Gi left), so the extender gives no preference. DRA pods are never filtered by the
+    extender (the scheduler's own allocator decides where claims fit)."""
+    data = two_nodes()
+    nodes, pods, _, _ = records(data)
+    ctx = dra_context(data)
+    assert ctx is not None
+    by_node: dict[str, list[PodRecord]] = {}
+    for p in pods:
+        by_node.setdefault(p.node, []).append(p)
+    models = {n.name: model_of(n, None, by_node.get(n.name, []), dra=ctx)[0] for n in nodes}
+    shapes = {
+        "mid": Shape(cpu_milli=4000, memory_mib=16384, gpus=1, gpu_milli=500, dra=True),
+        "big": Shape(cpu_milli=4000, memory_mib=16384, gpus=1, gpu_milli=938, dra=True),
+    }
+    adv = PlacementAdvisor(
+        models,
+        lambda: Workload(tuple(shapes.values())),
+        shape_of=lambda p: shapes.get(p.name),
+    )
+    names = ("dra-h100-0", "dra-h100-1")
+    mid = PodRecord(S[:-1], "mid", cpu_milli=4000)
+    big = PodRecord(S[:-1], "big", cpu_milli=4000)
+    assert adv.filter(mid, names) == {}
+    assert adv.filter(big, names) == {}
+    assert all(v > 0 for v in adv.prioritize(mid, names).values())
+    assert adv.prioritize(big, names) == dict.fromkeys(names, 0)
+    # the shape the extender gets for a pending pod is its claims' (shape_of, as the reconciler)
+    big_0 = next(p for p in pods if p.name == "big-0")
+    assert shape_of(big_0, ctx) == replace(
+        shapes["big"], cpu_milli=big_0.cpu_milli, memory_mib=big_0.memory_mib
+    )
 
 
 # ---- the allocator's arithmetic -------------------------------------------------------------
