@@ -31,7 +31,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -345,7 +344,7 @@ class NodeDevices:
             return 0, []
         used = dc.share(d.caps, self.capacity_used(d))
         if sum(held.values()) > used:
-            held = scaled(held, used)
+            held = q.largest_remainder(held, used)
         return used, sorted(held.items())
 
     def counters_used(self) -> dict[tuple[str, str, str, str], Fraction]:
@@ -421,17 +420,6 @@ def _consumed_by(c: ClaimRecord, r: Allocated, d: DeviceView) -> dict[str, Fract
                 if got is not None:
                     return got
     return {n: cap.value for n, cap in d.caps.items()}
-
-
-def scaled(holders: Mapping[str, int], to: int) -> dict[str, int]:
-    """Shares scaled down to add up to `to` (largest remainder)."""
-    total = sum(holders.values())
-    exact = {k: Fraction(v * to, total) for k, v in holders.items()}
-    out = {k: math.floor(v) for k, v in exact.items()}
-    rest = to - sum(out.values())
-    for k in sorted(exact, key=lambda k: (-(exact[k] - out[k]), k))[:rest]:
-        out[k] += 1
-    return out
 
 
 def _physical_gpus(nd: NodeDevices) -> list[PhysicalGpu]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from fractions import Fraction
 from typing import Final
 
@@ -81,3 +82,16 @@ def count(text: str | int | float | Fraction) -> int:
     if v.denominator != 1:
         raise QuantityError(f"expected a whole number, got {text!r}")
     return int(v)
+
+
+def largest_remainder(shares: Mapping[str, int], to: int) -> dict[str, int]:
+    """`shares` scaled to add up to `to` (whole numbers, largest remainder; ties by key)."""
+    total = sum(shares.values())
+    if total <= 0:
+        return dict(shares)
+    exact = {k: Fraction(v * to, total) for k, v in shares.items()}
+    out = {k: math.floor(v) for k, v in exact.items()}
+    rest = to - sum(out.values())
+    for k in sorted(exact, key=lambda k: (-(exact[k] - out[k]), k))[:rest]:
+        out[k] += 1
+    return out

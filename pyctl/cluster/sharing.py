@@ -29,6 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
 
+from pyctl.cluster import quantity as q
 from pyctl.cluster.records import HamiDevice, NodeRecord, PodRecord
 from pyctl.model import GPU_MILLI, Shape
 
@@ -318,23 +319,12 @@ def _hami(
         by_cores = math.ceil(GPU_MILLI * cores[i] / (d.cores or 100))
         used = min(GPU_MILLI, max(by_mem, by_cores, 1) + extra[i])
         if sum(g.holders.values()) > used:
-            g.holders = _scale(g.holders, used)
+            g.holders = q.largest_remainder(g.holders, used)
         g.used = GPU_MILLI if g.tasks >= (d.split or 1) else used
     if guessed:
         notes.append(f"{guessed} pods without HAMi's annotation attributed")
     if unknown:
         notes.append(f"{unknown} assigned devices not registered on the node")
-
-
-def _scale(holders: dict[str, int], to: int) -> dict[str, int]:
-    """Shares scaled down to add up to `to` (largest remainder)."""
-    total = sum(holders.values())
-    exact = {k: v * to / total for k, v in holders.items()}
-    out = {k: math.floor(v) for k, v in exact.items()}
-    rest = to - sum(out.values())
-    for k in sorted(exact, key=lambda k: (-(exact[k] - out[k]), k))[:rest]:
-        out[k] += 1
-    return out
 
 
 def _request_share(p: PodRecord, memory_mib: int) -> int:
