@@ -266,10 +266,11 @@ class Workload:
                 async def bound(n: int = 2 * (i + 1)) -> bool:
                     pods = await self._pods("web-small")
                     placed = [p for p in pods if p.spec.node_name]
-                    keys = {
-                        f"{p.metadata.namespace}/{p.metadata.name}/{p.metadata.uid}" for p in placed
-                    }
-                    return len(placed) == n and keys <= set(self.updater.where)
+                    uids = self.updater.uids
+                    return len(placed) == n and all(
+                        uids.get(f"{p.metadata.namespace}/{p.metadata.name}") == p.metadata.uid
+                        for p in placed
+                    )
 
                 await self._wait(bound)
         finally:
@@ -547,7 +548,7 @@ async def _run(opts: Options, plane: ControlPlane, pyctl: Pyctl, console: Consol
         await create_mig_node(api, mig_spec, CONFIGMAP, GPU_NS)
         await wait_nodes_ready(api, [s.name for s in [*specs, mig_spec]])
         await core.create_namespace(body({"metadata": {"name": NAMESPACE}}))
-        updater = TopologyUpdater(api, specs)
+        updater = TopologyUpdater(api, specs, cpu_pods=False)
         mgr = MigManagerSim(api, [mig_spec], namespace=GPU_NS, configmap=CONFIGMAP, delay=2.0)
         work = Workload(api, specs, updater)
         work.pause = opts.pause

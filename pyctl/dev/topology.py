@@ -10,7 +10,7 @@ that leaves 1-GPU replicas scattered over both zones of a node (what fragmentati
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 import anyio
@@ -38,12 +38,35 @@ def pod_request(p: Any, resource: str) -> int:
 
 
 class TopologyUpdater:
-    def __init__(self, api: client.ApiClient, specs: Iterable[GpuNodeSpec]) -> None:
+    """Keeps the NodeResourceTopology of `specs`' nodes current with the pods bound there.
+
+    `label`: only pods labelled `app=<label>` in `namespace` (a test's own pods); None: every pod
+    on those nodes. `cpu_pods`: whether pods without GPUs are accounted too (their CPUs).
+    A test may steer the zones: `pinned` (pod key -> zone), `hints` (pod name prefix -> zones the
+    next such pods get, in order: the history that fragmented a node). `misaligned` lists the pods
+    no zone could hold (the kubelet would have rejected them with a TopologyAffinityError)."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        specs: Iterable[GpuNodeSpec],
+        label: str | None = None,
+        namespace: str = "default",
+        cpu_pods: bool = True,
+    ) -> None:
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.specs: dict[str, GpuNodeSpec] = {s.name: s for s in specs}
-        #: pod key -> (node, zone, gpus, cpus)
+        self.label = label
+        self.namespace = namespace
+        self.cpu_pods = cpu_pods
+        #: pod key ("namespace/name") -> (node, zone, gpus, cpus)
         self.where: dict[str, tuple[str, int, int, int]] = {}
+        #: pod key -> the uid accounted (a pod recreated under the same name is a new pod)
+        self.uids: dict[str, str] = {}
+        self.pinned: dict[str, int] = {}
+        self.hints: dict[str, list[int]] = {}
+        self.misaligned: list[str] = []
         #: new pods go to the emptiest zone (see the module's doc)
         self.spreading = False
 
@@ -66,9 +89,14 @@ class TopologyUpdater:
             NRT_GROUP, NRT_VERSION, NRT_PLURAL, node, body(cur)
         )
 
-    def _zone(
-        self, spec: GpuNodeSpec, used: Mapping[int, Mapping[str, int]], gpus: int, cpus: int
-    ) -> int:
+    def _zone(self, key: str, name: str, node: str, gpus: int, cpus: int) -> int:
+        zone = self.pinned.get(key)
+        for prefix, zones in self.hints.items():
+            if zone is None and zones and name.startswith(prefix):
+                zone = zones.pop(0)
+        if zone is not None:
+            return zone
+        spec, used = self.specs[node], self.used(node)
         fits = [
             z
             for z in range(spec.numa_zones)
@@ -76,30 +104,42 @@ class TopologyUpdater:
             and spec.cpus_per_zone - used[z]["cpu"] >= cpus
         ]
         if not fits:  # the kubelet would reject it (TopologyAffinityError): account it somewhere
+            self.misaligned.append(key)
             return 0
         if self.spreading:
             return max(fits, key=lambda z: (spec.gpus_per_zone - used[z][GPU], -z))
         return fits[0]
 
+    async def _pods(self) -> list[Any]:
+        if self.label is None:
+            got = await self.core.list_pod_for_all_namespaces()
+        else:
+            got = await self.core.list_namespaced_pod(
+                self.namespace, label_selector=f"app={self.label}"
+            )
+        return list(got.items)
+
     async def sync(self) -> bool:
         """Account for pods bound or gone since the last call; True if anything changed."""
-        pods = await self.core.list_pod_for_all_namespaces()
         live = {}
-        for p in pods.items:
+        for p in await self._pods():
             if p.spec.node_name in self.specs and p.status.phase not in ("Succeeded", "Failed"):
-                live[f"{p.metadata.namespace}/{p.metadata.name}/{p.metadata.uid}"] = p
+                live[f"{p.metadata.namespace}/{p.metadata.name}"] = p
         dirty: set[str] = set()
-        for key in [k for k in self.where if k not in live]:
+        for key in [
+            k for k in self.where if k not in live or live[k].metadata.uid != self.uids.get(k)
+        ]:
             dirty.add(self.where.pop(key)[0])
+            self.uids.pop(key, None)
         for key, p in sorted(live.items(), key=lambda kv: kv[1].metadata.creation_timestamp):
             if key in self.where:
                 continue
             node = p.spec.node_name
             gpus, cpus = pod_request(p, GPU), pod_request(p, "cpu")
-            if not gpus:
+            if not gpus and not self.cpu_pods:
                 continue
-            zone = self._zone(self.specs[node], self.used(node), gpus, cpus)
-            self.where[key] = (node, zone, gpus, cpus)
+            self.where[key] = (node, self._zone(key, p.metadata.name, node, gpus, cpus), gpus, cpus)
+            self.uids[key] = p.metadata.uid
             dirty.add(node)
         for node in sorted(dirty):
             await self.write(node)

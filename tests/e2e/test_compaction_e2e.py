@@ -36,6 +36,7 @@ from pyctl.controller.controller import Controller
 from pyctl.controller.placement import PlacementAdvisor
 from pyctl.dev.control_plane import ControlPlane, ExtraScheduler
 from pyctl.dev.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body
+from pyctl.dev.topology import TopologyUpdater
 from pyctl.serve.extender import ExtenderHandler
 from pyctl.serve.extender_server import ExtenderOptions, ExtenderServer
 from pyctl.state.memory import MemoryStore
@@ -48,7 +49,6 @@ from pyctl.workflows.kinds import builtin_registry
 from tests.e2e.conftest import wait_until
 from tests.e2e.test_placement_e2e import (
     WORKLOAD,
-    TopologyUpdater,
     create_nodes,
     delete_nodes,
     extender_config,

@@ -40,13 +40,13 @@ from kubernetes_asyncio import client, watch
 
 from pyctl.dev.control_plane import ControlPlane, ExtraScheduler, free_port
 from pyctl.dev.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body
+from pyctl.dev.topology import TopologyUpdater
 from pyctl.state.redis_client import RedisConfig, close_client, connect
 from pyctl.state.redis_workflows import RedisWorkflowStore
 from pyctl.workflows.engine import Workflow
 from pyctl.workflows.mig_reconfig import TAINT_KEY
 from tests.e2e.conftest import WaitTimeout, wait_until
 from tests.e2e.test_placement_e2e import (
-    TopologyUpdater,
     create_nodes,
     delete_nodes,
     extender_config,

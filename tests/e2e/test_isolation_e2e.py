@@ -42,6 +42,7 @@ from pyctl.controller.placement import PlacementAdvisor
 from pyctl.dev.control_plane import ControlPlane, ExtraScheduler
 from pyctl.dev.gpu_nodes import GPU, GpuNodeSpec, apply_nrt_crd, body
 from pyctl.dev.mig_manager import MigManagerSim, a100_all_1g, create_mig_node, mig_pod
+from pyctl.dev.topology import TopologyUpdater
 from pyctl.metrics import Metrics
 from pyctl.serve.extender import ExtenderHandler
 from pyctl.serve.extender_server import ExtenderOptions, ExtenderServer
@@ -51,7 +52,6 @@ from pyctl.workflows.base import Workflow
 from pyctl.workflows.mig_reconfig import MigOptions
 from tests.e2e.conftest import WaitTimeout, wait_until
 from tests.e2e.test_placement_e2e import (
-    TopologyUpdater,
     create_nodes,
     delete_nodes,
     extender_config,

@@ -50,6 +50,7 @@ from pyctl.dev.mig_manager import (
     create_mig_node,
     mig_pod,
 )
+from pyctl.dev.topology import TopologyUpdater
 from pyctl.state.redis_client import RedisConfig, close_client
 from pyctl.state.redis_client import connect as redis_connect
 from pyctl.state.redis_workflows import RedisWorkflowStore
@@ -67,7 +68,6 @@ from tests.deploy.tools import (
 )
 from tests.e2e.conftest import wait_until
 from tests.e2e.test_placement_e2e import (
-    TopologyUpdater,
     create_nodes,
     delete_nodes,
     extender_config,

@@ -37,6 +37,7 @@ from pyctl.dev.gpu_nodes import (
     nrt_manifest,
     wait_nodes_ready,
 )
+from pyctl.dev.topology import TopologyUpdater
 from pyctl.model import Shape, Workload
 from pyctl.serve.extender import ExtenderHandler
 from pyctl.serve.extender_server import ExtenderOptions, ExtenderServer
@@ -129,107 +130,6 @@ def gpu_deployment(
             "template": {"metadata": pod["metadata"], "spec": pod["spec"]},
         },
     }
-
-
-def pod_gpus(p: Any) -> int:
-    total = 0
-    for c in p.spec.containers:
-        req = (c.resources.requests or {}) if c.resources else {}
-        total += int(req.get(GPU, 0))
-    return total
-
-
-def pod_cpu(p: Any) -> int:
-    total = 0
-    for c in p.spec.containers:
-        req = (c.resources.requests or {}) if c.resources else {}
-        total += int(str(req.get("cpu", "0")))
-    return total
-
-
-class TopologyUpdater:
-    """Plays NFD's topology-updater for the test nodes: per node and NUMA zone, the GPUs and CPUs
-    of the pods bound there, written to the node's NodeResourceTopology ``available``. A pod gets
-    the first zone whose free GPUs (and CPUs) fit it, as the kubelet's Topology Manager would under
-    ``single-numa-node``; pods pinned to a zone by the test keep it."""
-
-    def __init__(self, api: client.ApiClient, specs: list[GpuNodeSpec], label: str) -> None:
-        self.core = client.CoreV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
-        self.specs = {s.name: s for s in specs}
-        self.label = label
-        #: pod key -> (node, zone, gpus, cpus)
-        self.where: dict[str, tuple[str, int, int, int]] = {}
-        self.pinned: dict[str, int] = {}
-        #: pod name prefix -> zones the next pods with that prefix get (the history that
-        #: fragmented a node), consumed in order
-        self.hints: dict[str, list[int]] = {}
-        self.misaligned: list[str] = []
-
-    def used(self, node: str) -> dict[int, dict[str, int]]:
-        out: dict[int, dict[str, int]] = {
-            z: {GPU: 0, "cpu": 0} for z in range(self.specs[node].numa_zones)
-        }
-        for n, z, g, c in self.where.values():
-            if n == node:
-                out[z][GPU] += g
-                out[z]["cpu"] += c
-        return out
-
-    def gpus_used(self, node: str) -> list[int]:
-        return [u[GPU] for _, u in sorted(self.used(node).items())]
-
-    async def write(self, node: str) -> None:
-        spec = self.specs[node]
-        manifest = nrt_manifest(spec, self.used(node))
-        cur = await self.custom.get_cluster_custom_object(NRT_GROUP, NRT_VERSION, NRT_PLURAL, node)
-        cur["zones"] = manifest["zones"]
-        await self.custom.replace_cluster_custom_object(
-            NRT_GROUP, NRT_VERSION, NRT_PLURAL, node, body(cur)
-        )
-
-    async def sync(self) -> bool:
-        """Account for pods bound or gone since the last call; True if anything changed."""
-        pods = await self.core.list_namespaced_pod("default", label_selector=f"app={self.label}")
-        live = {}
-        for p in pods.items:
-            if p.spec.node_name in self.specs and p.status.phase not in ("Succeeded", "Failed"):
-                live[f"default/{p.metadata.name}"] = p
-        dirty: set[str] = set()
-        for key in [k for k in self.where if k not in live]:
-            dirty.add(self.where.pop(key)[0])
-        for key, p in sorted(live.items(), key=lambda kv: kv[1].metadata.creation_timestamp):
-            if key in self.where:
-                continue
-            node = p.spec.node_name
-            gpus, cpus = pod_gpus(p), pod_cpu(p)
-            used = self.used(node)
-            spec = self.specs[node]
-            zone = self.pinned.get(key)
-            for prefix, zones in self.hints.items():
-                if zone is None and zones and p.metadata.name.startswith(prefix):
-                    zone = zones.pop(0)
-            if zone is None:
-                fits = [
-                    z
-                    for z in range(spec.numa_zones)
-                    if spec.gpus_per_zone - used[z][GPU] >= gpus
-                    and spec.cpus_per_zone - used[z]["cpu"] >= cpus
-                ]
-                if not fits:  # the kubelet would reject it (TopologyAffinityError)
-                    self.misaligned.append(key)
-                    fits = [0]
-                zone = fits[0]
-            self.where[key] = (node, zone, gpus, cpus)
-            dirty.add(node)
-        for node in sorted(dirty):
-            await self.write(node)
-        return bool(dirty)
-
-    async def run(self, period: float = 0.2) -> None:
-        while True:
-            await self.sync()
-            await anyio.sleep(period)
 
 
 def model_gpus_used(ctl: Controller, node: str) -> list[int] | None:

@@ -39,11 +39,11 @@ from pyctl.app.state import StoredView, read_view
 from pyctl.core.fragmentation import shape_dict
 from pyctl.dev.control_plane import ControlPlane, ExtraScheduler, free_port
 from pyctl.dev.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body
+from pyctl.dev.topology import TopologyUpdater
 from tests.e2e.conftest import wait_until
 from tests.e2e.test_crash_e2e import ControllerProcess
 from tests.e2e.test_placement_e2e import (
     WORKLOAD,
-    TopologyUpdater,
     create_nodes,
     delete_nodes,
     extender_config,
