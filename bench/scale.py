@@ -80,7 +80,6 @@ import aiohttp
 import redis
 from _common import REPO  # noqa: F401  (puts the repository on sys.path)
 
-from pyctl.dev.cluster import extender_config
 from pyctl.dev.control_plane import (
     CONTROLLER_MANAGER,
     KWOK,
@@ -89,6 +88,7 @@ from pyctl.dev.control_plane import (
     ensure_binaries,
     free_port,
 )
+from pyctl.dev.extender import extender_config
 from pyctl.dev.gpu_nodes import (
     GPU,
     NRT_GROUP,

@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import yaml
 from kubernetes_asyncio import client, config
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console, Group
@@ -52,13 +51,13 @@ from rich.text import Text
 
 from pyctl.core.mig import MIG_CONFIG_LABEL
 from pyctl.dev.control_plane import (
-    REPO,
     Component,
     ControlPlane,
     ExtraScheduler,
     ensure_binaries,
     free_port,
 )
+from pyctl.dev.extender import extender_config
 from pyctl.dev.gpu_nodes import (
     GPU,
     GpuNodeSpec,
@@ -71,7 +70,6 @@ from pyctl.dev.mig_manager import STATE_LABEL, MigManagerSim, a100_all_1g, creat
 from pyctl.dev.topology import TopologyUpdater, pod_request
 
 SCHEDULER_NAME = "pyctl-gpu"
-EXTENDER_CONFIG = REPO / "deploy" / "scheduler" / "extender-config.yaml"
 NAMESPACE = "demo"
 GPU_NS = "gpu-operator"
 CONFIGMAP = "pyctl-mig-parted-config"
@@ -99,17 +97,6 @@ def h100(name: str) -> GpuNodeSpec:
         gpu_memory_mib=81559,
         labels={"nvidia.com/mig.capable": "false"},
     )
-
-
-def extender_config(url: str) -> dict[str, Any]:
-    """The shipped KubeSchedulerConfiguration (deploy/scheduler/extender-config.yaml, rendered
-    from the chart) for the local second scheduler: its extender at `url`, no leader election."""
-    shipped: dict[str, Any] = yaml.safe_load(EXTENDER_CONFIG.read_text())
-    for key in ("leaderElection", "apiVersion", "kind"):
-        shipped.pop(key, None)
-    (ext,) = shipped["extenders"]
-    ext["urlPrefix"] = url
-    return shipped
 
 
 def gpu_deployment(name: str, replicas: int, gpus: int) -> dict[str, Any]:

@@ -143,7 +143,8 @@ def plan_compaction(
 ) -> CompactionPlan:
     """Plan evictions on the cluster the reconciler modelled (`models`, by node name; nodes it
     could not model are left out). `pending`: unschedulable pods to make room for; `reserved`:
-    nodes whose room is promised to a rescue in progress (nothing else goes there).
+    nodes whose room is promised to a rescue in progress (nothing else goes there, and nothing
+    is moved off them but by that rescue).
 
     With `dra` (the cluster's DRA objects) and `dra_positions` (per node, where each pod's DRA
     devices sit, as translation found them), pods whose GPUs come from claims are placed exactly
@@ -182,8 +183,15 @@ def plan_compaction(
     if exclude:  # pods not to plan again now (e.g. their eviction was denied for good)
         refused.update({p.key: exclude[p.key] for p in movable if p.key in exclude})
         movable = [p for p in movable if p.key not in exclude]
+    # a node a rescue in progress holds is that rescue's: it evicts what its plan needs there,
+    # and nothing else moves pods off it meanwhile (no eviction beyond the plan, none twice)
+    held = frozenset(reserved)
+    refused.update(
+        {p.key: f"node {p.node} is held by a rescue in progress" for p in movable if p.node in held}
+    )
+    movable = [p for p in movable if p.node not in held]
     fit = Fit({n: nodes[n] for n in names}, all_pods)
-    allowed = _Allowed(fit, frozenset(reserved))
+    allowed = _Allowed(fit, held)
     items: list[policy.MovablePod] = []
     for p in movable:
         if p.key not in where:

@@ -33,12 +33,10 @@ from pyctl.cluster.kube.actuator import KubeActuator
 from pyctl.cluster.kube.lease import LeaderElector, LeaseConfig
 from pyctl.cluster.kube.source import KubeClusterSource
 from pyctl.controller.controller import Controller
-from pyctl.controller.placement import PlacementAdvisor
-from pyctl.dev.control_plane import ControlPlane, ExtraScheduler
+from pyctl.dev.control_plane import ControlPlane
+from pyctl.dev.extender import LocalExtender
 from pyctl.dev.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body
 from pyctl.dev.topology import TopologyUpdater
-from pyctl.serve.extender import ExtenderHandler
-from pyctl.serve.extender_server import ExtenderOptions, ExtenderServer
 from pyctl.state.memory import MemoryStore
 from pyctl.state.ratelimit import BucketLimit, MemoryRateLimiter, SafetyLimits
 from pyctl.state.workflows import MemoryWorkflowStore
@@ -51,7 +49,6 @@ from tests.e2e.test_placement_e2e import (
     WORKLOAD,
     create_nodes,
     delete_nodes,
-    extender_config,
     gpu_deployment,
     gpu_pod,
     kube,
@@ -102,17 +99,8 @@ async def test_compaction_frees_a_zone_for_the_pending_replica_respecting_the_pd
         workload=WORKLOAD,
         summary_interval=0.5,
     )
-    reconciler = ctl.reconciler
-    server = ExtenderServer(
-        lambda: ExtenderHandler(PlacementAdvisor.for_reconciler(reconciler)), ExtenderOptions()
-    )
-    port = await server.start()
-    sched = ExtraScheduler(
-        control_plane,
-        "pyctl-compaction",
-        extender_config(f"http://127.0.0.1:{port}/scheduler"),
-        ["--pod-max-in-unschedulable-pods-duration=5s"],
-    )
+    local = LocalExtender(control_plane, ctl.reconciler, "pyctl-compaction")
+    await local.start()
     elector = LeaderElector(kube, LeaseConfig("default", "pyctl-compaction-e2e", "r0", 4, 2.5, 0.5))
     loose = BucketLimit(capacity=10, per_second=10.0)
     gate = Gate(
@@ -149,7 +137,7 @@ async def test_compaction_frees_a_zone_for_the_pending_replica_respecting_the_pd
                 "the controller's models of the test nodes",
                 within=30,
             )
-            sched.start()
+            local.scheduler.start()
 
             # -- the history that fragmented c-frag: two 1-GPU replicas, one per NUMA zone -----
             await core.patch_node("c-full", body({"spec": {"unschedulable": True}}))
@@ -289,8 +277,7 @@ async def test_compaction_frees_a_zone_for_the_pending_replica_respecting_the_pd
             assert uids <= set(original), (uids, original)
             tg.cancel_scope.cancel()
     finally:
-        sched.stop()
-        await server.stop()
+        await local.stop()
         for name in ("small", "big"):
             try:
                 await apps.delete_namespaced_deployment(name, "default")

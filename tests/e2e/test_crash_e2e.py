@@ -39,6 +39,7 @@ import pytest
 from kubernetes_asyncio import client, watch
 
 from pyctl.dev.control_plane import ControlPlane, ExtraScheduler, free_port
+from pyctl.dev.extender import strict_config
 from pyctl.dev.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body
 from pyctl.dev.topology import TopologyUpdater
 from pyctl.state.redis_client import RedisConfig, close_client, connect
@@ -49,7 +50,6 @@ from tests.e2e.conftest import WaitTimeout, wait_until
 from tests.e2e.test_placement_e2e import (
     create_nodes,
     delete_nodes,
-    extender_config,
     gpu_deployment,
     gpu_pod,
 )
@@ -375,7 +375,7 @@ async def test_sigkill_at_random_points_always_converges(
     sched = ExtraScheduler(
         control_plane,
         "pyctl-crash",
-        extender_config(f"http://127.0.0.1:{extender_port}/scheduler"),
+        strict_config(f"http://127.0.0.1:{extender_port}/scheduler"),
         ["--pod-max-in-unschedulable-pods-duration=5s"],
     )
     kills: list[dict[str, Any]] = []

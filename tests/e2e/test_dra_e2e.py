@@ -34,13 +34,11 @@ from pyctl.cluster.kube.source import KubeClusterSource
 from pyctl.cluster.quantity import parse_quantity
 from pyctl.cluster.translate import shape_of
 from pyctl.controller.controller import Controller
-from pyctl.controller.placement import PlacementAdvisor
 from pyctl.core import mig
-from pyctl.dev.control_plane import ControlPlane, ExtraScheduler
+from pyctl.dev.control_plane import ControlPlane
+from pyctl.dev.extender import TEST_SCHEDULER, LocalExtender
 from pyctl.dev.gpu_nodes import GpuNodeSpec, body, node_manifest, wait_nodes_ready
 from pyctl.model import Shape, Workload
-from pyctl.serve.extender import ExtenderHandler
-from pyctl.serve.extender_server import ExtenderOptions, ExtenderServer
 from pyctl.state.memory import MemoryStore
 from pyctl.state.ratelimit import BucketLimit, MemoryRateLimiter, SafetyLimits
 from pyctl.state.workflows import MemoryWorkflowStore
@@ -61,7 +59,7 @@ from tests.e2e.dra_driver_sim import (
     SimNode,
     slices_for,
 )
-from tests.e2e.test_placement_e2e import SCHEDULER_NAME, extender_config, kube
+from tests.e2e.test_placement_e2e import kube
 
 pytestmark = [pytest.mark.e2e]
 
@@ -382,7 +380,7 @@ def deployment(
 ) -> dict[str, Any]:
     """Replicas whose GPUs come from `source` ("template:<t>", or "claim:<c>": a standalone
     claim), scheduled by the scheduler with pyctl's extender."""
-    pod = claim_pod("x", {"gpus": source}, scheduler=SCHEDULER_NAME, selector=sel, node=node)
+    pod = claim_pod("x", {"gpus": source}, scheduler=TEST_SCHEDULER, selector=sel, node=node)
     labels = {"app": "dra-cmp", "tier": name}
     return {
         "apiVersion": "apps/v1",
@@ -426,17 +424,8 @@ async def test_numa_split_claim_then_compaction_frees_a_zone_for_the_real_schedu
         workload=Workload((one, four)),
         summary_interval=0.3,
     )
-    reconciler = ctl.reconciler
-    server = ExtenderServer(
-        lambda: ExtenderHandler(PlacementAdvisor.for_reconciler(reconciler)), ExtenderOptions()
-    )
-    port = await server.start()
-    sched = ExtraScheduler(
-        control_plane,
-        "pyctl-dra",
-        extender_config(f"http://127.0.0.1:{port}/scheduler"),
-        ["--pod-max-in-unschedulable-pods-duration=5s"],
-    )
+    local = LocalExtender(control_plane, ctl.reconciler, "pyctl-dra")
+    await local.start()
     elector = LeaderElector(kube, LeaseConfig(NS, "pyctl-dra-e2e", "r0", 4, 2.5, 0.5))
     loose = BucketLimit(capacity=10, per_second=10.0)
     gate = Gate(
@@ -475,7 +464,7 @@ async def test_numa_split_claim_then_compaction_frees_a_zone_for_the_real_schedu
                 "pyctl's models of the DRA nodes",
                 within=30,
             )
-            sched.start()
+            local.scheduler.start()
             # dc-full: replicas using two standalone claims of 3 aligned GPUs, one per zone (the
             # evictor's rules would let them move; their claims do not)
             fills = []
@@ -578,8 +567,7 @@ async def test_numa_split_claim_then_compaction_frees_a_zone_for_the_real_schedu
             assert (evicted or 0) >= 1
             tg.cancel_scope.cancel()
     finally:
-        sched.stop()
-        await server.stop()
+        await local.stop()
         for name in ("small", "big", "fill-0", "fill-1"):
             try:
                 await apps.delete_namespaced_deployment(name, NS)

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from pyctl.controller.placement import PlacementAdvisor
 from pyctl.dev.control_plane import ControlPlane, ExtraScheduler
+from pyctl.dev.extender import strict_config
 from pyctl.dev.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body
 from pyctl.serve.extender import ExtenderHandler
 from pyctl.serve.extender_server import ExtenderOptions, ExtenderServer, HttpMetrics
@@ -25,7 +26,6 @@ from tests.e2e.conftest import wait_until
 from tests.e2e.test_placement_e2e import (
     create_nodes,
     delete_nodes,
-    extender_config,
     gpu_pod,
     pod_node,
 )
@@ -37,7 +37,7 @@ LABEL = "tls-e2e"
 
 
 def scheduler_config(url: str, name: str, tls: dict[str, str]) -> dict[str, Any]:
-    config = extender_config(url, scheduler_name=name)
+    config = strict_config(url, scheduler_name=name)
     (ext,) = config["extenders"]
     ext["enableHTTPS"] = True
     ext["tlsConfig"] = tls

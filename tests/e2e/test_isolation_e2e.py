@@ -38,14 +38,12 @@ from pyctl.cluster.kube.actuator import KubeActuator
 from pyctl.cluster.kube.client import KubeClient
 from pyctl.cluster.kube.source import KubeClusterSource
 from pyctl.controller.controller import Controller
-from pyctl.controller.placement import PlacementAdvisor
-from pyctl.dev.control_plane import ControlPlane, ExtraScheduler
+from pyctl.dev.control_plane import ControlPlane
+from pyctl.dev.extender import LocalExtender
 from pyctl.dev.gpu_nodes import GPU, GpuNodeSpec, apply_nrt_crd, body
 from pyctl.dev.mig_manager import MigManagerSim, a100_all_1g, create_mig_node, mig_pod
 from pyctl.dev.topology import TopologyUpdater
 from pyctl.metrics import Metrics
-from pyctl.serve.extender import ExtenderHandler
-from pyctl.serve.extender_server import ExtenderOptions, ExtenderServer
 from pyctl.state.ratelimit import BucketLimit, SafetyLimits
 from pyctl.state.redis_store import RedisStore
 from pyctl.workflows.base import Workflow
@@ -54,7 +52,6 @@ from tests.e2e.conftest import WaitTimeout, wait_until
 from tests.e2e.test_placement_e2e import (
     create_nodes,
     delete_nodes,
-    extender_config,
     gpu_deployment,
     gpu_pod,
     kube,
@@ -187,17 +184,8 @@ async def fragmented_cluster(
         scope=workload_scope(cfg),  # M derived from the pods: kube-system left out, cap 0.5
     )
     flows = attach_workflows(ctl, cfg, actuator=KubeActuator(kube, instance="r0"), limits=LIMITS)
-    reconciler = ctl.reconciler
-    server = ExtenderServer(
-        lambda: ExtenderHandler(PlacementAdvisor.for_reconciler(reconciler)), ExtenderOptions()
-    )
-    port = await server.start()
-    sched = ExtraScheduler(
-        control_plane,
-        f"pyctl-iso-{tag}",
-        extender_config(f"http://127.0.0.1:{port}/scheduler"),
-        ["--pod-max-in-unschedulable-pods-duration=5s"],
-    )
+    local = LocalExtender(control_plane, ctl.reconciler, f"pyctl-iso-{tag}")
+    await local.start()
     c = Cluster(api, label, sel, specs, ctl, flows, updater, leader)
     core, apps = c.core, client.AppsV1Api(api)
     try:
@@ -209,12 +197,11 @@ async def fragmented_cluster(
                 "the controller's models of the test nodes",
                 within=60,
             )
-            sched.start()
+            local.scheduler.start()
             yield c, tg
             tg.cancel_scope.cancel()
     finally:
-        sched.stop()
-        await server.stop()
+        await local.stop()
         for name in ("small", "big"):
             try:
                 await apps.delete_namespaced_deployment(name, "default")

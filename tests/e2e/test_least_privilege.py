@@ -42,6 +42,7 @@ from kubernetes_asyncio import client
 from pyctl.cluster.kube.actuator import KubeActuator
 from pyctl.cluster.kube.client import KubeApiError, connect
 from pyctl.dev.control_plane import ControlPlane, ExtraScheduler, free_port
+from pyctl.dev.extender import strict_config
 from pyctl.dev.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body
 from pyctl.dev.mig_manager import (
     STATE_LABEL,
@@ -70,7 +71,6 @@ from tests.e2e.conftest import wait_until
 from tests.e2e.test_placement_e2e import (
     create_nodes,
     delete_nodes,
-    extender_config,
     gpu_deployment,
     gpu_pod,
 )
@@ -285,7 +285,7 @@ async def test_the_controller_needs_exactly_the_charts_rbac_and_admission_confin
         sched = ExtraScheduler(
             control_plane,
             "pyctl-lp",
-            extender_config(f"http://127.0.0.1:{pyctl.extender_port}/scheduler"),
+            strict_config(f"http://127.0.0.1:{pyctl.extender_port}/scheduler"),
             ["--pod-max-in-unschedulable-pods-duration=5s"],
         )
         sched.start()

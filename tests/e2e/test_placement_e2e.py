@@ -17,14 +17,14 @@ from typing import Any
 
 import anyio
 import pytest
-import yaml
 from kubernetes_asyncio import client
 
 from pyctl.cluster.kube.client import connect
 from pyctl.cluster.kube.source import KubeClusterSource
 from pyctl.controller.controller import Controller
 from pyctl.controller.placement import PlacementAdvisor
-from pyctl.dev.control_plane import REPO, ControlPlane, ExtraScheduler
+from pyctl.dev.control_plane import ControlPlane
+from pyctl.dev.extender import TEST_SCHEDULER, LocalExtender
 from pyctl.dev.gpu_nodes import (
     GPU,
     NRT_GROUP,
@@ -40,14 +40,11 @@ from pyctl.dev.gpu_nodes import (
 from pyctl.dev.topology import TopologyUpdater
 from pyctl.model import Shape, Workload
 from pyctl.serve.extender import ExtenderHandler
-from pyctl.serve.extender_server import ExtenderOptions, ExtenderServer
 from pyctl.state.memory import MemoryStore
 from tests.e2e.conftest import wait_until
 
 pytestmark = [pytest.mark.e2e]
 
-SCHEDULER_NAME = "pyctl-e2e"
-EXTENDER_CONFIG = REPO / "deploy" / "scheduler" / "extender-config.yaml"
 #: M for these tests: single GPUs and 4-GPU (one whole NUMA zone) replicas, half and half
 WORKLOAD = Workload(
     (
@@ -55,27 +52,6 @@ WORKLOAD = Workload(
         Shape(cpu_milli=1000, gpus=4, gpu_milli=1000, weight=0.5),
     )
 )
-
-
-def extender_config(url: str, scheduler_name: str = SCHEDULER_NAME) -> dict[str, Any]:
-    """The shipped KubeSchedulerConfiguration (deploy/scheduler/extender-config.yaml, see
-    docs/placement.md) for a test scheduler: its extender at `url`, its own schedulerName, no
-    leader election, and extender errors not ignored (so a broken extender fails the test)."""
-    shipped = yaml.safe_load(EXTENDER_CONFIG.read_text())
-    shipped.pop("leaderElection", None)
-    shipped.pop("apiVersion", None)
-    shipped.pop("kind", None)
-    shipped["profiles"] = [{"schedulerName": scheduler_name}]
-    (ext,) = shipped["extenders"]
-    ext["urlPrefix"] = url
-    # plain HTTP to the test's extender (the shipped file may configure HTTPS; the tests that
-    # need TLS set it themselves: test_extender_tls_e2e.py)
-    ext["enableHTTPS"] = False
-    ext.pop("tlsConfig", None)
-    ext["ignorable"] = False
-    ext["httpTimeout"] = "5s"
-    config: dict[str, Any] = shipped
-    return config
 
 
 def gpu_pod(
@@ -86,7 +62,7 @@ def gpu_pod(
     node: str | None = None,
     cpu: int = 1,
     selector: Mapping[str, str] | None = None,
-    scheduler: str = SCHEDULER_NAME,
+    scheduler: str = TEST_SCHEDULER,
 ) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "schedulerName": scheduler,
@@ -211,14 +187,8 @@ async def test_real_scheduler_with_the_extender_aligns_and_packs(
     )
     ext = ExtenderHandler(PlacementAdvisor.for_reconciler(ctl.reconciler))
     # the workers' handlers are separate, as in `pyctl run` (`ext` asks the same question here)
-    reconciler = ctl.reconciler
-    server = ExtenderServer(
-        lambda: ExtenderHandler(PlacementAdvisor.for_reconciler(reconciler)), ExtenderOptions()
-    )
-    port = await server.start()
-    sched = ExtraScheduler(
-        control_plane, "pyctl-e2e", extender_config(f"http://127.0.0.1:{port}/scheduler")
-    )
+    local = LocalExtender(control_plane, ctl.reconciler, "pyctl-e2e", flags=())
+    await local.start()
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(ctl.run)
@@ -235,7 +205,7 @@ async def test_real_scheduler_with_the_extender_aligns_and_packs(
                 "the controller's models of the test nodes",
                 within=30,
             )
-            sched.start()
+            local.scheduler.start()
 
             # 1. a 4-GPU pod: only nodes with a whole free zone; never the 2 + 2 node
             aligned = {"pl-three", "pl-empty"}
@@ -307,8 +277,7 @@ async def test_real_scheduler_with_the_extender_aligns_and_packs(
             assert updater.misaligned == []  # no pod would have failed kubelet admission
             tg.cancel_scope.cancel()
     finally:
-        sched.stop()
-        await server.stop()
+        await local.stop()
         await core.delete_collection_namespaced_pod(
             "default", label_selector=f"app={label}", grace_period_seconds=0
         )

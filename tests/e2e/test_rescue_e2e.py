@@ -25,10 +25,11 @@ import pytest
 from kubernetes_asyncio import client
 
 from pyctl.dev.control_plane import ControlPlane, ExtraScheduler, free_port
+from pyctl.dev.extender import strict_config
 from pyctl.dev.gpu_nodes import GpuNodeSpec, body, node_manifest, wait_nodes_ready
 from tests.e2e.conftest import wait_until
 from tests.e2e.test_crash_e2e import ControllerProcess
-from tests.e2e.test_placement_e2e import extender_config, gpu_deployment
+from tests.e2e.test_placement_e2e import gpu_deployment
 from tests.integration.redis_servers import RedisServer
 
 pytestmark = [pytest.mark.e2e]
@@ -82,7 +83,7 @@ async def test_a_rescue_of_two_moves_under_a_pdb_places_the_pending_replica(
     sched = ExtraScheduler(
         control_plane,
         "pyctl-rescue",
-        extender_config(f"http://127.0.0.1:{port}/scheduler"),
+        strict_config(f"http://127.0.0.1:{port}/scheduler"),
         ["--pod-max-in-unschedulable-pods-duration=5s"],
     )
     lowest = [99]

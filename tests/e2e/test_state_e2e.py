@@ -38,6 +38,7 @@ from pyctl.app.config import Config, load_config
 from pyctl.app.state import StoredView, read_view
 from pyctl.core.fragmentation import shape_dict
 from pyctl.dev.control_plane import ControlPlane, ExtraScheduler, free_port
+from pyctl.dev.extender import strict_config
 from pyctl.dev.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body
 from pyctl.dev.topology import TopologyUpdater
 from tests.e2e.conftest import wait_until
@@ -46,7 +47,6 @@ from tests.e2e.test_placement_e2e import (
     WORKLOAD,
     create_nodes,
     delete_nodes,
-    extender_config,
     gpu_deployment,
     gpu_pod,
     pod_node,
@@ -131,7 +131,7 @@ async def test_status_and_explain_read_from_redis_agree_with_the_cluster(
     sched = ExtraScheduler(
         control_plane,
         "pyctl-state",
-        extender_config(f"http://127.0.0.1:{port}/scheduler"),
+        strict_config(f"http://127.0.0.1:{port}/scheduler"),
         ["--pod-max-in-unschedulable-pods-duration=5s"],
     )
     cfg: Config = load_config(None, {}, {"cluster": CLUSTER, "redis_url": redis_server.url})

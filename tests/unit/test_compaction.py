@@ -112,6 +112,20 @@ def test_a_rescue_frees_a_zone_for_the_pending_four_gpu_replica() -> None:
     assert all(m.rescue == 0 for m in r.moves)
 
 
+def test_a_node_held_by_a_rescue_in_progress_is_left_to_it() -> None:
+    """While a rescue holds node a (its evictions in flight), plain compaction neither moves
+    pods off a (only the rescue evicts there: no eviction beyond its plan, none twice) nor
+    sends pods to it. Without the hold, the same round moves a pod off a."""
+    nodes, nrts, pods = fragmented()
+    models = models_of(nodes.values(), nrts.values(), pods)
+    w = Workload((ONE, Shape(cpu_milli=4000, gpus=4, gpu_milli=1000)))
+    free = plan_compaction(models, nodes, pods, (), w)
+    assert any(m.from_node == "a" for m in free.moves), free
+    held = plan_compaction(models, nodes, pods, (), w, reserved=("a",))
+    assert all("a" not in (m.from_node, m.to_node) for m in held.moves), held
+    assert held.refused["serving/a0"] == "node a is held by a rescue in progress"
+
+
 def test_a_pdb_without_budget_holds_compaction_back() -> None:
     nodes, nrts, pods = fragmented()
     pdb = PdbRecord("serving", "llm", match_labels=(("app", "llm"),), disruptions_allowed=0)
