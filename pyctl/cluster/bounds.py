@@ -84,6 +84,7 @@ DRA_BOUNDS: Final[Mapping[str, int]] = {
     "counter_sets_per_slice": 8,  # ResourceSliceMaxCounterSets
     "counters_per_set": 32,  # ResourceSliceMaxCountersPerCounterSet
     "consumptions_per_device": 2,  # ResourceSliceMaxDeviceCounterConsumptionsPerDevice
+    "capacity_valid_values": 10,  # CapacityRequestPolicyDiscreteMaxOptions
     "taints_per_device": 16,  # DeviceTaintsMaxLength
     "list_attribute_items": 64,  # list-type attributes (DRAListTypeAttributes)
     "requests_per_claim": 32,  # DeviceRequestsMaxSize

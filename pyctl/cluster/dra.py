@@ -31,17 +31,20 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any, Final
 
+from pyctl.cluster import dra_capacity as dc
 from pyctl.cluster import dra_cel
 from pyctl.cluster import quantity as q
 from pyctl.cluster.dra_records import (
+    Allocated,
     Attr,
     ClaimRecord,
     ClaimSpec,
@@ -116,6 +119,16 @@ class DeviceView:
     profile: str = ""
     #: (counter set, counter) -> amount consumed when allocated
     consumes: dict[tuple[str, str], Fraction] = field(default_factory=dict)
+
+    @cached_property
+    def caps(self) -> dict[str, dc.Capacity]:
+        """Its capacities with their request policies (consumable capacity)."""
+        return dc.capacities(self.device)
+
+    @property
+    def shared(self) -> bool:
+        """Several claims may share it (allowMultipleAllocations)."""
+        return self.device.multiple
 
     def attribute(self, qualified_name: str) -> Any:
         domain, ident = qualified(qualified_name, self.id.driver)
@@ -283,6 +296,8 @@ class Allocation:
     request: str
     pods: tuple[str, ...]
     admin: bool = False
+    #: what it consumed of a shared device's capacities (consumable capacity)
+    consumed: dict[str, Fraction] = field(default_factory=dict)
 
 
 @dataclass
@@ -306,6 +321,32 @@ class NodeDevices:
             if not a.admin:
                 return a.pods[0] if a.pods else a.claim
         return None
+
+    def capacity_used(self, d: DeviceView) -> dict[str, Fraction]:
+        """What the allocations on a shared device consume, capacity by capacity."""
+        used: dict[str, Fraction] = defaultdict(Fraction)
+        for a in self.allocated.get(d.id, ()):
+            if not a.admin:
+                for n, v in a.consumed.items():
+                    used[n] += v
+        return dict(used)
+
+    def shares(self, d: DeviceView) -> tuple[int, list[tuple[str, int]]]:
+        """A shared device's used share (milli-GPU) and each holder's share: its largest
+        fraction over the capacities, scaled down (largest remainder) when the holders' own
+        roundings add up to more than the device's."""
+        held: dict[str, int] = {}
+        for a in self.allocated.get(d.id, ()):
+            if a.admin:
+                continue
+            who = a.pods[0] if a.pods else a.claim
+            held[who] = held.get(who, 0) + dc.share(d.caps, a.consumed)
+        if not held:
+            return 0, []
+        used = dc.share(d.caps, self.capacity_used(d))
+        if sum(held.values()) > used:
+            held = scaled(held, used)
+        return used, sorted(held.items())
 
     def counters_used(self) -> dict[tuple[str, str, str, str], Fraction]:
         used: dict[tuple[str, str, str, str], Fraction] = defaultdict(Fraction)
@@ -351,17 +392,46 @@ def node_devices(
                     continue
                 devices.append(device_view(pool.driver, pool.name, d, order))
                 order += 1
-    ids = {d.id for d in devices}
+    by_id = {d.id: d for d in devices}
     allocated: dict[DeviceId, list[Allocation]] = defaultdict(list)
     for c in claims:
         pods = claim_pods(c)
         for r in c.allocated:
             did = DeviceId(r.driver, r.pool, r.device)
-            if did in ids:
-                allocated[did].append(Allocation(c.key, r.request, pods, r.admin_access))
+            view = by_id.get(did)
+            if view is None:
+                continue
+            used = _consumed_by(c, r, view) if view.shared and not r.admin_access else {}
+            allocated[did].append(Allocation(c.key, r.request, pods, r.admin_access, used))
     nd = NodeDevices(node, devices, [], counter_sets, dict(allocated), notes)
     nd.gpus = _physical_gpus(nd)
     return nd
+
+
+def _consumed_by(c: ClaimRecord, r: Allocated, d: DeviceView) -> dict[str, Fraction]:
+    """What an allocation result consumed of a shared device: its `consumedCapacity` (the
+    scheduler records every capacity of the device), else what its request consumes by the
+    allocator's arithmetic, else the whole device."""
+    if r.consumed:
+        return dc.amounts(r.consumed)
+    for raw in c.spec.requests:
+        for req in (raw, *raw.first_available):
+            if req.name == r.request:
+                got = dc.consumed(d.caps, req.capacity)
+                if got is not None:
+                    return got
+    return {n: cap.value for n, cap in d.caps.items()}
+
+
+def scaled(holders: Mapping[str, int], to: int) -> dict[str, int]:
+    """Shares scaled down to add up to `to` (largest remainder)."""
+    total = sum(holders.values())
+    exact = {k: Fraction(v * to, total) for k, v in holders.items()}
+    out = {k: math.floor(v) for k, v in exact.items()}
+    rest = to - sum(out.values())
+    for k in sorted(exact, key=lambda k: (-(exact[k] - out[k]), k))[:rest]:
+        out[k] += 1
+    return out
 
 
 def _physical_gpus(nd: NodeDevices) -> list[PhysicalGpu]:
@@ -495,9 +565,10 @@ def request_matches(
 
 
 def kind_of(d: DeviceView) -> tuple[str, str]:
-    """What a device is for a shape: ("gpu", ""), ("mig", profile), or ("other", driver)."""
+    """What a device is for a shape: ("gpu", ""), ("shared", "") (a whole GPU several claims
+    share by capacity), ("mig", profile), or ("other", driver)."""
     if d.id.driver in GPU_DRIVERS and d.kind == "gpu":
-        return ("gpu", "")
+        return ("shared", "") if d.shared else ("gpu", "")
     if d.id.driver in GPU_DRIVERS and d.kind == "mig":
         return ("mig", d.profile)
     return ("other", d.id.driver)
@@ -509,21 +580,25 @@ class KindIndex:
     each group is tried up to `per_group` devices."""
 
     def __init__(self, devices: Iterable[DeviceView], per_group: int = 64) -> None:
-        groups: dict[tuple[str, str, str, str], list[DeviceView]] = defaultdict(list)
+        groups: dict[tuple[Any, ...], list[DeviceView]] = defaultdict(list)
         for d in devices:
-            g = groups[(d.id.driver, d.kind, d.profile, d.product)]
+            # shared devices also by their capacities (what a share of them is depends on it)
+            shared = (d.device.capacity, d.device.policies) if d.shared else None
+            g = groups[(d.id.driver, d.kind, d.profile, d.product, shared)]
             if len(g) < per_group:
                 g.append(d)
         self.groups = dict(groups)
 
     def kinds(
         self, req: Request, cls: DeviceClassRecord | None, claim: str
-    ) -> set[tuple[str, str]]:
-        out = set()
+    ) -> dict[tuple[str, str], list[DeviceView]]:
+        """The kinds of device the request can get, each with the first matching device of
+        each of its groups."""
+        out: dict[tuple[str, str], list[DeviceView]] = {}
         for members in self.groups.values():
             for d in members:
                 if request_matches(req, cls, d, claim):
-                    out.add(kind_of(d))
+                    out.setdefault(kind_of(d), []).append(d)
                     break
         return out
 
@@ -538,6 +613,8 @@ class DraNeed:
     gpus: int = 0
     mig_profile: str | None = None
     numa_aligned: bool = False
+    #: the share of each GPU (milli-GPU; below 1000 for a share of a shared device)
+    gpu_milli: int = 1000
     #: why pyctl cannot say ("" when it can)
     unknown: str = ""
     #: every claim comes from a template (the pod can be moved: its replacement gets new claims)
@@ -552,12 +629,29 @@ def _effective(req: Request) -> Request:
     return req.first_available[0] if req.first_available else req
 
 
+def share_need(req: Request, devices: Sequence[DeviceView], claim: str) -> int:
+    """The share (milli-GPU) a request takes of each shared device it gets: what it consumes by
+    the allocator's arithmetic, as a fraction of the devices it matches (the largest, when
+    devices of different capacities match); raises `Unknown` when none can serve it."""
+    got = [
+        dc.share(d.caps, c) for d in devices if (c := dc.consumed(d.caps, req.capacity)) is not None
+    ]
+    if not got:
+        raise Unknown(
+            f"{claim}: request {req.name}: no shared device it matches can serve its capacity "
+            "request"
+        )
+    return max(1, max(got))
+
+
 def claim_need(
     spec: ClaimSpec, cat: Catalogue, index: KindIndex, claim: str
-) -> tuple[int, str | None, bool]:
-    """(whole GPUs, MIG profile, aligned) of one claim; raises `Unknown`."""
+) -> tuple[int, str | None, bool, int]:
+    """(GPUs, MIG profile, aligned, share of each GPU in milli-GPU) of one claim; raises
+    `Unknown`."""
     gpus = 0
     profiles: list[str] = []
+    milli: set[int] = set()
     gpu_requests: list[str] = []
     for raw in spec.requests:
         req = _effective(raw)
@@ -577,8 +671,9 @@ def claim_need(
                 f"({', '.join(sorted(f'{a} {b}'.strip() for a, b in kinds))})"
             )
         ((k, profile),) = gpu_kinds
-        if k == "gpu":
+        if k in ("gpu", "shared"):
             gpus += req.count
+            milli.add(share_need(req, kinds[(k, profile)], claim) if k == "shared" else 1000)
         else:
             if req.count != 1:
                 raise Unknown(
@@ -588,13 +683,15 @@ def claim_need(
         gpu_requests.append(raw.name)
     if profiles and (gpus or len(profiles) > 1):
         raise Unknown(f"{claim}: asks for MIG devices together with other GPUs (not modelled)")
+    if len(milli) > 1:
+        raise Unknown(f"{claim}: asks for GPU shares of different sizes (not modelled)")
     aligned = False
     for c in spec.constraints:
         if c.match_attribute in ALIGN_ATTRIBUTES:
             covered = set(c.requests) if c.requests else {r.name for r in spec.requests}
             if set(gpu_requests) <= {r.split("/")[0] for r in covered}:
                 aligned = True
-    return gpus, (profiles[0] if profiles else None), aligned
+    return gpus, (profiles[0] if profiles else None), aligned, min(milli, default=1000)
 
 
 def pod_need(
@@ -608,12 +705,17 @@ def pod_need(
     profile: str | None = None
     aligned_all = True
     claims_with_gpus = 0
+    milli: set[int] = set()
     try:
         for pc, spec, _ in resolved:
             where = f"{namespace}/{pc.claim_name or pc.template or pc.name}"
             if spec is None:
                 raise Unknown(f"{where}: the claim (or its template) is not known yet")
-            g, p, aligned = claim_need(spec, cat, index, where)
+            g, p, aligned, share = claim_need(spec, cat, index, where)
+            if g:
+                milli.add(share)
+                if len(milli) > 1:
+                    raise Unknown(f"{where}: GPU shares of different sizes (not modelled)")
             if g or p:
                 claims_with_gpus += 1
                 aligned_all = aligned_all and (aligned or g <= 1)
@@ -628,7 +730,7 @@ def pod_need(
         return DraNeed(unknown=str(e), movable=movable, claims=len(claims))
     # GPUs of several claims are aligned only if one claim holds them all
     aligned = gpus > 1 and aligned_all and claims_with_gpus == 1
-    return DraNeed(gpus, profile, aligned, "", movable, len(claims))
+    return DraNeed(gpus, profile, aligned, min(milli, default=1000), "", movable, len(claims))
 
 
 # ---- admission: the allocator's search ------------------------------------------------------
@@ -679,9 +781,13 @@ def allocate(
     """Whether the scheduler's allocator could allocate these claims (`(name, spec)`) on the
     node now, and with which devices (the first solution in its order: requests in order,
     devices in slice order)."""
-    taken = {d.id for d in nd.devices if nd.in_use(d) and not d.device.multiple}
+    taken = {d.id for d in nd.devices if nd.in_use(d) and not d.shared}
     taken |= set(extra_in_use)
     used = nd.counters_used()
+    # shared devices: what their allocations consume, and which ones already hold shares (a
+    # further share does not charge the device's counters again, as in the allocator)
+    cap_used = {d.id: nd.capacity_used(d) for d in nd.devices if d.shared}
+    sharing = {d.id for d in nd.devices if d.shared and nd.in_use(d)}
     capacity = {
         (drv, pool, cs, c): v
         for (drv, pool, cs), cnt in nd.counter_sets.items()
@@ -729,6 +835,8 @@ def allocate(
     budget = [steps]
 
     def fits_counters(d: DeviceView) -> bool:
+        if d.id in sharing:
+            return True
         for (cs, c), v in d.consumes.items():
             key = (d.id.driver, d.id.pool, cs, c)
             if key not in capacity or used[key] + v > capacity[key]:
@@ -746,8 +854,16 @@ def allocate(
                 raise Unknown("the allocation search ran out of steps")
             if not req.admin_access and (d.id in taken or not fits_counters(d)):
                 continue
-            if any(d.id == x.id for _, _, x in chosen):
+            if not d.shared and any(d.id == x.id for _, _, x in chosen):
                 continue
+            need: dict[str, Fraction] = {}
+            if d.caps and (req.capacity or d.shared):
+                # the capacity check the allocator makes of every device it tries
+                got = dc.consumed(d.caps, req.capacity)
+                if got is None or not dc.fits(d.caps, cap_used.get(d.id, {}), got):
+                    continue
+                if d.shared and not req.admin_access:
+                    need = got
             saved = []
             ok = True
             for k, (reqs, attr, match) in enumerate(constraints[ci]):
@@ -771,16 +887,32 @@ def allocate(
                 saved.append(((ci, k), cur))
                 state[(ci, k)] = new
             if ok:
-                if not req.admin_access:
-                    taken.add(d.id)
+                charge = not req.admin_access and d.id not in sharing
+                if charge:
                     for (cs, c), v in d.consumes.items():
                         used[(d.id.driver, d.id.pool, cs, c)] += v
+                if not req.admin_access:
+                    if d.shared:
+                        sharing.add(d.id)
+                        held = cap_used.setdefault(d.id, {})
+                        for n, v in need.items():
+                            held[n] = held.get(n, Fraction(0)) + v
+                    else:
+                        taken.add(d.id)
                 chosen.append((ci, req.name, d))
                 if search(i + 1):
                     return True
                 chosen.pop()
                 if not req.admin_access:
-                    taken.discard(d.id)
+                    if d.shared:
+                        held = cap_used[d.id]
+                        for n, v in need.items():
+                            held[n] -= v
+                        if charge:
+                            sharing.discard(d.id)
+                    else:
+                        taken.discard(d.id)
+                if charge:
                     for (cs, c), v in d.consumes.items():
                         used[(d.id.driver, d.id.pool, cs, c)] -= v
             for key, cur in reversed(saved):
@@ -817,6 +949,9 @@ class ModelGpu:
     whole: bool
     used_milli: int = 0
     holder: str | None = None
+    #: a device several claims share by capacity: each holder's share (milli-GPU)
+    holders: list[tuple[str, int]] = field(default_factory=list)
+    shared: bool = False
     dynamic: bool = False
     instances: list[tuple[str, int, bool, str | None]] = field(default_factory=list)
     free_slices: int | None = None
@@ -877,6 +1012,12 @@ def model_gpus(nd: NodeDevices, gpu_model: str = "") -> DraModel:
         if not g.parts:
             d = g.whole
             assert d is not None
+            if d.shared:
+                milli, holders = nd.shares(d)
+                out.append(
+                    ModelGpu(zone, g, True, milli, nd.holder(d), holders=holders, shared=True)
+                )
+                continue
             used = nd.in_use(d)
             out.append(ModelGpu(zone, g, True, 1000 if used else 0, nd.holder(d)))
             continue

@@ -45,6 +45,19 @@ class CounterSet(msgspec.Struct, frozen=True, array_like=True, omit_defaults=Tru
     counters: tuple[tuple[str, str], ...] = ()
 
 
+class CapacityPolicy(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+    """A capacity's requestPolicy (consumable capacity): what a claim consumes when it asks for
+    none (`default`; "" is the whole value), and how a request is rounded up: to the next of
+    `valid_values`, or to `min` + a multiple of `step` within `max`."""
+
+    name: str
+    default: str = ""
+    valid_values: tuple[str, ...] = ()
+    min: str = ""
+    max: str = ""
+    step: str = ""
+
+
 class Device(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
     name: str
     attributes: tuple[Attr, ...] = ()
@@ -56,6 +69,8 @@ class Device(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
     multiple: bool = False
     #: the device's own nodeName (perDeviceNodeSelection pools)
     node: str = ""
+    #: the request policies of its capacities (consumable capacity)
+    policies: tuple[CapacityPolicy, ...] = ()
 
 
 class SliceRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):

@@ -39,7 +39,8 @@ from pyctl.core import mig
 from pyctl.core.fragmentation import check_shape
 from pyctl.model import TOPOLOGY_POLICIES, Gpu, MigGpu, MigInstance, Node, PolicyName, Shape, Zone
 
-#: where a pod's DRA devices sit in a node's model: ("dra_gpus", zone position, GPU position),
+#: where a pod's DRA devices sit in a node's model: ("dra_gpus", zone position, GPU position)
+#: for a whole GPU, ("dra_gpus", zone, GPU, milli-GPU) for its share of a shared one,
 #: ("mig", zone, MIG GPU, instance) for a static MIG device, ("mig_new", zone, MIG GPU, profile,
 #: start) for a dynamic placement, ("dyn_whole", zone, MIG GPU) for a dynamic GPU taken whole
 DraPositions = dict[str, list[tuple[object, ...]]]
@@ -71,7 +72,7 @@ def pod_shape(p: PodRecord, node: NodeRecord | None = None, need: DraNeed | None
             cpu_milli=p.cpu_milli,
             memory_mib=p.memory_mib,
             gpus=max(need.gpus, 1 if need.mig_profile else 0),
-            gpu_milli=1000 if need.gpus else 0,
+            gpu_milli=need.gpu_milli if need.gpus else 0,
             mig_profile=need.mig_profile,
             dra=True,
             numa_aligned=need.numa_aligned,
@@ -293,7 +294,15 @@ def node_from_records(
         if dra is not None:
             for i in dra_by_zone.get(d.numa, ()):
                 g = dra.gpus[i]
-                if g.whole:
+                if g.whole and g.shared:
+                    # a device shared by capacity: each holder where its share is
+                    if positions is not None:
+                        for pod, milli in g.holders:
+                            positions.setdefault(pod, []).append(
+                                ("dra_gpus", zi, len(dra_gpus), milli)
+                            )
+                    dra_gpus.append(Gpu(gid, g.used_milli, tuple(g.holders)))
+                elif g.whole:
                     if positions is not None and g.holder and g.used_milli:
                         positions.setdefault(g.holder, []).append(("dra_gpus", zi, len(dra_gpus)))
                     dra_gpus.append(Gpu(gid, g.used_milli))
@@ -341,11 +350,26 @@ def node_from_records(
         gpu_pool=shares.pool if shares else "",
         gpu_replicas=shares.replicas if shares else 1,
         gpu_memory_mib=shares.memory_mib if shares else 0,
-        sharing=shares.describe(any("attributed" in n for n in notes))
-        + "".join(f"; {n}" for n in notes)
-        if shares
-        else "",
+        sharing="; ".join(
+            x
+            for x in (
+                shares.describe(any("attributed" in n for n in notes))
+                + "".join(f"; {n}" for n in notes)
+                if shares
+                else "",
+                _dra_sharing(dra),
+            )
+            if x
+        ),
     )
+
+
+def _dra_sharing(dra: DraModel | None) -> str:
+    """How a node's DRA devices shared by capacity were read ("" if it has none)."""
+    if dra is None:
+        return ""
+    n = sum(1 for g in dra.gpus if g.shared)
+    return f"dra consumable capacity ({n} shared GPUs), exact" if n else ""
 
 
 def models_of(
@@ -446,7 +470,7 @@ def attribute_pods(
             gpus = [(zi, gi, 1000) for zi, gi in used_gpus[:n_plugin]]
             used_gpus = used_gpus[n_plugin:]
         mig: tuple[int, int, int] | None = None if own else mig_of.get(p.key)
-        dra_gpus = [(a[1], a[2], 1000) for a in own if a[0] == "dra_gpus"]
+        dra_gpus = [(a[1], a[2], a[3] if len(a) > 3 else 1000) for a in own if a[0] == "dra_gpus"]
         dyn_whole = [(a[1], a[2]) for a in own if a[0] == "dyn_whole"]
         mig_new = next((list(a[1:]) for a in own if a[0] == "mig_new"), None)
         for a in own:

@@ -270,7 +270,11 @@ class FragmentationModel:
                     rec,
                     zones,
                     n.sharing,
-                    tuple((z.numa, g.id, g.used_milli, g.holders) for z in n.zones for g in z.gpus)
+                    tuple(
+                        (z.numa, g.id, g.used_milli, g.holders)
+                        for z in n.zones
+                        for g in (*z.gpus, *z.dra_gpus)
+                    )
                     if n.sharing
                     else (),
                 )

@@ -7,6 +7,9 @@ device (there is no kubelet: kwok plays it).
 
 What it publishes, per node (pool name = node name, driver `gpu.nvidia.com`, one pool generation):
 
+* GPUs several claims share by capacity (`shared`): as whole GPUs, with
+  `allowMultipleAllocations: true` and the capacities of `SHARED_POLICIES` (KEP-5075's fields;
+  the real driver does not publish these);
 * whole GPUs: devices `gpu-<minor>` with the driver's attributes (`type: gpu`, `uuid`,
   `productName`, `brand`, `architecture`, `cudaComputeCapability`, `driverVersion`,
   `cudaDriverVersion`, `addressingMode`) and the standard ones (`resource.kubernetes.io/numaNode`
@@ -52,6 +55,14 @@ PRODUCTS = {
     "A100-SXM4-40GB": ("NVIDIA A100-SXM4-40GB", "Ampere", "8.0", 40960),
 }
 SMS_PER_SLICE = {"Hopper": 16, "Ampere": 14}
+#: request policies of a shared GPU's capacities (`SimGpu.shared`): memory in steps of 1Gi (8Gi
+#: when a claim asks none), compute as a percentage of the GPU's multiprocessors in four sizes
+#: (10 when a claim asks none). NVIDIA's driver does not publish GPUs this way (yet); the shape
+#: is the API's (KEP-5075), and the API server validates it.
+SHARED_POLICIES: dict[str, dict[str, Any]] = {
+    "memory": {"default": "8Gi", "validRange": {"min": "1Gi", "step": "1Gi"}},
+    "compute": {"default": "10", "validValues": ["10", "25", "50", "100"]},
+}
 
 
 def device_classes() -> list[dict[str, Any]]:
@@ -83,6 +94,9 @@ class SimGpu:
     #: publish its MIG profiles and placements with counters (DynamicMIG)
     dynamic_mig: bool = False
     pcie_root: str = ""
+    #: publish it as a device several claims share by capacity (KEP-5075: allowMultipleAllocations
+    #: with `memory` and `compute` capacities and their request policies, see `SHARED_POLICIES`)
+    shared: bool = False
 
     def uuid(self, node: str) -> str:
         return "GPU-" + str(uuidlib.uuid5(uuidlib.NAMESPACE_DNS, f"{node}/gpu-{self.minor}"))
@@ -193,6 +207,22 @@ def slices_for(node: SimNode, generation: int = 1) -> list[dict[str, Any]]:
             cs, devs = dynamic_gpu(node, g)
             sets.append(cs)
             mig_slices.append(devs)
+        elif g.shared:
+            _, _, _, mem = PRODUCTS[g.model]
+            whole.append(
+                {
+                    "name": f"gpu-{g.minor}",
+                    "attributes": _gpu_attrs(node.name, g),
+                    "allowMultipleAllocations": True,
+                    "capacity": {
+                        "memory": {
+                            "value": f"{mem}Mi",
+                            "requestPolicy": SHARED_POLICIES["memory"],
+                        },
+                        "compute": {"value": "100", "requestPolicy": SHARED_POLICIES["compute"]},
+                    },
+                }
+            )
         else:
             _, _, _, mem = PRODUCTS[g.model]
             whole.append(

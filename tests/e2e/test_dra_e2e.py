@@ -18,16 +18,21 @@ and must show:
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+from functools import partial
 from typing import Any
 
 import anyio
 import pytest
 from kubernetes_asyncio import client
 
-from pyctl.cluster.dra import NUMA_ATTRIBUTE
+from pyctl.cluster.dra import NUMA_ATTRIBUTE, allocate
 from pyctl.cluster.kube.actuator import KubeActuator
 from pyctl.cluster.kube.lease import LeaderElector, LeaseConfig
 from pyctl.cluster.kube.source import KubeClusterSource
+from pyctl.cluster.quantity import parse_quantity
+from pyctl.cluster.translate import shape_of
 from pyctl.controller.controller import Controller
 from pyctl.controller.placement import PlacementAdvisor
 from pyctl.core import mig
@@ -49,6 +54,7 @@ from tests.e2e.dra_driver_sim import (
     GPU_CLASS,
     GROUP,
     MIG_CLASS,
+    PRODUCTS,
     VERSION,
     SimDraDriver,
     SimGpu,
@@ -710,3 +716,207 @@ async def test_device_taint_rules_steer_the_real_allocator_off_stranding_placeme
 def mig_request_1g() -> dict[str, Any]:
     expr = "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'"
     return {"exactly": {"deviceClassName": MIG_CLASS, "selectors": [{"cel": {"expression": expr}}]}}
+
+
+# ---- consumable capacity: GPUs several claims share ------------------------------------------
+
+
+def share_template(name: str, asked: dict[str, str]) -> Any:
+    """A claim template asking a share of one GPU by capacity (`asked`: capacity -> quantity)."""
+    exactly: dict[str, Any] = {"deviceClassName": GPU_CLASS}
+    if asked:
+        exactly["capacity"] = {"requests": asked}
+    return template(name, {"name": "gpu", "exactly": exactly})
+
+
+def milli(amount: str, value: str) -> Fraction:
+    return Fraction(1000) * parse_quantity(amount) / parse_quantity(value)
+
+
+@pytest.mark.anyio
+async def test_shares_of_gpus_allocated_by_capacity_are_read_as_the_scheduler_wrote_them(
+    control_plane: ControlPlane, api: client.ApiClient, kube: Any
+) -> None:
+    """Two H100s published with `allowMultipleAllocations` and `memory`/`compute` capacities with
+    request policies (dra_driver_sim.SHARED_POLICIES). Pods ask shares through claim templates;
+    the real kube-scheduler allocates them (DRAConsumableCapacity, beta and on in v1.37) and
+    writes each result's `consumedCapacity` and `shareID`. pyctl must show:
+
+    - each request consumes what pyctl's arithmetic says (33Gi stays 33Gi, compute 30 rounds up
+      to 50, what a claim does not ask is the policy's default): equal to the scheduler's
+      `consumedCapacity`;
+    - each GPU's used share and each pod's share equal to those computed from the allocation
+      results (largest fraction over the capacities, rounded up; docs/sharing.md);
+    - a pod asking more memory than any one GPU has left stays pending for the real scheduler,
+      and pyctl's allocation check refuses it too, while its shape is the share it asks;
+    - a deleted pod's share is released in pyctl's model."""
+    core = client.CoreV1Api(api)
+    driver = SimDraDriver(api)
+    dra = Dra(api)
+    node = SimNode("dra-s", [SimGpu(0, 0, shared=True), SimGpu(1, 1, shared=True)])
+    await core.create_node(body(dra_node(node.name)))
+    await wait_nodes_ready(api, [node.name])
+    await driver.install_classes()
+    await driver.publish([node])
+    asks = {
+        "s-20": {"memory": "20Gi", "compute": "25"},
+        "s-33": {"memory": "33Gi"},
+        "s-c30": {"compute": "30"},
+    }
+    # what each consumes by the policies (memory: steps of 1Gi, default 8Gi; compute: 10, 25,
+    # 50, 100, default 10)
+    consumed = {
+        "s-20": {"memory": "20Gi", "compute": "25"},
+        "s-33": {"memory": "33Gi", "compute": "10"},
+        "s-c30": {"memory": "8Gi", "compute": "50"},
+    }
+    templates = [*asks, "s-big"]
+    for name, asked in asks.items():
+        await dra.create("resourceclaimtemplates", share_template(name, asked))
+    # compute asked in all: 25 + 25 + 10 + 50 = 110 of the two GPUs' 200
+    pods = ["s-20-0", "s-20-1", "s-33-0", "s-c30-0"]
+    w = Workload((Shape(cpu_milli=1000, gpus=1, gpu_milli=500, dra=True),))
+    ctl = Controller(
+        "e2e-dra-share", KubeClusterSource(kube), MemoryStore("e2e-dra-share"), workload=w
+    )
+    _, _, _, mem_mib = PRODUCTS["H100-80GB"]
+    value = {"memory": f"{mem_mib}Mi", "compute": "100"}
+
+    def share_of(amounts: dict[str, Fraction]) -> int:
+        return min(1000, max(math.ceil(v) for v in amounts.values()))
+
+    async def truth() -> dict[int, tuple[int, dict[str, int]]]:
+        """GPU minor -> (used share, pod -> share), from the claims' allocation results."""
+        used: dict[int, dict[str, Fraction]] = {}
+        holders: dict[int, dict[str, int]] = {}
+        for p in pods:
+            for r in await dra.allocated(p):
+                gpu = int(r["device"].rsplit("-", 1)[1])
+                got = {c: milli(v, value[c]) for c, v in r["consumedCapacity"].items()}
+                for c, v in got.items():
+                    used.setdefault(gpu, {}).setdefault(c, Fraction(0))
+                    used[gpu][c] += v
+                holders.setdefault(gpu, {})[f"{NS}/{p}"] = share_of(got)
+        out = {}
+        for g in used:
+            total, own = share_of(used[g]), holders[g]
+            if sum(own.values()) > total:
+                # own shares, each rounded up, may add up to more than the GPU's: scaled down
+                # to it by largest remainder (docs/sharing.md)
+                exact = {k: Fraction(v * total, sum(own.values())) for k, v in own.items()}
+                own = {k: math.floor(v) for k, v in exact.items()}
+                order = sorted(exact, key=lambda k: (-(exact[k] - own[k]), k))
+                for k in order[: total - sum(own.values())]:
+                    own[k] += 1
+            out[g] = (total, own)
+        return out
+
+    def reported() -> dict[int, tuple[int, dict[str, int]]] | None:
+        dm = ctl.reconciler.dra_models.get(node.name)
+        model = ctl.reconciler.models.get(node.name)
+        if dm is None or model is None:
+            return None
+        shown = [g for z in model.zones for g in z.dra_gpus]
+        if [g.used_milli for g in shown] != [g.used_milli for g in dm.gpus]:
+            return None  # the core's input agrees with the DRA view
+        out = {}
+        for g in dm.gpus:
+            assert g.shared
+            if g.holders:
+                out[int(g.gpu.key.rsplit("gpu-", 1)[1])] = (g.used_milli, dict(g.holders))
+        return out
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ctl.run)
+            await wait_until(
+                lambda: reported() == {}, "pyctl's model of the shared GPUs", within=30
+            )
+            for p in pods:
+                t = p.rsplit("-", 1)[0]
+                await core.create_namespaced_pod(
+                    NS, body(claim_pod(p, {"gpu": f"template:{t}"}, node=node.name))
+                )
+                await wait_until(partial(dra.is_allocated, p), f"{p} allocated", within=60)
+            # what the scheduler recorded: the rounding pyctl computes, a share id per result
+            per_device: dict[str, int] = {}
+            for p in pods:
+                (r,) = await dra.allocated(p)
+                want = consumed[p.rsplit("-", 1)[0]]
+                assert {c: parse_quantity(v) for c, v in r["consumedCapacity"].items()} == {
+                    c: parse_quantity(v) for c, v in want.items()
+                }, (p, r)
+                assert r.get("shareID"), r
+                per_device[r["device"]] = per_device.get(r["device"], 0) + 1
+            assert max(per_device.values()) >= 2, per_device  # GPUs really are shared
+            want_shares = await truth()
+            await wait_until(
+                lambda: reported() == want_shares,
+                f"pyctl's shares to equal the allocation results' {want_shares}",
+                within=30,
+            )
+            ctl.summarize()
+            score = ctl.reconciler.scores[node.name]
+            assert score.sharing == "dra consumable capacity (2 shared GPUs), exact"
+            # a pod asking 1Gi more than the emptiest GPU has left: pending for both
+            left = {0: Fraction(mem_mib * 2**20), 1: Fraction(mem_mib * 2**20)}
+            for p in pods:
+                for r in await dra.allocated(p):
+                    g = int(r["device"].rsplit("-", 1)[1])
+                    left[g] -= parse_quantity(r["consumedCapacity"]["memory"])
+            big = math.floor(max(left.values()) / 2**30) + 1
+            await dra.create(
+                "resourceclaimtemplates", share_template("s-big", {"memory": f"{big}Gi"})
+            )
+            await core.create_namespaced_pod(
+                NS, body(claim_pod("s-big-0", {"gpu": "template:s-big"}, node=node.name))
+            )
+
+            async def refused() -> bool:
+                p = await core.read_namespaced_pod("s-big-0", NS)
+                return any(
+                    c.type == "PodScheduled" and c.status == "False"
+                    for c in p.status.conditions or []
+                )
+
+            await wait_until(refused, "the real scheduler to leave s-big-0 pending", within=60)
+            assert not await dra.is_allocated("s-big-0")
+            ctx = ctl.reconciler.cache.dra
+            nd = ctx.node(node.name)
+            assert nd is not None
+
+            def big_claim() -> Any:
+                recs = [c for c in ctx.cat.claims.values() if c.owner_pod == "s-big-0"]
+                return recs[0] if recs else None
+
+            await wait_until(lambda: big_claim() is not None, "pyctl sees s-big-0's claim", 30)
+            assert allocate([("s-big", big_claim().spec)], nd, ctx.cat).ok is False
+            pending = ctl.cache.pods.get(f"{NS}/s-big-0")
+            assert pending is not None
+            shape = shape_of(pending, ctx)
+            assert shape is not None
+            assert (shape.gpus, shape.dra) == (1, True)
+            assert shape.gpu_milli == math.ceil(milli(f"{big}Gi", value["memory"]))
+            # a pod goes: its share is released
+            gone = pods[0]
+            await core.delete_namespaced_pod(gone, NS, grace_period_seconds=0)
+
+            async def released() -> bool:
+                return not any(
+                    gone in str(c["metadata"].get("ownerReferences")) for c in await dra.claims()
+                )
+
+            await wait_until(released, f"{gone}'s claim released", within=60)
+            pods.remove(gone)
+            after = await truth()
+            await wait_until(lambda: reported() == after, f"pyctl's shares {after}", within=30)
+            assert ctl.reconciler.unknown == {}
+            tg.cancel_scope.cancel()
+    finally:
+        await dra.cleanup([*pods, "s-big-0"], {"resourceclaimtemplates": templates})
+        await driver.withdraw()
+        try:
+            await core.delete_node(node.name)
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise

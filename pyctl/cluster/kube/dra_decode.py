@@ -19,6 +19,7 @@ from pyctl.cluster.bounds import DRA_BOUNDS
 from pyctl.cluster.dra_records import (
     Allocated,
     Attr,
+    CapacityPolicy,
     ClaimRecord,
     ClaimSpec,
     ClaimTemplateRecord,
@@ -137,6 +138,28 @@ def _counters(cs: Mapping[str, w.Value], where: str) -> tuple[tuple[str, str], .
     return tuple(sorted((k, _quantity(v.value, f"{where}: counter {k}")) for k, v in cs.items()))
 
 
+def _policy(name: str, c: w.DeviceCapacity, where: str) -> CapacityPolicy | None:
+    """A capacity's requestPolicy (None: it has none)."""
+    rp = c.requestPolicy
+    if rp is None:
+        return None
+    pw = f"{where}: capacity {name} requestPolicy"
+    _bound(len(rp.validValues), "capacity_valid_values", pw)
+    rng = rp.validRange
+
+    def opt(v: w.Quantity | None, what: str) -> str:
+        return "" if v is None else _quantity(v, f"{pw}: {what}")
+
+    return CapacityPolicy(
+        name,
+        opt(rp.default, "default"),
+        tuple(_quantity(v, f"{pw}: validValues") for v in rp.validValues),
+        opt(rng.min if rng else None, "validRange.min"),
+        opt(rng.max if rng else None, "validRange.max"),
+        opt(rng.step if rng else None, "validRange.step"),
+    )
+
+
 def _device(d: w.Device, where: str) -> Device:
     dw = f"{where}: device {d.name}"
     _bound(len(d.attributes) + len(d.capacity), "attributes_and_capacities_per_device", dw)
@@ -155,6 +178,9 @@ def _device(d: w.Device, where: str) -> Device:
         tuple(DeviceTaint(t.key, t.value, t.effect) for t in d.taints),
         bool(d.allowMultipleAllocations),
         d.nodeName or "",
+        tuple(
+            p for k, v in sorted(d.capacity.items()) if (p := _policy(k, v, f"{dw}")) is not None
+        ),
     )
 
 

@@ -14,6 +14,23 @@ class Value(msgspec.Struct):
     value: Quantity = 0
 
 
+class CapacityRange(msgspec.Struct):
+    min: Quantity | None = None
+    max: Quantity | None = None
+    step: Quantity | None = None
+
+
+class CapacityRequestPolicy(msgspec.Struct):
+    default: Quantity | None = None
+    validValues: list[Quantity] = []
+    validRange: CapacityRange | None = None
+
+
+class DeviceCapacity(msgspec.Struct):
+    value: Quantity = 0
+    requestPolicy: CapacityRequestPolicy | None = None
+
+
 class CelSelector(msgspec.Struct):
     expression: str = ""
 
@@ -63,7 +80,7 @@ class CounterConsumption(msgspec.Struct):
 class Device(msgspec.Struct):
     name: str = ""
     attributes: dict[str, DeviceAttribute] = {}
-    capacity: dict[str, Value] = {}
+    capacity: dict[str, DeviceCapacity] = {}
     consumesCounters: list[CounterConsumption] = []
     taints: list[DeviceTaint] = []
     allowMultipleAllocations: bool | None = None
