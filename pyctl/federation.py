@@ -27,7 +27,7 @@ import logging
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,13 +155,49 @@ def _count_bad(metrics: Metrics, observer: str, m: Member, data: bytes) -> None:
     )
 
 
+class MemberDecoder:
+    """`decode_member` for a reader that reads the members again and again (the controller's
+    `watch_members`, the HTTP view): a member's summary is decoded only when its bytes changed
+    since the last read (a 5,000-node rich summary is megabytes of JSON); its age and staleness
+    are always the store's latest."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[bytes, Member]] = {}
+        #: summaries decoded at the last `decode_all` (the others were unchanged)
+        self.decoded = 0
+
+    def __call__(self, cluster: str, m: MemberSummary) -> Member:
+        got = self._last.get(cluster)
+        if got is not None and got[0] == m.summary:
+            d = got[1]
+            return Member(cluster, m.stale, m.age_seconds, m.ttl_seconds, d.summary, d.error)
+        member = decode_member(cluster, m)
+        self._last[cluster] = (m.summary, member)
+        self.decoded += 1
+        return member
+
+    def decode_all(self, members: Mapping[str, MemberSummary]) -> list[Member]:
+        """Every member of `members` sorted by cluster name; forgets the ones not in it."""
+        self.decoded = 0
+        for gone in [c for c in self._last if c not in members]:
+            del self._last[gone]
+        return [self(c, members[c]) for c in sorted(members)]
+
+
 async def read_members(
-    store: StateStore, metrics: Metrics | None = None, observer: str | None = None
+    store: StateStore,
+    metrics: Metrics | None = None,
+    observer: str | None = None,
+    decoder: MemberDecoder | None = None,
 ) -> list[Member]:
     """Every member still known (fresh and stale), sorted by cluster name; with `metrics`, a
-    member whose summary does not decode is counted (once per summary). Raises `StoreError`."""
+    member whose summary does not decode is counted (once per summary). `decoder`: kept between
+    reads, it decodes only the summaries that changed since the last. Raises `StoreError`."""
     members = await store.get_members()
-    out = [decode_member(c, members[c]) for c in sorted(members)]
+    if decoder is not None:
+        out = decoder.decode_all(members)
+    else:
+        out = [decode_member(c, members[c]) for c in sorted(members)]
     if metrics is not None:
         for m in out:
             if m.summary is None:
@@ -177,11 +213,14 @@ def export_stale(metrics: Metrics, cluster: str, members: Sequence[Member]) -> i
 
 
 async def federation_status(
-    store: StateStore, metrics: Metrics | None = None, cluster: str | None = None
+    store: StateStore,
+    metrics: Metrics | None = None,
+    cluster: str | None = None,
+    decoder: MemberDecoder | None = None,
 ) -> dict[str, Any]:
     """The view across clusters as JSON (the CLI's `--json` and `GET /federation`); updates the
     stale-member gauge when `metrics` is given. Raises `StoreError`."""
-    members = await read_members(store, metrics, cluster)
+    members = await read_members(store, metrics, cluster, decoder)
     stale = sum(1 for m in members if m.stale)
     if metrics is not None:
         export_stale(metrics, cluster or store.cluster, members)
@@ -198,10 +237,12 @@ async def watch_members(
     store: StateStore, metrics: Metrics, cluster: str, interval: float = 10.0
 ) -> None:
     """Keep `pyctl_federation_members_stale` current (run it in the controller's task group);
-    a failing store leaves the last value and is retried at the next interval."""
+    a failing store leaves the last value and is retried at the next interval. A member's
+    summary is decoded again only when its bytes changed (`MemberDecoder`)."""
+    decoder = MemberDecoder()
     while True:
         try:
-            export_stale(metrics, cluster, await read_members(store, metrics, cluster))
+            export_stale(metrics, cluster, await read_members(store, metrics, cluster, decoder))
         except StoreError:
             metrics.store_errors.labels(cluster).inc()
         await anyio.sleep(interval)

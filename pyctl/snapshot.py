@@ -307,52 +307,52 @@ def load_workload(data: Any) -> Workload:
 
 def snapshot_to_json(s: Snapshot) -> dict[str, Any]:
     """The inverse of `load_snapshot` for pyctl's own format."""
+    return {"nodes": [node_to_json(n) for n in s.nodes]}
+
+
+def node_to_json(n: Node) -> dict[str, Any]:
+    """One node of `snapshot_to_json`."""
     return {
-        "nodes": [
+        "name": n.name,
+        "gpu_model": n.gpu_model,
+        "topology_policy": n.topology_policy,
+        "cpu_manager_policy": n.cpu_manager_policy,
+        "memory_manager_policy": n.memory_manager_policy,
+        **_sharing_to_json(n),
+        "zones": [
             {
-                "name": n.name,
-                "gpu_model": n.gpu_model,
-                "topology_policy": n.topology_policy,
-                "cpu_manager_policy": n.cpu_manager_policy,
-                "memory_manager_policy": n.memory_manager_policy,
-                **_sharing_to_json(n),
-                "zones": [
+                "numa": z.numa,
+                "cpu_milli": z.cpu_milli,
+                "cpu_milli_used": z.cpu_milli_used,
+                "memory_mib": z.memory_mib,
+                "memory_mib_used": z.memory_mib_used,
+                "gpus": [
+                    {"id": g.id, "used_milli": g.used_milli}
+                    | ({"pods": dict(g.holders)} if g.holders else {})
+                    for g in z.gpus
+                ],
+                "mig": [
                     {
-                        "numa": z.numa,
-                        "cpu_milli": z.cpu_milli,
-                        "cpu_milli_used": z.cpu_milli_used,
-                        "memory_mib": z.memory_mib,
-                        "memory_mib_used": z.memory_mib_used,
-                        "gpus": [
-                            {"id": g.id, "used_milli": g.used_milli}
-                            | ({"pods": dict(g.holders)} if g.holders else {})
-                            for g in z.gpus
-                        ],
-                        "mig": [
-                            {
-                                "gpu": m.gpu,
-                                "instances": [
-                                    {"profile": i.profile, "start": i.start, "used": i.used}
-                                    | ({"pod": i.pod} if i.pod else {})
-                                    for i in m.instances
-                                ],
-                            }
-                            | ({"dra": True} if m.dra else {})
-                            | ({"dynamic": True} if m.dynamic else {})
-                            | ({"free_slices": m.free_slices} if m.free_slices is not None else {})
-                            for m in z.mig
+                        "gpu": m.gpu,
+                        "instances": [
+                            {"profile": i.profile, "start": i.start, "used": i.used}
+                            | ({"pod": i.pod} if i.pod else {})
+                            for i in m.instances
                         ],
                     }
-                    | (
-                        {"dra_gpus": [{"id": g.id, "used_milli": g.used_milli} for g in z.dra_gpus]}
-                        if z.dra_gpus
-                        else {}
-                    )
-                    for z in n.zones
+                    | ({"dra": True} if m.dra else {})
+                    | ({"dynamic": True} if m.dynamic else {})
+                    | ({"free_slices": m.free_slices} if m.free_slices is not None else {})
+                    for m in z.mig
                 ],
             }
-            for n in s.nodes
-        ]
+            | (
+                {"dra_gpus": [{"id": g.id, "used_milli": g.used_milli} for g in z.dra_gpus]}
+                if z.dra_gpus
+                else {}
+            )
+            for z in n.zones
+        ],
     }
 
 

@@ -233,12 +233,13 @@ async def start_servers(ctl: Controller, cfg: Config, flows: Workflows | None = 
         if cfg.metrics.port:
             federation: Callable[[], Awaitable[Mapping[str, Any]]] | None = None
             if cfg.redis.url:
-                from pyctl.federation import federation_status
+                from pyctl.federation import MemberDecoder, federation_status
 
                 store = ctl.store
+                decoder = MemberDecoder()
 
                 async def status() -> Mapping[str, Any]:
-                    return await federation_status(store, ctl.metrics, cfg.cluster)
+                    return await federation_status(store, ctl.metrics, cfg.cluster, decoder)
 
                 federation = status
             servers.health = HealthServer(

@@ -1,5 +1,7 @@
 """The controller's in-process view of one cluster (the informer cache): records by kind and
-key, pods indexed by node. Applying a change returns the nodes it dirtied."""
+key, pods indexed by node, and the pods the summary asks about every second (the pending ones,
+the live ones with resource claims) indexed as they change, so reading them costs what they
+are, not the cluster. Applying a change returns the nodes it dirtied."""
 
 from __future__ import annotations
 
@@ -44,6 +46,16 @@ def _nodes_of(r: Record) -> Iterable[str]:
 _DRA_TYPES = (DeviceClassRecord, SliceRecord, ClaimRecord, ClaimTemplateRecord)
 
 
+def is_pending(p: PodRecord) -> bool:
+    """Not bound to a node, not finished, not being deleted (`ClusterCache.pending_pods`)."""
+    return not p.node and not p.terminated and not p.deleting
+
+
+def has_live_claims(p: PodRecord) -> bool:
+    """Not finished and asking for resource claims (`ClusterCache.claim_pods`)."""
+    return not p.terminated and bool(p.claims)
+
+
 class ClusterCache:
     def __init__(self) -> None:
         self.nodes: dict[str, NodeRecord] = {}
@@ -57,6 +69,12 @@ class ClusterCache:
         self.pods_by_node: dict[str, dict[str, PodRecord]] = defaultdict(dict)
         self.slices_by_node: dict[str, dict[str, SliceRecord]] = defaultdict(dict)
         self.claims_by_node: dict[str, dict[str, ClaimRecord]] = defaultdict(dict)
+        #: pods by key as `is_pending` and `has_live_claims` say, kept per change; `_order` is
+        #: each pod's place in `pods` (its insertion), so the indexes read in the table's order
+        self._pending: dict[str, PodRecord] = {}
+        self._claimed: dict[str, PodRecord] = {}
+        self._order: dict[str, int] = {}
+        self._next = 0
         #: the cluster's DRA view over the live indexes (invalidated as objects change)
         self.dra = DraContext(
             self.device_classes,
@@ -127,7 +145,20 @@ class ClusterCache:
                 self.pods_by_node[old.node].pop(key, None)
             if r.node:
                 self.pods_by_node[r.node][key] = r
+            self._index_pod(key, r, new=old is None)
         return dirty
+
+    def _index_pod(self, key: str, p: PodRecord | None, new: bool = False) -> None:
+        if p is None:
+            self._order.pop(key, None)
+        elif new:
+            self._order[key] = self._next
+            self._next += 1
+        for index, belongs in ((self._pending, is_pending), (self._claimed, has_live_claims)):
+            if p is not None and belongs(p):
+                index[key] = p
+            else:
+                index.pop(key, None)
 
     def _delete(self, r: Record) -> set[str]:
         kind = record_kind(r)
@@ -138,8 +169,10 @@ class ClusterCache:
             dirty.update(_nodes_of(old))
             if isinstance(old, _DRA_TYPES):
                 dirty |= self._dra_index(old, None)
-            if isinstance(old, PodRecord) and old.node:
-                self.pods_by_node[old.node].pop(key, None)
+            if isinstance(old, PodRecord):
+                if old.node:
+                    self.pods_by_node[old.node].pop(key, None)
+                self._index_pod(key, None)
         return dirty
 
     def apply(self, events: Sequence[Event]) -> set[str]:
@@ -164,5 +197,17 @@ class ClusterCache:
     def pods_on(self, node: str) -> list[PodRecord]:
         return list(self.pods_by_node.get(node, {}).values())
 
+    def _in_order(self, index: dict[str, PodRecord]) -> list[PodRecord]:
+        order = self._order
+        return [index[k] for k in sorted(index, key=order.__getitem__)]
+
     def pending_pods(self) -> list[PodRecord]:
-        return [p for p in self.pods.values() if not p.node and not p.terminated and not p.deleting]
+        """The pods `is_pending` says, in `pods`' order."""
+        return self._in_order(self._pending)
+
+    def pending_count(self) -> int:
+        return len(self._pending)
+
+    def claim_pods(self) -> list[PodRecord]:
+        """The pods `has_live_claims` says, in `pods`' order."""
+        return self._in_order(self._claimed)

@@ -34,7 +34,7 @@ from pyctl.cluster.source import ClusterSource
 from pyctl.controller.cache import ClusterCache
 from pyctl.controller.ignored import EventSender, IgnoredObjects
 from pyctl.controller.reconcile import Reconciler
-from pyctl.controller.summary import Summary, federation_summary_bytes
+from pyctl.controller.summary import FederationEncoder, Summary
 from pyctl.controller.workload import WorkloadScope
 from pyctl.controller.workqueue import WorkQueue
 from pyctl.metrics import Metrics
@@ -99,6 +99,8 @@ class Controller:
         #: seconds between two federation summaries (they hold every node's model)
         self.federation_interval = 10.0
         self._published_at = -1e9
+        #: the federation summary's encoder (keeps each node's encoded model between publishes)
+        self.federation = FederationEncoder()
         self.synced: set[Kind] = set()
         #: when every node known at the initial sync had been scored (monotonic; None: not yet)
         self.scored_at: float | None = None
@@ -311,7 +313,7 @@ class Controller:
         # the federation summary carries every node's model: published at a slow rate
         self._published_at = now
         try:
-            data = federation_summary_bytes(s, self.reconciler.models, self.reconciler.workload)
+            data = self.federation.encode(s, self.reconciler.models, self.reconciler.workload)
         except ValueError as e:  # a value out of its bounds: not published
             log.error("summary not published", extra={"error": str(e)[:300]})
             return False

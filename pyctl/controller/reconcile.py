@@ -7,11 +7,13 @@ Nothing here reads watch events or talks to Redis: it reads the cache and writes
 
 from __future__ import annotations
 
+import heapq
 import logging
 import time
 from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import replace
+from typing import Any
 
 from pyctl.cluster.dra import DraModel, Misaligned, misaligned_pods, unknown_kind
 from pyctl.cluster.records import NodeRecord, ObjectRef, PodRecord
@@ -44,6 +46,24 @@ PYCTL_TAINT_PREFIX = "pyctl.io/"
 
 GPU = 1000.0
 
+#: what the summary adds up of one scored node: its name, GPU model, idle and fragment GPU
+#: milli, idle, fragment and recoverable MIG slices, then its fragment by category (CATEGORIES)
+_Row = tuple[Any, ...]
+_IDLE, _FRAG, _MIG_IDLE, _MIG_FRAG, _MIG_RECOV, _CATS = 2, 3, 4, 5, 6, 7
+
+
+def _row(node: Node, s: NodeScore) -> _Row:
+    return (
+        s.name,
+        node.gpu_model or "unknown",
+        s.idle_gpu_milli,
+        s.fragment_gpu_milli,
+        s.idle_mig_slices,
+        s.fragment_mig_slices,
+        s.recoverable_mig_slices,
+        *(s.categories[c] for c in CATEGORIES),
+    )
+
 
 class SchedulingWindow:
     """Pods bound vs. pods marked Unschedulable over a sliding window (the seed's 95% threshold)."""
@@ -51,6 +71,8 @@ class SchedulingWindow:
     def __init__(self, seconds: float = 300.0) -> None:
         self.seconds = seconds
         self._events: deque[tuple[float, bool]] = deque()
+        #: how many of `_events` are bindings (kept as events come and go)
+        self._ok = 0
         self._bound: set[str] = set()
         self._unschedulable: set[str] = set()
 
@@ -65,15 +87,16 @@ class SchedulingWindow:
             self._bound.add(key)
             self._unschedulable.discard(key)
             self._events.append((now, True))
+            self._ok += 1
         elif not new.node and new.unschedulable and key not in self._unschedulable:
             self._unschedulable.add(key)
             self._events.append((now, False))
 
     def ratio(self, now: float) -> float:
         while self._events and self._events[0][0] < now - self.seconds:
-            self._events.popleft()
+            self._ok -= self._events.popleft()[1]
         total = len(self._events)
-        return sum(1 for _, ok in self._events if ok) / total if total else 1.0
+        return self._ok / total if total else 1.0
 
 
 #: how far a shape's weight in M may move before the re-derived M replaces the one in use
@@ -178,6 +201,8 @@ class Reconciler:
         self.misaligned: list[Misaligned] = []
         self._misaligned_labels: set[tuple[str, str]] = set()
         self._unknown_labels: set[str] = set()
+        #: per scored node, in `scores`' order, what the summary adds up of it (`_row`)
+        self._rows: dict[str, _Row] = {}
         #: nodes re-scored (or gone) since the last summary, and the pending shapes' views
         self._touched: set[str] = set()
         self._shape_views: dict[Shape, _ShapeView] = {}
@@ -273,6 +298,7 @@ class Reconciler:
             self.dra_models.pop(name, None)
             self.dra_positions.pop(name, None)
             old = self.scores.pop(name, None)
+            self._rows.pop(name, None)
             if self.bad_nodes.pop(name, None) is not None:
                 self.ignored.forget("Node", name)
             if old is not None:
@@ -306,6 +332,7 @@ class Reconciler:
             self.dra_models.pop(name, None)
             self.dra_positions.pop(name, None)
             old = self.scores.pop(name, None)
+            self._rows.pop(name, None)
             if old is not None:
                 m.node_idle.remove(self.cluster, name)
                 m.node_fragment.remove(self.cluster, name)
@@ -317,6 +344,7 @@ class Reconciler:
             self.ignored.forget("Node", name)
         self.models[name] = node
         self.scores[name] = score
+        self._rows[name] = _row(node, score)
         if dm is not None:
             self.dra_models[name] = dm
             self.dra_positions[name] = positions
@@ -330,7 +358,9 @@ class Reconciler:
             m.zone_fragment.labels(self.cluster, name, str(z.numa)).set(z.fragment_gpu_milli / GPU)
         m.reconcile_duration.labels(self.cluster).observe(time.perf_counter() - t0)
 
-    def _blocked(self, pending: list[PodRecord]) -> dict[str, int]:
+    def _blocked(
+        self, pending: list[PodRecord], idle_gpu: float, idle_mig: float
+    ) -> dict[str, int]:
         """Unschedulable pods that the idle capacity could hold in total but no node admits,
         by the reason that strands the most capacity for their shape, as `blocked_by` decides it.
         Each pending shape's view of the nodes is kept between summaries and updated for the
@@ -339,8 +369,6 @@ class Reconciler:
         if not pending or not self.models:
             self._shape_views.clear()
             return {}
-        idle_gpu = sum(s.idle_gpu_milli for s in self.scores.values())
-        idle_mig = sum(s.idle_mig_slices for s in self.scores.values())
         out: Counter[str] = Counter()
         by_shape: dict[Shape, str | None] = {}
         updated: set[Shape] = set()
@@ -377,32 +405,38 @@ class Reconciler:
         return dict(out)
 
     def summary(self, now: float | None = None) -> Summary:
+        """The cluster now. Its totals add up each scored node's row (kept by `reconcile`, in
+        the order of `scores`, so every sum is the same as over the scores); the pending pods
+        and the pods with claims come from the cache's indexes, never a walk over every pod."""
         now = time.monotonic() if now is None else now
-        scores = list(self.scores.values())
-        cats = {c: sum(s.categories[c] for s in scores) for c in CATEGORIES}
+        rows = list(self._rows.values())
+        cols: list[tuple[Any, ...]] = (
+            list(zip(*rows, strict=True)) if rows else [()] * (_CATS + len(CATEGORIES))
+        )
+        cats = {c: sum(cols[_CATS + i]) for i, c in enumerate(CATEGORIES)}
+        idle_gpu, idle_mig = sum(cols[_IDLE]), sum(cols[_MIG_IDLE])
         pending = [p for p in self.cache.pending_pods() if p.unschedulable]
-        blocked = self._blocked(pending)
+        blocked = self._blocked(pending, idle_gpu, idle_mig)
         by_model: dict[str, tuple[float, float]] = {}
-        for name, s in self.scores.items():
-            model = self.models[name].gpu_model or "unknown"
-            i, f = by_model.get(model, (0.0, 0.0))
-            by_model[model] = (i + s.idle_gpu_milli, f + s.fragment_gpu_milli)
+        for r in rows:
+            i, f = by_model.get(r[1], (0.0, 0.0))
+            by_model[r[1]] = (i + r[_IDLE], f + r[_FRAG])
         shared = [g for n in self.models.values() if n.sharing for z in n.zones for g in z.gpus]
-        worst = sorted(
-            ((s.name, s.idle_gpu_milli, s.fragment_gpu_milli) for s in scores),
-            key=lambda t: (-t[2], t[0]),
-        )[:10]
+        worst = [
+            (r[0], r[_IDLE], r[_FRAG])
+            for r in heapq.nsmallest(10, rows, key=lambda r: (-r[_FRAG], r[0]))
+        ]
         self._dra_summary()
         summ = Summary(
             cluster=self.cluster,
-            nodes=len(scores),
-            idle_gpu_milli=sum(s.idle_gpu_milli for s in scores),
-            fragment_gpu_milli=sum(s.fragment_gpu_milli for s in scores),
+            nodes=len(rows),
+            idle_gpu_milli=idle_gpu,
+            fragment_gpu_milli=sum(cols[_FRAG]),
             categories=cats,
-            idle_mig_slices=sum(s.idle_mig_slices for s in scores),
-            fragment_mig_slices=sum(s.fragment_mig_slices for s in scores),
-            recoverable_mig_slices=sum(s.recoverable_mig_slices for s in scores),
-            pending=len(self.cache.pending_pods()),
+            idle_mig_slices=idle_mig,
+            fragment_mig_slices=sum(cols[_MIG_FRAG]),
+            recoverable_mig_slices=sum(cols[_MIG_RECOV]),
+            pending=self.cache.pending_count(),
             blocked=blocked,
             scheduling_success=self.window.ratio(now),
             worst=worst,
@@ -417,7 +451,7 @@ class Reconciler:
     def _dra_summary(self) -> None:
         """Unknown DRA requests and pods whose devices span NUMA nodes, as metrics."""
         m, c = self.metrics, self.cluster
-        live = {k for k, p in self.cache.pods.items() if not p.terminated and p.claims}
+        live = {p.key for p in self.cache.claim_pods()}
         for k in [k for k in self.unknown if k not in live]:
             del self.unknown[k]
         for k in live - set(self.unknown):
@@ -431,8 +465,12 @@ class Reconciler:
         for kind, n in kinds.items():
             m.dra_unknown_requests.labels(c, kind).set(n)
         self._unknown_labels |= set(kinds)
-        running = {k for k, p in self.cache.pods.items() if p.node and p.phase == "Running"}
-        self.misaligned = [x for x in misaligned_pods(self.cache.dra) if x.pod in running]
+        pods = self.cache.pods
+        self.misaligned = [
+            x
+            for x in misaligned_pods(self.cache.dra)
+            if (q := pods.get(x.pod)) is not None and q.node and q.phase == "Running"
+        ]
         per: Counter[tuple[str, str]] = Counter()
         for x in self.misaligned:
             p = self.cache.pods[x.pod]

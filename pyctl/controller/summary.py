@@ -14,7 +14,7 @@ import msgspec
 from pyctl.cluster.bounds import MAX_ITEMS, Key, Name
 from pyctl.core.fragmentation import shape_dict
 from pyctl.model import Node, Snapshot, Workload
-from pyctl.snapshot import snapshot_to_json
+from pyctl.snapshot import node_to_json, snapshot_to_json
 
 #: the version of the rich summary's extra keys (`format` in the summary)
 RICH_FORMAT = 1
@@ -167,9 +167,55 @@ def federation_summary_bytes(
     `self.reconciler.workload` instead of `summary_bytes(s)`. Raises ValueError like
     `summary_bytes`."""
     r = msgspec.structs.replace(
-        _record(summary, now),
-        format=RICH_FORMAT,
-        workload=[shape_dict(s) for s in workload.shapes],
+        _federation_head(summary, workload, now),
         snapshot=snapshot_to_json(Snapshot(tuple(models[n] for n in sorted(models)))),
     )
     return _checked(r)
+
+
+def _federation_head(summary: Summary, workload: Workload, now: float | None) -> SummaryRecord:
+    """The rich summary without its snapshot (the record's last field)."""
+    return msgspec.structs.replace(
+        _record(summary, now), format=RICH_FORMAT, workload=[shape_dict(s) for s in workload.shapes]
+    )
+
+
+class FederationEncoder:
+    """`federation_summary_bytes`, byte for byte and with the same checks, with each node
+    model's encoded form kept between publishes: a node whose model is the same object as at
+    the last publish is not encoded again (the controller's models are immutable; a re-scored
+    node gets a new one). The snapshot is the record's last field, so the summary is its
+    head's JSON with the snapshot's nodes spliced in; the head is checked as `_checked` checks
+    the whole (the snapshot, pyctl's own fixed-depth format, adds only its size to check), so
+    the whole is not decoded again at each publish."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, tuple[Node, bytes]] = {}
+        #: nodes encoded at the last `encode` (the others were taken from the last publish)
+        self.encoded = 0
+
+    def encode(
+        self,
+        summary: Summary,
+        models: Mapping[str, Node],
+        workload: Workload,
+        now: float | None = None,
+    ) -> bytes:
+        """Raises ValueError like `federation_summary_bytes`."""
+        head = _ENC.encode(_federation_head(summary, workload, now))
+        last, kept = self._nodes, {}
+        self.encoded = 0
+        for name in sorted(models):
+            node = models[name]
+            got = last.get(name)
+            if got is None or got[0] is not node:
+                got = (node, _ENC.encode(node_to_json(node)))
+                self.encoded += 1
+            kept[name] = got
+        self._nodes = kept
+        nodes = b",".join(b for _, b in kept.values())
+        data = head[:-1] + b',"snapshot":{"nodes":[' + nodes + b"]}}"
+        if len(data) > MAX_SUMMARY_BYTES:
+            raise ValueError(f"{len(data)} bytes, more than {MAX_SUMMARY_BYTES}")
+        decode_summary(head)
+        return data

@@ -15,10 +15,12 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
+import anyio
 import msgspec
 
-from pyctl.cluster.records import PodRecord
+from pyctl.cluster.records import NodeRecord, PodRecord
 from pyctl.controller.cache import ClusterCache
 from pyctl.core import mig
 from pyctl.metrics import Metrics
@@ -50,7 +52,7 @@ def has_dra_gpus(node: Node) -> bool:
 
 
 def plan_nodes(
-    cache: ClusterCache,
+    nodes: Mapping[str, NodeRecord],
     models: Mapping[str, Node],
     demand: Counter[str],
     exclude: Sequence[str] = (),
@@ -58,11 +60,12 @@ def plan_nodes(
 ) -> list[mig.NodePlan]:
     """Node plans (mig-parted executor) that serve some of `demand` by changing GPUs, one GPU
     model after another (each model gets the profiles it has; what one serves is taken off).
-    `models`: the reconciler's model of each node (nodes it could not model are left out)."""
+    `nodes`: the cache's node records; `models`: the reconciler's model of each node (nodes it
+    could not model are left out)."""
     opt = options or MigOptions()
     eligible = {
         n.name: n
-        for n in cache.nodes.values()
+        for n in nodes.values()
         if n.mig
         and n.gpu_model
         and n.name in models
@@ -92,13 +95,13 @@ def plan_nodes(
                 continue
         if not pending:
             continue
-        nodes = [models[n] for n in sorted(eligible) if eligible[n].gpu_model == model_name]
+        group = [models[n] for n in sorted(eligible) if eligible[n].gpu_model == model_name]
         demand_ = mig.Demand(
             tuple(pending),
             limits=mig.Limits(max_used_destroyed=opt.max_used_destroyed, executor="mig-parted"),
         )
         try:
-            plans = mig.plan_snapshot(Snapshot(tuple(nodes)), demand_)
+            plans = mig.plan_snapshot(Snapshot(tuple(group)), demand_)
         except ValueError as e:
             log.warning("MIG loop: planner refused", extra={"error": str(e)})
             continue
@@ -112,6 +115,26 @@ def plan_nodes(
                 for prof, n in served.items():
                     left[prof] -= max(n, 0)
     return out
+
+
+def round_inputs(
+    cache: ClusterCache,
+    models: Mapping[str, Node],
+    exclude: Sequence[str],
+    options: MigOptions,
+    admit: Callable[[PodRecord], bool] | None = None,
+) -> dict[str, Any]:
+    """What one MIG planning round reads from the controller's view, taken at one moment on the
+    event loop: the demand (`pending_demand`, `admit` asked on the loop), and copies of the node
+    records and models (records and models are immutable, so copying the containers is enough),
+    so `plan_nodes` can run in a worker thread while events keep changing the cache."""
+    return {
+        "nodes": dict(cache.nodes),
+        "models": dict(models),
+        "demand": pending_demand(cache, admit),
+        "exclude": tuple(exclude),
+        "options": options,
+    }
 
 
 def fresh_id(base: str, taken: set[str]) -> str:
@@ -163,6 +186,22 @@ class MigLoop:
                 log.warning("removing an orphaned MIG taint", extra={"node": n.name})
                 await gate.taint(n.name, TAINT_KEY, on=False)
 
+    def _plan(self, inputs: Mapping[str, Any]) -> list[mig.NodePlan]:
+        t0 = time.perf_counter()
+        plans = plan_nodes(**inputs) if inputs["demand"] else []
+        self.metrics.workflow.plan_duration.labels(self.cluster, "mig").set(
+            time.perf_counter() - t0
+        )
+        return plans
+
+    async def plan_off_loop(self, exclude: Sequence[str] = ()) -> list[mig.NodePlan]:
+        """A planning round in a worker thread (as the compactor's): its inputs are taken on the
+        event loop (`round_inputs`), the round (seconds on thousands of nodes) runs beside it,
+        so watch events, scoring and the extender's answers do not wait for it. The caller
+        awaits the round: the simulated cluster's lockstep tick waits for it as before."""
+        inputs = round_inputs(self.cache, self.models, exclude, self.options, self.admit)
+        return await anyio.to_thread.run_sync(self._plan, inputs)
+
     async def tick(self, leader: bool) -> None:
         wfs = await self.engine.workflows()
         now = self.engine.now()
@@ -174,16 +213,7 @@ class MigLoop:
             if w.kind == KIND
             and (not w.finished or now - w.updated < self.options.node_holdoff_seconds)
         }
-        t0 = time.perf_counter()
-        demand = pending_demand(self.cache, self.admit)
-        plans = (
-            plan_nodes(self.cache, self.models, demand, sorted(recent), self.options)
-            if demand
-            else []
-        )
-        self.metrics.workflow.plan_duration.labels(self.cluster, "mig").set(
-            time.perf_counter() - t0
-        )
+        plans = await self.plan_off_loop(sorted(recent))
         self.last_plans = plans
         if not leader:
             return

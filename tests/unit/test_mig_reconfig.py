@@ -7,9 +7,12 @@ node tainted."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
+import anyio
 import msgspec
 import pytest
 
@@ -20,7 +23,7 @@ from pyctl.core import mig
 from pyctl.metrics import Metrics
 from pyctl.state.ratelimit import MemoryRateLimiter
 from pyctl.state.workflows import MemoryWorkflowStore
-from pyctl.workflows import mig_reconfig
+from pyctl.workflows import mig_loop, mig_reconfig
 from pyctl.workflows.engine import Engine, Workflow
 from pyctl.workflows.gate import Gate
 from pyctl.workflows.kinds import builtin_registry
@@ -650,6 +653,51 @@ async def test_loop_starts_a_reconfiguration_for_blocked_mig_pods() -> None:
     assert c.evictions == []  # max_used_destroyed=0: only free slices
     assert dict(c.nodes["n1"].mig) == {"1g.5gb": 7, "3g.20gb": 2}
     assert_restored(c)
+
+
+@pytest.mark.anyio
+async def test_loop_plans_in_a_worker_thread_on_inputs_taken_on_the_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The round runs in a worker thread while the event loop goes on; events that arrive in
+    the meantime (here: every node and pod gone) do not change what it plans, and `tick`
+    returns only once the round is done."""
+    c = a_cluster()
+    del c.pods["ns/b"]
+    for i in range(2):
+        c.pods[f"ns/big{i}"] = PodRecord(
+            "ns", f"big{i}", uid=f"ub{i}", mig=(("3g.20gb", 1),), unschedulable=True
+        )
+    h, loop, cache = loop_setup(c)
+    sync(cache, c)
+    want = mig_loop.plan_nodes(**mig_loop.round_inputs(cache, loop.models, (), loop.options))
+    assert len(want) == 1
+    started, changed = threading.Event(), threading.Event()
+    threads: list[int] = []
+    real = mig_loop.plan_nodes
+
+    def planning(**inputs: Any) -> list[mig.NodePlan]:
+        threads.append(threading.get_ident())
+        started.set()
+        assert changed.wait(10)  # the loop runs on while the round waits here
+        return real(**inputs)
+
+    monkeypatch.setattr(mig_loop, "plan_nodes", planning)
+
+    async def events_meanwhile() -> None:
+        assert await anyio.to_thread.run_sync(started.wait, 10)
+        cache.replace("Pod", [])
+        cache.replace("Node", [])
+        changed.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(events_meanwhile)
+        await loop.tick(leader=False)
+        assert changed.is_set()
+    assert len(threads) == 1
+    assert threads[0] != threading.get_ident()
+    assert [(p.node, p.plan) for p in loop.last_plans] == [(p.node, p.plan) for p in want]
+    assert h.metrics.workflow.plan_duration.labels("c", "mig")._value.get() > 0
 
 
 @pytest.mark.anyio
