@@ -13,9 +13,9 @@ compaction has placed the 4-GPU replica, it scales that replica to 0, re-fragmen
 
 Kills land at two kinds of points, chosen by a seeded RNG: after a random delay once the process
 is leader, or as soon as Redis shows an unfinished workflow (inside a step: claimed, evicting,
-or waiting for its retry). Evictions are counted from the API server: pyctl's ``PyctlCompaction``
-Events (per pod uid, ``involvedObject.uid``) and the ``DisruptionTarget`` condition the API server
-puts on a pod it evicts (seen through a watch).
+or waiting for its retry). Evictions are counted from the API server: pyctl's eviction Events
+(``PyctlCompaction`` and ``PyctlRescue``, per pod uid, ``involvedObject.uid``) and the
+``DisruptionTarget`` condition the API server puts on a pod it evicts (seen through a watch).
 """
 
 from __future__ import annotations
@@ -465,13 +465,15 @@ async def test_sigkill_at_random_points_always_converges(
             tg.cancel_scope.cancel()
 
         # -- no pod evicted twice ---------------------------------------------------------------
-        events = await core.list_namespaced_event(
-            "default", field_selector="reason=PyctlCompaction"
-        )
+        # evictions by compaction and by rescues (a pod evicted by both is evicted twice)
+        evicting = []
+        for reason in ("PyctlCompaction", "PyctlRescue"):
+            got = await core.list_namespaced_event("default", field_selector=f"reason={reason}")
+            evicting += [e for e in got.items if e.message.startswith("evicted")]
         # the Event names the evicted pod by uid (from the workflow: the pod is usually gone
         # by the time the Event is written)
-        assert all(e.involved_object.uid for e in events.items), "an Event without a pod uid"
-        per_uid = Counter(e.involved_object.uid for e in events.items)
+        assert all(e.involved_object.uid for e in evicting), "an Event without a pod uid"
+        per_uid = Counter(e.involved_object.uid for e in evicting)
         twice = {uid: n for uid, n in per_uid.items() if n > 1}
         assert not twice, f"pods evicted more than once: {twice}"
         assert not set(scenario.evicted.values()) & {"fill-0", "fill-1"}
