@@ -123,14 +123,31 @@ def grouped(pod: PodRecord) -> bool:
 class Fit:
     """NodeFit over one view of the cluster (node records, and where running pods are)."""
 
-    def __init__(self, nodes: Mapping[str, NodeRecord], pods: Iterable[PodRecord]) -> None:
+    def __init__(
+        self,
+        nodes: Mapping[str, NodeRecord],
+        pods: Iterable[PodRecord],
+        labels: Mapping[str, Mapping[str, str]] | None = None,
+        running: bool = False,
+    ) -> None:
         self.nodes = nodes
-        self.labels = {n: _labels(r) for n, r in nodes.items()}
-        self.running = [p for p in pods if p.node and not p.terminated and not p.deleting]
+        #: node -> its labels (`labels`: those of `nodes`, already read); `running`: every pod
+        #: of `pods` runs (no need to look)
+        self.labels = labels if labels is not None else {n: _labels(r) for n, r in nodes.items()}
+        self.running = (
+            list(pods)
+            if running
+            else [p for p in pods if p.node and not p.terminated and not p.deleting]
+        )
         #: pods that carry anti-affinity terms (checked against every incoming pod)
         self.repelling = [
             p for p in self.running if p.constraints is not None and p.constraints.anti_affinity
         ]
+
+    def with_pods(self, pods: Iterable[PodRecord]) -> Fit:
+        """The same nodes with other pods running (`pods`: all running; the nodes' labels are
+        not read again)."""
+        return Fit(self.nodes, pods, self.labels, running=True)
 
     def _domain(self, node: str, key: str) -> str | None:
         return self.labels.get(node, {}).get(key)

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import cast
 
 from pyctl.cluster import bounds, sharing
@@ -77,15 +78,22 @@ def pod_shape(p: PodRecord, node: NodeRecord | None = None, need: DraNeed | None
             dra=True,
             numa_aligned=need.numa_aligned,
         )
-    shared = sharing.shared_shape(p, node)
-    if shared is not None:
-        return shared
-    profile = p.mig[0][0] if p.mig else None
+    # shares only where the pod or its node says so (most pods: neither)
+    if p.sharing is not None or (p.gpus and node is not None and node.sharing is not None):
+        shared = sharing.shared_shape(p, node)
+        if shared is not None:
+            return shared
+    return _plain_shape(p.cpu_milli, p.memory_mib, p.gpus, p.mig[0][0] if p.mig else None)
+
+
+@lru_cache(maxsize=4096)
+def _plain_shape(cpu_milli: int, memory_mib: int, gpus: int, profile: str | None) -> Shape:
+    """A device-plugin shape (one object per distinct request: pods of a workload share it)."""
     return Shape(
-        cpu_milli=p.cpu_milli,
-        memory_mib=p.memory_mib,
-        gpus=p.gpus,
-        gpu_milli=1000 if p.gpus else 0,
+        cpu_milli=cpu_milli,
+        memory_mib=memory_mib,
+        gpus=gpus,
+        gpu_milli=1000 if gpus else 0,
         mig_profile=profile,
     )
 

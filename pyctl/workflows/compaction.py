@@ -28,7 +28,7 @@ from pyctl.core import policy
 from pyctl.core.fragmentation import FragmentationModel
 from pyctl.model import Node, Snapshot, Workload
 from pyctl.workflows.base import Context, Workflow, WorkflowKind
-from pyctl.workflows.evictor import Evictor, EvictorOptions, pdb_matches
+from pyctl.workflows.evictor import Evictor, EvictorOptions
 
 KIND = "compaction"
 #: the Event reason of a compaction's eviction
@@ -204,7 +204,7 @@ def plan_compaction(
         shape = got if got is not None else pod_shape(p, nodes.get(p.node))
         if pod_shape_problem(p, shape) is not None:
             continue
-        pdb = next((b for b in pdb_list if pdb_matches(b, p)), None)
+        pdb = next(iter(evictor.covering(p)), None)
         items.append(
             policy.MovablePod(
                 key=p.key,
@@ -264,7 +264,7 @@ def _verified(
         p = running.get(mv.pod) or pods.get(mv.pod)
         if p is None:
             continue
-        view = Fit(fit.nodes, running.values())
+        view = fit.with_pods(running.values())
         why = view.why_not(p, mv.to_node, mv.from_node)
         if why is not None:
             if mv.rescue is not None:

@@ -70,6 +70,14 @@ class Evictor:
         self.options = options
         self.pdbs = list(pdbs)
         self.clock = clock
+        # budgets by namespace (only those whose selector selects something), and which cover
+        # a pod, per (namespace, labels): the pods of one workload share their labels
+        self._by_ns: dict[str, list[PdbRecord]] = {}
+        for b in self.pdbs:
+            if b.match_labels or b.match_expressions:
+                self._by_ns.setdefault(b.namespace, []).append(b)
+        self._covering: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[PdbRecord, ...]] = {}
+        self._headroom: dict[tuple[str, tuple[tuple[str, str], ...]], int | None] = {}
         self.replicas: Counter[tuple[str, str, str]] = Counter(
             (p.namespace, p.owner_kind, p.owner_name)
             for p in pods
@@ -115,11 +123,25 @@ class Evictor:
                 return f"younger than {o.min_pod_age_seconds:g} s"
         return None
 
+    def covering(self, p: PodRecord) -> tuple[PdbRecord, ...]:
+        """The budgets that cover `p`, in the order they were given."""
+        key = (p.namespace, p.labels)
+        hit = self._covering.get(key)
+        if hit is None:
+            hit = tuple(b for b in self._by_ns.get(p.namespace, ()) if pdb_matches(b, p))
+            self._covering[key] = hit
+        return hit
+
     def pdb_headroom(self, p: PodRecord) -> int | None:
         """The disruptions every budget covering `p` allows now (the smallest); None when no
         budget covers it."""
-        allowed = [b.disruptions_allowed for b in self.pdbs if pdb_matches(b, p)]
-        return min(allowed) if allowed else None
+        key = (p.namespace, p.labels)
+        if key in self._headroom:
+            return self._headroom[key]
+        allowed = [b.disruptions_allowed for b in self.covering(p)]
+        got = min(allowed) if allowed else None
+        self._headroom[key] = got
+        return got
 
     def pdb_allows(self, p: PodRecord) -> bool:
         """Whether every PodDisruptionBudget covering `p` has budget left now (the API server has
