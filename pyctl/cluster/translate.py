@@ -453,11 +453,13 @@ def attribute_pods(
         for gi, g in enumerate(z.gpus):
             for pod, milli in g.holders:
                 held[pod].append((zi, gi, milli))
+    # the device plugin's GPUs are shared (time-slicing, MPS, HAMi): their holders say it all
+    plugin_shared = node.gpu_replicas > 1 or node.gpu_pool != ""
     used_gpus = [
         (zi, gi)
         for zi, z in enumerate(node.zones)
         for gi, g in enumerate(z.gpus)
-        if g.used_milli and not g.holders and not node.sharing
+        if g.used_milli and not g.holders and not plugin_shared
     ]
     cpu_left = [z.cpu_milli_used for z in node.zones]
     mem_left = [z.memory_mib_used for z in node.zones]

@@ -357,3 +357,31 @@ def test_a_stored_record_with_a_bad_quantity_is_refused_in_one_line() -> None:
     with pytest.raises(ValueError, match="consumed"):
         check_record(msgspec.structs.replace(c, allocated=(a,)))
     check_record(c)
+
+
+def test_device_plugin_gpus_beside_shared_dra_gpus_are_still_attributed() -> None:
+    """A node with two device-plugin GPUs as well as the shared DRA ones: the whole GPU a pod
+    holds through `nvidia.com/gpu` is still attributed to it (its move frees that GPU)."""
+    data = load()
+    items = data["items"]
+    n = next(o for o in items if o["kind"] == "Node")
+    for res in (n["status"]["allocatable"], n["status"]["capacity"]):
+        res["nvidia.com/gpu"] = "2"
+    plain = copy.deepcopy(next(o for o in items if o["kind"] == "Pod"))
+    plain["metadata"]["name"] = "plain-0"
+    del plain["spec"]["resourceClaims"]
+    del plain["status"]["resourceClaimStatuses"]
+    c = plain["spec"]["containers"][0]
+    c["resources"] = {
+        "requests": {"cpu": "4", "nvidia.com/gpu": "1"},
+        "limits": {"nvidia.com/gpu": "1"},
+    }
+    items.append(plain)
+    nodes, pods, _, _ = records(data)
+    ctx = dra_context(data)
+    positions: dict[str, list[tuple[object, ...]]] = {}
+    node, _ = model_of(nodes[0], None, pods, dra=ctx, positions=positions)
+    assert node.sharing == "dra consumable capacity (2 shared GPUs), exact"
+    asg = attribute_pods(node, pods, positions)
+    assert len(asg[S + "plain-0"]["gpus"]) == 1  # type: ignore[arg-type]
+    assert asg[S + "qwen-0"]["dra_gpus"] == [(0, 0, 250)]
