@@ -29,9 +29,11 @@ class Workflow(msgspec.Struct):
     not_before: float = 0.0
     data: dict[str, str] = {}
     result: str = ""
-    #: a replica is running this step until then (others leave it alone; a crashed replica's
-    #: claim expires and the idempotent step is run again)
+    #: a replica is running this step until then (the process that claimed it leaves it alone;
+    #: see `Engine.advance_all` for when the leader takes another process's claim over)
     claimed_until: float = 0.0
+    #: the process that claimed it (`engine.INSTANCE`; "" in records written before the field)
+    claimed_by: str = ""
 
     @property
     def finished(self) -> bool:

@@ -3,7 +3,15 @@
 A workflow is a record (kind, node, current step, data) in the workflow store. Advancing it runs
 the current step's handler (looked up in the `Registry` the engine was built with) and writes the
 next step with compare-and-set, so two replicas never both advance the same workflow, and a
-controller killed at any point resumes from the last written step. Steps are idempotent: a step
+controller killed at any point resumes from the last written step.
+
+Only the leader advances workflows. A step is claimed (compare-and-set) before it runs, with the
+process's identity (`INSTANCE`) and a deadline. A claim of another process can only have been
+made while that process led, so it has lost the Lease since (it was killed, or partitioned from
+the API server): the leader takes it over at once instead of waiting out the deadline. Should
+the other process still be running the step, the gate refuses its mutations (it is no longer
+the leader) and its write of the step's result fails the compare-and-set; steps are idempotent.
+The leader's own claims are left alone until their deadline. Steps are idempotent: a step
 that acts first checks whether its action already happened (e.g. an evicting step whose pod is
 gone or terminating is done, not repeated).
 
@@ -18,6 +26,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
+import socket
+import uuid
 from collections import Counter
 
 import msgspec
@@ -33,6 +44,8 @@ _ENC = msgspec.json.Encoder()
 _DEC = msgspec.json.Decoder(Workflow)
 #: a step's `not_before` is never further away than this (a rate limit's wait is capped there)
 MAX_WAIT = 3600.0
+#: this process, as it signs its claims (a restarted controller is another process)
+INSTANCE = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 def decode(data: bytes) -> Workflow:
@@ -69,6 +82,7 @@ class Engine:
         retention_seconds: float = 600.0,
         kinds: tuple[str, ...] | None = None,
         claim_ttl: float = 60.0,
+        instance: str = INSTANCE,
     ) -> None:
         self.store = store
         self.ctx = ctx
@@ -76,8 +90,10 @@ class Engine:
         self.retention = retention_seconds
         #: the workflow kinds this engine advances (several engines may share one store)
         self.kinds = kinds
-        #: how long a claimed step is left to the replica that claimed it
+        #: how long a claimed step is left to the process that claimed it
         self.claim_ttl = claim_ttl
+        #: the process the claims of this engine are signed with
+        self.instance = instance
 
     def now(self) -> float:
         """The engine's clock (wall-clock seconds)."""
@@ -136,22 +152,37 @@ class Engine:
                     with contextlib.suppress(ConflictError):
                         await self.store.delete(wid, rec.version)
                     continue
-            elif wf.not_before <= now and wf.claimed_until <= now:
+            elif wf.not_before <= now and not self._claimed(wf, now):
                 wf = await self._advance(wf, rec.version, now)
             counts[(wf.kind, wf.step)] += 1
         return counts
 
+    def _claimed(self, wf: Workflow, now: float) -> bool:
+        """Whether the step is left alone now: claimed by this process, until its deadline. (A
+        claim of another process is taken over: see the module's doc; the engine is advanced
+        by the leader only.)"""
+        return wf.claimed_until > now and wf.claimed_by == self.instance
+
     async def _advance(self, wf: Workflow, version: int, now: float) -> Workflow:
         # claim the step first (compare-and-set): only the replica whose claim is written acts,
         # so two replicas never both run a step
-        claim = msgspec.structs.replace(wf, claimed_until=now + self.claim_ttl)
+        if wf.claimed_until > now:
+            log.info(
+                "taking over a step claimed by a process that no longer leads",
+                extra={"workflow": wf.id, "step": wf.step, "claimed_by": wf.claimed_by},
+            )
+        claim = msgspec.structs.replace(
+            wf, claimed_until=now + self.claim_ttl, claimed_by=self.instance
+        )
         try:
             version = await self.store.put(wf.id, _ENC.encode(claim), version)
         except ConflictError:
             return wf
         new = await self._run_step(claim)
         new = _finite(
-            msgspec.structs.replace(new, updated=self.ctx.clock(), claimed_until=0.0),
+            msgspec.structs.replace(
+                new, updated=self.ctx.clock(), claimed_until=0.0, claimed_by=""
+            ),
             self.ctx.clock(),
         )
         try:

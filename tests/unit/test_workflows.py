@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import anyio
+import msgspec
 import pytest
 
 from pyctl.cluster.records import PodRecord
@@ -148,6 +149,42 @@ async def test_two_replicas_never_both_act() -> None:
             tg.start_soon(engine_a.advance_all)
             tg.start_soon(engine_b.advance_all)
     assert sorted(cluster.evictions) == ["ns/p0", "ns/p1", "ns/p2"]
+
+
+async def claimed(store: MemoryWorkflowStore, wid: str, by: str, until: float) -> None:
+    """Write the workflow back as claimed (`by` a process, until `until`)."""
+    rec = (await store.list())[wid]
+    wf = msgspec.json.decode(rec.data, type=Workflow)
+    wf = msgspec.structs.replace(wf, claimed_until=until, claimed_by=by)
+    await store.put(wid, msgspec.json.encode(wf), rec.version)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("by", ["a-killed-process", ""])
+async def test_the_leader_takes_over_a_step_another_process_claimed(by: str) -> None:
+    """A claim of another process (one that led and no longer does: killed or partitioned) or
+    of a record written before claims were signed is taken over at once, not after its 60 s;
+    the step is idempotent, so the eviction is made once."""
+    cluster, engine, store = setup()
+    await engine.start(move(0))
+    await claimed(store, "compaction-u0", by, engine.now() + 60.0)
+    await engine.advance_all()
+    assert cluster.evictions == ["ns/p0"]
+    wf = await engine.get("compaction-u0")
+    assert wf is not None
+    assert (wf.step, wf.claimed_by, wf.claimed_until) == ("done", "", 0.0)
+
+
+@pytest.mark.anyio
+async def test_its_own_claim_is_left_until_its_deadline() -> None:
+    cluster, engine, store = setup()
+    await engine.start(move(0))
+    await claimed(store, "compaction-u0", engine.instance, engine.now() + 60.0)
+    await engine.advance_all()
+    assert cluster.evictions == []
+    await claimed(store, "compaction-u0", engine.instance, engine.now() - 1.0)
+    await engine.advance_all()
+    assert cluster.evictions == ["ns/p0"]
 
 
 @pytest.mark.anyio
