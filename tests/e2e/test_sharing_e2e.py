@@ -24,7 +24,7 @@ from pyctl.controller.controller import Controller
 from pyctl.dev.control_plane import ControlPlane, ExtraScheduler
 from pyctl.dev.gpu_nodes import body, wait_nodes_ready
 from pyctl.state.memory import MemoryStore
-from tests.e2e.conftest import wait_until
+from tests.e2e.conftest import WaitTimeout, wait_until
 from tests.e2e.sharing_sim import (
     GPU,
     GPUCORES,
@@ -194,7 +194,11 @@ async def test_time_sliced_replicas_are_where_the_device_plugin_puts_them(
                 return not {p.metadata.name for p in pods.items} & set(gone)
 
             await wait_until(all_gone, "the deleted pods gone", within=30)
-            await wait_until(agrees, "shares after the deletions", within=30)
+            try:
+                await wait_until(agrees, "shares after the deletions", within=30)
+            except WaitTimeout as e:  # say what each side holds
+                seen = {n: (holders(ctl, n), expected(n)) for n in ts}
+                raise WaitTimeout(f"{e}: (pyctl, device plugin) per node {seen}") from None
             for _ in range(3):
                 name = await create(1)
                 assert await bound_or_refused(core, name) in ts
