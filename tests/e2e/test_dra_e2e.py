@@ -202,6 +202,17 @@ class Dra:
                         raise
 
 
+async def remove(driver: SimDraDriver, core: client.CoreV1Api, nodes: list[SimNode]) -> None:
+    """A test's clean-up: the simulated driver's slices withdrawn, its nodes deleted."""
+    await driver.withdraw()
+    for n in nodes:
+        try:
+            await core.delete_node(n.name)
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
 def published_numa(nodes: list[SimNode]) -> dict[tuple[str, str], int]:
     """(pool, device) -> the numaNode the simulated driver published for it."""
     out = {}
@@ -357,13 +368,7 @@ async def test_allocations_by_the_real_scheduler_are_read_device_by_device(
         await dra.cleanup(
             pods, {"resourceclaimtemplates": ["x-two-aligned", "x-three", "x-mig-3g"]}
         )
-        await driver.withdraw()
-        for n in nodes:
-            try:
-                await core.delete_node(n.name)
-            except client.ApiException as exc:
-                if exc.status != 404:
-                    raise
+        await remove(driver, core, nodes)
 
 
 def claim(name: str, request: dict[str, Any], constraints: list[Any] | None = None) -> Any:
@@ -584,13 +589,7 @@ async def test_numa_split_claim_then_compaction_frees_a_zone_for_the_real_schedu
                 "resourceclaimtemplates": ["dc-one", "dc-three", "dc-four"],
             },
         )
-        await driver.withdraw()
-        for n in nodes:
-            try:
-                await core.delete_node(n.name)
-            except client.ApiException as exc:
-                if exc.status != 404:
-                    raise
+        await remove(driver, core, nodes)
 
 
 @pytest.mark.anyio
@@ -693,12 +692,7 @@ async def test_device_taint_rules_steer_the_real_allocator_off_stranding_placeme
         await custom.delete_collection_cluster_custom_object(
             GROUP, VERSION, "devicetaintrules", label_selector="app.kubernetes.io/managed-by=pyctl"
         )
-        await driver.withdraw()
-        try:
-            await core.delete_node(node.name)
-        except client.ApiException as exc:
-            if exc.status != 404:
-                raise
+        await remove(driver, core, [node])
 
 
 def mig_request_1g() -> dict[str, Any]:
@@ -902,9 +896,4 @@ async def test_shares_of_gpus_allocated_by_capacity_are_read_as_the_scheduler_wr
             tg.cancel_scope.cancel()
     finally:
         await dra.cleanup([*pods, "s-big-0"], {"resourceclaimtemplates": templates})
-        await driver.withdraw()
-        try:
-            await core.delete_node(node.name)
-        except client.ApiException as exc:
-            if exc.status != 404:
-                raise
+        await remove(driver, core, [node])

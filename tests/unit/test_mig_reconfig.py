@@ -627,15 +627,20 @@ def sync(cache: ClusterCache, c: FakeMigCluster) -> None:
     cache.replace("Pod", list(c.pods.values()))
 
 
-@pytest.mark.anyio
-async def test_loop_starts_a_reconfiguration_for_blocked_mig_pods() -> None:
+def blocked_cluster() -> FakeMigCluster:
+    """`a_cluster` where only free slices change: ns/b gone, two pending 3g.20gb pods."""
     c = a_cluster()
-    # only free slices change: drop ns/b, add two pending 3g.20gb pods
     del c.pods["ns/b"]
     for i in range(2):
         c.pods[f"ns/big{i}"] = PodRecord(
             "ns", f"big{i}", uid=f"ub{i}", mig=(("3g.20gb", 1),), unschedulable=True
         )
+    return c
+
+
+@pytest.mark.anyio
+async def test_loop_starts_a_reconfiguration_for_blocked_mig_pods() -> None:
+    c = blocked_cluster()
     h, loop, cache = loop_setup(c)
     sync(cache, c)
     assert pending_demand(cache) == {"3g.20gb": 2}
@@ -662,12 +667,7 @@ async def test_loop_plans_in_a_worker_thread_on_inputs_taken_on_the_loop(
     """The round runs in a worker thread while the event loop goes on; events that arrive in
     the meantime (here: every node and pod gone) do not change what it plans, and `tick`
     returns only once the round is done."""
-    c = a_cluster()
-    del c.pods["ns/b"]
-    for i in range(2):
-        c.pods[f"ns/big{i}"] = PodRecord(
-            "ns", f"big{i}", uid=f"ub{i}", mig=(("3g.20gb", 1),), unschedulable=True
-        )
+    c = blocked_cluster()
     h, loop, cache = loop_setup(c)
     sync(cache, c)
     want = mig_loop.plan_nodes(**mig_loop.round_inputs(cache, loop.models, (), loop.options))
@@ -705,12 +705,7 @@ async def test_loop_plans_in_a_worker_thread_on_inputs_taken_on_the_loop(
 async def test_loop_holds_a_node_off_after_its_last_reconfiguration(
     holdoff: float, starts: bool
 ) -> None:
-    c = a_cluster()
-    del c.pods["ns/b"]
-    for i in range(2):
-        c.pods[f"ns/big{i}"] = PodRecord(
-            "ns", f"big{i}", uid=f"ub{i}", mig=(("3g.20gb", 1),), unschedulable=True
-        )
+    c = blocked_cluster()
     h = Harness(c)
     cache = ClusterCache()
     loop = MigLoop(
