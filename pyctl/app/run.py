@@ -35,11 +35,13 @@ from pyctl.controller.summary import Summary
 from pyctl.federation import watch_members
 from pyctl.metrics import Metrics
 from pyctl.model import Workload
+from pyctl.serve.http import tune_malloc
 
 
 async def run_kube(cfg: Config, workload: Workload | None) -> int:
     """Follow a real cluster until cancelled: reflectors, the Lease (only the leader acts),
     the state store, metrics and health on the metrics port, the workflows."""
+    tune_malloc()  # request bodies' memory goes back to the system when freed (docs/http.md)
     kube = await connect(kubeconfig=cfg.kubeconfig or None, in_cluster=cfg.in_cluster)
     identity = cfg.lease.identity or f"{socket.gethostname()}-{os.getpid()}"
     d = cfg.lease.duration

@@ -597,49 +597,103 @@ class HttpServer:
                 got += len(data)
 
 
-def _malloc_trim() -> Callable[[], object] | None:
-    """glibc's malloc_trim(0), or None (another C library)."""
+def _glibc() -> ctypes.CDLL | None:
+    """glibc, or None (another C library: musl has neither malloc_trim nor mallopt)."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
+        libc.malloc_trim  # noqa: B018 (glibc only)
+        libc.mallopt  # noqa: B018
     except (OSError, AttributeError):
         return None
-    trim.argtypes = [ctypes.c_size_t]
-    trim.restype = ctypes.c_int
-    return lambda: trim(0)
+    libc.malloc_trim.argtypes = [ctypes.c_size_t]
+    libc.malloc_trim.restype = ctypes.c_int
+    libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    libc.mallopt.restype = ctypes.c_int
+    return libc
+
+
+_LIBC = _glibc()
+
+#: glibc's mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+#: allocations from this size on are mapped on their own and unmapped when freed; free memory
+#: at the top of an arena beyond it is given back when a free merges into it (glibc's initial
+#: values of both thresholds, here kept fixed)
+MALLOC_THRESHOLD = 128 << 10
+
+
+def tune_malloc() -> bool:
+    """Fix glibc's mmap and trim thresholds at `MALLOC_THRESHOLD` (what `pyctl run` does at
+    start). By default glibc raises both each time a mapped block is freed (up to 32 MiB and
+    64 MiB): after the first 1 MiB request bodies, bodies and parse buffers come from the
+    per-thread arenas (the extender's server thread, its workers, the executors' threads), and
+    the free memory at the top of a thread's arena, up to the raised trim threshold, stays
+    resident: malloc_trim(0) gives back free pages inside every arena but shrinks the top of
+    the main one only. With the thresholds fixed, a large block goes back to the system when
+    it is freed, whenever that is. False: not glibc, nothing changed."""
+    if _LIBC is None:
+        return False
+    mapped = int(_LIBC.mallopt(_M_MMAP_THRESHOLD, MALLOC_THRESHOLD))
+    trimmed = int(_LIBC.mallopt(_M_TRIM_THRESHOLD, MALLOC_THRESHOLD))
+    return mapped == 1 and trimmed == 1
+
+
+def _malloc_trim() -> Callable[[], object] | None:
+    """glibc's malloc_trim(0), or None (another C library)."""
+    libc = _LIBC
+    if libc is None:
+        return None
+    return lambda: libc.malloc_trim(0)
 
 
 _TRIM = _malloc_trim()
 
 
 class _Trim:
-    """Gives the memory of request bodies back to the system after a burst. glibc keeps freed
-    heap memory in its (per-thread) arenas, and CPython keeps free lists and partly used arenas
-    until a full collection, so after a burst of 1 MB bodies the process's RSS would stay high
-    though nothing holds it. Every `INTERVAL` seconds: when `THRESHOLD` bytes were received
-    since the last time, malloc_trim(0); when some were and none came in the last interval (the
-    burst is over), a full garbage collection first (tens of milliseconds with the controller's
-    heap at 5,000 nodes; Python runs such collections on its own too, this one comes after a
-    burst only). On a worker thread (ctypes releases the GIL for malloc_trim). Measured by
-    tests/e2e/test_http_load_e2e.py: docs/http.md."""
+    """Gives the memory of request bodies back to the system after a burst. CPython keeps
+    reference cycles (asyncio's timeouts and closed connections make some, holding buffers)
+    until a full collection, which with a large heap comes rarely, and glibc keeps freed heap
+    memory in its arenas, so after a burst of 1 MB bodies the process's RSS would stay high
+    though nothing holds it. Every `INTERVAL` seconds, with the bytes received in that interval:
+
+    - `THRESHOLD` or more (a burst goes on): malloc_trim(0);
+    - less, after `THRESHOLD` or more since the last release (a burst ended in the interval),
+      or none, after some since the last release (a few requests, then quiet): a full garbage
+      collection, then malloc_trim(0).
+
+    So the release follows every burst, within two intervals of its last byte (tens of
+    milliseconds of collection with the controller's heap at 5,000 nodes; Python runs such
+    collections on its own too, this one comes after a burst only). On a worker thread (ctypes
+    releases the GIL for malloc_trim). Measured by tests/e2e/test_http_load_e2e.py:
+    docs/http.md."""
 
     THRESHOLD = 8 << 20
     INTERVAL = 5.0
 
     def __init__(self) -> None:
-        self.received = 0  # bytes since the last trim
+        self.received = 0  # bytes in the current interval
+        self.since_release = 0  # bytes since the last collection and trim
+
+    def step(self) -> bool | None:
+        """The end of an interval: None (nothing to do), False (trim), True (collect and
+        trim)."""
+        recent, self.received = self.received, 0
+        self.since_release += recent
+        if recent >= self.THRESHOLD:
+            return False
+        if self.since_release >= self.THRESHOLD or (self.since_release and not recent):
+            self.since_release = 0
+            return True
+        return None
 
     async def run(self) -> None:
         trim = _TRIM
-        seen = 0
         while True:
             await asyncio.sleep(self.INTERVAL)
-            pending = self.received
-            quiet = pending == seen
-            seen = pending
-            if pending >= self.THRESHOLD or (pending and quiet):
-                self.received = seen = 0
-                await asyncio.get_running_loop().run_in_executor(None, _release, quiet, trim)
+            collect = self.step()
+            if collect is not None:
+                await asyncio.get_running_loop().run_in_executor(None, _release, collect, trim)
 
 
 def _release(collect: bool, trim: Callable[[], object] | None) -> None:

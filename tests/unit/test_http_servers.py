@@ -14,6 +14,8 @@ import json
 import logging
 import os
 import ssl
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -30,7 +32,7 @@ from pyctl.model import Workload
 from pyctl.serve.extender import ExtenderHandler
 from pyctl.serve.extender_server import ExtenderOptions, ExtenderServer, HttpMetrics
 from pyctl.serve.health import HealthServer, MetricsOptions
-from pyctl.serve.http import HttpServer, Limits, Request, Response, Route
+from pyctl.serve.http import _TRIM, HttpServer, Limits, Request, Response, Route, _Trim
 
 pytestmark = pytest.mark.anyio
 
@@ -604,3 +606,71 @@ async def test_expect_100_continue_is_answered(served: Callable[..., Any]) -> No
     writer.write(data)
     assert (await read_response(reader))[0] == 200
     writer.close()
+
+
+def test_memory_is_released_after_every_burst() -> None:
+    """_Trim's decision at the end of each interval, from the bytes received in it: a trim while
+    a burst goes on, a collection and a trim in the first interval after it (whether or not a
+    few bytes still came), and after a few requests followed by quiet; nothing while quiet."""
+    trim = _Trim()
+    mb = 1 << 20
+
+    def steps(*received: int) -> list[bool | None]:
+        out = []
+        for n in received:
+            trim.received += n
+            out.append(trim.step())
+        return out
+
+    # a burst over three intervals, then a tail of 3 MB, then quiet
+    assert steps(40 * mb, 60 * mb, 30 * mb, 3 * mb, 0, 0) == [False, False, False, True, None, None]
+    # a burst that stops dead at the end of an interval: released in the next (quiet) one
+    assert steps(40 * mb, 0, 0) == [False, True, None]
+    # a burst of less than the threshold per interval, then quiet
+    assert steps(5 * mb, 5 * mb, 0) == [None, True, None]
+    # a few small requests, then quiet
+    assert steps(20_000, 0, 0) == [None, True, None]
+
+
+_HELD = """
+import sys, threading
+from pyctl.serve import http
+
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+
+if sys.argv[1] == "tuned":
+    assert http.tune_malloc()
+out = {}
+def work():
+    big = bytearray(16 << 20)  # mapped on its own: freeing it raises glibc's thresholds
+    del big
+    r0 = rss()
+    blocks = [bytearray(1 << 20) for _ in range(20)]  # 20 MiB from this thread's arena
+    del blocks
+    http._TRIM()
+    out["held"] = rss() - r0
+t = threading.Thread(target=work)
+t.start()
+t.join()
+print(out["held"])
+"""
+
+
+@pytest.mark.skipif(_TRIM is None, reason="glibc only (malloc_trim, mallopt)")
+def test_tuned_malloc_gives_freed_blocks_back_from_a_threads_arena() -> None:
+    """The reason for tune_malloc: with glibc's default (dynamic) thresholds, 20 MiB freed in
+    a thread's arena after a large block was freed stay resident even after malloc_trim(0)
+    (which shrinks the top of the main arena only); with the thresholds fixed they go back.
+    Each in a fresh interpreter (mallopt is for the whole process)."""
+
+    def held(mode: str) -> float:
+        got = subprocess.run(
+            [sys.executable, "-c", _HELD, mode], capture_output=True, text=True, check=True
+        )
+        return float(got.stdout)
+
+    assert held("default") > 15.0
+    assert held("tuned") < 5.0
