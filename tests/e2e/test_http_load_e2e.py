@@ -56,8 +56,8 @@ LEASE_DURATION = 3.0
 RENEW_DEADLINE = LEASE_DURATION * 2 / 3
 LOAD_SECONDS = 15.0
 #: rounds of load, each followed by SETTLE seconds of quiet: the server closes what is left
-#: within its read timeout (5 s), and gives freed memory back at most 2 x 5 s after a burst
-#: (pyctl/serve/http.py, _Trim)
+#: within its read timeout (5 s), and collects garbage and gives freed memory back within two
+#: intervals of 5 s of a burst's last byte (pyctl/serve/http.py, _Trim)
 ROUNDS = int(os.environ.get("HTTP_LOAD_ROUNDS", "3"))
 SETTLE = 16.0
 BIG_CLIENTS = 4
@@ -70,14 +70,19 @@ DEADLINE = 1.5  # the extender's default deadline (ExtenderOptions.deadline)
 SCHEDULER_ADDRESS = "127.0.0.2"
 #: after each round, RSS may stay this far above its baseline. What the load holds at its
 #: peak (bodies in flight, the workers' parsed bodies: a 1 MB body is ~12 MB of Python objects,
-#: connections) is freed; pyctl then collects garbage and gives freed heap back to the system
-#: (pyctl/serve/http.py, _Trim), but CPython's allocator keeps arenas that a few live objects
-#: still use, so RSS does not come back byte for byte: it settles at a plateau, measured at +21
-#: to +26 MB over 8 rounds (HTTP_LOAD_ROUNDS=8), +13 to +32 MB over single runs. What must not
-#: happen is memory kept per request or per connection, which would grow round after round:
-#: before the bounds, 150 stalled 1 MB bodies left +190 MB, never released; a reference cycle
-#: per connection (fixed: _unlink) added ~20 MB a round. Each round sends hundreds of 1 MB
-#: bodies over ~15,000 connections.
+#: connections) is freed: large blocks go back to the system when freed (pyctl run fixes glibc's
+#: mmap and trim thresholds), and after each burst pyctl collects garbage and trims glibc's
+#: arenas (pyctl/serve/http.py, tune_malloc and _Trim); glibc's arenas then hold ~1 MB more
+#: than at the baseline (/proc/<pid>/smaps). What stays is CPython's allocator: it keeps each
+#: 1 MiB arena that a surviving object still uses, a plateau measured at +14.5 to +23.7 MB over
+#: three 3-round runs and +20.8 to +28.1 MB over 8 rounds (HTTP_LOAD_ROUNDS=8). Before the
+#: thresholds were fixed, freed memory at the top of the threads' arenas (up to the raised trim
+#: threshold each; malloc_trim(0) shrinks only the main arena's top) and reference cycles left
+#: uncollected (the post-burst collection rarely ran) came on top, at random: rounds of
+#: single runs measured +13 to +60 MB. What must not happen is memory kept per request or per
+#: connection, which would grow round after round: before the bounds, 150 stalled 1 MB bodies
+#: left +190 MB, never released; a reference cycle per connection (fixed: _unlink) added ~20 MB
+#: a round. Each round sends hundreds of 1 MB bodies over ~15,000 connections.
 RSS_TOLERANCE_MB = 40.0
 
 
