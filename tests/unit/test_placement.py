@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
-from pyctl.cluster.kube.extender import MAX_EXTENDER_PRIORITY, parse_args
+from pyctl.cluster.kube.extender import MAX_EXTENDER_PRIORITY, ExtenderInputError, parse_args
 from pyctl.controller.placement import PlacementAdvisor
 from pyctl.core.fragmentation import FragmentationModel
 from pyctl.core.policy import choose
@@ -209,6 +209,34 @@ def test_parse_accepts_other_casings() -> None:
     assert a.pod.name == "x"
     assert a.pod.gpus == 2
     assert a.names == ("n",)
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        {"Pod": pod(2, "x"), "NodeNames": ["n", "m"]},  # as kube-scheduler sends it
+        {"pod": pod(2, "x"), "nodeNames": ["n", "m"]},
+        {"Pod": pod(2, "x"), "Nodes": None, "NodeNames": ["n", "m"], "extra": {"a": [1]}},
+        {"Pod": pod(2, "x"), "NodeNames": ["n", "m"], "Nodes": {"items": []}},
+    ],
+)
+def test_a_body_reads_the_same_whichever_path_decodes_it(wire: dict[str, Any]) -> None:
+    a = parse_args(json.dumps(wire).encode())
+    assert (a.pod.name, a.pod.gpus, a.names, a.items) == ("x", 2, ("n", "m"), None)
+    assert a == parse_args(wire)  # the general path, from the decoded object
+
+
+@pytest.mark.parametrize(
+    ("wire", "message"),
+    [
+        ({"Pod": pod(1), "NodeNames": ["n", 3]}, "NodeNames must be a list of strings"),
+        ({"Pod": [], "NodeNames": ["n"]}, "Pod is missing"),
+        ({"Pod": {"metadata": {}}, "NodeNames": ["n"]}, "no metadata.name"),
+    ],
+)
+def test_a_bad_body_is_explained_by_the_general_path(wire: dict[str, Any], message: str) -> None:
+    with pytest.raises(ExtenderInputError, match=message):
+        parse_args(json.dumps(wire).encode())
 
 
 def test_models_are_rebuilt_only_when_a_node_changes() -> None:
