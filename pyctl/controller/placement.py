@@ -162,6 +162,25 @@ class PlacementAdvisor:
             self.filtered += 1
         return failed
 
+    def choose(self, pod: PodRecord, names: tuple[str, ...]) -> dict[str, str]:
+        """The filter's answer narrowed to the policy's choice, for a scheduler that asks once per
+        pod (verb ``choose``): the candidates that pass `filter` and that `prioritize` would not
+        score highest fail too, saying which node pyctl chose. At the shipped weight the top
+        score is the scheduler's choice anyway; this way it costs one call, and the scheduler
+        skips its scoring when one node is left. No preference (every score 0): `filter`."""
+        failed = self.filter(pod, names)
+        left = tuple(n for n in names if n not in failed)
+        scores = self.prioritize(pod, left)
+        top = max(scores.values(), default=0)
+        if top <= 0:
+            return failed
+        chosen = [n for n in left if scores[n] == top]
+        why = f"pyctl: the policy chose {_listed(chosen)} for this pod (less fragmentation)"
+        for n in left:
+            if scores[n] != top:
+                failed[n] = why
+        return failed
+
     def prioritize(self, pod: PodRecord, names: tuple[str, ...]) -> dict[str, int]:
         """A score 0..MAX_EXTENDER_PRIORITY per candidate node."""
         shape = self._shape_of(pod)
@@ -179,6 +198,11 @@ class PlacementAdvisor:
         if any(out.values()):
             self.advised += 1
         return out
+
+
+def _listed(names: list[str], most: int = 3) -> str:
+    shown = ", ".join(names[:most])
+    return shown if len(names) <= most else f"{shown} and {len(names) - most} more"
 
 
 def workload_key(pod: PodRecord) -> str:

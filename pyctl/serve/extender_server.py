@@ -55,8 +55,8 @@ SWITCH_INTERVAL = 0.001
 
 @dataclass(frozen=True)
 class ExtenderOptions:
-    """The kube-scheduler extender (`/scheduler/filter`, `/scheduler/prioritize`) on its own
-    server; port 0: not served."""
+    """The kube-scheduler extender (`/scheduler/choose`, `/scheduler/filter`,
+    `/scheduler/prioritize`) on its own server; port 0: not served."""
 
     host: str = "127.0.0.1"
     port: int = 0
