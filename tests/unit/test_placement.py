@@ -290,6 +290,14 @@ def test_a_bad_body_is_explained_by_the_general_path(wire: dict[str, Any], messa
         parse_args(json.dumps(wire).encode())
 
 
+def test_invalid_utf8_inside_a_string_is_a_bad_request(ext: PlacementExtender) -> None:
+    body = b'{"Pod": {"metadata": {"name": "x"}}, "NodeNames": ["\xa6"]}'
+    with pytest.raises(ExtenderInputError, match="not JSON"):
+        parse_args(body)
+    for verb in ("choose", "filter", "prioritize"):
+        assert ext.handler.answer(verb, body)[1] == "bad-request"
+
+
 def test_models_are_rebuilt_only_when_a_node_changes() -> None:
     models = {"n": node("n", 0, 0)}
     e = PlacementExtender(models, lambda: W)

@@ -66,7 +66,7 @@ def _as_sent(body: bytes | str) -> ExtenderArgs | None:
     for `parse_args`'s general path (other casings, ``Nodes``, or anything it must explain)."""
     try:
         w = _WIRE.decode(body)
-    except msgspec.DecodeError:  # (ValidationError included)
+    except (msgspec.DecodeError, UnicodeDecodeError):  # (ValidationError included)
         return None
     if w.Pod is None or w.NodeNames is None:
         return None
