@@ -224,9 +224,9 @@ class Servers:
 
 async def start_servers(ctl: Controller, cfg: Config, flows: Workflows | None = None) -> Servers:
     """/metrics, /healthz, /readyz (and /federation with a shared Redis) on the metrics port;
-    the kube-scheduler extender (/scheduler/filter, /scheduler/prioritize) on the extender port,
-    on its own server and threads. Raises (after stopping what it started) when a server cannot
-    start: a port in use, TLS files that cannot be read."""
+    the kube-scheduler extender (/scheduler/choose, /scheduler/filter, /scheduler/prioritize) on
+    the extender port, on its own server and threads. Raises (after stopping what it started)
+    when a server cannot start: a port in use, TLS files that cannot be read."""
     servers = Servers()
     metrics = HttpMetrics(ctl.metrics.registry, cfg.cluster)
     try:

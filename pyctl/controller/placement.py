@@ -109,12 +109,13 @@ class PlacementAdvisor:
                 self._cached = 0
             per = self._ranks[key] = {}
         out: dict[str, policy.Ranked | str | None] = {}
+        models, cached = self._models.get, per.get
         for name in names:
-            node = self._models.get(name)
+            node = models(name)
             if node is None:
                 out[name] = "unknown"
                 continue
-            hit = per.get(name)
+            hit = cached(name)
             if hit is None or hit[0] is not node:
                 (r,) = policy.rank(self._model(name, node), shape, workload, [name])
                 if hit is None:
@@ -127,16 +128,18 @@ class PlacementAdvisor:
         """The candidate nodes `pod` must not go to, with why."""
         failed: dict[str, str] = {}
         reserved = self.reservations()
-        for name in names:
-            holder = reserved.get(name)
-            if holder is not None and holder != pod.key:
-                failed[name] = f"pyctl: room reserved for pending pod {holder}"
+        if reserved:
+            for name in names:
+                holder = reserved.get(name)
+                if holder is not None and holder != pod.key:
+                    failed[name] = f"pyctl: room reserved for pending pod {holder}"
         left = self.departures().get(workload_key(pod))
         if left is not None and left in names and left not in failed:
             failed[left] = "pyctl: compaction moved this workload's pod off this node"
         shape = self._shape_of(pod)
         if shape is None or shape.is_cpu_only or shape.dra:
             return self._count(failed)  # the scheduler's business (DRA: its own allocator's)
+        what = ""
         for name, r in self.rank(shape, names).items():
             if r is None and name not in failed:
                 node = self._models[name]
@@ -147,8 +150,9 @@ class PlacementAdvisor:
                     )
                     continue
                 policy_name = node.topology_policy
+                what = what or _describe(shape)
                 failed[name] = (
-                    f"pyctl: cannot place {_describe(shape)} within the node's free NUMA "
+                    f"pyctl: cannot place {what} within the node's free NUMA "
                     f"resources (Topology Manager policy {policy_name})"
                 )
         return self._count(failed)
@@ -156,6 +160,25 @@ class PlacementAdvisor:
     def _count(self, failed: dict[str, str]) -> dict[str, str]:
         if failed:
             self.filtered += 1
+        return failed
+
+    def choose(self, pod: PodRecord, names: tuple[str, ...]) -> dict[str, str]:
+        """The filter's answer narrowed to the policy's choice, for a scheduler that asks once per
+        pod (verb ``choose``): the candidates that pass `filter` and that `prioritize` would not
+        score highest fail too, saying which node pyctl chose. At the shipped weight the top
+        score is the scheduler's choice anyway; this way it costs one call, and the scheduler
+        skips its scoring when one node is left. No preference (every score 0): `filter`."""
+        failed = self.filter(pod, names)
+        left = tuple(n for n in names if n not in failed)
+        scores = self.prioritize(pod, left)
+        top = max(scores.values(), default=0)
+        if top <= 0:
+            return failed
+        chosen = [n for n in left if scores[n] == top]
+        why = f"pyctl: the policy chose {_listed(chosen)} for this pod (less fragmentation)"
+        for n in left:
+            if scores[n] != top:
+                failed[n] = why
         return failed
 
     def prioritize(self, pod: PodRecord, names: tuple[str, ...]) -> dict[str, int]:
@@ -175,6 +198,11 @@ class PlacementAdvisor:
         if any(out.values()):
             self.advised += 1
         return out
+
+
+def _listed(names: list[str], most: int = 3) -> str:
+    shown = ", ".join(names[:most])
+    return shown if len(names) <= most else f"{shown} and {len(names) - most} more"
 
 
 def workload_key(pod: PodRecord) -> str:

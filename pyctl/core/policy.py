@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from pyctl import _core
 from pyctl.core.fragmentation import FragmentationModel, shape_dict
 from pyctl.core.types import Assignment, RankedRaw
@@ -119,10 +121,9 @@ EXTENDER_WEIGHT: int = int(_core.EXTENDER_WEIGHT)
 # ---- the compaction planner --------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class MovablePod:
+class MovablePod(msgspec.Struct, frozen=True):
     """A pod the planner may move: where it is (`assignment` on `node`), its shape, and where it
-    may go (`allowed`: node names, None for any)."""
+    may go (`allowed`: node names, None for any). (A Struct: one is made per pod per round.)"""
 
     key: str
     node: str
@@ -216,11 +217,17 @@ def plan(
         return sets[allowed]
 
     shapes: dict[Shape, dict[str, Any]] = {}  # one dict per distinct shape, shared
+    # the same Shape object for most pods (translation shares them): looked up by identity
+    # first, which is safe while `movable` and `pending` hold every one of them (this call)
+    by_id: dict[int, dict[str, Any]] = {}
 
     def shape_of(s: Shape) -> dict[str, Any]:
-        d = shapes.get(s)
+        d = by_id.get(id(s))
         if d is None:
-            d = shapes[s] = shape_dict(s)
+            d = shapes.get(s)
+            if d is None:
+                d = shapes[s] = shape_dict(s)
+            by_id[id(s)] = d
         return d
 
     items: list[dict[str, Any]] = []
@@ -240,7 +247,7 @@ def plan(
         items.append(
             {
                 "node": idx[m.node],
-                "assignment": dict(m.assignment),
+                "assignment": a if type(a := m.assignment) is dict else dict(a),
                 "shape": shape_of(m.shape),
                 "allowed": set_of(m.allowed),
                 "pdb": pdb,

@@ -13,6 +13,7 @@ import yaml
 
 from pyctl.controller.placement import PlacementAdvisor
 from pyctl.controller.reconcile import Reconciler
+from pyctl.core.policy import EXTENDER_WEIGHT
 from pyctl.dev.control_plane import REPO, ControlPlane, ExtraScheduler
 from pyctl.serve.extender import ExtenderHandler
 from pyctl.serve.extender_server import ExtenderOptions, ExtenderServer
@@ -24,13 +25,24 @@ TEST_SCHEDULER = "pyctl-e2e"
 RETRY_FLAGS = ("--pod-max-in-unschedulable-pods-duration=5s",)
 
 
+#: the chart's `extender.mode: rank` (filter and prioritize at the chart's weight; the shipped
+#: file is `choose`): what a test of that mode sets (tests/deploy/test_chart.py pins it to the
+#: chart's rendering)
+RANK_VERBS: dict[str, Any] = {
+    "filterVerb": "filter",
+    "prioritizeVerb": "prioritize",
+    "weight": EXTENDER_WEIGHT,
+}
+
+
 def extender_config(
-    url: str, scheduler_name: str | None = None, strict: bool = False
+    url: str, scheduler_name: str | None = None, strict: bool = False, mode: str = "choose"
 ) -> dict[str, Any]:
     """The shipped configuration for a local scheduler: its extender at `url`, no leader
     election; `scheduler_name`: its profile's schedulerName (None: the shipped one). `strict`
     (tests): plain HTTP, extender errors not ignored (a broken extender fails the test) and a
-    5 s timeout; otherwise the shipped HTTPS, ignorable and timeout settings stay."""
+    5 s timeout; otherwise the shipped HTTPS, ignorable and timeout settings stay. `mode`: the
+    chart's `extender.mode` (`choose`, shipped, or `rank`)."""
     shipped: dict[str, Any] = yaml.safe_load(EXTENDER_CONFIG.read_text())
     for key in ("leaderElection", "apiVersion", "kind"):
         shipped.pop(key, None)
@@ -38,6 +50,10 @@ def extender_config(
         shipped["profiles"] = [{"schedulerName": scheduler_name}]
     (ext,) = shipped["extenders"]
     ext["urlPrefix"] = url
+    if mode == "rank":
+        ext.update(RANK_VERBS)
+    elif mode != "choose":
+        raise ValueError(f"extender mode {mode!r}: choose or rank")
     if strict:
         # the tests that need TLS set it themselves (test_extender_tls_e2e.py)
         ext["enableHTTPS"] = False
@@ -60,11 +76,13 @@ class LocalExtender:
         name: str,
         scheduler_name: str = TEST_SCHEDULER,
         flags: Sequence[str] = RETRY_FLAGS,
+        mode: str = "choose",
     ) -> None:
         self.plane = plane
         self.name = name
         self.scheduler_name = scheduler_name
         self.flags = tuple(flags)
+        self.mode = mode
         self.server = ExtenderServer(
             lambda: ExtenderHandler(PlacementAdvisor.for_reconciler(reconciler)), ExtenderOptions()
         )
@@ -81,7 +99,10 @@ class LocalExtender:
         port = await self.server.start()
         url = f"http://127.0.0.1:{port}/scheduler"
         self._scheduler = ExtraScheduler(
-            self.plane, self.name, strict_config(url, self.scheduler_name), list(self.flags)
+            self.plane,
+            self.name,
+            strict_config(url, self.scheduler_name, self.mode),
+            list(self.flags),
         )
 
     async def stop(self) -> None:
@@ -102,6 +123,8 @@ class LocalExtender:
         await self.stop()
 
 
-def strict_config(url: str, scheduler_name: str = TEST_SCHEDULER) -> dict[str, Any]:
+def strict_config(
+    url: str, scheduler_name: str = TEST_SCHEDULER, mode: str = "choose"
+) -> dict[str, Any]:
     """`extender_config` as the e2e tests use it: their own scheduler name, strict."""
-    return extender_config(url, scheduler_name, strict=True)
+    return extender_config(url, scheduler_name, strict=True, mode=mode)

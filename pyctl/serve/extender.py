@@ -2,9 +2,10 @@
 (`pyctl.cluster.kube.extender`) around the controller's placement advice
 (`pyctl.controller.placement.PlacementAdvisor`). Served by `pyctl.serve.extender_server`.
 
-A broken request never raises: the filter answers HTTP 200 with ``Error`` set (the scheduler then
-applies the extender's ``ignorable`` setting); ``HostPriorityList`` has no error field, so a broken
-prioritize request gets an empty list (no preference) and is logged. "No advice" (`no_advice`:
+A broken request never raises: the filter (and ``choose``, a filter that also decides) answers
+HTTP 200 with ``Error`` set (the scheduler then applies the extender's ``ignorable`` setting);
+``HostPriorityList`` has no error field, so a broken prioritize request gets an empty list (no
+preference) and is logged. "No advice" (`no_advice`:
 pyctl overloaded or past its deadline) is answered the same way.
 
 Each answer comes with its outcome for the request counter: ``ok``, ``bad-request`` (a request
@@ -28,7 +29,9 @@ from pyctl.controller.placement import PlacementAdvisor
 
 log = logging.getLogger("pyctl.placement")
 
-VERBS = ("filter", "prioritize")
+#: ``choose``: a filter verb that also decides (`PlacementAdvisor.choose`), for a scheduler
+#: configured with ``filterVerb: choose`` and no ``prioritizeVerb`` (the shipped configuration)
+VERBS = ("filter", "prioritize", "choose")
 OUTCOMES = ("ok", "bad-request", "deadline", "overload", "error")
 
 
@@ -37,7 +40,7 @@ def no_advice(verb: str, why: str) -> bytes:
     ``ignorable``: true schedules without pyctl, false retries the pod later), for prioritize an
     empty ``HostPriorityList`` (no score from pyctl: what the scheduler does on any prioritize
     error)."""
-    if verb == "filter":
+    if verb != "prioritize":
         return encode(filter_error(f"pyctl: no advice: {why}"))
     return encode([])
 
@@ -62,14 +65,17 @@ class ExtenderHandler:
             if verb == "filter":
                 failed = self.advisor.filter(args.pod, unique)
                 return encode(filter_result(args, failed)), "ok"
+            if verb == "choose":
+                failed = self.advisor.choose(args.pod, unique)
+                return encode(filter_result(args, failed)), "ok"
             scores = self.advisor.prioritize(args.pod, unique)
             return encode(priority_list(scores, args.names)), "ok"
         except Exception as e:  # answer the scheduler, whatever went wrong
             bad = isinstance(e, ExtenderInputError | RecursionError)
             outcome = "bad-request" if bad else "error"
             msg = _message(e)
-            if verb == "filter":
-                log.warning("scheduler extender filter: %s", msg, extra={"outcome": outcome})
+            if verb != "prioritize":
+                log.warning("scheduler extender %s: %s", verb, msg, extra={"outcome": outcome})
                 return encode(filter_error(f"pyctl: {msg}")), outcome
             log.warning(
                 "scheduler extender prioritize: %s (no preference given)",

@@ -55,8 +55,8 @@ SWITCH_INTERVAL = 0.001
 
 @dataclass(frozen=True)
 class ExtenderOptions:
-    """The kube-scheduler extender (`/scheduler/filter`, `/scheduler/prioritize`) on its own
-    server; port 0: not served."""
+    """The kube-scheduler extender (`/scheduler/choose`, `/scheduler/filter`,
+    `/scheduler/prioritize`) on its own server; port 0: not served."""
 
     host: str = "127.0.0.1"
     port: int = 0
@@ -175,7 +175,8 @@ class ExtenderServer:
         if left <= 0:
             return no_advice(verb, "deadline passed before the request was read"), "deadline"
         try:
-            await asyncio.wait_for(self._slots.acquire(), left)
+            async with asyncio.timeout(left):
+                await self._slots.acquire()
         except TimeoutError:
             return no_advice(verb, "overloaded (every worker busy)"), "overload"
         loop, slots = self._loop, self._slots
@@ -192,12 +193,14 @@ class ExtenderServer:
 
         fut.add_done_callback(release)
         waiter = asyncio.wrap_future(fut)
-        done, _ = await asyncio.wait({waiter}, timeout=max(0.0, deadline - time.monotonic()))
-        if not done:
+        try:
+            # shielded: past the deadline the work goes on (threads cannot be stopped) and
+            # its slot is freed when it ends; only the wait for it stops
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                return await asyncio.shield(waiter)
+        except TimeoutError:
             waiter.add_done_callback(_retrieve)
             return no_advice(verb, f"deadline of {self.options.deadline:g}s passed"), "deadline"
-        try:
-            return waiter.result()
         except Exception as e:  # ExtenderHandler.answer does not raise; if it did: no advice
             log.error("scheduler extender: worker failed", extra={"error": repr(e)[:300]})
             return no_advice(verb, "internal error"), "error"

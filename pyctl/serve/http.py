@@ -482,7 +482,8 @@ class HttpServer:
                 if timeout <= 0:
                     raise _Refused(408, "read-timeout", "request not received in time")
                 try:
-                    data = await asyncio.wait_for(reader.read(_CHUNK), timeout)
+                    async with asyncio.timeout(timeout):  # (wait_for would make a task a read)
+                        data = await reader.read(_CHUNK)
                     self._trim.received += len(data)
                 except TimeoutError:
                     if why is None:
@@ -574,7 +575,8 @@ class HttpServer:
             raise _Gone() from None
         writer.write(out)
         try:
-            await asyncio.wait_for(writer.drain(), self.limits.read_timeout)
+            async with asyncio.timeout(self.limits.read_timeout):
+                await writer.drain()
         except TimeoutError:
             self._reject("write-timeout")
             raise _Gone("did not read the answer in time") from None

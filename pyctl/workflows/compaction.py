@@ -26,7 +26,7 @@ from pyctl.cluster.translate import (
 )
 from pyctl.core import policy
 from pyctl.core.fragmentation import FragmentationModel
-from pyctl.model import Node, Snapshot, Workload
+from pyctl.model import Node, Shape, Snapshot, Workload
 from pyctl.workflows.base import Context, Workflow, WorkflowKind
 from pyctl.workflows.evictor import Evictor, EvictorOptions
 
@@ -99,12 +99,38 @@ class _Allowed:
 
 
 class Attributions:
-    """Where each pod sits on each node (`attribute_pods`), kept between planning rounds for
-    as long as the node's model is the same object: the reconciler replaces a node's model
-    whenever the node, its pods or its DRA devices change."""
+    """What a planning round derives per node and per pod, kept between rounds while its inputs
+    are the same objects (records and models are replaced, never changed in place):
+
+    - where each pod sits on each node (`attribute_pods`), for as long as the node's model is
+      the same object: the reconciler replaces a node's model whenever the node, its pods or
+      its DRA devices change;
+    - each pod's shape as the planner moves it, for as long as the pod's record and its node's
+      record are the same objects (pods without claims: a claim's shape depends on the DRA
+      objects, derived every round)."""
 
     def __init__(self) -> None:
         self._by_node: dict[str, tuple[Node, object, dict[str, dict[str, Any]]]] = {}
+        self._shapes: dict[str, tuple[PodRecord, NodeRecord | None, Shape | None]] = {}
+        self._next_shapes: dict[str, tuple[PodRecord, NodeRecord | None, Shape | None]] = {}
+
+    def shape(self, p: PodRecord, node: NodeRecord | None, dra: DraContext | None) -> Shape | None:
+        """The shape `p` moves as (None: one the core cannot model, the pod stays)."""
+        hit = self._shapes.get(p.key)
+        if hit is not None and hit[0] is p and hit[1] is node:
+            self._next_shapes[p.key] = hit
+            return hit[2]
+        got = shape_of(p, dra, node)
+        shape: Shape | None = got if got is not None else pod_shape(p, node)
+        if pod_shape_problem(p, shape) is not None:
+            shape = None
+        if not p.claims:
+            self._next_shapes[p.key] = (p, node, shape)
+        return shape
+
+    def end_round(self) -> None:
+        """Forget the pods this round did not ask about."""
+        self._shapes, self._next_shapes = self._next_shapes, {}
 
     def of(
         self,
@@ -194,22 +220,23 @@ def plan_compaction(
     allowed = _Allowed(fit, held)
     items: list[policy.MovablePod] = []
     for p in movable:
-        if p.key not in where:
+        key = p.key
+        assignment = where.get(key)
+        if assignment is None:
             continue
         why = _unmovable_dra(p, dra, both_ways)
         if why is not None:
-            refused[p.key] = why
+            refused[key] = why
             continue
-        got = shape_of(p, dra, nodes.get(p.node))
-        shape = got if got is not None else pod_shape(p, nodes.get(p.node))
-        if pod_shape_problem(p, shape) is not None:
+        shape = attributed.shape(p, nodes.get(p.node), dra)
+        if shape is None:
             continue
         pdb = next(iter(evictor.covering(p)), None)
         items.append(
             policy.MovablePod(
-                key=p.key,
+                key=key,
                 node=p.node,
-                assignment=where[p.key],
+                assignment=assignment,
                 shape=shape,
                 allowed=allowed(p),
                 pdb=pdb.key if pdb is not None else None,
@@ -225,6 +252,7 @@ def plan_compaction(
     model = FragmentationModel(Snapshot(tuple(models[n] for n in names)))
     raw = policy.plan(model, items, pend, workload, limits)
     attributed.keep_only(names)
+    attributed.end_round()
     moves, rescues, dropped = _verified(raw, fit, {p.key: p for p in all_pods})
     unrescued = dict.fromkeys(raw.unrescued, "no set of moves within the limits makes room")
     unrescued.update(dropped)

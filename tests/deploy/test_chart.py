@@ -14,8 +14,11 @@ from collections import Counter
 from typing import Any
 
 import pytest
+import yaml
 
 from pyctl.app.config import load_config
+from pyctl.dev.extender import RANK_VERBS, extender_config
+from pyctl.serve.extender import VERBS
 from pyctl.state.redis_client import REDIS_COMMANDS
 from tests.paths import REPO
 
@@ -39,6 +42,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     },
     "federation-hub": {"redis.federationMembers": ["east", "west"], "cluster": "east"},
     "release": {"image.digest": DIGEST, "redis.image.digest": DIGEST},
+    "extender-rank": {"extender.mode": "rank", "extender.weight": 100},
     "minimal": {
         "monitoring.serviceMonitor.enabled": False,
         "monitoring.prometheusRule.enabled": False,
@@ -90,6 +94,7 @@ def test_template_renders_valid_settings(name: str) -> None:
         ({"redis.maxmemoryPolicy": "allkeys-lru"}, "/redis/maxmemoryPolicy"),
         ({"limits.nodeBurst": 0}, "/limits/nodeBurst"),
         ({"evictor.minReplicas": 0}, "/evictor/minReplicas"),
+        ({"extender.mode": "score"}, "/extender/mode"),
     ],
 )
 def test_schema_refuses_bad_values_with_a_clear_message(
@@ -98,6 +103,23 @@ def test_schema_refuses_bad_values_with_a_clear_message(
     with pytest.raises(ToolError) as err:
         template(values)
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize("mode", ["choose", "rank"])
+def test_the_scheduler_configuration_asks_once_or_twice_by_extender_mode(mode: str) -> None:
+    objs = template({"extender.mode": mode})
+    config = yaml.safe_load(one(objs, "ConfigMap", "pyctl-scheduler-config")["data"]["config.yaml"])
+    (ext,) = config["extenders"]
+    url = ext["urlPrefix"]
+    verbs = {k: v for k, v in ext.items() if k in ("filterVerb", "prioritizeVerb", "weight")}
+    # what the e2e tests run the real kube-scheduler with, for this mode
+    (local,) = extender_config(url, mode=mode)["extenders"]
+    assert ext == local
+    if mode == "choose":
+        assert verbs == {"filterVerb": "choose"}
+    else:
+        assert verbs == RANK_VERBS
+    assert {v for k, v in verbs.items() if k.endswith("Verb")} <= set(VERBS)
 
 
 def test_overlays_are_the_charts_fresh_output() -> None:

@@ -103,7 +103,7 @@ async def test_real_scheduler_over_mutual_tls(
 
             await wait_until(placed, f"{name} scheduled", within=60)
             assert await pod_node(core, name) == "tls-free"  # pyctl's filter, over mTLS
-        answered = count("pyctl_extender_requests_total", verb="filter", outcome="ok")
+        answered = count("pyctl_extender_requests_total", verb="choose", outcome="ok")
         assert answered >= 3
 
         await core.create_namespaced_pod(
@@ -118,7 +118,7 @@ async def test_real_scheduler_over_mutual_tls(
         await anyio.sleep(3.0)
         assert not await pod_node(core, "tls-nocert")  # ignorable: false: no advice, no placement
         # its requests never reached the extender
-        assert count("pyctl_extender_requests_total", verb="filter", outcome="ok") == answered
+        assert count("pyctl_extender_requests_total", verb="choose", outcome="ok") == answered
     finally:
         good.stop()
         bad.stop()

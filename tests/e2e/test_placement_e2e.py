@@ -1,6 +1,6 @@
 """Placement advice with the REAL kube-scheduler: a second kube-scheduler whose profile
 (``schedulerName: pyctl-e2e``) calls pyctl's extender (served by an in-process controller on
-127.0.0.1) for `filter` and `prioritize`.
+127.0.0.1) for `choose` (as shipped) or `filter` and `prioritize`.
 
 NodeResourceTopology is static in the e2e cluster (no topology-updater runs there), so the test
 plays NFD's topology-updater itself (`TopologyUpdater`): each bound pod is given the first NUMA
@@ -156,9 +156,12 @@ async def kube(control_plane: ControlPlane) -> AsyncIterator[Any]:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["choose", "rank"])
 async def test_real_scheduler_with_the_extender_aligns_and_packs(
-    control_plane: ControlPlane, api: client.ApiClient, kube: Any
+    control_plane: ControlPlane, api: client.ApiClient, kube: Any, mode: str
 ) -> None:
+    """`mode`: the chart's `extender.mode` (the scheduler asks `choose` once per pod, or
+    `filter` and `prioritize`): the same placements either way."""
     label = "pl-e2e"
     sel = {"pyctl.e2e/placement": "true"}
     specs = [GpuNodeSpec(f"pl-{x}", labels=sel) for x in ("split", "three", "empty")]
@@ -187,7 +190,7 @@ async def test_real_scheduler_with_the_extender_aligns_and_packs(
     )
     ext = ExtenderHandler(PlacementAdvisor.for_reconciler(ctl.reconciler))
     # the workers' handlers are separate, as in `pyctl run` (`ext` asks the same question here)
-    local = LocalExtender(control_plane, ctl.reconciler, "pyctl-e2e", flags=())
+    local = LocalExtender(control_plane, ctl.reconciler, f"pyctl-e2e-{mode}", flags=(), mode=mode)
     await local.start()
     try:
         async with anyio.create_task_group() as tg:
@@ -282,6 +285,13 @@ async def test_real_scheduler_with_the_extender_aligns_and_packs(
             "default", label_selector=f"app={label}", grace_period_seconds=0
         )
         await delete_nodes(api, specs)
+
+        async def gone() -> bool:  # the next mode's run reuses the names
+            return not (
+                await core.list_namespaced_pod("default", label_selector=f"app={label}")
+            ).items
+
+        await wait_until(gone, "the test's pods deleted", within=60)
 
 
 async def _bound(core: client.CoreV1Api, name: str) -> bool:

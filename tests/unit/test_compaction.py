@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import msgspec
+import pytest
+
 from pyctl.cluster.records import (
     Constraints,
     NodeRecord,
@@ -20,7 +23,7 @@ from pyctl.cluster.records import (
 )
 from pyctl.cluster.translate import models_of
 from pyctl.model import Shape, Workload
-from pyctl.workflows.compaction import CompactionPlan, plan_compaction
+from pyctl.workflows.compaction import Attributions, CompactionPlan, plan_compaction
 from pyctl.workflows.evictor import Evictor, EvictorOptions
 
 
@@ -197,3 +200,44 @@ def test_evictor_rules() -> None:
     assert loose.why_not(pods[5]) is None
     strict = Evictor(EvictorOptions(min_replicas=20, priority_threshold=0), pods)
     assert strict.why_not(pods[0]) == "priority 0 at or above the threshold"
+
+
+def test_pod_shapes_are_kept_between_rounds_while_their_records_are_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pyctl.cluster.translate import shape_of as real
+
+    calls: list[str] = []
+
+    def counting(p: PodRecord, *a: object) -> Shape | None:
+        if p.node:  # the pending pod's shape is not kept (it is derived once a round)
+            calls.append(p.name)
+        return real(p, *a)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("pyctl.workflows.compaction.shape_of", counting)
+    nodes, nrts, pods = fragmented()
+    kept = Attributions()
+
+    def round_(pods: list[PodRecord], attributions: Attributions) -> CompactionPlan:
+        models = models_of(nodes.values(), nrts.values(), pods)
+        return plan_compaction(
+            models, nodes, pods, (), Workload((ONE,)), pending=(BIG,), attributions=attributions
+        )
+
+    first = round_(pods, kept)
+    assert sorted(calls) == sorted(p.name for p in pods)
+    calls.clear()
+    assert round_(pods, kept) == first
+    assert calls == []  # nothing changed: no pod's shape derived again
+    # a replaced record is derived again (and only it), and the plan is a fresh round's
+    changed = [msgspec.structs.replace(p, cpu_milli=2000) if p.name == "b3" else p for p in pods]
+    again = round_(changed, kept)
+    assert calls == ["b3"]
+    assert again == round_(changed, Attributions())
+    assert kept.shape(changed[-1], nodes["b"], None) is not None
+    assert kept.shape(changed[-1], nodes["b"], None).cpu_milli == 2000  # type: ignore[union-attr]
+    # a replaced node record: its pods are derived again
+    calls.clear()
+    nodes["a"] = msgspec.structs.replace(nodes["a"], labels=(("zone", "z1"),))
+    round_(changed, kept)
+    assert sorted(calls) == ["a0", "a1"]

@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
-from pyctl.cluster.kube.extender import MAX_EXTENDER_PRIORITY, parse_args
+from pyctl.cluster.kube.extender import MAX_EXTENDER_PRIORITY, ExtenderInputError, parse_args
 from pyctl.controller.placement import PlacementAdvisor
 from pyctl.core.fragmentation import FragmentationModel
 from pyctl.core.policy import choose
@@ -45,6 +45,9 @@ class PlacementExtender:
 
     def prioritize(self, body: bytes | dict[str, Any]) -> Any:
         return self._call("prioritize", body)
+
+    def choose(self, body: bytes | dict[str, Any]) -> Any:
+        return self._call("choose", body)
 
     def _model(self, name: str) -> Any:
         node = self.advisor._models.get(name)
@@ -178,6 +181,53 @@ def test_reserved_nodes_and_departures_keep_other_pods_off() -> None:
     assert got["NodeNames"] == ["b"]
 
 
+@pytest.mark.parametrize(
+    ("gpus", "names"),
+    [
+        (1, ["empty", "three", "split", "loose", "unknown"]),
+        (4, ["empty", "three", "split", "loose", "unknown"]),
+        (4, ["split"]),  # nothing admits it: the filter's answer
+        (1, ["unknown"]),  # nothing known: no preference, the filter's answer
+        (0, ["empty", "three"]),  # CPU-only
+    ],
+)
+def test_choose_is_the_filter_narrowed_to_the_top_of_prioritize(
+    ext: PlacementExtender, gpus: int, names: list[str]
+) -> None:
+    body = args(pod(gpus), names)
+    filtered = ext.filter(body)
+    scores = {h["Host"]: h["Score"] for h in ext.prioritize(args(pod(gpus), filtered["NodeNames"]))}
+    top = max(scores.values(), default=0)
+    got = ext.choose(body)
+    assert set(got) == set(filtered)  # an ExtenderFilterResult
+    if top == 0:
+        assert got == filtered
+        return
+    want = [n for n in filtered["NodeNames"] if scores[n] == top]
+    assert got["NodeNames"] == want
+    assert len(want) == 1  # one policy choice: the scheduler has nothing left to score
+    assert set(got["FailedNodes"]) == set(names) - set(want)
+    for n in set(names) - set(want):
+        if n in filtered["FailedNodes"]:
+            assert got["FailedNodes"][n] == filtered["FailedNodes"][n]  # the filter's reason
+        else:
+            assert got["FailedNodes"][n] == f"pyctl: the policy chose {want[0]} for this pod " + (
+                "(less fragmentation)"
+            )
+
+
+def test_choose_keeps_a_rescues_node_for_its_pod_beside_the_policys_choice() -> None:
+    models = {"a": node("a", 0, 0), "b": node("b", 3, 0), "c": node("c", 0, 0)}
+    e = PlacementExtender(models, lambda: W)
+    e.advisor.reservations = lambda: {"c": "default/x"}
+    x = {**pod(1, "x"), "metadata": {"name": "x", "namespace": "default", "uid": "u-x"}}
+    # b (one free GPU beside 3 used) is the policy's choice; c was freed for x by a rescue:
+    # both score 10, so both are left to the scheduler
+    assert ext_filter(e, x, ["a", "b", "c"])["NodeNames"] == ["a", "b", "c"]
+    assert e.choose(args(x, ["a", "b", "c"]))["NodeNames"] == ["b", "c"]
+    assert "the policy chose b, c" in e.choose(args(x, ["a", "b", "c"]))["FailedNodes"]["a"]
+
+
 def ext_filter(e: PlacementExtender, p: dict[str, Any], names: list[str]) -> Any:
     return e.filter(args(p, names))
 
@@ -200,6 +250,7 @@ def test_bad_input_is_an_error_answer_not_a_crash(ext: PlacementExtender, body: 
     got = ext.filter(body)
     assert got["Error"].startswith("pyctl: ")
     assert got["NodeNames"] is None
+    assert ext.choose(body) == got
     assert ext.prioritize(body) == []
     assert json.loads(ext.handle("filter", body))["Error"]
 
@@ -209,6 +260,42 @@ def test_parse_accepts_other_casings() -> None:
     assert a.pod.name == "x"
     assert a.pod.gpus == 2
     assert a.names == ("n",)
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        {"Pod": pod(2, "x"), "NodeNames": ["n", "m"]},  # as kube-scheduler sends it
+        {"pod": pod(2, "x"), "nodeNames": ["n", "m"]},
+        {"Pod": pod(2, "x"), "Nodes": None, "NodeNames": ["n", "m"], "extra": {"a": [1]}},
+        {"Pod": pod(2, "x"), "NodeNames": ["n", "m"], "Nodes": {"items": []}},
+    ],
+)
+def test_a_body_reads_the_same_whichever_path_decodes_it(wire: dict[str, Any]) -> None:
+    a = parse_args(json.dumps(wire).encode())
+    assert (a.pod.name, a.pod.gpus, a.names, a.items) == ("x", 2, ("n", "m"), None)
+    assert a == parse_args(wire)  # the general path, from the decoded object
+
+
+@pytest.mark.parametrize(
+    ("wire", "message"),
+    [
+        ({"Pod": pod(1), "NodeNames": ["n", 3]}, "NodeNames must be a list of strings"),
+        ({"Pod": [], "NodeNames": ["n"]}, "Pod is missing"),
+        ({"Pod": {"metadata": {}}, "NodeNames": ["n"]}, "no metadata.name"),
+    ],
+)
+def test_a_bad_body_is_explained_by_the_general_path(wire: dict[str, Any], message: str) -> None:
+    with pytest.raises(ExtenderInputError, match=message):
+        parse_args(json.dumps(wire).encode())
+
+
+def test_invalid_utf8_inside_a_string_is_a_bad_request(ext: PlacementExtender) -> None:
+    body = b'{"Pod": {"metadata": {"name": "x"}}, "NodeNames": ["\xa6"]}'
+    with pytest.raises(ExtenderInputError, match="not JSON"):
+        parse_args(body)
+    for verb in ("choose", "filter", "prioritize"):
+        assert ext.handler.answer(verb, body)[1] == "bad-request"
 
 
 def test_models_are_rebuilt_only_when_a_node_changes() -> None:

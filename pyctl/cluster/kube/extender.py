@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from pyctl.cluster.kube.decode import decode_object
 from pyctl.cluster.records import PodRecord
 
@@ -48,9 +50,45 @@ def _field(obj: Mapping[str, Any], name: str) -> Any:
     return None
 
 
+class _Wire(msgspec.Struct):
+    """The request as kube-scheduler sends it with ``nodeCacheCapable`` (the Go field names),
+    decoded and type-checked in one pass; anything else takes the general path."""
+
+    Pod: dict[str, Any] | None = None
+    NodeNames: list[str] | None = None
+
+
+_WIRE = msgspec.json.Decoder(_Wire)
+
+
+def _as_sent(body: bytes | str) -> ExtenderArgs | None:
+    """The scheduler's request (``Pod`` and ``NodeNames``, exactly so named and typed), or None
+    for `parse_args`'s general path (other casings, ``Nodes``, or anything it must explain)."""
+    try:
+        w = _WIRE.decode(body)
+    except (msgspec.DecodeError, UnicodeDecodeError):  # (ValidationError included)
+        return None
+    if w.Pod is None or w.NodeNames is None:
+        return None
+    return ExtenderArgs(_pod(w.Pod), tuple(w.NodeNames), None)
+
+
+def _pod(pod: Mapping[str, Any]) -> PodRecord:
+    try:
+        rec = decode_object("Pod", pod)
+    except ValueError as e:
+        raise ExtenderInputError(f"ExtenderArgs.Pod: {e}") from None
+    if not isinstance(rec, PodRecord) or not rec.name:
+        raise ExtenderInputError("ExtenderArgs.Pod has no metadata.name")
+    return rec
+
+
 def parse_args(body: bytes | str | Mapping[str, Any]) -> ExtenderArgs:
     """`ExtenderArgs` from a request body; raises `ExtenderInputError` on anything unreadable."""
     if isinstance(body, bytes | str):
+        sent = _as_sent(body)
+        if sent is not None:
+            return sent
         try:
             obj = json.loads(body)
         except (ValueError, UnicodeDecodeError) as e:
@@ -62,12 +100,7 @@ def parse_args(body: bytes | str | Mapping[str, Any]) -> ExtenderArgs:
     pod = _field(obj, "Pod")
     if not isinstance(pod, Mapping):
         raise ExtenderInputError("ExtenderArgs.Pod is missing")
-    try:
-        rec = decode_object("Pod", pod)
-    except ValueError as e:
-        raise ExtenderInputError(f"ExtenderArgs.Pod: {e}") from None
-    if not isinstance(rec, PodRecord) or not rec.name:
-        raise ExtenderInputError("ExtenderArgs.Pod has no metadata.name")
+    rec = _pod(pod)
     names_raw = _field(obj, "NodeNames")
     nodes_raw = _field(obj, "Nodes")
     items: tuple[Mapping[str, Any], ...] | None = None
@@ -133,4 +166,4 @@ def priority_list(scores: Mapping[str, int], names: Sequence[str]) -> list[dict[
 
 
 def encode(result: Any) -> bytes:
-    return json.dumps(result, separators=(",", ":")).encode()
+    return msgspec.json.encode(result)

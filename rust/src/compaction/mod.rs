@@ -24,7 +24,7 @@
 
 use std::collections::HashMap;
 
-use crate::placement::{best_on, choose, Ranked, View};
+use crate::placement::{best_on, choose, Rank, Ranked, View};
 
 /// Allowed nodes: bit i of word i/64 is node i.
 pub type NodeSet = Vec<u64>;
@@ -498,16 +498,28 @@ impl<V: View> Planner<'_, '_, V> {
     // ---- defragmentation ---------------------------------------------------------------------
 
     /// Greedy moves. Between two moves only the two nodes the last one touched change, so each
-    /// pod's fall (`frag - frag_without` on its node) and each shape's destinations are kept
-    /// and refreshed for those two nodes alone: one pass over the pods for the first move, then
-    /// work in proportion to what a move changes (the result is the same as recomputing all).
+    /// pod's fall (`frag - frag_without` on its node) and each shape's rank on every node are
+    /// kept and refreshed for those two nodes alone: one pass over the pods and, per shape, one
+    /// over the nodes for the first move, then work in proportion to what a move changes (the
+    /// result is the same as recomputing all).
     fn defragment(&mut self) {
         let n = self.v.node_count();
         let mut per_node = vec![0usize; n];
         let mut fall: Vec<Option<f64>> = vec![None; self.input.movable.len()];
-        let mut dests: Dests<V> = HashMap::new();
+        // each pod's (task, allowed set), as a dense index into `dests`, computed once
+        let mut ids: HashMap<(V::Key, Option<usize>), usize> = HashMap::new();
+        let slot: Vec<usize> = (self.input.movable.iter())
+            .map(|m| {
+                let next = ids.len();
+                *ids.entry((self.v.task_key(&m.task), m.allowed))
+                    .or_insert(next)
+            })
+            .collect();
+        let mut dests: Vec<Option<Dest<V::Place>>> = Vec::new();
+        dests.resize_with(ids.len(), || None);
         while self.room_left() {
-            let Some((k, to, change)) = self.best_move(&per_node, &mut fall, &mut dests) else {
+            let Some((k, to, change)) = self.best_move(&per_node, &mut fall, &slot, &mut dests)
+            else {
                 break;
             };
             if -change < self.limits.min_gain {
@@ -533,59 +545,41 @@ impl<V: View> Planner<'_, '_, V> {
                     fall[x] = None;
                 }
             }
-            for d in dests.values_mut() {
-                self.refresh(d, &touched);
+            for d in dests.iter_mut().flatten() {
+                for &t in &touched {
+                    if let Some(r) = d.ranks.get_mut(t) {
+                        *r = self.rank_on(d.pod, t);
+                    }
+                }
+                d.best = None;
+                d.second = None;
             }
         }
     }
 
-    /// The best of `current` and the nodes in `touched` (except `skip`) for the shape of `d`,
-    /// as `choose` would pick it: the lowest rank, ties to the lowest node index.
-    fn better_of(
-        &self,
-        d: &Dest<V::Place>,
-        current: Option<Ranked<V::Place>>,
-        touched: &[usize],
-        skip: usize,
-    ) -> Option<Ranked<V::Place>> {
-        let m = &self.input.movable[d.pod];
-        let mut best = current;
-        for &t in touched {
-            if t == skip || self.reserved.contains(&t) || !self.allowed(m.allowed, t) {
-                continue;
-            }
-            if let Some(r) = best_on(self.v, t, &m.task) {
-                let wins = best
-                    .as_ref()
-                    .is_none_or(|b| r.rank < b.rank || (r.rank == b.rank && t < b.node));
-                if wins {
-                    best = Some(r);
+    /// The rank of movable pod `k`'s shape on node `i` as a destination (None: not reserved,
+    /// allowed and admitting it).
+    fn rank_on(&self, k: usize, i: usize) -> Option<Rank> {
+        let m = &self.input.movable[k];
+        if self.reserved.contains(&i) || !self.allowed(m.allowed, i) {
+            return None;
+        }
+        best_on(self.v, i, &m.task).map(|r| r.rank)
+    }
+
+    /// Where `choose` sends the shape of `d` among the nodes but `skip`: the lowest rank, ties to
+    /// the lowest node index, read from its ranks (the placement recomputed on that node).
+    fn pick(&self, d: &Dest<V::Place>, skip: usize) -> Option<Ranked<V::Place>> {
+        let mut best: Option<(usize, Rank)> = None;
+        for (i, r) in d.ranks.iter().enumerate() {
+            if let Some(r) = r {
+                if i != skip && best.is_none_or(|(_, b)| *r < b) {
+                    best = Some((i, *r));
                 }
             }
         }
-        best
-    }
-
-    /// Bring a shape's destinations up to date after a move that changed `touched`.
-    fn refresh(&self, d: &mut Dest<V::Place>, touched: &[usize]) {
-        let stale =
-            |r: &Option<Ranked<V::Place>>| r.as_ref().is_some_and(|r| touched.contains(&r.node));
-        if stale(&d.best) {
-            d.best = self.destination(d.pod, usize::MAX, usize::MAX);
-            d.second = None;
-        } else {
-            let best = self.better_of(d, d.best.clone(), touched, usize::MAX);
-            if best.as_ref().map(|b| b.node) != d.best.as_ref().map(|b| b.node) {
-                d.second = None;
-            }
-            d.best = best;
-        }
-        if let Some(second) = d.second.take() {
-            if !stale(&second) {
-                let skip = d.best.as_ref().map_or(usize::MAX, |b| b.node);
-                d.second = Some(self.better_of(d, second, touched, skip));
-            }
-        }
+        let (i, _) = best?;
+        best_on(self.v, i, &self.input.movable[d.pod].task)
     }
 
     /// The single move that lowers F(M) the most: (pod, destination, change of F(M)).
@@ -593,7 +587,8 @@ impl<V: View> Planner<'_, '_, V> {
         &self,
         per_node: &[usize],
         fall: &mut [Option<f64>],
-        dests: &mut Dests<V>,
+        slot: &[usize],
+        dests: &mut [Option<Dest<V::Place>>],
     ) -> Option<(usize, Ranked<V::Place>, f64)> {
         // the policy's choice per (task, allowed set): shared by the pods of one shape; for the
         // pods on that very node, the best other node (also shared)
@@ -606,20 +601,28 @@ impl<V: View> Planner<'_, '_, V> {
             if self.reserved.contains(&m.node) {
                 continue; // a rescue's node keeps its pods (its room is counted on them)
             }
-            let key = (self.v.task_key(&m.task), m.allowed);
-            let d = dests.entry(key).or_insert_with(|| Dest {
+            let Some(d) = slot.get(k).and_then(|&s| dests.get_mut(s)) else {
+                continue;
+            };
+            let d = d.get_or_insert_with(|| Dest {
                 pod: k,
-                best: self.destination(k, usize::MAX, usize::MAX),
+                ranks: (0..self.v.node_count())
+                    .map(|i| self.rank_on(k, i))
+                    .collect(),
+                best: None,
                 second: None,
             });
-            let to = match &d.best {
+            if d.best.is_none() {
+                d.best = Some(self.pick(d, usize::MAX));
+            }
+            let to = match d.best.clone().flatten() {
                 Some(r) if r.node == m.node => {
                     if d.second.is_none() {
-                        d.second = Some(self.destination(d.pod, m.node, usize::MAX));
+                        d.second = Some(self.pick(d, m.node));
                     }
                     d.second.clone().flatten()
                 }
-                other => other.clone(),
+                other => other,
             };
             let Some(to) = to else { continue };
             let f = *fall[k].get_or_insert_with(|| {
@@ -634,15 +637,14 @@ impl<V: View> Planner<'_, '_, V> {
     }
 }
 
-/// Destinations per (task, allowed set) during defragmentation.
-type Dests<V> = HashMap<(<V as View>::Key, Option<usize>), Dest<<V as View>::Place>>;
-
-/// A shape's destinations during defragmentation: the policy's choice (`best`) and, once asked
-/// for, the best other node (`second`, for the pods on `best`'s node); `pod` is a movable pod of
-/// the shape (its task and allowed set are the shape's).
+/// A shape's destinations during defragmentation: its rank on every node (None: not a
+/// destination), the policy's choice (`best`, once asked for) and the best other node
+/// (`second`, for the pods on `best`'s node, once asked for); `pod` is a movable pod of the
+/// shape (its task and allowed set are the shape's).
 struct Dest<P> {
     pod: usize,
-    best: Option<Ranked<P>>,
+    ranks: Vec<Option<Rank>>,
+    best: Option<Option<Ranked<P>>>,
     second: Option<Option<Ranked<P>>>,
 }
 
