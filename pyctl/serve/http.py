@@ -657,36 +657,42 @@ class _Trim:
     reference cycles (asyncio's timeouts and closed connections make some, holding buffers)
     until a full collection, which with a large heap comes rarely, and glibc keeps freed heap
     memory in its arenas, so after a burst of 1 MB bodies the process's RSS would stay high
-    though nothing holds it. Every `INTERVAL` seconds, with the bytes received in that interval:
+    though nothing holds it. Every `INTERVAL` seconds, with the bytes received in that interval
+    (`recent`):
 
-    - `THRESHOLD` or more (a burst goes on): malloc_trim(0);
-    - less, after `THRESHOLD` or more since the last release (a burst ended in the interval),
-      or none, after some since the last release (a few requests, then quiet): a full garbage
-      collection, then malloc_trim(0).
+    - a full garbage collection, then malloc_trim(0), when a burst is over: nothing came in the
+      interval after something since the last collection, or less than `QUIET` came after
+      `THRESHOLD` or more since the last collection;
+    - else malloc_trim(0) alone, once `THRESHOLD` bytes came since the last trim (a burst, or
+      steady traffic such as the scheduler's, goes on: no collection every interval).
 
-    So the release follows every burst, within two intervals of its last byte (tens of
-    milliseconds of collection with the controller's heap at 5,000 nodes; Python runs such
-    collections on its own too, this one comes after a burst only). On a worker thread (ctypes
-    releases the GIL for malloc_trim). Measured by tests/e2e/test_http_load_e2e.py:
-    docs/http.md."""
+    So the release follows every burst within two intervals of its last byte (a collection
+    costs tens of milliseconds with the controller's heap at 5,000 nodes; Python runs such
+    collections on its own too). On a worker thread (ctypes releases the GIL for malloc_trim).
+    Measured by tests/e2e/test_http_load_e2e.py: docs/http.md."""
 
     THRESHOLD = 8 << 20
+    QUIET = THRESHOLD // 8
     INTERVAL = 5.0
 
     def __init__(self) -> None:
         self.received = 0  # bytes in the current interval
-        self.since_release = 0  # bytes since the last collection and trim
+        self.since_collect = 0  # bytes since the last collection
+        self.since_trim = 0  # bytes since the last trim
 
     def step(self) -> bool | None:
         """The end of an interval: None (nothing to do), False (trim), True (collect and
         trim)."""
         recent, self.received = self.received, 0
-        self.since_release += recent
-        if recent >= self.THRESHOLD:
-            return False
-        if self.since_release >= self.THRESHOLD or (self.since_release and not recent):
-            self.since_release = 0
+        self.since_collect += recent
+        self.since_trim += recent
+        over = recent == 0 or (self.since_collect >= self.THRESHOLD and recent < self.QUIET)
+        if self.since_collect and over:
+            self.since_collect = self.since_trim = 0
             return True
+        if self.since_trim >= self.THRESHOLD:
+            self.since_trim = 0
+            return False
         return None
 
     async def run(self) -> None:

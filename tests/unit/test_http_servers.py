@@ -610,8 +610,9 @@ async def test_expect_100_continue_is_answered(served: Callable[..., Any]) -> No
 
 def test_memory_is_released_after_every_burst() -> None:
     """_Trim's decision at the end of each interval, from the bytes received in it: a trim while
-    a burst goes on, a collection and a trim in the first interval after it (whether or not a
-    few bytes still came), and after a few requests followed by quiet; nothing while quiet."""
+    a burst goes on, a collection and a trim once it is over (nothing, or next to nothing after
+    a big burst, came in the interval), and after a few requests followed by quiet; nothing
+    while quiet; steady traffic is trimmed, and collected only once it stops or thins out."""
     trim = _Trim()
     mb = 1 << 20
 
@@ -622,14 +623,20 @@ def test_memory_is_released_after_every_burst() -> None:
             out.append(trim.step())
         return out
 
-    # a burst over three intervals, then a tail of 3 MB, then quiet
-    assert steps(40 * mb, 60 * mb, 30 * mb, 3 * mb, 0, 0) == [False, False, False, True, None, None]
+    # a burst over three intervals, a tail of 3 MB, then quiet: released after the tail
+    assert steps(40 * mb, 60 * mb, 30 * mb, 3 * mb, 0, 0) == [False, False, False, None, True, None]
+    # a burst over two intervals that thins out to 200 KB: released as it thins out
+    assert steps(40 * mb, 60 * mb, mb // 5, 0) == [False, False, True, None]
     # a burst that stops dead at the end of an interval: released in the next (quiet) one
     assert steps(40 * mb, 0, 0) == [False, True, None]
     # a burst of less than the threshold per interval, then quiet
-    assert steps(5 * mb, 5 * mb, 0) == [None, True, None]
+    assert steps(5 * mb, 5 * mb, 0) == [None, False, True]
     # a few small requests, then quiet
     assert steps(20_000, 0, 0) == [None, True, None]
+    # the scheduler's steady traffic (5 MB per interval): a trim every other interval, no
+    # collection while it goes on
+    assert steps(*[5 * mb] * 6) == [None, False, None, False, None, False]
+    assert steps(0) == [True]
 
 
 _HELD = """
