@@ -191,8 +191,19 @@ class Compactor:
             attributions=self._attributions,
             **inputs,
         )
+        took = time.perf_counter() - t0
+        log.info(
+            "planning round",
+            extra={
+                "loop": "compaction",
+                "seconds": round(took, 3),
+                "considered": plan.considered,
+                "moves": len(plan.moves),
+                "rescues": len(plan.rescues),
+            },
+        )
         w = self.metrics.workflow
-        w.plan_duration.labels(self.cluster, "compaction").set(time.perf_counter() - t0)
+        w.plan_duration.labels(self.cluster, "compaction").set(took)
         w.planned_moves.labels(self.cluster).set(len(plan.moves))
         w.planned_rescues.labels(self.cluster).set(len(plan.rescues))
         w.expected_gain.labels(self.cluster).set(plan.gain_gpu_milli / 1000)

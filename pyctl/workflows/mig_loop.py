@@ -189,8 +189,11 @@ class MigLoop:
     def _plan(self, inputs: Mapping[str, Any]) -> list[mig.NodePlan]:
         t0 = time.perf_counter()
         plans = plan_nodes(**inputs) if inputs["demand"] else []
-        self.metrics.workflow.plan_duration.labels(self.cluster, "mig").set(
-            time.perf_counter() - t0
+        took = time.perf_counter() - t0
+        self.metrics.workflow.plan_duration.labels(self.cluster, "mig").set(took)
+        log.info(
+            "planning round",
+            extra={"loop": "mig", "seconds": round(took, 3), "nodes": len(plans)},
         )
         return plans
 
