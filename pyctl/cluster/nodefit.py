@@ -49,7 +49,8 @@ def tolerates(tolerations: Iterable[Toleration], taint: Taint) -> bool:
     return False
 
 
-def _labels(node: NodeRecord) -> dict[str, str]:
+def node_labels(node: NodeRecord) -> dict[str, str]:
+    """The node's labels as NodeFit matches them (its hostname label defaulted)."""
     labels = dict(node.labels)
     labels.setdefault(HOSTNAME, node.name)
     return labels
@@ -73,7 +74,7 @@ def node_affinity_ok(c: Constraints | None, node: NodeRecord) -> bool:
     """nodeSelector and required node affinity."""
     if c is None:
         return True
-    labels = _labels(node)
+    labels = node_labels(node)
     if any(labels.get(k) != v for k, v in c.node_selector):
         return False
     return not c.node_affinity or any(_term_matches(t, node, labels) for t in c.node_affinity)
@@ -133,7 +134,9 @@ class Fit:
         self.nodes = nodes
         #: node -> its labels (`labels`: those of `nodes`, already read); `running`: every pod
         #: of `pods` runs (no need to look)
-        self.labels = labels if labels is not None else {n: _labels(r) for n, r in nodes.items()}
+        self.labels = (
+            labels if labels is not None else {n: node_labels(r) for n, r in nodes.items()}
+        )
         self.running = (
             list(pods)
             if running

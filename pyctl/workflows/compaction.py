@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from pyctl.cluster.dra import DraContext
-from pyctl.cluster.nodefit import Fit, grouped
+from pyctl.cluster.nodefit import Fit, grouped, node_labels
 from pyctl.cluster.records import NodeRecord, PdbRecord, PodRecord
 from pyctl.cluster.translate import (
     DraPositions,
@@ -107,26 +107,41 @@ class Attributions:
       its DRA devices change;
     - each pod's shape as the planner moves it, for as long as the pod's record and its node's
       record are the same objects (pods without claims: a claim's shape depends on the DRA
-      objects, derived every round)."""
+      objects, derived every round);
+    - each node's labels as NodeFit matches them, for as long as its record is the same object."""
 
     def __init__(self) -> None:
         self._by_node: dict[str, tuple[Node, object, dict[str, dict[str, Any]]]] = {}
         self._shapes: dict[str, tuple[PodRecord, NodeRecord | None, Shape | None]] = {}
         self._next_shapes: dict[str, tuple[PodRecord, NodeRecord | None, Shape | None]] = {}
+        self._labels: dict[str, tuple[NodeRecord, dict[str, str]]] = {}
 
-    def shape(self, p: PodRecord, node: NodeRecord | None, dra: DraContext | None) -> Shape | None:
-        """The shape `p` moves as (None: one the core cannot model, the pod stays)."""
-        hit = self._shapes.get(p.key)
+    def shape(
+        self, key: str, p: PodRecord, node: NodeRecord | None, dra: DraContext | None
+    ) -> Shape | None:
+        """The shape `p` (whose key is `key`) moves as (None: one the core cannot model, the pod
+        stays)."""
+        hit = self._shapes.get(key)
         if hit is not None and hit[0] is p and hit[1] is node:
-            self._next_shapes[p.key] = hit
+            self._next_shapes[key] = hit
             return hit[2]
         got = shape_of(p, dra, node)
         shape: Shape | None = got if got is not None else pod_shape(p, node)
         if pod_shape_problem(p, shape) is not None:
             shape = None
         if not p.claims:
-            self._next_shapes[p.key] = (p, node, shape)
+            self._next_shapes[key] = (p, node, shape)
         return shape
+
+    def labels(self, nodes: Mapping[str, NodeRecord]) -> dict[str, dict[str, str]]:
+        """Each of `nodes`' labels (`node_labels`); the nodes not asked for are forgotten."""
+        kept, self._labels = self._labels, {}
+        for name, rec in nodes.items():
+            hit = kept.get(name)
+            if hit is None or hit[0] is not rec:
+                hit = (rec, node_labels(rec))
+            self._labels[name] = hit
+        return {name: hit[1] for name, hit in self._labels.items()}
 
     def end_round(self) -> None:
         """Forget the pods this round did not ask about."""
@@ -216,7 +231,8 @@ def plan_compaction(
         {p.key: f"node {p.node} is held by a rescue in progress" for p in movable if p.node in held}
     )
     movable = [p for p in movable if p.node not in held]
-    fit = Fit({n: nodes[n] for n in names}, all_pods)
+    fit_nodes = {n: nodes[n] for n in names}
+    fit = Fit(fit_nodes, all_pods, attributed.labels(fit_nodes))
     allowed = _Allowed(fit, held)
     items: list[policy.MovablePod] = []
     for p in movable:
@@ -228,7 +244,7 @@ def plan_compaction(
         if why is not None:
             refused[key] = why
             continue
-        shape = attributed.shape(p, nodes.get(p.node), dra)
+        shape = attributed.shape(key, p, nodes.get(p.node), dra)
         if shape is None:
             continue
         pdb = next(iter(evictor.covering(p)), None)

@@ -234,10 +234,25 @@ def test_pod_shapes_are_kept_between_rounds_while_their_records_are_the_same(
     again = round_(changed, kept)
     assert calls == ["b3"]
     assert again == round_(changed, Attributions())
-    assert kept.shape(changed[-1], nodes["b"], None) is not None
-    assert kept.shape(changed[-1], nodes["b"], None).cpu_milli == 2000  # type: ignore[union-attr]
+    b3 = kept.shape("serving/b3", changed[-1], nodes["b"], None)
+    assert b3 is not None
+    assert b3.cpu_milli == 2000
     # a replaced node record: its pods are derived again
     calls.clear()
     nodes["a"] = msgspec.structs.replace(nodes["a"], labels=(("zone", "z1"),))
     round_(changed, kept)
     assert sorted(calls) == ["a0", "a1"]
+
+
+def test_node_labels_are_kept_between_rounds_while_the_record_is_the_same() -> None:
+    nodes, _, _ = fragmented()
+    kept = Attributions()
+    first = kept.labels(nodes)
+    assert first["a"]["kubernetes.io/hostname"] == "a"  # NodeFit's default hostname label
+    assert kept.labels(nodes)["a"] is first["a"]
+    nodes["a"] = msgspec.structs.replace(nodes["a"], labels=(("zone", "z1"),))
+    again = kept.labels(nodes)
+    assert again["a"] is not first["a"]
+    assert again["a"]["zone"] == "z1"
+    assert again["b"] is first["b"]
+    assert set(kept.labels({"b": nodes["b"]})) == {"b"}  # nodes gone are forgotten
