@@ -680,6 +680,7 @@ class SizeResult:
     churn_rate: float = float("nan")
     probes: int = 0
     probe_timeouts: int = 0
+    probe_no_advice: int = 0
     p50_ms: float = float("nan")
     p99_ms: float = float("nan")
     cpu_pct: float = float("nan")
@@ -708,7 +709,8 @@ class SizeResult:
             f"{self.rss_steady_mib:.0f} MiB; redis {self.redis_mib:.1f} MiB "
             f"({self.redis_mib * 1024 / self.nodes:.1f} KiB/node); churn {self.churn_rate:.1f} "
             f"writes/s + probes: event-to-score p50 {self.p50_ms:.0f} ms, p99 {self.p99_ms:.0f} ms "
-            f"({self.probes} probes, {self.probe_timeouts} timed out), controller CPU "
+            f"({self.probes} probes, {self.probe_timeouts} timed out, {self.probe_no_advice} "
+            f"answers without advice), controller CPU "
             f"{self.cpu_pct:.0f}%; scheduler: without {self.sched_without:.0f} pods/s "
             f"({self.bound_without} bound), with extender {self.sched_with:.0f} pods/s "
             f"({self.bound_with} bound), {self.sched_ratio:.2f}x, extender p50 "
@@ -729,6 +731,8 @@ class Bench:
         self.redis_bins = find_binaries()
         self.pending = 0
         self.churn_seq = 0
+        #: extender answers "no advice" to the probes (per size)
+        self.no_advice = 0
 
     # -- the control plane -------------------------------------------------------------------------
 
@@ -929,7 +933,11 @@ class Bench:
 
     # -- freshness under churn ---------------------------------------------------------------------
 
-    async def _filter_fits(self, session: aiohttp.ClientSession, ctl: Pyctl, node: str) -> bool:
+    async def _filter_fits(
+        self, session: aiohttp.ClientSession, ctl: Pyctl, node: str
+    ) -> bool | None:
+        """Whether pyctl's filter keeps `node` for a 4-GPU pod; None: it gave no advice (its
+        deadline passed: counted, and asked again)."""
         query = pod_manifest("probe-query", gpus=PROBE_QUERY_GPUS, cpu_milli=1000, mem_gib=4,
                              app="probe-query")  # fmt: skip
         body = {"Pod": query, "Nodes": None, "NodeNames": [node]}
@@ -937,8 +945,12 @@ class Bench:
             f"http://127.0.0.1:{ctl.extender_port}/scheduler/filter", json=body
         ) as resp:
             got = await resp.json(content_type=None)
-        if got.get("Error"):
-            raise RuntimeError(f"extender filter: {got['Error']}")
+        error = got.get("Error")
+        if error and "no advice" in error:
+            self.no_advice += 1
+            return None
+        if error:
+            raise RuntimeError(f"extender filter: {error}")
         return node in (got.get("NodeNames") or [])
 
     async def _probe_chain(
@@ -948,7 +960,7 @@ class Bench:
         async with aiohttp.ClientSession() as session:
             for node in nodes:  # each probe node starts with zone 0 empty
                 t_end = time.monotonic() + 60
-                while not await self._filter_fits(session, ctl, node):
+                while await self._filter_fits(session, ctl, node) is not True:
                     if time.monotonic() > t_end:
                         raise RuntimeError(f"probe node {node}: pyctl never says a 4-GPU pod fits")
                     await asyncio.sleep(0.1)
@@ -989,6 +1001,7 @@ class Bench:
         live: list[tuple[str, NodePlan, int]] = []
         latencies: list[float] = []
         timeouts = [0]
+        self.no_advice = 0
         writes = 0
         errors = 0
         sem = asyncio.Semaphore(64)
@@ -1047,6 +1060,7 @@ class Bench:
         res.cpu_pct = 100 * (cpu1 - cpu0) / (w1 - w0)
         res.probes = len(latencies)
         res.probe_timeouts = timeouts[0]
+        res.probe_no_advice = self.no_advice
         res.p50_ms = 1000 * pct(latencies, 50)
         res.p99_ms = 1000 * pct(latencies, 99)
         # the churn pods go; the probe nodes are back as they were

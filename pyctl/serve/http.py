@@ -660,15 +660,16 @@ class _Trim:
     though nothing holds it. Every `INTERVAL` seconds, with the bytes received in that interval
     (`recent`):
 
-    - a full garbage collection, then malloc_trim(0), when a burst is over: nothing came in the
-      interval after something since the last collection, or less than `QUIET` came after
-      `THRESHOLD` or more since the last collection;
+    - a full garbage collection, then malloc_trim(0), when traffic is over: nothing came in the
+      interval after something since the last collection, or less than `QUIET` came after an
+      interval of `THRESHOLD` or more (a burst) since the last collection;
     - else malloc_trim(0) alone, once `THRESHOLD` bytes came since the last trim (a burst, or
-      steady traffic such as the scheduler's, goes on: no collection every interval).
+      steady traffic such as the scheduler's, goes on). Steady traffic alone never costs a
+      collection: a full collection holds the GIL while it walks the controller's whole heap,
+      and the extender's answers wait for it.
 
-    So the release follows every burst within two intervals of its last byte (a collection
-    costs tens of milliseconds with the controller's heap at 5,000 nodes; Python runs such
-    collections on its own too). On a worker thread (ctypes releases the GIL for malloc_trim).
+    So the release follows every burst within two intervals of its last byte. On a worker
+    thread (ctypes releases the GIL for malloc_trim).
     Measured by tests/e2e/test_http_load_e2e.py: docs/http.md."""
 
     THRESHOLD = 8 << 20
@@ -679,6 +680,7 @@ class _Trim:
         self.received = 0  # bytes in the current interval
         self.since_collect = 0  # bytes since the last collection
         self.since_trim = 0  # bytes since the last trim
+        self.burst = False  # an interval of THRESHOLD bytes or more since the last collection
 
     def step(self) -> bool | None:
         """The end of an interval: None (nothing to do), False (trim), True (collect and
@@ -686,9 +688,10 @@ class _Trim:
         recent, self.received = self.received, 0
         self.since_collect += recent
         self.since_trim += recent
-        over = recent == 0 or (self.since_collect >= self.THRESHOLD and recent < self.QUIET)
-        if self.since_collect and over:
+        self.burst = self.burst or recent >= self.THRESHOLD
+        if (self.since_collect and recent == 0) or (self.burst and recent < self.QUIET):
             self.since_collect = self.since_trim = 0
+            self.burst = False
             return True
         if self.since_trim >= self.THRESHOLD:
             self.since_trim = 0
