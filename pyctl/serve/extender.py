@@ -5,8 +5,8 @@
 A broken request never raises: the filter (and ``choose``, a filter that also decides) answers
 HTTP 200 with ``Error`` set (the scheduler then applies the extender's ``ignorable`` setting);
 ``HostPriorityList`` has no error field, so a broken prioritize request gets an empty list (no
-preference) and is logged. "No advice" (`no_advice`:
-pyctl overloaded or past its deadline) is answered the same way.
+preference) and is logged. "No advice" (`no_advice`: pyctl overloaded or past its deadline) is
+answered the same way.
 
 Each answer comes with its outcome for the request counter: ``ok``, ``bad-request`` (a request
 the extender cannot read) or ``error`` (pyctl failed); the server adds ``overload`` and
