@@ -1,6 +1,6 @@
 """bench/scale.py kept from rotting: the whole benchmark (its own control plane, kwok GPU nodes,
-pods, a redis-server, `pyctl run` as deployed, churn with extender probes, two scheduler bursts,
-the planning gauges) at 20 nodes. It checks that every measurement was made and the output
+pods, a redis-server, `pyctl run` as deployed, churn with extender probes, the scheduler bursts,
+the planning rounds) at 20 nodes. It checks that every measurement was made and the output
 has its format, never how fast anything was (a benchmark prints figures; tests do not time)."""
 
 from __future__ import annotations
@@ -52,6 +52,9 @@ def test_scale_bench_runs_end_to_end_at_20_nodes(tmp_path: Path) -> None:
     assert r["probes"] > 0
     assert r["probe_timeouts"] == 0
     # the probes saw pyctl's answer flip with every write, and the burst went through the
-    # extender (a call for each verb per pod at least)
+    # extender (as shipped, one `choose` call per pod at least); the planning rounds were read
+    # from pyctl's log
     assert r["bound_without"] == r["bound_with"] == 20
-    assert r["ext_calls"] >= 2 * 20
+    assert r["ext_calls"] >= 20
+    assert r["compaction_rounds"] >= 1
+    assert r["probe_no_advice"] == 0
