@@ -27,7 +27,7 @@ from pyctl.cluster.records import NodeRecord, NrtRecord, PdbRecord, PodRecord, Z
 from pyctl.cluster.translate import models_of
 from pyctl.core import policy
 from pyctl.model import Shape, Workload
-from pyctl.workflows.compaction import Attributions, plan_compaction
+from pyctl.workflows.compaction import RoundCache, plan_compaction
 
 WORKLOADS = 10
 
@@ -142,13 +142,13 @@ def main(argv: list[str]) -> int:
         return real_plan(model, *a, **kw)
 
     policy.plan = timed_plan
-    kept = Attributions()
+    kept = RoundCache()
     times: list[float] = []
     try:
         for r in range(args.rounds):
             t0 = time.perf_counter()
             plan = plan_compaction(
-                models, nodes, pods + pending, pdbs, workload, pending=pending, attributions=kept
+                models, nodes, pods + pending, pdbs, workload, pending=pending, round_cache=kept
             )
             times.append(time.perf_counter() - t0)
             print(

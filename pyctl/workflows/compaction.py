@@ -98,7 +98,7 @@ class _Allowed:
         return hit
 
 
-class Attributions:
+class RoundCache:
     """What a planning round derives per node and per pod, kept between rounds while its inputs
     are the same objects (records and models are replaced, never changed in place):
 
@@ -179,7 +179,7 @@ def plan_compaction(
     reserved: Iterable[str] = (),
     dra: DraContext | None = None,
     dra_positions: Mapping[str, DraPositions] | None = None,
-    attributions: Attributions | None = None,
+    round_cache: RoundCache | None = None,
     exclude: Mapping[str, str] | None = None,
 ) -> CompactionPlan:
     """Plan evictions on the cluster the reconciler modelled (`models`, by node name; nodes it
@@ -192,7 +192,8 @@ def plan_compaction(
     where their allocation results say and move as DRA shapes; a pod with a standalone claim is
     not movable (its replacement would wait for the same devices), nor one whose claims pyctl
     cannot tell, nor a pod on a node whose GPUs are managed both by the device plugin and by a
-    DRA driver. `attributions`: where pods sit, kept from the last round (see `Attributions`).
+    DRA driver. `round_cache`: what the last round derived per node and pod, kept (see
+    `RoundCache`).
 
     `exclude`: pod key -> why it is not to be moved now (e.g. its last move was abandoned; listed
     in `refused`). A pod whose shape the core cannot model stays where it is (its usage still
@@ -205,7 +206,7 @@ def plan_compaction(
             by_node.setdefault(p.node, []).append(p)
     where: dict[str, dict[str, Any]] = {}
     both_ways: dict[str, str] = {}
-    attributed = attributions if attributions is not None else Attributions()
+    attributed = round_cache if round_cache is not None else RoundCache()
     for name in names:
         where.update(
             attributed.of(

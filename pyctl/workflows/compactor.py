@@ -20,7 +20,7 @@ from pyctl.controller.reconcile import Reconciler
 from pyctl.core.policy import PlanLimits
 from pyctl.metrics import Metrics
 from pyctl.workflows import rescue
-from pyctl.workflows.compaction import KIND, Attributions, CompactionPlan, plan_compaction
+from pyctl.workflows.compaction import KIND, CompactionPlan, RoundCache, plan_compaction
 from pyctl.workflows.engine import Engine, Workflow
 from pyctl.workflows.evictor import EvictorOptions
 from pyctl.workflows.gate import Gate
@@ -165,7 +165,7 @@ class Compactor:
         #: how long after an eviction its workload's pods are kept off the node it left
         self.departure_seconds = departure_seconds(interval)
         self.last_plan: CompactionPlan | None = None
-        self._attributions = Attributions()
+        self._round_cache = RoundCache()
         self.gauge = WorkflowGauge(metrics, cluster)
         #: node -> the pending pod ("namespace/name") an active rescue makes room for
         self.reservations: Mapping[str, str] = {}
@@ -188,7 +188,7 @@ class Compactor:
         plan = plan_compaction(
             options=self.options,
             limits=self.limits,
-            attributions=self._attributions,
+            round_cache=self._round_cache,
             **inputs,
         )
         took = time.perf_counter() - t0

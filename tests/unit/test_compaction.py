@@ -23,7 +23,7 @@ from pyctl.cluster.records import (
 )
 from pyctl.cluster.translate import models_of
 from pyctl.model import Shape, Workload
-from pyctl.workflows.compaction import Attributions, CompactionPlan, plan_compaction
+from pyctl.workflows.compaction import CompactionPlan, RoundCache, plan_compaction
 from pyctl.workflows.evictor import Evictor, EvictorOptions
 
 
@@ -216,12 +216,12 @@ def test_pod_shapes_are_kept_between_rounds_while_their_records_are_the_same(
 
     monkeypatch.setattr("pyctl.workflows.compaction.shape_of", counting)
     nodes, nrts, pods = fragmented()
-    kept = Attributions()
+    kept = RoundCache()
 
-    def round_(pods: list[PodRecord], attributions: Attributions) -> CompactionPlan:
+    def round_(pods: list[PodRecord], cache: RoundCache) -> CompactionPlan:
         models = models_of(nodes.values(), nrts.values(), pods)
         return plan_compaction(
-            models, nodes, pods, (), Workload((ONE,)), pending=(BIG,), attributions=attributions
+            models, nodes, pods, (), Workload((ONE,)), pending=(BIG,), round_cache=cache
         )
 
     first = round_(pods, kept)
@@ -233,7 +233,7 @@ def test_pod_shapes_are_kept_between_rounds_while_their_records_are_the_same(
     changed = [msgspec.structs.replace(p, cpu_milli=2000) if p.name == "b3" else p for p in pods]
     again = round_(changed, kept)
     assert calls == ["b3"]
-    assert again == round_(changed, Attributions())
+    assert again == round_(changed, RoundCache())
     b3 = kept.shape("serving/b3", changed[-1], nodes["b"], None)
     assert b3 is not None
     assert b3.cpu_milli == 2000
@@ -246,7 +246,7 @@ def test_pod_shapes_are_kept_between_rounds_while_their_records_are_the_same(
 
 def test_node_labels_are_kept_between_rounds_while_the_record_is_the_same() -> None:
     nodes, _, _ = fragmented()
-    kept = Attributions()
+    kept = RoundCache()
     first = kept.labels(nodes)
     assert first["a"]["kubernetes.io/hostname"] == "a"  # NodeFit's default hostname label
     assert kept.labels(nodes)["a"] is first["a"]
