@@ -14,6 +14,21 @@ use crate::error::CoreError;
 pub trait Field: Fn() -> String {}
 impl<F: Fn() -> String> Field for F {}
 
+/// Items a long conversion reads between two chances for another Python thread to take the GIL.
+const YIELD_EVERY: usize = 1024;
+
+/// Called once per item of a long conversion (tens of thousands of items, read with the GIL
+/// held): every `YIELD_EVERY` items the GIL is released and taken again, so a thread waiting
+/// for it (the controller's event loop, the extender's server) gets its turn when its switch
+/// request is pending, instead of waiting for the whole conversion (hundreds of milliseconds
+/// at 50,000 pods). A caller mutating the objects being read meanwhile gets a result of
+/// whichever values it read, never a crash.
+pub fn let_others_run(py: Python<'_>, i: usize) {
+    if i % YIELD_EVERY == YIELD_EVERY - 1 {
+        py.detach(|| ());
+    }
+}
+
 pub fn value_error(e: CoreError) -> PyErr {
     PyValueError::new_err(e.to_string())
 }

@@ -1,11 +1,13 @@
 //! Python face of the fragmentation scorer: `FragmentModel` (a cluster in columns) with
 //! `score`, `place_delta`, `remove_delta` and `apply`.
 
+use std::collections::HashMap;
+
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use super::convert::{
-    field_error, int, int_list, item, sequence, string, string_list, value_error,
+    field_error, int, int_list, item, let_others_run, sequence, string, string_list, value_error,
 };
 use super::shape::{read_shape, read_shape_list, Weight};
 use crate::compaction::{self, Input, Limits, Movable, NodeSet, Pending, Plan};
@@ -403,8 +405,9 @@ impl PyFragmentModel {
         limits: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let shapes = read_shapes(shapes)?;
-        let items = read_movable(movable, &self.cluster)?;
-        let pend = read_pending(pending)?;
+        let mut tasks = TaskCache::default();
+        let items = read_movable(movable, &self.cluster, &mut tasks)?;
+        let pend = read_pending(pending, &mut tasks)?;
         let limits = read_limits(limits)?;
         let count = self.cluster.nodes.len();
         let sets: Vec<NodeSet> = node_sets
@@ -499,12 +502,34 @@ fn opt_index(d: &Bound<'_, PyDict>, key: &str, where_: &str) -> PyResult<Option<
     }
 }
 
+/// A task shape read once per distinct object: the planner's callers share one shape dict among
+/// the pods of the same shape (the pods hold the dict for the whole call, so an address names
+/// one object throughout).
+#[derive(Default)]
+struct TaskCache(HashMap<usize, Shape>);
+
+impl TaskCache {
+    fn read(&mut self, obj: &Bound<'_, PyAny>) -> PyResult<Shape> {
+        let key = obj.as_ptr() as usize;
+        if let Some(s) = self.0.get(&key) {
+            return Ok(s.clone());
+        }
+        let s = read_task(obj)?;
+        self.0.insert(key, s.clone());
+        Ok(s)
+    }
+}
+
 fn read_movable(
     obj: &Bound<'_, PyAny>,
     cluster: &Cluster,
+    tasks: &mut TaskCache,
 ) -> PyResult<Vec<Movable<Shape, Assignment>>> {
-    let mut items = Vec::new();
-    for (i, m) in sequence(obj, || "movable".to_string())?.iter().enumerate() {
+    let py = obj.py();
+    let all = sequence(obj, || "movable".to_string())?;
+    let mut items = Vec::with_capacity(all.len());
+    for (i, m) in all.iter().enumerate() {
+        let_others_run(py, i);
         let w = format!("movable[{i}]");
         let d = m
             .cast::<PyDict>()
@@ -521,7 +546,7 @@ fn read_movable(
         })?;
         items.push(Movable {
             node,
-            task: read_task(&item(d, "shape", &w)?)?,
+            task: tasks.read(&item(d, "shape", &w)?)?,
             place: read_assignment(&item(d, "assignment", &w)?, on)?,
             allowed: opt_index(d, "allowed", &w)?,
             pdb: opt_index(d, "pdb", &w)?,
@@ -531,15 +556,17 @@ fn read_movable(
     Ok(items)
 }
 
-fn read_pending(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Pending<Shape>>> {
+fn read_pending(obj: &Bound<'_, PyAny>, tasks: &mut TaskCache) -> PyResult<Vec<Pending<Shape>>> {
+    let py = obj.py();
     let mut out = Vec::new();
     for (i, m) in sequence(obj, || "pending".to_string())?.iter().enumerate() {
+        let_others_run(py, i);
         let w = format!("pending[{i}]");
         let d = m
             .cast::<PyDict>()
             .map_err(|_| field_error(&w, "expected an object"))?;
         out.push(Pending {
-            task: read_task(&item(d, "shape", &w)?)?,
+            task: tasks.read(&item(d, "shape", &w)?)?,
             allowed: opt_index(d, "allowed", &w)?,
         });
     }
