@@ -15,7 +15,7 @@ import msgspec
 AttrValue: TypeAlias = int | bool | str | tuple[int | bool | str, ...]
 
 
-class Attr(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class Attr(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     """A device attribute: its name as published (unqualified names belong to the driver's
     domain), its type (`int`, `bool`, `string`, `version`, or the list forms `ints`, `bools`,
     `strings`, `versions`) and its value."""
@@ -25,14 +25,14 @@ class Attr(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
     value: AttrValue
 
 
-class DeviceTaint(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class DeviceTaint(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     key: str
     value: str = ""
     #: NoSchedule, NoExecute (or None: informational)
     effect: str = ""
 
 
-class CounterUse(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class CounterUse(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     """What a device consumes from one counter set of its pool when allocated."""
 
     counter_set: str
@@ -40,12 +40,12 @@ class CounterUse(msgspec.Struct, frozen=True, array_like=True, omit_defaults=Tru
     counters: tuple[tuple[str, str], ...] = ()
 
 
-class CounterSet(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class CounterSet(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     name: str
     counters: tuple[tuple[str, str], ...] = ()
 
 
-class CapacityPolicy(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class CapacityPolicy(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     """A capacity's requestPolicy (consumable capacity): what a claim consumes when it asks for
     none (`default`; "" is the whole value), and how a request is rounded up: to the next of
     `valid_values`, or to `min` + a multiple of `step` within `max`."""
@@ -58,7 +58,7 @@ class CapacityPolicy(msgspec.Struct, frozen=True, array_like=True, omit_defaults
     step: str = ""
 
 
-class Device(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class Device(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     name: str
     attributes: tuple[Attr, ...] = ()
     #: (capacity name, quantity)
@@ -73,7 +73,7 @@ class Device(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
     policies: tuple[CapacityPolicy, ...] = ()
 
 
-class SliceRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class SliceRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     """A ResourceSlice: part of a driver's pool at one generation."""
 
     name: str
@@ -92,7 +92,7 @@ class SliceRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=Tr
     counter_sets: tuple[CounterSet, ...] = ()
 
 
-class DeviceClassRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class DeviceClassRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     name: str
     resource_version: str = ""
     #: CEL expressions, all of which a device must satisfy
@@ -101,7 +101,7 @@ class DeviceClassRecord(msgspec.Struct, frozen=True, array_like=True, omit_defau
     extended_resource: str = ""
 
 
-class DeviceToleration(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class DeviceToleration(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     key: str = ""
     #: Equal or Exists
     operator: str = "Equal"
@@ -109,7 +109,7 @@ class DeviceToleration(msgspec.Struct, frozen=True, array_like=True, omit_defaul
     effect: str = ""
 
 
-class Request(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class Request(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     """A device request (`exactly`), or a list of alternatives (`first_available`), each a
     Request without alternatives of its own."""
 
@@ -126,19 +126,19 @@ class Request(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
     first_available: tuple[Request, ...] = ()
 
 
-class Constraint(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class Constraint(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     #: the requests it applies to (empty: all of the claim's)
     requests: tuple[str, ...] = ()
     match_attribute: str = ""
     distinct_attribute: str = ""
 
 
-class ClaimSpec(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class ClaimSpec(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     requests: tuple[Request, ...] = ()
     constraints: tuple[Constraint, ...] = ()
 
 
-class Allocated(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class Allocated(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     """One entry of status.allocation.devices.results."""
 
     request: str
@@ -151,7 +151,7 @@ class Allocated(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True
     consumed: tuple[tuple[str, str], ...] = ()
 
 
-class Consumer(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class Consumer(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     """An entry of status.reservedFor."""
 
     resource: str
@@ -159,7 +159,7 @@ class Consumer(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True)
     uid: str = ""
 
 
-class ClaimRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class ClaimRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     namespace: str
     name: str
     uid: str = ""
@@ -187,7 +187,9 @@ class ClaimRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=Tr
         return bool(self.allocated)
 
 
-class ClaimTemplateRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class ClaimTemplateRecord(
+    msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False
+):
     namespace: str
     name: str
     resource_version: str = ""
@@ -198,7 +200,7 @@ class ClaimTemplateRecord(msgspec.Struct, frozen=True, array_like=True, omit_def
         return f"{self.namespace}/{self.name}"
 
 
-class PodClaim(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class PodClaim(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     """An entry of a pod's spec.resourceClaims, with the claim generated for it when it comes
     from a template (status.resourceClaimStatuses)."""
 

@@ -1,6 +1,12 @@
 """The compact records that watch events become: only the fields pyctl needs, nothing of the
 Kubernetes object model. They are what the state store keeps (encoded with msgspec as JSON
-arrays) and what the reconcile loop reads. Kubernetes JSON never gets past `cluster/kube/`."""
+arrays) and what the reconcile loop reads. Kubernetes JSON never gets past `cluster/kube/`.
+
+Records are immutable trees of strings, numbers, tuples and other records: they never take part
+in a reference cycle, so they are not tracked by Python's cycle collector (`gc=False`). A
+controller holds one per pod and node (50,000 and more); tracked, each full collection would walk
+all of them with the GIL held, a stall of a few hundred milliseconds for the scheduler extender's
+threads and the event loop (docs/scale.md)."""
 
 from __future__ import annotations
 
@@ -40,14 +46,14 @@ DRA_KINDS: tuple[Kind, ...] = (
 KINDS: tuple[Kind, ...] = ("Node", "Pod", "PodDisruptionBudget", "NodeResourceTopology", *DRA_KINDS)
 
 
-class Taint(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class Taint(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     key: str
     value: str = ""
     #: NoSchedule, PreferNoSchedule or NoExecute
     effect: str = ""
 
 
-class Toleration(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class Toleration(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     key: str = ""
     #: Equal or Exists
     operator: str = "Equal"
@@ -56,7 +62,7 @@ class Toleration(msgspec.Struct, frozen=True, array_like=True, omit_defaults=Tru
     effect: str = ""
 
 
-class Requirement(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class Requirement(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     """One requirement of a label (or node field) selector."""
 
     key: str
@@ -65,21 +71,21 @@ class Requirement(msgspec.Struct, frozen=True, array_like=True, omit_defaults=Tr
     values: tuple[str, ...] = ()
 
 
-class Selector(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class Selector(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     """A metav1.LabelSelector: every label and every expression must match (empty: all)."""
 
     match_labels: tuple[tuple[str, str], ...] = ()
     match_expressions: tuple[Requirement, ...] = ()
 
 
-class NodeTerm(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class NodeTerm(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     """A NodeSelectorTerm: its expressions (labels) and fields (`metadata.name`) all match."""
 
     match_expressions: tuple[Requirement, ...] = ()
     match_fields: tuple[Requirement, ...] = ()
 
 
-class PodTerm(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class PodTerm(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     """A required PodAffinityTerm: pods matching `selector` in `namespaces` (empty: the pod's
     own; `all_namespaces`: every namespace) within the node's `topology_key` domain."""
 
@@ -89,7 +95,7 @@ class PodTerm(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
     all_namespaces: bool = False
 
 
-class Spread(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class Spread(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     """A topology spread constraint with whenUnsatisfiable: DoNotSchedule."""
 
     max_skew: int
@@ -98,7 +104,7 @@ class Spread(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
     min_domains: int = 0
 
 
-class Constraints(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class Constraints(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     """Where a pod may run (what the scheduler's filters check besides resources)."""
 
     node_selector: tuple[tuple[str, str], ...] = ()
@@ -111,7 +117,7 @@ class Constraints(msgspec.Struct, frozen=True, array_like=True, omit_defaults=Tr
     spread: tuple[Spread, ...] = ()
 
 
-class HamiDevice(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class HamiDevice(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     """One GPU as HAMi's device plugin registers it (node annotation
     ``hami.io/node-nvidia-register``)."""
 
@@ -129,7 +135,7 @@ class HamiDevice(msgspec.Struct, frozen=True, array_like=True, omit_defaults=Tru
     mode: str = ""
 
 
-class NodeSharing(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class NodeSharing(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     """How a node's whole GPUs are shared, as the NVIDIA device plugin (with GPU Feature
     Discovery's labels) or HAMi show it. docs/sharing.md."""
 
@@ -145,7 +151,7 @@ class NodeSharing(msgspec.Struct, frozen=True, array_like=True, omit_defaults=Tr
     hami: tuple[HamiDevice, ...] = ()
 
 
-class NodeRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class NodeRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     name: str
     resource_version: str = ""
     gpu_model: str = ""
@@ -174,7 +180,7 @@ class NodeRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=Tru
         return any(t.key == key and t.effect in ("NoSchedule", "NoExecute") for t in self.taints)
 
 
-class HamiShare(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class HamiShare(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     """What a pod holds of one GPU, as HAMi's scheduler assigned it (pod annotation
     ``hami.io/vgpu-devices-allocated``, containers collapsed as HAMi does)."""
 
@@ -185,7 +191,7 @@ class HamiShare(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True
     slots: int = 1
 
 
-class PodSharing(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class PodSharing(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     """A pod's requests for shared GPUs and, for HAMi, the devices it was given."""
 
     #: ``nvidia.com/gpu.shared`` requested: replicas
@@ -201,7 +207,7 @@ class PodSharing(msgspec.Struct, frozen=True, array_like=True, omit_defaults=Tru
     devices: tuple[HamiShare, ...] = ()
 
 
-class PodRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class PodRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     namespace: str
     name: str
     uid: str = ""
@@ -250,7 +256,7 @@ class PodRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True
         return self.phase in ("Succeeded", "Failed")
 
 
-class PdbRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class PdbRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     namespace: str
     name: str
     resource_version: str = ""
@@ -268,7 +274,7 @@ class PdbRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True
         return f"{self.namespace}/{self.name}"
 
 
-class ZoneRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class ZoneRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     numa: int
     cpu_milli: int = 0
     cpu_available: int = 0
@@ -283,7 +289,7 @@ class ZoneRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=Tru
     shared_available: int = 0
 
 
-class NrtRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class NrtRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     name: str
     resource_version: str = ""
     policy: str = ""

@@ -121,9 +121,10 @@ EXTENDER_WEIGHT: int = int(_core.EXTENDER_WEIGHT)
 # ---- the compaction planner --------------------------------------------------------------------
 
 
-class MovablePod(msgspec.Struct, frozen=True):
+class MovablePod(msgspec.Struct, frozen=True, gc=False):
     """A pod the planner may move: where it is (`assignment` on `node`), its shape, and where it
-    may go (`allowed`: node names, None for any). (A Struct: one is made per pod per round.)"""
+        may go (`allowed`: node names, None for any). (A Struct: one is made per pod per round; it
+    holds no cycle, so the cycle collector does not track it, `gc=False`.)"""
 
     key: str
     node: str
