@@ -57,6 +57,7 @@ async def run_kube(cfg: Config, workload: Workload | None) -> int:
         ),
     )
     metrics = Metrics()
+    metrics.watch_collections(cfg.cluster)
     ctl = Controller(
         cfg.cluster,
         KubeClusterSource(kube, options=cfg.reflector),

@@ -24,7 +24,7 @@ from pyctl.workflows.compaction import KIND, CompactionPlan, RoundCache, plan_co
 from pyctl.workflows.engine import Engine, Workflow
 from pyctl.workflows.evictor import EvictorOptions
 from pyctl.workflows.gate import Gate
-from pyctl.workflows.loop import WorkflowGauge, run_every
+from pyctl.workflows.loop import WorkflowGauge, collector_paused, run_every
 
 log = logging.getLogger("pyctl.compaction")
 
@@ -185,12 +185,13 @@ class Compactor:
 
     def _plan(self, inputs: Mapping[str, Any]) -> CompactionPlan:
         t0 = time.perf_counter()
-        plan = plan_compaction(
-            options=self.options,
-            limits=self.limits,
-            round_cache=self._round_cache,
-            **inputs,
-        )
+        with collector_paused():
+            plan = plan_compaction(
+                options=self.options,
+                limits=self.limits,
+                round_cache=self._round_cache,
+                **inputs,
+            )
         took = time.perf_counter() - t0
         log.info(
             "planning round",

@@ -27,7 +27,7 @@ from pyctl.metrics import Metrics
 from pyctl.model import Node, Snapshot
 from pyctl.workflows.engine import Engine
 from pyctl.workflows.gate import Gate
-from pyctl.workflows.loop import WorkflowGauge, run_every
+from pyctl.workflows.loop import WorkflowGauge, collector_paused, run_every
 from pyctl.workflows.mig_reconfig import KIND, STEPS, TAINT_KEY, MigOptions, workflow_for
 
 log = logging.getLogger("pyctl.mig_loop")
@@ -188,7 +188,8 @@ class MigLoop:
 
     def _plan(self, inputs: Mapping[str, Any]) -> list[mig.NodePlan]:
         t0 = time.perf_counter()
-        plans = plan_nodes(**inputs) if inputs["demand"] else []
+        with collector_paused():
+            plans = plan_nodes(**inputs) if inputs["demand"] else []
         took = time.perf_counter() - t0
         self.metrics.workflow.plan_duration.labels(self.cluster, "mig").set(took)
         log.info(

@@ -1,0 +1,41 @@
+"""The offline benchmarks whose figures docs/scale.md quotes run, on a small cluster, and print
+their last line in the form the docs quote (the figures themselves are measured, not checked)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(*argv: str) -> list[str]:
+    proc = subprocess.run(
+        [sys.executable, *argv], cwd=REPO, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.strip().splitlines()
+
+
+def test_the_compaction_round_bench_runs() -> None:
+    lines = _run("bench/compaction_round.py", "--nodes", "60", "--rounds", "2")
+    assert len(lines) == 3
+    assert re.fullmatch(
+        r"compaction round: 60 nodes, 600 pods, median \d+\.\d\d s after the first "
+        r"\(\d+\.\d\d s\)",
+        lines[-1],
+    ), lines[-1]
+
+
+def test_the_loop_stalls_bench_runs() -> None:
+    lines = _run("bench/loop_stalls.py", "--nodes", "60", "--seconds", "1")
+    assert len(lines) == 3
+    assert lines[0].startswith("without the pause: ")
+    assert lines[1].startswith("collector paused: ")
+    assert re.fullmatch(
+        r"loop stalls: 60 nodes, longest wait \d+ ms without the pause, \d+ ms with it "
+        r"\(\d+\.\dx shorter\); p99 \d+\.\d -> \d+\.\d ms",
+        lines[-1],
+    ), lines[-1]
