@@ -126,11 +126,13 @@ class Member:
 _EMPTY = SummaryRecord(cluster="")
 
 
-def decode_member(cluster: str, m: MemberSummary) -> Member:
+def decode_member(cluster: str, m: MemberSummary, head_only: bool = False) -> Member:
     """A member as read; a summary that does not decode (or holds a value out of its bounds)
-    leaves `summary` None and says why in `error`."""
+    leaves `summary` None and says why in `error`. `head_only`: its summary is a `SummaryHead`
+    (totals only; its snapshot is not for `place`)."""
     try:
-        return Member(cluster, m.stale, m.age_seconds, m.ttl_seconds, decode_summary(m.summary))
+        summary = decode_summary(m.summary, head_only)
+        return Member(cluster, m.stale, m.age_seconds, m.ttl_seconds, summary)
     except ValueError as e:
         error = f"summary does not decode: {e}"[:500]
     return Member(cluster, m.stale, m.age_seconds, m.ttl_seconds, None, error)
@@ -159,9 +161,11 @@ class MemberDecoder:
     """`decode_member` for a reader that reads the members again and again (the controller's
     `watch_members`, the HTTP view): a member's summary is decoded only when its bytes changed
     since the last read (a 5,000-node rich summary is megabytes of JSON); its age and staleness
-    are always the store's latest."""
+    are always the store's latest. `head_only`: summaries are read for their totals
+    (`decode_member`), as the controller's watcher needs them."""
 
-    def __init__(self) -> None:
+    def __init__(self, head_only: bool = False) -> None:
+        self.head_only = head_only
         self._last: dict[str, tuple[bytes, Member]] = {}
         #: summaries decoded at the last `decode_all` (the others were unchanged)
         self.decoded = 0
@@ -171,7 +175,7 @@ class MemberDecoder:
         if got is not None and got[0] == m.summary:
             d = got[1]
             return Member(cluster, m.stale, m.age_seconds, m.ttl_seconds, d.summary, d.error)
-        member = decode_member(cluster, m)
+        member = decode_member(cluster, m, self.head_only)
         self._last[cluster] = (m.summary, member)
         self.decoded += 1
         return member
@@ -238,8 +242,9 @@ async def watch_members(
 ) -> None:
     """Keep `pyctl_federation_members_stale` current (run it in the controller's task group);
     a failing store leaves the last value and is retried at the next interval. A member's
-    summary is decoded again only when its bytes changed (`MemberDecoder`)."""
-    decoder = MemberDecoder()
+    summary is decoded again only when its bytes changed (`MemberDecoder`), and only its head:
+    the staleness and the count of summaries that do not decode need no node models."""
+    decoder = MemberDecoder(head_only=True)
     while True:
         try:
             export_stale(metrics, cluster, await read_members(store, metrics, cluster, decoder))

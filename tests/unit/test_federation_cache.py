@@ -151,3 +151,43 @@ def refusal(publish: Callable[[], bytes]) -> str:
     except ValueError as e:
         return str(e)
     raise AssertionError("published")
+
+
+def test_a_head_only_read_takes_and_refuses_what_the_whole_read_does() -> None:
+    """The controller's watcher reads members' summaries for their head (`MemberDecoder(
+    head_only=True)`: the snapshot's parts stay raw JSON). It must count as bad exactly the
+    summaries the whole read refuses, and read the same totals from the good ones."""
+    node = Node("n", "H100-SXM5-80GB", "none", zones=(Zone(0, 8000, 0, 8192, 0, (Gpu(0),)),))
+    w = Workload((Shape(cpu_milli=1000, gpus=1, gpu_milli=1000),))
+    s = Summary("c", 1, 1000.0, 0.0, {}, 0.0, 0.0, 0.0, 2, {"numa": 1}, 1.0)
+    rich = federation_summary_bytes(s, {"n": node}, w, now=1.0)
+    head = rich[: rich.index(b',"snapshot"')]
+    cases = {
+        "rich": rich,
+        "basic": head + b"}",
+        "snapshot not an object": head + b',"snapshot":[1,2]}',
+        "snapshot not JSON": head + b',"snapshot":{"nodes":[1,}}',
+        "snapshot null": head + b',"snapshot":null}',
+        "bad head": rich.replace(b'"pending":2', b'"pending":-2'),
+        "not JSON": b"{not json",
+        "truncated": rich[:-3],
+    }
+    ok = []
+    for what, data in cases.items():
+        m = MemberSummary(data, 1.0, 30)
+        whole, part = decode_member("c", m), decode_member("c", m, head_only=True)
+        assert (whole.summary is None) == (part.summary is None), what
+        assert whole.error == part.error, what
+        if whole.summary is not None and part.summary is not None:
+            ok.append(what)
+            for f in whole.summary.__struct_fields__:
+                if f != "snapshot":
+                    assert getattr(whole.summary, f) == getattr(part.summary, f), (what, f)
+            assert (whole.summary.snapshot is None) == (part.summary.snapshot is None)
+            assert whole.rich == part.rich
+    # not vacuous: good and bad summaries both met
+    assert ok == ["rich", "basic", "snapshot null"]
+    dec = MemberDecoder(head_only=True)
+    got = dec.decode_all({"c": MemberSummary(rich, 1.0, 30)})
+    assert got[0].summary is not None
+    assert (got[0].nodes, got[0].pending) == (1, 2)
