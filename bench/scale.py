@@ -699,6 +699,10 @@ class SizeResult:
     compaction_max_s: float = float("nan")
     #: MIG rounds after start-up: their median
     mig_plan_s: float = float("nan")
+    #: Python's full cycle collections in pyctl over its life (`pyctl_gc_pause_seconds`,
+    #: generation 2): how many, and the GIL time they took in all
+    gc_full: int = 0
+    gc_full_s: float = float("nan")
 
     def line(self) -> str:
         return (
@@ -717,7 +721,8 @@ class SizeResult:
             f"{self.ext_p50_ms:.1f} ms p99 {self.ext_p99_ms:.1f} ms ({self.ext_calls} calls, "
             f"{self.sched_timed:.0f} pods/s through the proxy); "
             f"plan: compaction {self.compaction_s:.2f} s (median of {self.compaction_rounds} "
-            f"rounds, longest {self.compaction_max_s:.2f} s), MIG {self.mig_plan_s:.2f} s"
+            f"rounds, longest {self.compaction_max_s:.2f} s), MIG {self.mig_plan_s:.2f} s; "
+            f"gc: {self.gc_full} full collections, {self.gc_full_s:.2f} s in all"
         )
 
 
@@ -875,6 +880,11 @@ class Bench:
             res.compaction_max_s = max(comp, default=float("nan"))
             res.mig_plan_s = statistics.median(migp) if migp else float("nan")
             res.rss_peak_mib = ctl.status().get("VmHWM", 0) / 2**20
+            full = {"generation": "2"}
+            n_full = ctl.metric("pyctl_gc_pause_seconds_count", full)
+            s_full = ctl.metric("pyctl_gc_pause_seconds_sum", full)
+            res.gc_full = -1 if n_full is None else int(n_full)
+            res.gc_full_s = float("nan") if s_full is None else s_full
             if ctl.exited() is not None:
                 raise RuntimeError(f"pyctl exited with {ctl.exited()}; log {ctl.log_path}")
         finally:
