@@ -523,6 +523,22 @@ class Pyctl:
             return float(value)
         return None
 
+    def buckets(self, name: str, labels: dict[str, str]) -> dict[float, float]:
+        """A histogram's cumulative bucket counts (upper bound -> count), {} if not exported."""
+        status, text = self.get("/metrics", timeout=30)
+        out: dict[float, float] = {}
+        if status != 200:
+            return out
+        for line in text.splitlines():
+            if not line.startswith(name + "_bucket{"):
+                continue
+            head, _, value = line.rpartition(" ")
+            if not all(f'{k}="{v}"' in head for k, v in labels.items()):
+                continue
+            le = head.split('le="', 1)[1].split('"', 1)[0]
+            out[float(le)] = float(value)
+        return out
+
     def exited(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
 
@@ -657,6 +673,24 @@ class BindWatch:
 # Measurements
 
 
+def bucket_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float:
+    """The q-quantile (0..1) of the observations a histogram took between two reads of its
+    cumulative buckets, interpolated within a bucket as Prometheus' histogram_quantile does."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    if not counts or counts[-1] <= 0:
+        return float("nan")
+    rank = q * counts[-1]
+    lo, below = 0.0, 0.0
+    for b, c in zip(bounds, counts, strict=True):
+        if c >= rank:
+            if math.isinf(b):
+                return lo
+            return lo + (b - lo) * ((rank - below) / (c - below) if c > below else 1.0)
+        lo, below = b, c
+    return lo
+
+
 def pct(values: Sequence[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -693,6 +727,13 @@ class SizeResult:
     ext_calls: int = 0
     ext_p50_ms: float = float("nan")
     ext_p99_ms: float = float("nan")
+    #: the `with` burst's requests as pyctl measured them (`pyctl_extender_request_seconds`,
+    #: first byte to answer; `pyctl_extender_work_seconds`, the advice on its worker), p50 and
+    #: p99 from the histograms' buckets
+    srv_p50_ms: float = float("nan")
+    srv_p99_ms: float = float("nan")
+    work_p50_ms: float = float("nan")
+    work_p99_ms: float = float("nan")
     #: compaction rounds after start-up: how many, their median and the longest
     compaction_rounds: int = 0
     compaction_s: float = float("nan")
@@ -719,7 +760,9 @@ class SizeResult:
             f"({self.bound_without} bound), with extender {self.sched_with:.0f} pods/s "
             f"({self.bound_with} bound), {self.sched_ratio:.2f}x, extender p50 "
             f"{self.ext_p50_ms:.1f} ms p99 {self.ext_p99_ms:.1f} ms ({self.ext_calls} calls, "
-            f"{self.sched_timed:.0f} pods/s through the proxy); "
+            f"{self.sched_timed:.0f} pods/s through the proxy; in pyctl p50 "
+            f"{self.srv_p50_ms:.1f} ms p99 {self.srv_p99_ms:.1f} ms, of which the advice p50 "
+            f"{self.work_p50_ms:.1f} ms p99 {self.work_p99_ms:.1f} ms); "
             f"plan: compaction {self.compaction_s:.2f} s (median of {self.compaction_rounds} "
             f"rounds, longest {self.compaction_max_s:.2f} s), MIG {self.mig_plan_s:.2f} s; "
             f"gc: {self.gc_full} full collections, {self.gc_full_s:.2f} s in all"
@@ -1151,7 +1194,15 @@ class Bench:
 
     async def _bursts(self, api: Api, ctl: Pyctl, res: SizeResult) -> None:
         res.sched_without, res.bound_without, _ = await self._burst(api, ctl, "without")
+        labels = {"verb": "choose"}
+        names = ("pyctl_extender_request_seconds", "pyctl_extender_work_seconds")
+        before = [ctl.buckets(name, labels) for name in names]
         res.sched_with, res.bound_with, _ = await self._burst(api, ctl, "with")
+        after = [ctl.buckets(name, labels) for name in names]
+        res.srv_p50_ms, res.srv_p99_ms, res.work_p50_ms, res.work_p99_ms = (
+            1000 * bucket_quantile(b, a, q) for b, a in zip(before, after, strict=True)
+            for q in (0.5, 0.99)
+        )  # fmt: skip
         res.sched_ratio = res.sched_with / res.sched_without
         # the extender's latency per call, in a third burst (the proxy costs time of its own,
         # so the throughputs above are measured without it)

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from pyctl.serve.extender import OUTCOMES, VERBS, ExtenderHandler, no_advice
 from pyctl.serve.http import (
@@ -90,6 +90,10 @@ class ExtenderOptions:
         )
 
 
+#: buckets of the extender's latency histograms (s): the scheduler waits for every call
+_SECONDS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
 class HttpMetrics:
     """The servers' counters, on the controller's registry."""
 
@@ -109,12 +113,36 @@ class HttpMetrics:
             ["cluster", "server", "reason"],
             registry=registry,
         )
+        self.extender_seconds = Histogram(
+            "pyctl_extender_request_seconds",
+            "Scheduler extender requests by verb: from the request's first byte to its answer "
+            "(the scheduler waits this long, plus the network and its own encoding)",
+            ["cluster", "verb"],
+            buckets=_SECONDS,
+            registry=registry,
+        )
+        self.extender_work = Histogram(
+            "pyctl_extender_work_seconds",
+            "Scheduler extender requests by verb: the advice itself, on a worker thread "
+            "(decoding, ranking, encoding); the rest of `pyctl_extender_request_seconds` is "
+            "reading, waiting for a worker and for the GIL, and handing the answer back",
+            ["cluster", "verb"],
+            buckets=_SECONDS,
+            registry=registry,
+        )
         for verb in VERBS:
+            self.extender_seconds.labels(cluster, verb)
+            self.extender_work.labels(cluster, verb)
             for outcome in OUTCOMES:
                 self.extender_requests.labels(cluster, verb, outcome)
 
-    def request(self, verb: str, outcome: str) -> None:
+    def request(self, verb: str, outcome: str, seconds: float | None = None) -> None:
         self.extender_requests.labels(self.cluster, verb, outcome).inc()
+        if seconds is not None:
+            self.extender_seconds.labels(self.cluster, verb).observe(seconds)
+
+    def work(self, verb: str, seconds: float) -> None:
+        self.extender_work.labels(self.cluster, verb).observe(seconds)
 
     def on_reject(self, server: str) -> Callable[[str], None]:
         def count(reason: str) -> None:
@@ -147,17 +175,21 @@ class ExtenderServer:
 
     # -- the work, on a worker thread ---------------------------------------------------------
     def _work(self, verb: str, body: bytes) -> tuple[bytes, str]:
+        t0 = time.perf_counter()
         handler: ExtenderHandler | None = getattr(self._local, "handler", None)
         if handler is None:
             handler = self._local.handler = self.make_handler()
-        return handler.answer(verb, body)
+        got = handler.answer(verb, body)
+        if self.metrics is not None and verb in VERBS:
+            self.metrics.work(verb, time.perf_counter() - t0)
+        return got
 
     # -- a request, on the server's loop ------------------------------------------------------
     async def _request(self, req: Request) -> Response:
         verb = req.path.rsplit("/", 1)[1]
         answer, outcome = await self._answer(verb, req)
         if self.metrics is not None:
-            self.metrics.request(verb, outcome)
+            self.metrics.request(verb, outcome, time.monotonic() - req.started)
         if outcome in ("overload", "deadline"):
             log.info(
                 "scheduler extender: no advice (%s)",

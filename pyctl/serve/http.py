@@ -661,12 +661,14 @@ class _Trim:
     (`recent`):
 
     - a full garbage collection, then malloc_trim(0), when traffic is over: nothing came in the
-      interval after something since the last collection, or less than `QUIET` came after an
-      interval of `THRESHOLD` or more (a burst) since the last collection;
+      interval after at least `QUIET` since the last collection, or less than `QUIET` came
+      after an interval of `THRESHOLD` or more (a burst) since the last collection;
     - else malloc_trim(0) alone, once `THRESHOLD` bytes came since the last trim (a burst, or
       steady traffic such as the scheduler's, goes on). Steady traffic alone never costs a
       collection: a full collection holds the GIL while it walks the controller's whole heap,
-      and the extender's answers wait for it.
+      and the extender's answers wait for it. Nor do a few small requests: the probes and
+      scrapes of the metrics port (a few hundred bytes every few seconds) would otherwise set
+      off a full collection every other interval, for memory they never held.
 
     So the release follows every burst within two intervals of its last byte. On a worker
     thread (ctypes releases the GIL for malloc_trim).
@@ -689,7 +691,8 @@ class _Trim:
         self.since_collect += recent
         self.since_trim += recent
         self.burst = self.burst or recent >= self.THRESHOLD
-        if (self.since_collect and recent == 0) or (self.burst and recent < self.QUIET):
+        over = recent == 0 and self.since_collect >= self.QUIET
+        if over or (self.burst and recent < self.QUIET):
             self.since_collect = self.since_trim = 0
             self.burst = False
             return True

@@ -39,3 +39,21 @@ def test_the_loop_stalls_bench_runs() -> None:
         r"\(\d+\.\dx shorter\); p99 \d+\.\d -> \d+\.\d ms",
         lines[-1],
     ), lines[-1]
+
+
+def test_the_scale_bench_reads_quantiles_from_histogram_buckets_as_prometheus_does() -> None:
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import scale
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    inf = float("inf")
+    before = {0.001: 5.0, 0.002: 5.0, 0.005: 5.0, inf: 5.0}
+    # 100 observations since: 50 in (0, 1 ms], 40 in (1, 2], 9 in (2, 5], 1 above 5 ms
+    after = {0.001: 55.0, 0.002: 95.0, 0.005: 104.0, inf: 105.0}
+    q = scale.bucket_quantile
+    assert q(before, after, 0.5) == 0.001
+    assert abs(q(before, after, 0.7) - 0.0015) < 1e-12
+    assert abs(q(before, after, 0.99) - 0.005) < 1e-12
+    assert q(before, after, 1.0) == 0.005  # the +Inf bucket: its lower bound, as Prometheus
+    assert q(after, after, 0.5) != q(after, after, 0.5)  # nothing observed: NaN

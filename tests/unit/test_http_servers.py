@@ -611,8 +611,9 @@ async def test_expect_100_continue_is_answered(served: Callable[..., Any]) -> No
 def test_memory_is_released_after_every_burst() -> None:
     """_Trim's decision at the end of each interval, from the bytes received in it: a trim while
     a burst goes on, a collection and a trim once it is over (nothing, or next to nothing after
-    a burst, came in the interval), and after a few requests followed by quiet; nothing while
-    quiet; steady traffic is trimmed, and collected only once it stops."""
+    a burst, came in the interval), and after a megabyte of requests followed by quiet; nothing
+    while quiet or after a few small requests; steady traffic is trimmed, and collected only
+    once it stops."""
     trim = _Trim()
     mb = 1 << 20
 
@@ -631,8 +632,12 @@ def test_memory_is_released_after_every_burst() -> None:
     assert steps(40 * mb, 0, 0) == [False, True, None]
     # a burst of less than the threshold per interval, then quiet
     assert steps(5 * mb, 5 * mb, 0) == [None, False, True]
-    # a few small requests, then quiet
-    assert steps(20_000, 0, 0) == [None, True, None]
+    # a few small requests (probes, scrapes), then quiet: not worth a full collection, which
+    # stalls every thread for as long as it walks the heap
+    assert steps(20_000, 0, 0) == [None, None, None]
+    # ... nor a trickle of them; a megabyte of them is
+    assert steps(*[300, 0] * 20) == [None] * 40
+    assert steps(mb - 40 * 300 // 2, 0) == [None, True]
     # the scheduler's steady traffic (5 MB per interval): a trim every other interval, no
     # collection while it goes on
     assert steps(*[5 * mb] * 6) == [None, False, None, False, None, False]

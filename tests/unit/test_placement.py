@@ -399,3 +399,7 @@ async def test_pyctl_run_serves_the_extender_from_the_controllers_models() -> No
     for verb in ("filter", "prioritize"):
         line = f'pyctl_extender_requests_total{{cluster="default",outcome="ok",verb="{verb}"}} 1.0'
         assert line in exposition
+        # and timed: first byte to answer, and the advice on its worker
+        for name in ("pyctl_extender_request_seconds", "pyctl_extender_work_seconds"):
+            assert f'{name}_count{{cluster="default",verb="{verb}"}} 1.0' in exposition
+    assert 'pyctl_extender_request_seconds_count{cluster="default",verb="choose"} 0.0' in exposition
