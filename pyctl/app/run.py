@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import anyio
 
+from pyctl.app.collector import full_collections, take_over_full_collections
 from pyctl.app.config import Config
 from pyctl.app.wiring import (
     Workflows,
@@ -58,6 +59,7 @@ async def run_kube(cfg: Config, workload: Workload | None) -> int:
     )
     metrics = Metrics()
     metrics.watch_collections(cfg.cluster)
+    take_over_full_collections()  # pyctl runs them (pyctl/app/collector.py)
     ctl = Controller(
         cfg.cluster,
         KubeClusterSource(kube, options=cfg.reflector),
@@ -76,6 +78,7 @@ async def run_kube(cfg: Config, workload: Workload | None) -> int:
     flows = attach_workflows(ctl, cfg, actuator=actuator)
     attach_recommender(ctl, cfg)
     servers = await start_servers(ctl, cfg, flows)
+    ctl.background.append(full_collections)
     if cfg.redis.url:
         ctl.background.append(lambda: watch_members(ctl.store, ctl.metrics, cfg.cluster, 10.0))
     try:

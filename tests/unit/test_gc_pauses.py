@@ -1,12 +1,17 @@
-"""The cycle collector and the planning rounds: every collection is timed by generation
-(`pyctl_gc_pause_seconds`), and a planning round runs with the collector paused, also when the
-rounds of both loops overlap (`collector_paused`)."""
+"""The cycle collector: every collection is timed by generation (`pyctl_gc_pause_seconds`), a
+planning round runs with the collector paused, also when the rounds of both loops overlap
+(`collector_paused`), and `pyctl run` runs the full collections itself
+(`pyctl.app.collector`)."""
 
 from __future__ import annotations
 
 import gc
 import threading
+from typing import Any
 
+import anyio
+
+from pyctl.app.collector import full_collections, take_over_full_collections
 from pyctl.metrics import Metrics
 from pyctl.workflows.loop import collector_paused
 
@@ -86,3 +91,32 @@ def test_a_pause_leaves_a_disabled_collector_disabled() -> None:
         assert raised
         assert not gc.isenabled()
     assert gc.isenabled()
+
+
+def test_pyctl_run_turns_automatic_full_collections_off_and_runs_them_itself() -> None:
+    before = gc.get_threshold()
+    try:
+        got = take_over_full_collections()
+        assert got == before
+        t0, t1, t2 = gc.get_threshold()
+        assert (t0, t1) == before[:2]
+        assert t2 >= 2**31 - 1
+        full: list[int] = []
+
+        def seen(phase: str, info: dict[str, Any]) -> None:
+            if phase == "stop" and info["generation"] == 2:
+                full.append(1)
+
+        gc.callbacks.append(seen)
+        try:
+
+            async def main() -> None:
+                with anyio.move_on_after(0.35):
+                    await full_collections(0.1)
+
+            anyio.run(main)
+        finally:
+            gc.callbacks.remove(seen)
+        assert 2 <= len(full) <= 4
+    finally:
+        gc.set_threshold(*before)
