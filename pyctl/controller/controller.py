@@ -292,6 +292,13 @@ class Controller:
         if now - self._workload_at >= self.workload_interval or self.reconciler.workload_unset:
             self._workload_at = now
             if self.reconciler.refresh_workload():
+                log.info(
+                    "workload M changed; every node is re-scored",
+                    extra={
+                        "shapes": len(self.reconciler.workload.shapes),
+                        "nodes": len(self.cache.nodes),
+                    },
+                )
                 for n in self.cache.nodes:
                     self.queue.add(n)
         s = self.reconciler.summary(now)

@@ -342,6 +342,12 @@ class Reconciler:
             return
         if self.bad_nodes.pop(name, None) is not None:
             self.ignored.forget("Node", name)
+        previous = self.models.get(name)
+        if previous is not None and previous == node:
+            # the same node as before (a re-score under a new M, an event that changed nothing
+            # pyctl models): the same object, so what is kept per model object (the extender's
+            # ranks, the planning rounds' attributions, the federation encoder's bytes) stays
+            node = previous
         self.models[name] = node
         self.scores[name] = score
         self._rows[name] = _row(node, score)

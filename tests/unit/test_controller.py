@@ -254,3 +254,26 @@ def test_safety_limits_are_configuration() -> None:
     assert limits.disruptions_per_hour is None
     with pytest.raises(ConfigError, match=r"limit_node_burst: 0 is outside 1\.\.1e\+06"):
         load_config(None, {"PYCTL_LIMIT_NODE_BURST": "0"})
+
+
+@pytest.mark.anyio
+async def test_a_node_reconciled_again_unchanged_keeps_its_model_object() -> None:
+    """What is kept per model object (the extender's ranks, the planning rounds' attributions,
+    the federation encoder's bytes) survives a re-score that changed nothing, e.g. under a new
+    M; a change of the node gives a new model, and a new M a new score either way."""
+    ctl = Controller("sim", SimClusterSource(inference_day()), MemoryStore("sim"))
+    await ctl.replace("Node", [NodeRecord("n1", gpus=8, cpu_milli=64000)], "1")
+    r = ctl.reconciler
+    r.reconcile("n1")
+    first = r.models["n1"]
+    r.reconcile("n1")
+    assert r.models["n1"] is first
+    await ctl.apply([Event("ADDED", PodRecord("ns", "p", node="n1", gpus=1))], {"Pod": "2"})
+    r.reconcile("n1")
+    second = r.models["n1"]
+    assert second is not first
+    assert second != first
+    # a new record of the same node, no new fact: the model object stays
+    await ctl.apply([Event("MODIFIED", NodeRecord("n1", gpus=8, cpu_milli=64000))], {"Node": "3"})
+    r.reconcile("n1")
+    assert r.models["n1"] is second
