@@ -157,7 +157,7 @@ class RoundCache:
         hit = self._by_node.get(name)
         if hit is not None and hit[0] is model and hit[1] is positions:
             return hit[2]
-        got = attribute_pods(model, pods, positions)
+        got = {key: _frozen(a) for key, a in attribute_pods(model, pods, positions).items()}
         self._by_node[name] = (model, positions, got)
         return got
 
@@ -165,6 +165,13 @@ class RoundCache:
         keep = set(names)
         for gone in [n for n in self._by_node if n not in keep]:
             del self._by_node[gone]
+
+
+def _frozen(assignment: dict[str, Any]) -> dict[str, Any]:
+    """An assignment as the cache keeps it: its lists as tuples. Kept for every pod between
+    rounds (50,000 and more), lists would stay tracked by the cycle collector for good; tuples
+    of numbers, and then the dicts holding only them, are untracked by its next passes."""
+    return {k: tuple(v) if type(v) is list else v for k, v in assignment.items()}
 
 
 def plan_compaction(

@@ -184,7 +184,7 @@ class Compactor:
         return round_inputs(self.cache, self.reconciler, self.reservations, self.exclude)
 
     def _plan(self, inputs: Mapping[str, Any]) -> CompactionPlan:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         with collector_paused():
             plan = plan_compaction(
                 options=self.options,
@@ -198,6 +198,9 @@ class Compactor:
             extra={
                 "loop": "compaction",
                 "seconds": round(took, 3),
+                # the round's own work (this thread's CPU time); the rest of `seconds` it
+                # waited for a core or for the GIL
+                "cpu_seconds": round(time.thread_time() - c0, 3),
                 "considered": plan.considered,
                 "moves": len(plan.moves),
                 "rescues": len(plan.rescues),

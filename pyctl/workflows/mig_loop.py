@@ -187,14 +187,19 @@ class MigLoop:
                 await gate.taint(n.name, TAINT_KEY, on=False)
 
     def _plan(self, inputs: Mapping[str, Any]) -> list[mig.NodePlan]:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         with collector_paused():
             plans = plan_nodes(**inputs) if inputs["demand"] else []
         took = time.perf_counter() - t0
         self.metrics.workflow.plan_duration.labels(self.cluster, "mig").set(took)
         log.info(
             "planning round",
-            extra={"loop": "mig", "seconds": round(took, 3), "nodes": len(plans)},
+            extra={
+                "loop": "mig",
+                "seconds": round(took, 3),
+                "cpu_seconds": round(time.thread_time() - c0, 3),
+                "nodes": len(plans),
+            },
         )
         return plans
 
