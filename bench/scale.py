@@ -26,11 +26,14 @@ subprocess, observe mode, a real redis-server of its own) and is measured:
    that reflects it (the extender answers from the same per-node model the score is computed
    on, replaced together with it); p50/p99, and the controller's CPU over the churn;
 4. the extender in the scheduler's path: 1,000 GPU pods (1 or 2 GPUs) for a second
-   kube-scheduler, created before it starts; it schedules them once without an extender and
-   once with pyctl's extender as deploy/scheduler configures it: pods per second from the first
-   bind to the last (a watch), with / without; then a third burst with the extender, each call
-   through a small measuring proxy in this process (its p50/p99 per call, as the scheduler
-   waits for it; the proxy's own cost is kept out of the ratio);
+   kube-scheduler, created before it starts; it schedules them without an extender and with
+   pyctl's extender as deploy/scheduler configures it, twice each, interleaved (without, with,
+   without, with; each burst once pyctl's work queue is empty): pods per second from the first
+   bind to the last (a watch), the mean of each pair, with / without; pyctl's own timing of
+   those calls (`pyctl_extender_request_seconds`, `pyctl_extender_work_seconds`); then a last
+   burst with the extender, each call through a small measuring proxy in this process (its
+   p50/p99 per call, as the scheduler waits for it; the proxy's own cost is kept out of the
+   ratio);
 5. planning: every compaction and MIG planning round over the whole cluster after start-up (at
    the default interval of 30 s, while the churn and the bursts above share the process), from
    pyctl's log line per round: their median (and the longest compaction round);
@@ -691,6 +694,10 @@ def bucket_quantile(before: dict[float, float], after: dict[float, float], q: fl
     return lo
 
 
+def _rates(rates: Sequence[float]) -> str:
+    return " and ".join(f"{r:.0f}" for r in rates)
+
+
 def pct(values: Sequence[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -722,8 +729,11 @@ class SizeResult:
     sched_with: float = float("nan")
     sched_ratio: float = float("nan")
     sched_timed: float = float("nan")
+    #: each burst's least bound (of two), and each burst's rate by mode
     bound_without: int = 0
     bound_with: int = 0
+    rates: dict[str, list[float]] = field(default_factory=lambda: {"without": [], "with": []})
+    bound: dict[str, list[int]] = field(default_factory=lambda: {"without": [], "with": []})
     ext_calls: int = 0
     ext_p50_ms: float = float("nan")
     ext_p99_ms: float = float("nan")
@@ -738,6 +748,8 @@ class SizeResult:
     compaction_rounds: int = 0
     compaction_s: float = float("nan")
     compaction_max_s: float = float("nan")
+    #: the rounds' own work: the median of the round thread's CPU time
+    compaction_cpu_s: float = float("nan")
     #: MIG rounds after start-up: their median
     mig_plan_s: float = float("nan")
     #: Python's full cycle collections in pyctl over its life (`pyctl_gc_pause_seconds`,
@@ -756,15 +768,18 @@ class SizeResult:
             f"writes/s + probes: event-to-score p50 {self.p50_ms:.0f} ms, p99 {self.p99_ms:.0f} ms "
             f"({self.probes} probes, {self.probe_timeouts} timed out, {self.probe_no_advice} "
             f"answers without advice), controller CPU "
-            f"{self.cpu_pct:.0f}%; scheduler: without {self.sched_without:.0f} pods/s "
-            f"({self.bound_without} bound), with extender {self.sched_with:.0f} pods/s "
-            f"({self.bound_with} bound), {self.sched_ratio:.2f}x, extender p50 "
+            f"{self.cpu_pct:.0f}%; scheduler (two bursts each, interleaved): without "
+            f"{self.sched_without:.0f} pods/s ({_rates(self.rates['without'])}; "
+            f"{self.bound_without} bound), with extender {self.sched_with:.0f} pods/s "
+            f"({_rates(self.rates['with'])}; {self.bound_with} bound), {self.sched_ratio:.2f}x, "
+            f"extender p50 "
             f"{self.ext_p50_ms:.1f} ms p99 {self.ext_p99_ms:.1f} ms ({self.ext_calls} calls, "
             f"{self.sched_timed:.0f} pods/s through the proxy; in pyctl p50 "
             f"{self.srv_p50_ms:.1f} ms p99 {self.srv_p99_ms:.1f} ms, of which the advice p50 "
             f"{self.work_p50_ms:.1f} ms p99 {self.work_p99_ms:.1f} ms); "
             f"plan: compaction {self.compaction_s:.2f} s (median of {self.compaction_rounds} "
-            f"rounds, longest {self.compaction_max_s:.2f} s), MIG {self.mig_plan_s:.2f} s; "
+            f"rounds, longest {self.compaction_max_s:.2f} s; CPU time median "
+            f"{self.compaction_cpu_s:.2f} s), MIG {self.mig_plan_s:.2f} s; "
             f"gc: {self.gc_full} full collections, {self.gc_full_s:.2f} s in all"
         )
 
@@ -921,6 +936,8 @@ class Bench:
             res.compaction_rounds = len(comp)
             res.compaction_s = statistics.median(comp) if comp else float("nan")
             res.compaction_max_s = max(comp, default=float("nan"))
+            cpu = self._rounds(ctl, settled, "cpu_seconds")["compaction"]
+            res.compaction_cpu_s = statistics.median(cpu) if cpu else float("nan")
             res.mig_plan_s = statistics.median(migp) if migp else float("nan")
             res.rss_peak_mib = ctl.status().get("VmHWM", 0) / 2**20
             full = {"generation": "2"}
@@ -939,12 +956,13 @@ class Bench:
         return res
 
     @staticmethod
-    def _rounds(ctl: Pyctl, since: float) -> dict[str, list[float]]:
-        """The planning rounds' durations (s) per loop, from pyctl's log, since `since`."""
+    def _rounds(ctl: Pyctl, since: float, key: str = "seconds") -> dict[str, list[float]]:
+        """The planning rounds' durations (s) per loop, from pyctl's log, since `since`:
+        `seconds` (wall) or `cpu_seconds` (the round thread's CPU time)."""
         out: dict[str, list[float]] = {"compaction": [], "mig": []}
         for t, rec in list(ctl.lines):
             if t >= since and rec.get("msg") == "planning round" and rec.get("loop") in out:
-                out[rec["loop"]].append(float(rec["seconds"]))
+                out[rec["loop"]].append(float(rec.get(key, "nan")))
         return out
 
     def _profile(self, ctl: Pyctl, n: int) -> subprocess.Popen[bytes]:
@@ -1130,11 +1148,18 @@ class Bench:
 
     # -- the extender in the scheduler's path ------------------------------------------------------
 
-    async def _burst(self, api: Api, ctl: Pyctl, label: str) -> tuple[float, int, Proxy | None]:
-        """One burst for a scheduler of its own: `without` an extender, `with` pyctl's extender
-        as deployed, or `timed`: with it, each call through the measuring proxy."""
+    async def _burst(
+        self, api: Api, ctl: Pyctl, mode: str, label: str
+    ) -> tuple[float, int, Proxy | None]:
+        """One burst for a scheduler of its own (named after `label`): `without` an extender,
+        `with` pyctl's extender as deployed, or `timed`: with it, each call through the
+        measuring proxy. It starts once pyctl has reconciled what came before (its work queue
+        empty, for up to a minute), so that no burst pays for the one before."""
         plane = self.plane
         assert plane is not None
+        deadline = time.monotonic() + 60
+        while (ctl.metric("pyctl_workqueue_depth") or 0) > 0 and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.5)
         scheduler = f"bench-{label}"
         n = self.args.burst
         rng = random.Random(self.args.seed + n)
@@ -1156,11 +1181,11 @@ class Bench:
                           listed["metadata"]["resourceVersion"])  # fmt: skip
         watch.start()
         proxy = None
-        if label == "without":
+        if mode == "without":
             config: dict[str, Any] = {"profiles": [{"schedulerName": scheduler}]}
         else:
             port = ctl.extender_port
-            if label == "timed":
+            if mode == "timed":
                 proxy = Proxy(ctl.extender_port)
                 proxy.start()
                 port = proxy.port
@@ -1193,20 +1218,28 @@ class Bench:
         return rate, len(times), proxy
 
     async def _bursts(self, api: Api, ctl: Pyctl, res: SizeResult) -> None:
-        res.sched_without, res.bound_without, _ = await self._burst(api, ctl, "without")
+        # without and with, twice, interleaved: a drift of the machine (the other processes on
+        # its 2 cores) falls on both; each throughput is the mean of its two bursts
         labels = {"verb": "choose"}
         names = ("pyctl_extender_request_seconds", "pyctl_extender_work_seconds")
         before = [ctl.buckets(name, labels) for name in names]
-        res.sched_with, res.bound_with, _ = await self._burst(api, ctl, "with")
+        for i in (1, 2):
+            for mode in ("without", "with"):
+                rate, bound, _ = await self._burst(api, ctl, mode, f"{mode}-{i}")
+                res.rates[mode].append(rate)
+                res.bound[mode].append(bound)
         after = [ctl.buckets(name, labels) for name in names]
         res.srv_p50_ms, res.srv_p99_ms, res.work_p50_ms, res.work_p99_ms = (
             1000 * bucket_quantile(b, a, q) for b, a in zip(before, after, strict=True)
             for q in (0.5, 0.99)
         )  # fmt: skip
+        res.sched_without = statistics.mean(res.rates["without"])
+        res.sched_with = statistics.mean(res.rates["with"])
+        res.bound_without, res.bound_with = min(res.bound["without"]), min(res.bound["with"])
         res.sched_ratio = res.sched_with / res.sched_without
-        # the extender's latency per call, in a third burst (the proxy costs time of its own,
+        # the extender's latency per call, in a last burst (the proxy costs time of its own,
         # so the throughputs above are measured without it)
-        res.sched_timed, _, proxy = await self._burst(api, ctl, "timed")
+        res.sched_timed, _, proxy = await self._burst(api, ctl, "timed", "timed")
         assert proxy is not None
         lat = [s for _, s in proxy.calls]
         res.ext_calls = len(lat)

@@ -47,6 +47,7 @@ def test_scale_bench_runs_end_to_end_at_20_nodes(tmp_path: Path) -> None:
         "first_score_s", "ready_s", "rss_peak_mib", "rss_steady_mib", "redis_mib", "p50_ms",
         "p99_ms", "cpu_pct", "sched_without", "sched_with", "ext_p99_ms", "compaction_s",
         "mig_plan_s", "gc_full_s", "srv_p50_ms", "srv_p99_ms", "work_p50_ms", "work_p99_ms",
+        "compaction_cpu_s",
     ):  # fmt: skip
         assert math.isfinite(r[key]), (key, r[key])
     assert r["probes"] > 0
@@ -55,6 +56,9 @@ def test_scale_bench_runs_end_to_end_at_20_nodes(tmp_path: Path) -> None:
     # extender (as shipped, one `choose` call per pod at least); the planning rounds were read
     # from pyctl's log
     assert r["bound_without"] == r["bound_with"] == 20
+    # two bursts each way, interleaved
+    assert [len(r["rates"][m]) for m in ("without", "with")] == [2, 2]
+    assert r["bound"] == {"without": [20, 20], "with": [20, 20]}
     assert r["ext_calls"] >= 20
     assert r["compaction_rounds"] >= 1
     assert r["probe_no_advice"] == 0
