@@ -110,18 +110,28 @@ class PlacementAdvisor:
             per = self._ranks[key] = {}
         out: dict[str, policy.Ranked | str | None] = {}
         models, cached = self._models.get, per.get
+        missing: dict[str, Node] = {}
         for name in names:
             node = models(name)
-            if node is None:
-                out[name] = "unknown"
-                continue
+            if node is not None and ((hit := cached(name)) is None or hit[0] is not node):
+                missing[name] = node
+        if len(missing) > 1:
+            # one call of the core for all of them: each call reads M anew, which costs more
+            # than the rank itself for an M of many shapes (after M changes, every candidate
+            # misses); a node's rank does not depend on the other nodes of the model
+            batch = FragmentationModel(Snapshot(tuple(missing.values())))
+            got = policy.rank(batch, shape, workload, list(missing))
+            self._cached += sum(1 for name in missing if name not in per)
+            for (name, node), r in zip(missing.items(), got, strict=True):
+                per[name] = (node, r)
+        elif missing:
+            ((name, node),) = missing.items()
+            (r,) = policy.rank(self._model(name, node), shape, workload, [name])
+            self._cached += name not in per
+            per[name] = (node, r)
+        for name in names:
             hit = cached(name)
-            if hit is None or hit[0] is not node:
-                (r,) = policy.rank(self._model(name, node), shape, workload, [name])
-                if hit is None:
-                    self._cached += 1
-                per[name] = hit = (node, r)
-            out[name] = hit[1]
+            out[name] = "unknown" if hit is None or models(name) is None else hit[1]
         return out
 
     def filter(self, pod: PodRecord, names: tuple[str, ...]) -> dict[str, str]:

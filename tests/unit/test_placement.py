@@ -13,6 +13,7 @@ from pyctl.cluster.kube.extender import MAX_EXTENDER_PRIORITY, ExtenderInputErro
 from pyctl.controller.placement import PlacementAdvisor
 from pyctl.core.fragmentation import FragmentationModel
 from pyctl.core.policy import choose
+from pyctl.core.policy import rank as policy_rank
 from pyctl.model import Gpu, Node, Shape, Snapshot, Workload, Zone
 from pyctl.serve.extender import ExtenderHandler
 from pyctl.serve.extender_server import ExtenderOptions, ExtenderServer
@@ -403,3 +404,48 @@ async def test_pyctl_run_serves_the_extender_from_the_controllers_models() -> No
         for name in ("pyctl_extender_request_seconds", "pyctl_extender_work_seconds"):
             assert f'{name}_count{{cluster="default",verb="{verb}"}} 1.0' in exposition
     assert 'pyctl_extender_request_seconds_count{cluster="default",verb="choose"} 0.0' in exposition
+
+
+def test_ranks_computed_together_are_each_nodes_own() -> None:
+    """The advisor ranks the candidates it has no rank for in one call of the core (each call
+    reads M anew); each rank must be the one the node gets alone, whatever the other nodes in
+    that call, and a single miss, a node replaced, a node gone and a name pyctl never saw
+    must read as they did."""
+    policies = ("single-numa-node", "best-effort", "none", "restricted")
+    models = {
+        f"n{i:02d}": node(f"n{i:02d}", i % 5, (i * 3) % 5, policies[i % 4]) for i in range(24)
+    }
+    wl = Workload(
+        (
+            Shape(cpu_milli=1000, gpus=1, gpu_milli=1000, weight=0.4),
+            Shape(cpu_milli=4000, gpus=2, gpu_milli=1000, weight=0.3),
+            Shape(cpu_milli=8000, gpus=4, gpu_milli=1000, weight=0.3),
+        )
+    )
+    advisor = PlacementAdvisor(models, lambda: wl)
+
+    def alone(shape: Shape, names: list[str]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for n in names:
+            m = models.get(n)
+            out[n] = "unknown" if m is None else rank(Snapshot((m,)), shape, wl, n)
+        return out
+
+    names = [*sorted(models), "never-seen"]
+    for shape in (Shape(cpu_milli=2000, gpus=4, gpu_milli=1000), Shape(cpu_milli=500, gpus=3)):
+        got = advisor.rank(shape, tuple(names))  # every node missing: one call
+        assert got == alone(shape, names)
+        assert sum(1 for r in got.values() if r is None) > 0  # not vacuous: some refuse
+        assert sum(1 for r in got.values() if r not in (None, "unknown")) > 1
+        models["n03"] = node("n03", 4, 4)  # one miss
+        del models["n07"]
+        assert advisor.rank(shape, tuple(names)) == alone(shape, names)
+        models["n03"] = node("n03", 0, 0)
+        models["n07"] = node("n07", 1, 2)
+        models["n11"] = node("n11", 3, 3)  # several misses among hits
+        assert advisor.rank(shape, tuple(reversed(names))) == alone(shape, names)
+
+
+def rank(snap: Snapshot, shape: Shape, wl: Workload, name: str) -> Any:
+    (r,) = policy_rank(FragmentationModel(snap), shape, wl, [name])
+    return r
