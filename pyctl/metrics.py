@@ -15,23 +15,6 @@ _LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
 
 
 class Metrics:
-    def watch_collections(self, cluster: str) -> Callable[[], None]:
-        """Time every cycle collection of this process (`pyctl_gc_pause_seconds`); returns
-        the function that stops it."""
-        hist = [self.gc_pause.labels(cluster, str(g)) for g in range(3)]
-        started = [0.0]
-
-        def timed(phase: str, info: dict[str, Any]) -> None:
-            if phase == "start":
-                started[0] = time.perf_counter()
-            elif started[0]:
-                g = int(info.get("generation", 2))
-                hist[min(max(g, 0), 2)].observe(time.perf_counter() - started[0])
-                started[0] = 0.0
-
-        gc.callbacks.append(timed)
-        return lambda: gc.callbacks.remove(timed) if timed in gc.callbacks else None
-
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry()
         c = ["cluster"]
@@ -175,6 +158,23 @@ class Metrics:
         )
         self.workflow = WorkflowMetrics(self)
         self.recommend = RecommendMetrics(self)
+
+    def watch_collections(self, cluster: str) -> Callable[[], None]:
+        """Time every cycle collection of this process (`pyctl_gc_pause_seconds`); returns
+        the function that stops it."""
+        hist = [self.gc_pause.labels(cluster, str(g)) for g in range(3)]
+        started = [0.0]
+
+        def timed(phase: str, info: dict[str, Any]) -> None:
+            if phase == "start":
+                started[0] = time.perf_counter()
+            elif started[0]:
+                g = int(info.get("generation", 2))
+                hist[min(max(g, 0), 2)].observe(time.perf_counter() - started[0])
+                started[0] = 0.0
+
+        gc.callbacks.append(timed)
+        return lambda: gc.callbacks.remove(timed) if timed in gc.callbacks else None
 
 
 class WorkflowMetrics:

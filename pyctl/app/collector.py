@@ -5,7 +5,7 @@ A controller at 5,000 nodes holds some 400,000 objects the collector tracks (the
 and their GPUs, a Prometheus child per node and NUMA zone, ...), none of them in a cycle. By
 default CPython runs a full collection each time the objects that reached the oldest
 generation grew by a quarter since the last one: ten times while the initial lists fill the
-state, then about once a minute under churn, each holding the GIL for 200-500 ms (the event
+state, then about once a minute under churn, each holding the GIL for 200-700 ms (the event
 loop and the scheduler extender's threads wait) and each finding next to nothing (96 objects in
 all, in a bench run's first 14 collections; docs/scale.md).
 
