@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from pyctl.cluster.kube.extender import MAX_EXTENDER_PRIORITY, ExtenderInputError, parse_args
-from pyctl.controller.placement import PlacementAdvisor
+from pyctl.controller.placement import BATCH, PlacementAdvisor
 from pyctl.core.fragmentation import FragmentationModel
 from pyctl.core.policy import choose
 from pyctl.core.policy import rank as policy_rank
@@ -442,8 +442,11 @@ def test_ranks_computed_together_are_each_nodes_own() -> None:
         assert advisor.rank(shape, tuple(names)) == alone(shape, names)
         models["n03"] = node("n03", 0, 0)
         models["n07"] = node("n07", 1, 2)
-        models["n11"] = node("n11", 3, 3)  # several misses among hits
+        models["n11"] = node("n11", 3, 3)  # a few misses among hits: one by one
         assert advisor.rank(shape, tuple(reversed(names))) == alone(shape, names)
+        for i in range(0, 2 * BATCH, 2):  # as many as make a batch, among hits
+            models[f"n{i:02d}"] = node(f"n{i:02d}", (i + 1) % 5, i % 3)
+        assert advisor.rank(shape, tuple(names)) == alone(shape, names)
 
 
 def rank(snap: Snapshot, shape: Shape, wl: Workload, name: str) -> Any:
