@@ -44,10 +44,6 @@ def _no_reservations() -> Mapping[str, str]:
     return {}
 
 
-#: candidates without a rank from which they are ranked in one call of the core
-BATCH = 8
-
-
 class PlacementAdvisor:
     """Answers from a live view of the cluster: `models` (node name → model node, replaced
     whenever a node is re-translated, as `Reconciler.models` is), `workload` (a callable, since
@@ -114,28 +110,18 @@ class PlacementAdvisor:
             per = self._ranks[key] = {}
         out: dict[str, policy.Ranked | str | None] = {}
         models, cached = self._models.get, per.get
-        missing: dict[str, Node] = {}
         for name in names:
             node = models(name)
-            if node is not None and ((hit := cached(name)) is None or hit[0] is not node):
-                missing[name] = node
-        if len(missing) >= BATCH:
-            # one call of the core for all of them: each call reads M anew, which costs more
-            # than the rank itself for an M of many shapes (a new shape, or M changed: every
-            # candidate misses); a node's rank does not depend on the other nodes of the model
-            batch = FragmentationModel(Snapshot(tuple(missing.values())))
-            got = policy.rank(batch, shape, workload, list(missing))
-            self._cached += sum(1 for name in missing if name not in per)
-            for (name, node), r in zip(missing.items(), got, strict=True):
-                per[name] = (node, r)
-        else:  # a few nodes changed since the last call: their own models, kept across shapes
-            for name, node in missing.items():
-                (r,) = policy.rank(self._model(name, node), shape, workload, [name])
-                self._cached += name not in per
-                per[name] = (node, r)
-        for name in names:
+            if node is None:
+                out[name] = "unknown"
+                continue
             hit = cached(name)
-            out[name] = "unknown" if hit is None or models(name) is None else hit[1]
+            if hit is None or hit[0] is not node:
+                (r,) = policy.rank(self._model(name, node), shape, workload, [name])
+                if hit is None:
+                    self._cached += 1
+                per[name] = hit = (node, r)
+            out[name] = hit[1]
         return out
 
     def filter(self, pod: PodRecord, names: tuple[str, ...]) -> dict[str, str]:

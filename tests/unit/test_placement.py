@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from pyctl.cluster.kube.extender import MAX_EXTENDER_PRIORITY, ExtenderInputError, parse_args
-from pyctl.controller.placement import BATCH, PlacementAdvisor
+from pyctl.controller.placement import PlacementAdvisor
 from pyctl.core.fragmentation import FragmentationModel
 from pyctl.core.policy import choose
 from pyctl.core.policy import rank as policy_rank
@@ -406,11 +406,10 @@ async def test_pyctl_run_serves_the_extender_from_the_controllers_models() -> No
     assert 'pyctl_extender_request_seconds_count{cluster="default",verb="choose"} 0.0' in exposition
 
 
-def test_ranks_computed_together_are_each_nodes_own() -> None:
-    """The advisor ranks the candidates it has no rank for in one call of the core (each call
-    reads M anew); each rank must be the one the node gets alone, whatever the other nodes in
-    that call, and a single miss, a node replaced, a node gone and a name pyctl never saw
-    must read as they did."""
+def test_kept_ranks_are_each_nodes_own_as_nodes_change() -> None:
+    """The advisor keeps each node's rank per shape and M; whatever was kept, a rank must be the
+    one the node gets alone: on a cold cache, after a node is replaced or gone, with a name
+    pyctl never saw, and after many nodes changed among kept ones."""
     policies = ("single-numa-node", "best-effort", "none", "restricted")
     models = {
         f"n{i:02d}": node(f"n{i:02d}", i % 5, (i * 3) % 5, policies[i % 4]) for i in range(24)
@@ -433,7 +432,7 @@ def test_ranks_computed_together_are_each_nodes_own() -> None:
 
     names = [*sorted(models), "never-seen"]
     for shape in (Shape(cpu_milli=2000, gpus=4, gpu_milli=1000), Shape(cpu_milli=500, gpus=3)):
-        got = advisor.rank(shape, tuple(names))  # every node missing: one call
+        got = advisor.rank(shape, tuple(names))  # nothing kept yet
         assert got == alone(shape, names)
         assert sum(1 for r in got.values() if r is None) > 0  # not vacuous: some refuse
         assert sum(1 for r in got.values() if r not in (None, "unknown")) > 1
@@ -442,9 +441,9 @@ def test_ranks_computed_together_are_each_nodes_own() -> None:
         assert advisor.rank(shape, tuple(names)) == alone(shape, names)
         models["n03"] = node("n03", 0, 0)
         models["n07"] = node("n07", 1, 2)
-        models["n11"] = node("n11", 3, 3)  # a few misses among hits: one by one
+        models["n11"] = node("n11", 3, 3)  # a few changed among kept ones
         assert advisor.rank(shape, tuple(reversed(names))) == alone(shape, names)
-        for i in range(0, 2 * BATCH, 2):  # as many as make a batch, among hits
+        for i in range(0, 16, 2):  # many changed among kept ones
             models[f"n{i:02d}"] = node(f"n{i:02d}", (i + 1) % 5, i % 3)
         assert advisor.rank(shape, tuple(names)) == alone(shape, names)
 
