@@ -98,6 +98,27 @@ def cluster(
     return nodes, nrts, pods, pending
 
 
+def round_inputs(n: int, seed: int) -> tuple[
+    dict[str, Any], dict[str, NodeRecord], list[PodRecord], list[PodRecord], list[PdbRecord],
+    Workload,
+]:  # fmt: skip
+    """The synthetic cluster's planning inputs: models, node records, running and pending pods,
+    a PodDisruptionBudget per workload, and M (1- and 4-GPU replicas, half each)."""
+    nodes, nrts, pods, pending = cluster(n, seed)
+    models = models_of(nodes.values(), nrts, pods)
+    pdbs = [
+        PdbRecord("serving", f"w{j}", match_labels=(("app", f"w{j}"),), disruptions_allowed=5)
+        for j in range(WORKLOADS)
+    ]
+    workload = Workload(
+        (
+            Shape(cpu_milli=1000, gpus=1, gpu_milli=1000, weight=0.5),
+            Shape(cpu_milli=4000, gpus=4, gpu_milli=1000, weight=0.5),
+        )
+    )
+    return models, nodes, pods, pending, pdbs, workload
+
+
 class _Timed:
     """The core's `plan` call of a `FragmentationModel`, timed."""
 
@@ -122,18 +143,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args(argv)
-    nodes, nrts, pods, pending = cluster(args.nodes, args.seed)
-    models = models_of(nodes.values(), nrts, pods)
-    pdbs = [
-        PdbRecord("serving", f"w{j}", match_labels=(("app", f"w{j}"),), disruptions_allowed=5)
-        for j in range(WORKLOADS)
-    ]
-    workload = Workload(
-        (
-            Shape(cpu_milli=1000, gpus=1, gpu_milli=1000, weight=0.5),
-            Shape(cpu_milli=4000, gpus=4, gpu_milli=1000, weight=0.5),
-        )
-    )
+    models, nodes, pods, pending, pdbs, workload = round_inputs(args.nodes, args.seed)
     spent: list[float] = []
     real_plan = policy.plan
 

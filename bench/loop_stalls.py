@@ -25,11 +25,8 @@ from typing import Any
 
 import anyio.to_thread
 from _common import REPO  # noqa: F401  (puts the repository on sys.path)
-from compaction_round import WORKLOADS, cluster
+from compaction_round import round_inputs
 
-from pyctl.cluster.records import PdbRecord
-from pyctl.cluster.translate import models_of
-from pyctl.model import Shape, Workload
 from pyctl.workflows.compaction import RoundCache, plan_compaction
 from pyctl.workflows.loop import collector_paused
 
@@ -76,18 +73,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--nodes", type=int, default=5000)
     ap.add_argument("--seconds", type=float, default=8.0)
     args = ap.parse_args(argv)
-    nodes, nrts, pods, pending = cluster(args.nodes, 1)
-    models = models_of(nodes.values(), nrts, pods)
-    pdbs = [
-        PdbRecord("serving", f"w{j}", match_labels=(("app", f"w{j}"),), disruptions_allowed=5)
-        for j in range(WORKLOADS)
-    ]
-    workload = Workload(
-        (
-            Shape(cpu_milli=1000, gpus=1, gpu_milli=1000, weight=0.5),
-            Shape(cpu_milli=4000, gpus=4, gpu_milli=1000, weight=0.5),
-        )
-    )
+    models, nodes, pods, pending, pdbs, workload = round_inputs(args.nodes, 1)
     kept = RoundCache()
 
     def plan() -> None:
