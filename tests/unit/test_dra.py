@@ -165,6 +165,11 @@ def test_decoding_is_bounded_and_names_the_object() -> None:
     q["spec"]["devices"][0]["capacity"]["memory"] = {"value": "lots"}
     with pytest.raises(DecodeError, match="capacity memory"):
         decode_object("ResourceSlice", q)
+    # below a bound too (found by the fuzzer): what decodes is what `check_record` accepts
+    for wrong, why in ((-1, "count is -1, outside 0..128"), (129, "129 count per request")):
+        with pytest.raises(DecodeError, match=f"ns/neg:? request gpus.*{why}") as info:
+            decode_object("ResourceClaim", claim_json("neg", [gpus(wrong)]))
+        assert info.value.reason == "out_of_bounds"
 
 
 def test_a_pods_claims_and_the_extended_resource_claim_are_read() -> None:

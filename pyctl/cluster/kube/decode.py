@@ -508,6 +508,7 @@ _TO_RECORD: Final[dict[str, Any]] = {
     "ResourceClaimTemplate": dra_decode.claim_template_record,
 }
 _DECODERS: Final = {k: msgspec.json.Decoder(v) for k, v in _WIRE.items()}
+_CHECKED_AFTER: Final = frozenset(("DeviceClass", "ResourceClaim", "ResourceClaimTemplate"))
 _LINE: Final = msgspec.json.Decoder(wire.WatchLine)
 _STATUS: Final = msgspec.json.Decoder(wire.Status)
 
@@ -570,10 +571,17 @@ def decode_object(kind: Kind, data: bytes | Mapping[str, Any]) -> Record:
         raise DecodeError(f"{kind}: JSON nested too deeply", ref=_ident(kind, data)) from None
     try:
         rec: Record = _TO_RECORD[kind](obj)
+        if kind in _CHECKED_AFTER:
+            # the record's own bounds (a negative count): whatever decodes is what `check_record`
+            # accepts from Redis or a file. A slice's bounds are all applied while it decodes
+            # (the check would add a third to its cost); the fuzz tests check both agree.
+            check_record(rec)
     except dra_decode.DraDecodeError as e:
         # beyond a limit of k8s.io/api/resource/v1 (bounds.DRA_BOUNDS), or a value pyctl cannot read
         reason = "out_of_bounds" if "more than the limit" in str(e) else "malformed"
         raise DecodeError(str(e), reason, _ident(kind, data)) from None
+    except BoundsError as e:
+        raise DecodeError(str(e), "out_of_bounds", _ident(kind, data)) from None
     return rec
 
 
