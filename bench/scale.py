@@ -744,6 +744,10 @@ class SizeResult:
     srv_p99_ms: float = float("nan")
     work_p50_ms: float = float("nan")
     work_p99_ms: float = float("nan")
+    #: in the `with` bursts, node ranks computed while the scheduler waited and ahead of its
+    #: calls (`pyctl_extender_ranks_total`)
+    ranks_request: int = 0
+    ranks_ahead: int = 0
     #: compaction rounds after start-up: how many, their median and the longest
     compaction_rounds: int = 0
     compaction_s: float = float("nan")
@@ -776,7 +780,8 @@ class SizeResult:
             f"{self.ext_p50_ms:.1f} ms p99 {self.ext_p99_ms:.1f} ms ({self.ext_calls} calls, "
             f"{self.sched_timed:.0f} pods/s through the proxy; in pyctl p50 "
             f"{self.srv_p50_ms:.1f} ms p99 {self.srv_p99_ms:.1f} ms, of which the advice p50 "
-            f"{self.work_p50_ms:.1f} ms p99 {self.work_p99_ms:.1f} ms); "
+            f"{self.work_p50_ms:.1f} ms p99 {self.work_p99_ms:.1f} ms; node ranks computed "
+            f"{self.ranks_request} on requests, {self.ranks_ahead} ahead); "
             f"plan: compaction {self.compaction_s:.2f} s (median of {self.compaction_rounds} "
             f"rounds, longest {self.compaction_max_s:.2f} s; CPU time median "
             f"{self.compaction_cpu_s:.2f} s), MIG {self.mig_plan_s:.2f} s; "
@@ -1223,12 +1228,21 @@ class Bench:
         labels = {"verb": "choose"}
         names = ("pyctl_extender_request_seconds", "pyctl_extender_work_seconds")
         before = [ctl.buckets(name, labels) for name in names]
+        ranks = {"request": 0.0, "ahead": 0.0}
         for i in (1, 2):
             for mode in ("without", "with"):
+                if mode == "with":
+                    at = {w: ctl.metric("pyctl_extender_ranks_total", {"when": w}) or 0.0
+                          for w in ranks}  # fmt: skip
                 rate, bound, _ = await self._burst(api, ctl, mode, f"{mode}-{i}")
                 res.rates[mode].append(rate)
                 res.bound[mode].append(bound)
+                if mode == "with":
+                    for w in ranks:
+                        now = ctl.metric("pyctl_extender_ranks_total", {"when": w}) or 0.0
+                        ranks[w] += now - at[w]
         after = [ctl.buckets(name, labels) for name in names]
+        res.ranks_request, res.ranks_ahead = int(ranks["request"]), int(ranks["ahead"])
         res.srv_p50_ms, res.srv_p99_ms, res.work_p50_ms, res.work_p99_ms = (
             1000 * bucket_quantile(b, a, q) for b, a in zip(before, after, strict=True)
             for q in (0.5, 0.99)

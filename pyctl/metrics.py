@@ -120,6 +120,14 @@ class Metrics:
             buckets=_LAG_BUCKETS,
             registry=r,
         )
+        self.extender_ranks = Counter(
+            "pyctl_extender_ranks_total",
+            "Node ranks the scheduler extender computed, by when: request (a candidate's model "
+            "changed since its rank was kept, computed while the scheduler waits) or ahead (when "
+            "the reconciler re-scored the node, for the pod shapes asked about recently)",
+            [*c, "when"],
+            registry=r,
+        )
         self.reconcile_errors = Counter(
             "pyctl_reconcile_errors_total",
             "Reconciles that failed and were requeued",

@@ -14,7 +14,7 @@ from pyctl.cluster.records import ObjectRef, PodRecord
 from pyctl.cluster.selectors import parse_selector
 from pyctl.cluster.source import Actuator, NullActuator
 from pyctl.controller.controller import Controller
-from pyctl.controller.placement import PlacementAdvisor
+from pyctl.controller.placement import PlacementAdvisor, RankTable
 from pyctl.controller.workload import WorkloadScope
 from pyctl.metrics import Metrics
 from pyctl.recommend.recommender import attach_from_config
@@ -197,14 +197,16 @@ def attach_recommender(ctl: Controller, cfg: Config) -> None:
         attach_from_config(ctl, cfg.recommend)
 
 
-def advisor(ctl: Controller, flows: Workflows | None = None) -> PlacementAdvisor:
+def advisor(
+    ctl: Controller, flows: Workflows | None = None, ranks: RankTable | None = None
+) -> PlacementAdvisor:
     """The scheduler extender's decisions, on the controller's models, keeping the nodes of the
-    rescues in progress for their pending pods."""
+    rescues in progress for their pending pods (`ranks`: the table of kept ranks to share)."""
     if flows is None:
-        return PlacementAdvisor.for_reconciler(ctl.reconciler)
+        return PlacementAdvisor.for_reconciler(ctl.reconciler, ranks=ranks)
     compactor = flows.compactor
     return PlacementAdvisor.for_reconciler(
-        ctl.reconciler, lambda: compactor.reservations, lambda: compactor.departures
+        ctl.reconciler, lambda: compactor.reservations, lambda: compactor.departures, ranks
     )
 
 
@@ -253,10 +255,14 @@ async def start_servers(ctl: Controller, cfg: Config, flows: Workflows | None = 
             )
             await servers.health.start()
         if cfg.extender.port:
-            # one advisor per worker thread (its rank cache is not shared), each keeping the
-            # nodes of the rescues in progress for their pending pods
+            # one advisor per worker thread, all on one table of kept ranks, which the
+            # reconciler keeps fresh for the shapes asked about recently; each keeps the nodes
+            # of the rescues in progress for their pending pods
+            r = ctl.reconciler
+            ranks = RankTable(r.models, lambda: r.workload, ctl.metrics, cfg.cluster)
+            r.on_scored.append(ranks.refreshed)
             servers.extender = ExtenderServer(
-                lambda: ExtenderHandler(advisor(ctl, flows)),
+                lambda: ExtenderHandler(advisor(ctl, flows, ranks)),
                 cfg.extender,
                 metrics,
             )

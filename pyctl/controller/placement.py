@@ -21,12 +21,18 @@ much pyctl prefers each of the others, by pyctl's one placement policy
   same policy, its shape taken from its claims (`Reconciler.shape_of`: DRA devices only, aligned
   as its matchAttribute asks); one whose claims pyctl cannot tell gets no preference.
 
-Each node's rank for a pod shape is computed once and kept until that node's model object
-changes (the reconciler replaces it) or M changes, so a request costs a lookup per node.
+Each node's rank for a pod shape is computed once and kept (`RankTable`, one per controller,
+shared by the extender's workers) until that node's model object changes (the reconciler replaces
+it) or M changes, so a request costs a lookup per node. For the shapes the scheduler asked about
+recently, the reconciler computes a re-scored node's ranks ahead (`RankTable.refreshed`), on the
+model it scored: the scheduler does not wait for the nodes that changed since its last call (the
+binds before it, the churn), nor for every node after M changed.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Mapping
 
 from pyctl.cluster.records import PodRecord
@@ -34,14 +40,149 @@ from pyctl.cluster.translate import pod_shape
 from pyctl.controller.reconcile import Reconciler
 from pyctl.core import policy
 from pyctl.core.fragmentation import FragmentationModel
+from pyctl.metrics import Metrics
 from pyctl.model import Node, Shape, Snapshot, Workload
+
+log = logging.getLogger("pyctl.placement")
 
 #: cached ranks beyond this many (shape, node) pairs are dropped (then rebuilt as needed)
 MAX_CACHED = 1 << 18
+#: a pod shape the scheduler asked about within this many seconds has its ranks computed ahead
+HOT_SECONDS = 120.0
+#: at most this many shapes are ranked ahead (the most recently asked)
+MAX_HOT = 8
 
 
 def _no_reservations() -> Mapping[str, str]:
     return {}
+
+
+class RankTable:
+    """Each node's rank per (pod shape, M), kept per node model object; shared by the threads
+    that read it (the extender's workers) and the one that keeps it fresh (the controller's event
+    loop, `refreshed`). Every entry is checked against the node's current model object before
+    use, so a rank is never served for a model other than the one it was computed on; the
+    threads only add and replace entries (atomic under the GIL)."""
+
+    def __init__(
+        self,
+        models: Mapping[str, Node],
+        workload: Callable[[], Workload],
+        metrics: Metrics | None = None,
+        cluster: str = "",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._models = models
+        self._workload = workload
+        self._clock = clock
+        self._node_models: dict[str, tuple[Node, FragmentationModel]] = {}
+        #: (shape, workload) -> node -> (model node it was computed on, rank)
+        self._ranks: dict[tuple[Shape, Workload], dict[str, tuple[Node, policy.Ranked | None]]] = {}
+        self._cached = 0
+        #: shape -> when a request last asked for its ranks (the shapes ranked ahead)
+        self._asked: dict[Shape, float] = {}
+        #: ranks computed while a request waited, and ahead of requests
+        self.computed = 0
+        self.ahead = 0
+        self._counters = (
+            (
+                metrics.extender_ranks.labels(cluster, "request"),
+                metrics.extender_ranks.labels(cluster, "ahead"),
+            )
+            if metrics is not None
+            else None
+        )
+
+    def _model(self, name: str, node: Node) -> FragmentationModel:
+        hit = self._node_models.get(name)
+        if hit is not None and hit[0] is node:
+            return hit[1]
+        model = FragmentationModel(Snapshot((node,)))
+        self._node_models[name] = (node, model)
+        if len(self._node_models) > 2 * len(self._models) + 16:  # nodes gone: forget them
+            for gone in [n for n in list(self._node_models) if n not in self._models]:
+                self._node_models.pop(gone, None)
+        return model
+
+    def _per(self, key: tuple[Shape, Workload]) -> dict[str, tuple[Node, policy.Ranked | None]]:
+        per = self._ranks.get(key)
+        if per is None:
+            if self._cached > MAX_CACHED or len(self._ranks) > 256:
+                self._ranks.clear()
+                self._cached = 0
+            # ranks under an M other than this one are not asked for again
+            for old in [k for k in list(self._ranks) if k[1] != key[1]]:
+                self._ranks.pop(old, None)
+            per = self._ranks[key] = {}
+        return per
+
+    def rank(self, shape: Shape, names: tuple[str, ...]) -> dict[str, policy.Ranked | str | None]:
+        """The policy's rank of `shape` on each node; "unknown" where pyctl has no model."""
+        workload = self._workload()
+        per = self._per((shape, workload))
+        out: dict[str, policy.Ranked | str | None] = {}
+        models, cached = self._models.get, per.get
+        computed = 0
+        for name in names:
+            node = models(name)
+            if node is None:
+                out[name] = "unknown"
+                continue
+            hit = cached(name)
+            if hit is None or hit[0] is not node:
+                (r,) = policy.rank(self._model(name, node), shape, workload, [name])
+                if hit is None:
+                    self._cached += 1
+                computed += 1
+                per[name] = hit = (node, r)
+            out[name] = hit[1]
+        self._asked[shape] = self._clock()
+        if len(self._asked) > 4 * MAX_HOT:
+            for old in sorted(self._asked, key=self._asked.__getitem__)[:MAX_HOT]:
+                self._asked.pop(old, None)
+        if computed:
+            self.computed += computed
+            if self._counters is not None:
+                self._counters[0].inc(computed)
+        return out
+
+    def hot(self) -> list[Shape]:
+        """The shapes asked about within `HOT_SECONDS`, the most recent first (at most
+        `MAX_HOT`)."""
+        now = self._clock()
+        asked = sorted(list(self._asked.items()), key=lambda st: -st[1])  # a copy, at once
+        return [s for s, t in asked[:MAX_HOT] if now - t <= HOT_SECONDS]
+
+    def refreshed(self, name: str, node: Node, model: FragmentationModel) -> None:
+        """The reconciler re-scored node `name` (`model`: the node alone, as it scored it): its
+        ranks for the hot shapes under the current M, computed now unless kept for this very
+        model object. A shape the core refuses is no longer ranked ahead (a request for it
+        answers with the error)."""
+        shapes = self.hot()
+        if not shapes:
+            return
+        workload = self._workload()
+        done = 0
+        for shape in shapes:
+            per = self._per((shape, workload))
+            hit = per.get(name)
+            if hit is not None and hit[0] is node:
+                continue
+            try:
+                (r,) = policy.rank(model, shape, workload, [name])
+            except ValueError as e:
+                self._asked.pop(shape, None)
+                log.warning("shape not ranked ahead", extra={"shape": repr(shape), "error": str(e)})
+                continue
+            if hit is None:
+                self._cached += 1
+            per[name] = (node, r)
+            done += 1
+        if done:
+            self._node_models[name] = (node, model)
+            self.ahead += done
+            if self._counters is not None:
+                self._counters[1].inc(done)
 
 
 class PlacementAdvisor:
@@ -57,17 +198,15 @@ class PlacementAdvisor:
         reservations: Callable[[], Mapping[str, str]] = _no_reservations,
         departures: Callable[[], Mapping[str, str]] = _no_reservations,
         shape_of: Callable[[PodRecord], Shape | None] = pod_shape,
+        ranks: RankTable | None = None,
     ) -> None:
         self._models = models
-        self._workload = workload
         self.reservations = reservations
         #: workload ("namespace/kind/name") -> the node compaction just moved one of its pods off
         self.departures = departures
         self._shape_of = shape_of
-        self._node_models: dict[str, tuple[Node, FragmentationModel]] = {}
-        #: (shape, workload) -> node -> (model node it was computed on, rank)
-        self._ranks: dict[tuple[Shape, Workload], dict[str, tuple[Node, policy.Ranked | None]]] = {}
-        self._cached = 0
+        #: the kept ranks (shared with other advisors on the same models, e.g. one per worker)
+        self.ranks = ranks if ranks is not None else RankTable(models, workload)
         #: prioritize answers that preferred a node, filter answers that removed one
         self.advised = 0
         self.filtered = 0
@@ -78,6 +217,7 @@ class PlacementAdvisor:
         reconciler: Reconciler,
         reservations: Callable[[], Mapping[str, str]] = _no_reservations,
         departures: Callable[[], Mapping[str, str]] = _no_reservations,
+        ranks: RankTable | None = None,
     ) -> PlacementAdvisor:
         return cls(
             reconciler.models,
@@ -85,44 +225,12 @@ class PlacementAdvisor:
             reservations,
             departures,
             reconciler.shape_of,
+            ranks,
         )
-
-    def _model(self, name: str, node: Node) -> FragmentationModel:
-        hit = self._node_models.get(name)
-        if hit is not None and hit[0] is node:
-            return hit[1]
-        model = FragmentationModel(Snapshot((node,)))
-        self._node_models[name] = (node, model)
-        if len(self._node_models) > 2 * len(self._models) + 16:  # nodes gone: forget them
-            for gone in [n for n in self._node_models if n not in self._models]:
-                del self._node_models[gone]
-        return model
 
     def rank(self, shape: Shape, names: tuple[str, ...]) -> dict[str, policy.Ranked | str | None]:
         """The policy's rank of `shape` on each node; "unknown" where pyctl has no model."""
-        workload = self._workload()
-        key = (shape, workload)
-        per = self._ranks.get(key)
-        if per is None:
-            if self._cached > MAX_CACHED or len(self._ranks) > 256:
-                self._ranks.clear()
-                self._cached = 0
-            per = self._ranks[key] = {}
-        out: dict[str, policy.Ranked | str | None] = {}
-        models, cached = self._models.get, per.get
-        for name in names:
-            node = models(name)
-            if node is None:
-                out[name] = "unknown"
-                continue
-            hit = cached(name)
-            if hit is None or hit[0] is not node:
-                (r,) = policy.rank(self._model(name, node), shape, workload, [name])
-                if hit is None:
-                    self._cached += 1
-                per[name] = hit = (node, r)
-            out[name] = hit[1]
-        return out
+        return self.ranks.rank(shape, names)
 
     def filter(self, pod: PodRecord, names: tuple[str, ...]) -> dict[str, str]:
         """The candidate nodes `pod` must not go to, with why."""

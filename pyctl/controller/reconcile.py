@@ -11,7 +11,7 @@ import heapq
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -206,6 +206,10 @@ class Reconciler:
         #: nodes re-scored (or gone) since the last summary, and the pending shapes' views
         self._touched: set[str] = set()
         self._shape_views: dict[Shape, _ShapeView] = {}
+        #: called with (name, model node, the node alone as scored) after each node scored, on
+        #: the reconciling thread (e.g. the extender's ranks, computed ahead); what a listener
+        #: raises is logged, the node's score stands
+        self.on_scored: list[Callable[[str, Node, FragmentationModel], None]] = []
 
     def shape_of(self, p: PodRecord) -> Shape | None:
         """The pod's shape (its claims resolved); None if pyctl cannot tell (recorded)."""
@@ -320,7 +324,8 @@ class Reconciler:
                 # shared GPUs: replicas stay on the GPUs they were attributed to
                 self.models.get(name),
             )
-            score = FragmentationModel(Snapshot((node,))).score(self.workload).nodes[0]
+            alone = FragmentationModel(Snapshot((node,)))
+            score = alone.score(self.workload).nodes[0]
         except (TranslateError, ValueError) as e:
             # a node pyctl cannot understand: counted once, kept out of the totals; the other
             # nodes are scored on their own and never see it
@@ -362,6 +367,11 @@ class Reconciler:
         for z in score.zones:
             m.zone_idle.labels(self.cluster, name, str(z.numa)).set(z.idle_gpu_milli / GPU)
             m.zone_fragment.labels(self.cluster, name, str(z.numa)).set(z.fragment_gpu_milli / GPU)
+        for listener in self.on_scored:
+            try:
+                listener(name, node, alone)
+            except Exception:
+                log.exception("a listener of scored nodes failed", extra={"node": name})
         m.reconcile_duration.labels(self.cluster).observe(time.perf_counter() - t0)
 
     def _blocked(

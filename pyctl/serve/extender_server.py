@@ -152,8 +152,8 @@ class HttpMetrics:
 
 
 class ExtenderServer:
-    """`handler` makes one `ExtenderHandler` per worker thread (each keeps its own per-node
-    model cache, so that workers share nothing but the controller's read-only views)."""
+    """`handler` makes one `ExtenderHandler` per worker thread (the advisors it makes may share
+    a table of kept ranks, `pyctl.controller.placement.RankTable`, as `pyctl run`'s do)."""
 
     def __init__(
         self,

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from pyctl.cluster.kube.extender import MAX_EXTENDER_PRIORITY, ExtenderInputError, parse_args
-from pyctl.controller.placement import PlacementAdvisor
+from pyctl.controller.placement import HOT_SECONDS, PlacementAdvisor, RankTable
 from pyctl.core.fragmentation import FragmentationModel
 from pyctl.core.policy import choose
 from pyctl.core.policy import rank as policy_rank
@@ -52,7 +52,7 @@ class PlacementExtender:
 
     def _model(self, name: str) -> Any:
         node = self.advisor._models.get(name)
-        return None if node is None else self.advisor._model(name, node)
+        return None if node is None else self.advisor.ranks._model(name, node)
 
 
 def node(name: str, used0: int, used1: int, policy: str = "single-numa-node") -> Node:
@@ -451,3 +451,67 @@ def test_kept_ranks_are_each_nodes_own_as_nodes_change() -> None:
 def rank(snap: Snapshot, shape: Shape, wl: Workload, name: str) -> Any:
     (r,) = policy_rank(FragmentationModel(snap), shape, wl, [name])
     return r
+
+
+def test_the_reconciler_ranks_ahead_what_a_request_would_rank() -> None:
+    """Wired as `pyctl run` wires it, the reconciler computes a re-scored node's ranks for the
+    shapes asked about recently: after pods land, and after M changes, a request computes
+    nothing, and its answer is what a table with nothing kept computes on the request. A shape
+    not asked about for `HOT_SECONDS` is not ranked ahead."""
+    import anyio
+
+    from pyctl.cluster.records import Event, PodRecord
+    from pyctl.cluster.sim.scenario import inference_day
+    from pyctl.cluster.sim.source import SimClusterSource
+    from pyctl.controller.controller import Controller
+    from pyctl.metrics import Metrics
+    from pyctl.state.memory import MemoryStore
+
+    ctl = Controller("sim", SimClusterSource(inference_day(), speed=None), MemoryStore())
+    anyio.run(lambda: ctl.run(until_source_ends=True))
+    r = ctl.reconciler
+    now = [0.0]
+    metrics = Metrics()
+    table = RankTable(r.models, lambda: r.workload, metrics, "sim", clock=lambda: now[0])
+    r.on_scored.append(table.refreshed)
+    names = tuple(sorted(r.models))
+    assert len(names) > 4
+    shapes = (Shape(cpu_milli=1000, gpus=1, gpu_milli=1000), Shape(cpu_milli=4000, gpus=2))
+
+    def fresh(shape: Shape) -> dict[str, Any]:
+        return RankTable(r.models, lambda: r.workload).rank(shape, names)
+
+    for shape in shapes:
+        assert table.rank(shape, names) == fresh(shape)
+    assert table.computed == 2 * len(names) and table.ahead == 0
+    # pods land on three nodes: each is re-scored, its ranks computed then
+    changed = names[:3]
+    for i, name in enumerate(changed):
+        p = PodRecord("default", f"landed-{i}", f"u-{i}", node=name, phase="Running",
+                      cpu_milli=1000, gpus=1, owner_kind="ReplicaSet", owner_name="x")  # fmt: skip
+        r.cache.apply([Event("ADDED", p)])
+        before = r.models[name]
+        r.reconcile(name)
+        assert r.models[name] is not before  # not vacuous: the model changed
+    assert table.ahead == 2 * len(changed)
+    for shape in shapes:
+        assert table.rank(shape, names) == fresh(shape)
+    assert table.computed == 2 * len(names)  # nothing computed on the request
+    # M changes: every node re-scored, ranked ahead under the new M
+    r.workload = Workload((Shape(cpu_milli=2000, gpus=2, gpu_milli=1000),))
+    for name in names:
+        r.reconcile(name)
+    assert table.ahead == 2 * len(changed) + 2 * len(names)
+    for shape in shapes:
+        assert table.rank(shape, names) == fresh(shape)
+    assert table.computed == 2 * len(names)
+    for when, n in (("ahead", table.ahead), ("request", table.computed)):
+        labels = {"cluster": "sim", "when": when}
+        assert metrics.registry.get_sample_value("pyctl_extender_ranks_total", labels) == n
+    # a shape not asked about for a while is no longer ranked ahead
+    now[0] += HOT_SECONDS + 1
+    r.cache.apply([Event("DELETED", PodRecord("default", "landed-0", "u-0", node=changed[0]))])
+    r.reconcile(changed[0])
+    assert table.ahead == 2 * len(changed) + 2 * len(names)
+    assert table.rank(shapes[0], names) == fresh(shapes[0])
+    assert table.computed == 2 * len(names) + 1
