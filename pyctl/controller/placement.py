@@ -150,7 +150,9 @@ class RankTable:
         """The shapes asked about within `HOT_SECONDS`, the most recent first (at most
         `MAX_HOT`)."""
         now = self._clock()
-        asked = sorted(list(self._asked.items()), key=lambda st: -st[1])  # a copy, at once
+        # sorted() copies the items before it calls the key: a worker adding a shape meanwhile
+        # does not change the dict under the iteration
+        asked = sorted(self._asked.items(), key=lambda st: -st[1])
         return [s for s, t in asked[:MAX_HOT] if now - t <= HOT_SECONDS]
 
     def refreshed(self, name: str, node: Node, model: FragmentationModel) -> None:

@@ -483,7 +483,8 @@ def test_the_reconciler_ranks_ahead_what_a_request_would_rank() -> None:
 
     for shape in shapes:
         assert table.rank(shape, names) == fresh(shape)
-    assert table.computed == 2 * len(names) and table.ahead == 0
+    assert table.computed == 2 * len(names)
+    assert table.ahead == 0
     # pods land on three nodes: each is re-scored, its ranks computed then
     changed = names[:3]
     for i, name in enumerate(changed):
