@@ -265,3 +265,42 @@ def test_the_scorer_and_the_replay_read_a_shape_alike(shape: Any, message: str) 
     tasks = {"cpu_milli": [0], "memory_mib": [0], "num_gpu": [0], "gpu_milli": [0]}
     with pytest.raises(ValueError, match=re.escape(message)):
         _core.replay_run(nodes, tasks, [shape])
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda m: 7, r"movable\[1\]: expected an object"),
+        (lambda m: {k: v for k, v in m.items() if k != "node"}, r"movable\[1\]: node missing"),
+        (lambda m: {**m, "node": -1}, r"movable\[1\]\.node: negative"),
+        (lambda m: {**m, "node": 99}, r"movable\[1\]\.node: index 99 out of range"),
+        (lambda m: {**m, "group": 1 << 40}, r"movable\[1\]\.group: too large"),
+        (lambda m: {**m, "pdb": "a"}, r"movable\[1\]\.pdb: expected an integer"),
+        (lambda m: {k: v for k, v in m.items() if k != "shape"}, r'movable\[1\]: missing "shape"'),
+        (
+            lambda m: {**m, "assignment": {**m["assignment"], "cpu": [[0]]}},
+            r"assignment\.cpu\[0\]: expected 2 non-negative integers",
+        ),
+        (
+            lambda m: {**m, "assignment": {**m["assignment"], "gpus": [[0, 0, -500]]}},
+            r"assignment\.gpus\[0\]: expected 3 non-negative integers",
+        ),
+        (
+            lambda m: {**m, "assignment": {**m["assignment"], "gpus": [[0, "x", 5, 6]]}},
+            r"assignment\.gpus\[0\]\[1\]: expected an integer",
+        ),
+        (
+            lambda m: {**m, "assignment": {**m["assignment"], "memory": "lots"}},
+            r"assignment\.memory: expected a list",
+        ),
+    ],
+)
+def test_a_bad_planner_input_is_an_error_naming_it(change: Any, message: str) -> None:
+    """The planner reads tens of thousands of items per round: a bad one is a ValueError naming
+    the item and field (never a panic), whichever item it is."""
+    core = _core.FragmentModel(snapshot_columns(_snapshot()))
+    half = {"cpu": [], "memory": [], "gpus": [[0, 0, 500]], "mig": None}
+    good = {"node": 1, "assignment": half, "shape": shape_dict(HALF)}
+    with pytest.raises(ValueError, match=message):
+        core.plan([good, change(good)], [], [shape_dict(WHOLE)])
+    core.plan([good, good], [], [shape_dict(WHOLE)])  # the same good input plans

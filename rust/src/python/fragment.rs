@@ -3,11 +3,13 @@
 
 use std::collections::HashMap;
 
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyDict, PyList, PyString};
 
 use super::convert::{
-    field_error, int, int_list, item, let_others_run, sequence, string, string_list, value_error,
+    field_error, int, int_list, item, item_at, let_others_run, sequence, string, string_list,
+    value_error, Field,
 };
 use super::shape::{read_shape, read_shape_list, Weight};
 use crate::compaction::{self, Input, Limits, Movable, NodeSet, Pending, Plan};
@@ -100,61 +102,85 @@ fn mig_new_out(a: &Assignment, node: &Node) -> Option<(usize, usize, String, u8)
     Some((zi, mi, name, start))
 }
 
-/// Rows of non-negative integers of a fixed arity (lists or tuples).
-fn rows(obj: &Bound<'_, PyAny>, field: &str, arity: usize) -> PyResult<Vec<Vec<u64>>> {
-    let what = || field.to_string();
-    let mut out = Vec::new();
-    for (i, row) in sequence(obj, what)?.iter().enumerate() {
-        let vals = super::convert::int_list(row, || format!("{field}[{i}]"))?;
-        if vals.len() != arity || vals.iter().any(|&v| v < 0) {
+/// `assignment.<key>` as rows of `N` non-negative integers (lists or tuples), or none when
+/// absent. `key` is an interned string (`intern!`): read for every pod of a planning round, a
+/// key made anew each time would cost a string object per lookup.
+fn rows<const N: usize>(
+    d: &Bound<'_, PyDict>,
+    key: &Bound<'_, PyString>,
+    name: &str,
+) -> PyResult<Vec<[u64; N]>> {
+    let Some(v) = d.get_item(key)? else {
+        return Ok(Vec::new());
+    };
+    let field = || format!("assignment.{name}");
+    let all = sequence(&v, field)?;
+    let mut out = Vec::with_capacity(all.len());
+    for (i, row) in all.iter().enumerate() {
+        let at = || format!("assignment.{name}[{i}]");
+        let mut vals = [0u64; N];
+        let mut count = 0usize;
+        let mut negative = false;
+        for (j, x) in sequence(row, at)?.iter().enumerate() {
+            let v = int(x, || format!("{}[{j}]", at()))?;
+            negative |= v < 0;
+            if let Some(slot) = vals.get_mut(j) {
+                *slot = v.max(0) as u64;
+            }
+            count += 1;
+        }
+        if count != N || negative {
             return Err(field_error(
-                &format!("{field}[{i}]"),
-                format!("expected {arity} non-negative integers"),
+                &at(),
+                format!("expected {N} non-negative integers"),
             ));
         }
-        out.push(vals.into_iter().map(|v| v as u64).collect());
+        out.push(vals);
     }
     Ok(out)
 }
 
 /// `assignment.<key>` as (zone, amount) rows, or none when absent.
-fn zone_rows(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Vec<(usize, u64)>> {
-    let Some(v) = d.get_item(key)? else {
-        return Ok(Vec::new());
-    };
-    Ok(rows(&v, &format!("assignment.{key}"), 2)?
+fn zone_rows(
+    d: &Bound<'_, PyDict>,
+    key: &Bound<'_, PyString>,
+    name: &str,
+) -> PyResult<Vec<(usize, u64)>> {
+    Ok(rows::<2>(d, key, name)?
         .into_iter()
-        .map(|r| (r[0] as usize, r[1]))
+        .map(|[z, v]| (z as usize, v))
         .collect())
 }
 
 /// `assignment.<key>` as (zone, GPU, milli-GPU) rows, or none when absent.
-fn gpu_rows(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Vec<(usize, usize, u32)>> {
-    let Some(v) = d.get_item(key)? else {
-        return Ok(Vec::new());
-    };
-    rows(&v, &format!("assignment.{key}"), 3)?
+fn gpu_rows(
+    d: &Bound<'_, PyDict>,
+    key: &Bound<'_, PyString>,
+    name: &str,
+) -> PyResult<Vec<(usize, usize, u32)>> {
+    rows::<3>(d, key, name)?
         .into_iter()
-        .map(|r| {
+        .map(|[z, g, m]| {
             let milli =
-                u32::try_from(r[2]).map_err(|_| field_error("assignment", "value out of range"))?;
-            Ok((r[0] as usize, r[1] as usize, milli))
+                u32::try_from(m).map_err(|_| field_error("assignment", "value out of range"))?;
+            Ok((z as usize, g as usize, milli))
         })
         .collect()
 }
 
 /// Where a task sits on `node` (`Assignment`): as `assignment_dict` writes it.
 fn read_assignment(obj: &Bound<'_, PyAny>, node: &Node) -> PyResult<Assignment> {
+    let py = obj.py();
     let d = obj
         .cast::<PyDict>()
         .map_err(|_| field_error("assignment", "expected an object"))?;
     let mut a = Assignment {
-        cpu: zone_rows(d, "cpu")?,
-        memory: zone_rows(d, "memory")?,
-        gpus: gpu_rows(d, "gpus")?,
+        cpu: zone_rows(d, intern!(py, "cpu"), "cpu")?,
+        memory: zone_rows(d, intern!(py, "memory"), "memory")?,
+        gpus: gpu_rows(d, intern!(py, "gpus"), "gpus")?,
         ..Assignment::default()
     };
-    if let Some(v) = d.get_item("mig")?.filter(|v| !v.is_none()) {
+    if let Some(v) = d.get_item(intern!(py, "mig"))?.filter(|v| !v.is_none()) {
         let r = super::convert::int_list(&v, || "assignment.mig".to_string())?;
         if r.len() != 3 || r.iter().any(|&x| x < 0) {
             return Err(field_error(
@@ -164,12 +190,12 @@ fn read_assignment(obj: &Bound<'_, PyAny>, node: &Node) -> PyResult<Assignment> 
         }
         a.mig = Some((r[0] as usize, r[1] as usize, r[2] as usize));
     }
-    a.dra_gpus = gpu_rows(d, "dra_gpus")?;
-    a.dyn_whole = zone_rows(d, "dyn_whole")?
+    a.dra_gpus = gpu_rows(d, intern!(py, "dra_gpus"), "dra_gpus")?;
+    a.dyn_whole = zone_rows(d, intern!(py, "dyn_whole"), "dyn_whole")?
         .into_iter()
         .map(|(z, g)| (z, g as usize))
         .collect();
-    if let Some(v) = d.get_item("mig_new")?.filter(|v| !v.is_none()) {
+    if let Some(v) = d.get_item(intern!(py, "mig_new"))?.filter(|v| !v.is_none()) {
         a.mig_new = Some(read_mig_new(&v, node)?);
     }
     Ok(a)
@@ -489,15 +515,20 @@ fn ranked_dict<'py>(
     Ok(d)
 }
 
-fn opt_index(d: &Bound<'_, PyDict>, key: &str, where_: &str) -> PyResult<Option<usize>> {
+fn opt_index(
+    d: &Bound<'_, PyDict>,
+    key: &Bound<'_, PyString>,
+    name: &str,
+    where_: impl Field,
+) -> PyResult<Option<usize>> {
     match d.get_item(key)? {
         None => Ok(None),
         Some(v) if v.is_none() => Ok(None),
         Some(v) => {
-            let x = int(&v, || format!("{where_}.{key}"))?;
+            let x = int(&v, || format!("{}.{name}", where_()))?;
             usize::try_from(x)
                 .map(Some)
-                .map_err(|_| field_error(&format!("{where_}.{key}"), "negative"))
+                .map_err(|_| field_error(&format!("{}.{name}", where_()), "negative"))
         }
     }
 }
@@ -530,26 +561,29 @@ fn read_movable(
     let mut items = Vec::with_capacity(all.len());
     for (i, m) in all.iter().enumerate() {
         let_others_run(py, i);
-        let w = format!("movable[{i}]");
+        let w = || format!("movable[{i}]");
         let d = m
             .cast::<PyDict>()
-            .map_err(|_| field_error(&w, "expected an object"))?;
-        let node = opt_index(d, "node", &w)?.ok_or_else(|| field_error(&w, "node missing"))?;
-        let group = opt_index(d, "group", &w)?
-            .map(|g| u32::try_from(g).map_err(|_| field_error(&format!("{w}.group"), "too large")))
+            .map_err(|_| field_error(&w(), "expected an object"))?;
+        let node = opt_index(d, intern!(py, "node"), "node", w)?
+            .ok_or_else(|| field_error(&w(), "node missing"))?;
+        let group = opt_index(d, intern!(py, "group"), "group", w)?
+            .map(|g| {
+                u32::try_from(g).map_err(|_| field_error(&format!("{}.group", w()), "too large"))
+            })
             .transpose()?;
         let on = cluster.nodes.get(node).ok_or_else(|| {
             field_error(
-                &format!("{w}.node"),
+                &format!("{}.node", w()),
                 format!("index {node} out of range (0..{})", cluster.nodes.len()),
             )
         })?;
         items.push(Movable {
             node,
-            task: tasks.read(&item(d, "shape", &w)?)?,
-            place: read_assignment(&item(d, "assignment", &w)?, on)?,
-            allowed: opt_index(d, "allowed", &w)?,
-            pdb: opt_index(d, "pdb", &w)?,
+            task: tasks.read(&item_at(d, intern!(py, "shape"), w)?)?,
+            place: read_assignment(&item_at(d, intern!(py, "assignment"), w)?, on)?,
+            allowed: opt_index(d, intern!(py, "allowed"), "allowed", w)?,
+            pdb: opt_index(d, intern!(py, "pdb"), "pdb", w)?,
             group,
         });
     }
@@ -561,13 +595,13 @@ fn read_pending(obj: &Bound<'_, PyAny>, tasks: &mut TaskCache) -> PyResult<Vec<P
     let mut out = Vec::new();
     for (i, m) in sequence(obj, || "pending".to_string())?.iter().enumerate() {
         let_others_run(py, i);
-        let w = format!("pending[{i}]");
+        let w = || format!("pending[{i}]");
         let d = m
             .cast::<PyDict>()
-            .map_err(|_| field_error(&w, "expected an object"))?;
+            .map_err(|_| field_error(&w(), "expected an object"))?;
         out.push(Pending {
-            task: tasks.read(&item(d, "shape", &w)?)?,
-            allowed: opt_index(d, "allowed", &w)?,
+            task: tasks.read(&item_at(d, intern!(py, "shape"), w)?)?,
+            allowed: opt_index(d, intern!(py, "allowed"), "allowed", w)?,
         });
     }
     Ok(out)
