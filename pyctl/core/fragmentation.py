@@ -94,6 +94,23 @@ def snapshot_columns(s: Snapshot) -> dict[str, list[Any]]:
     return c
 
 
+#: the last workload's shapes as the core reads them (M is the same object for many calls: every
+#: node's score, every rank), shared by the threads that read it (replaced whole)
+_last_workload: tuple[Workload, list[dict[str, Any]]] | None = None
+
+
+def workload_dicts(workload: Workload) -> list[dict[str, Any]]:
+    """`workload`'s shapes as the core reads them (`shape_dict`), made once per workload object;
+    the core only reads them, and so must every caller."""
+    global _last_workload
+    hit = _last_workload
+    if hit is not None and hit[0] is workload:
+        return hit[1]
+    dicts = [shape_dict(s) for s in workload.shapes]
+    _last_workload = (workload, dicts)
+    return dicts
+
+
 def shape_dict(s: Shape) -> dict[str, Any]:
     d: dict[str, Any] = {
         "cpu_milli": s.cpu_milli,
@@ -233,7 +250,7 @@ class FragmentationModel:
             raise ValueError(f"node {name!r} is not in the snapshot") from None
 
     def score(self, workload: Workload) -> ClusterScore:
-        raw = self.core.score([shape_dict(s) for s in workload.shapes])
+        raw = self.core.score(workload_dicts(workload))
         cat_rows = zip(*(raw["categories"][c] for c in CATEGORIES), strict=True)
         mig_rows = zip(*(raw["mig_categories"][c] for c in CATEGORIES), strict=True)
         zone_rows = iter(
@@ -293,12 +310,12 @@ class FragmentationModel:
     def place_delta(self, node: str, task: Shape, workload: Workload) -> Delta | None:
         """The fragment delta of placing `task` on `node` where it grows fragment least, or None
         if the node cannot admit it."""
-        shapes = [shape_dict(s) for s in workload.shapes]
+        shapes = workload_dicts(workload)
         d = self.core.place_delta(self._node(node), shape_dict(task), shapes)
         return None if d is None else Delta(**d)
 
     def remove_delta(self, node: str, assignment: Mapping[str, Any], workload: Workload) -> Delta:
-        shapes = [shape_dict(s) for s in workload.shapes]
+        shapes = workload_dicts(workload)
         return Delta(**self.core.remove_delta(self._node(node), dict(assignment), shapes))
 
     def apply(self, node: str, assignment: Mapping[str, Any], place: bool = True) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from pyctl import _core
-from pyctl.core.fragmentation import FragmentationModel, shape_dict
+from pyctl.core.fragmentation import FragmentationModel, shape_dict, workload_dicts
 from pyctl.core.types import Assignment, RankedRaw
 from pyctl.model import Shape, Workload
 
@@ -79,9 +79,7 @@ def rank(
     wanted = list(nodes) if nodes is not None else names
     idx = model.index
     known = [n for n in wanted if n in idx]
-    raw = model.core.rank(
-        shape_dict(shape), [shape_dict(s) for s in workload.shapes], [idx[n] for n in known]
-    )
+    raw = model.core.rank(shape_dict(shape), workload_dicts(workload), [idx[n] for n in known])
     by_name = {
         n: (None if r is None else _ranked(names, r)) for n, r in zip(known, raw, strict=True)
     }
@@ -94,9 +92,7 @@ def choose(
     """The policy's choice among `nodes` (default: every node): the best rank, ties to the first
     node of the model's order."""
     names = [n.name for n in model.snapshot.nodes]
-    raw = model.core.choose(
-        shape_dict(shape), [shape_dict(s) for s in workload.shapes], _indices(model, nodes)
-    )
+    raw = model.core.choose(shape_dict(shape), workload_dicts(workload), _indices(model, nodes))
     return None if raw is None else _ranked(names, raw)
 
 
@@ -261,7 +257,7 @@ def plan(
     raw = model.core.plan(
         items,
         pend,
-        [shape_dict(s) for s in workload.shapes],
+        workload_dicts(workload),
         node_sets,
         headroom,
         {
