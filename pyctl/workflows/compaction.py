@@ -8,7 +8,7 @@ where planned is not made; a rescue that loses a move is dropped whole)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -277,7 +277,11 @@ def plan_compaction(
     raw = policy.plan(model, items, pend, workload, limits)
     attributed.keep_only(names)
     attributed.end_round()
-    moves, rescues, dropped = _verified(raw, fit, {p.key: p for p in all_pods})
+
+    def pod_of(key: str, node: str) -> PodRecord | None:
+        return next((p for p in by_node.get(node, ()) if p.key == key), None)
+
+    moves, rescues, dropped = _verified(raw, fit, pod_of)
     unrescued = dict.fromkeys(raw.unrescued, "no set of moves within the limits makes room")
     unrescued.update(dropped)
     return CompactionPlan(moves, refused, len(items), rescues, unrescued)
@@ -306,23 +310,35 @@ def _unmovable_dra(
 
 
 def _verified(
-    raw: policy.Plan, fit: Fit, pods: Mapping[str, PodRecord]
+    raw: policy.Plan, fit: Fit, pod_of: Callable[[str, str], PodRecord | None]
 ) -> tuple[tuple[PlannedMove, ...], tuple[PlannedRescue, ...], dict[str, str]]:
-    """The plan's moves checked in order against NodeFit as they would leave the cluster."""
-    running = {p.key: p for p in fit.running}
+    """The plan's moves checked in order against NodeFit as they would leave the cluster
+    (`pod_of(key, node)`: the record of the pod `key` on `node`). A pod whose fit depends on no
+    other pod, on a cluster where no pod repels others, is checked on `fit` itself (its answer
+    is the same whatever pods run where); otherwise on the cluster with the moves before it."""
+    moved: dict[str, PodRecord] = {}
+    running: dict[str, PodRecord] | None = None  # every running pod, made on first need
     bad_rescues: dict[int, str] = {}
     ok_moves: list[policy.Move] = []
     for mv in raw.moves:
-        p = running.get(mv.pod) or pods.get(mv.pod)
+        p = moved.get(mv.pod) or pod_of(mv.pod, mv.from_node)
         if p is None:
             continue
-        view = fit.with_pods(running.values())
+        view = fit
+        if grouped(p) or fit.repelling:
+            if running is None:
+                running = {q.key: q for q in fit.running}
+                running.update(moved)
+            view = fit.with_pods(running.values())
         why = view.why_not(p, mv.to_node, mv.from_node)
         if why is not None:
             if mv.rescue is not None:
                 bad_rescues[mv.rescue] = f"{mv.pod} cannot land on {mv.to_node}: {why}"
             continue
-        running[p.key] = msgspec.structs.replace(p, node=mv.to_node)
+        landed = msgspec.structs.replace(p, node=mv.to_node)
+        moved[p.key] = landed
+        if running is not None:
+            running[p.key] = landed
         ok_moves.append(mv)
     index: dict[int, int] = {}
     rescues: list[PlannedRescue] = []

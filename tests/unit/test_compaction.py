@@ -256,3 +256,49 @@ def test_node_labels_are_kept_between_rounds_while_the_record_is_the_same() -> N
     assert again["a"]["zone"] == "z1"
     assert again["b"] is first["b"]
     assert set(kept.labels({"b": nodes["b"]})) == {"b"}  # nodes gone are forgotten
+
+
+def test_each_move_is_checked_on_the_cluster_the_moves_before_it_leave() -> None:
+    """The planner's moves are checked in order against NodeFit: a replica whose anti-affinity
+    an earlier move's replica now violates is not moved, and its rescue is dropped whole; a
+    move a taint forbids is not made, whether or not any pod's fit depends on others."""
+    from pyctl.cluster.nodefit import Fit
+    from pyctl.core import policy
+    from pyctl.workflows.compaction import _verified
+
+    nodes = {"a": node("a"), "b": node("b"), "c": node("c")}
+    anti = Constraints(
+        anti_affinity=(PodTerm("kubernetes.io/hostname", Selector((("app", "llm"),))),)
+    )
+    pods = [pod("a0", "a", constraints=anti), pod("b0", "b", constraints=anti)]
+    by_node = {p.node: [p] for p in pods}
+
+    def pod_of(key: str, node_name: str) -> PodRecord | None:
+        return next((p for p in by_node.get(node_name, ()) if p.key == key), None)
+
+    fit = Fit(nodes, pods)
+    assert fit.why_not(pods[0], "c", "a") is None  # each alone may go to c
+    assert fit.why_not(pods[1], "c", "b") is None
+    moves = (
+        policy.Move("serving/a0", "a", "c", 1.0, {}),
+        policy.Move("serving/b0", "b", "c", 1.0, {}, rescue=0),
+    )
+    raw = policy.Plan(moves, (policy.Rescue("serving/big", "b", {}, moves[1:], 0, -1.0),))
+    ok, rescues, dropped = _verified(raw, fit, pod_of)
+    assert [m.pod for m in ok] == ["serving/a0"]
+    assert rescues == ()
+    assert dropped == {
+        "serving/big": "serving/b0 cannot land on c: pod anti-affinity with serving/a0"
+    }
+    # no pod depends on others: a taint still stops a move, the next one goes on
+    nodes["c"] = node("c", taints=(Taint("gpu", "busy", "NoSchedule"),))
+    plain = [pod("a0", "a"), pod("b0", "b")]
+    by_node = {p.node: [p] for p in plain}
+    fit = Fit(nodes, plain)
+    assert not fit.repelling
+    two = (
+        policy.Move("serving/a0", "a", "c", 1.0, {}),
+        policy.Move("serving/b0", "b", "a", 1.0, {}),
+    )
+    ok, _, _ = _verified(policy.Plan(two), fit, pod_of)
+    assert [m.pod for m in ok] == ["serving/b0"]
