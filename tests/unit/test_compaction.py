@@ -264,7 +264,10 @@ def test_each_move_is_checked_on_the_cluster_the_moves_before_it_leave() -> None
     move a taint forbids is not made, whether or not any pod's fit depends on others."""
     from pyctl.cluster.nodefit import Fit
     from pyctl.core import policy
+    from pyctl.core.types import Assignment
     from pyctl.workflows.compaction import _verified
+
+    at: Assignment = {"cpu": [], "memory": [], "gpus": [], "mig": None}
 
     nodes = {"a": node("a"), "b": node("b"), "c": node("c")}
     anti = Constraints(
@@ -280,10 +283,10 @@ def test_each_move_is_checked_on_the_cluster_the_moves_before_it_leave() -> None
     assert fit.why_not(pods[0], "c", "a") is None  # each alone may go to c
     assert fit.why_not(pods[1], "c", "b") is None
     moves = (
-        policy.Move("serving/a0", "a", "c", 1.0, {}),
-        policy.Move("serving/b0", "b", "c", 1.0, {}, rescue=0),
+        policy.Move("serving/a0", "a", "c", 1.0, at),
+        policy.Move("serving/b0", "b", "c", 1.0, at, rescue=0),
     )
-    raw = policy.Plan(moves, (policy.Rescue("serving/big", "b", {}, moves[1:], 0, -1.0),))
+    raw = policy.Plan(moves, (policy.Rescue("serving/big", "b", at, moves[1:], 0, -1.0),))
     ok, rescues, dropped = _verified(raw, fit, pod_of)
     assert [m.pod for m in ok] == ["serving/a0"]
     assert rescues == ()
@@ -297,8 +300,8 @@ def test_each_move_is_checked_on_the_cluster_the_moves_before_it_leave() -> None
     fit = Fit(nodes, plain)
     assert not fit.repelling
     two = (
-        policy.Move("serving/a0", "a", "c", 1.0, {}),
-        policy.Move("serving/b0", "b", "a", 1.0, {}),
+        policy.Move("serving/a0", "a", "c", 1.0, at),
+        policy.Move("serving/b0", "b", "a", 1.0, at),
     )
     ok, _, _ = _verified(policy.Plan(two), fit, pod_of)
     assert [m.pod for m in ok] == ["serving/b0"]
