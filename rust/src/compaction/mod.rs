@@ -625,10 +625,25 @@ impl<V: View> Planner<'_, '_, V> {
                 other => other,
             };
             let Some(to) = to else { continue };
-            let f = *fall[k].get_or_insert_with(|| {
-                self.v.frag(m.node) - self.v.frag_without(m.node, &m.task, &m.place)
-            });
-            let change = to.features.inc - f;
+            let change = match fall[k] {
+                Some(f) => to.features.inc - f,
+                None => {
+                    // the fall is at most the node's F_n(M) (F_n is never negative): a move
+                    // that could not beat the best so far even then is not scored further
+                    let here = self.v.frag(m.node);
+                    if best
+                        .as_ref()
+                        .is_some_and(|b| to.features.inc - here >= b.2 - 1e-9)
+                    {
+                        continue;
+                    }
+                    let without = self.v.frag_without(m.node, &m.task, &m.place);
+                    debug_assert!(without >= 0.0, "F_n(M) is never negative");
+                    let f = here - without;
+                    fall[k] = Some(f);
+                    to.features.inc - f
+                }
+            };
             if best.as_ref().is_none_or(|b| change < b.2 - 1e-9) {
                 best = Some((k, to, change));
             }

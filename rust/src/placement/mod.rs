@@ -78,7 +78,8 @@ pub trait View: Sized {
     fn give(&mut self, i: usize, t: &Self::Task, p: &Self::Place);
     /// The node's F_n(M) now (milli-GPU, as `Features::inc`).
     fn frag(&self, i: usize) -> f64;
-    /// The node's F_n(M) if `t` at `p` were removed.
+    /// The node's F_n(M) if `t` at `p` were removed (never negative, as `frag`: the planner
+    /// bounds a pod's fall by its node's F_n(M)).
     fn frag_without(&self, i: usize, t: &Self::Task, p: &Self::Place) -> f64;
     fn task_key(&self, t: &Self::Task) -> Self::Key;
     /// The GPU the task asks for on node `i`, milli-GPU (MIG: the instance's share of its GPU;
