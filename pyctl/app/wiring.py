@@ -256,11 +256,13 @@ async def start_servers(ctl: Controller, cfg: Config, flows: Workflows | None = 
             await servers.health.start()
         if cfg.extender.port:
             # one advisor per worker thread, all on one table of kept ranks, which the
-            # reconciler keeps fresh for the shapes asked about recently; each keeps the nodes
-            # of the rescues in progress for their pending pods
+            # reconciler keeps fresh for the shapes asked about recently and those of the
+            # pending pods; each keeps the nodes of the rescues in progress for their pods
             r = ctl.reconciler
             ranks = RankTable(r.models, lambda: r.workload, ctl.metrics, cfg.cluster)
             r.on_scored.append(ranks.refreshed)
+            # and ahead of the scheduler's first call for a new shape (its pods pending)
+            ctl.background.append(lambda: ranks.keep_warm(r.pending_shapes))
             servers.extender = ExtenderServer(
                 lambda: ExtenderHandler(advisor(ctl, flows, ranks)),
                 cfg.extender,

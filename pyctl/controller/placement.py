@@ -33,7 +33,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+
+import anyio
+import anyio.lowlevel
 
 from pyctl.cluster.records import PodRecord
 from pyctl.cluster.translate import pod_shape
@@ -81,6 +84,8 @@ class RankTable:
         self._cached = 0
         #: shape -> when a request last asked for its ranks (the shapes ranked ahead)
         self._asked: dict[Shape, float] = {}
+        #: the shapes of the pods waiting for the scheduler (`keep_warm`), ranked ahead too
+        self._pending: tuple[Shape, ...] = ()
         #: ranks computed while a request waited, and ahead of requests
         self.computed = 0
         self.ahead = 0
@@ -147,28 +152,97 @@ class RankTable:
         return out
 
     def hot(self) -> list[Shape]:
-        """The shapes asked about within `HOT_SECONDS`, the most recent first (at most
-        `MAX_HOT`)."""
+        """The shapes ranked ahead (at most `MAX_HOT`): those asked about within
+        `HOT_SECONDS`, the most recent first, then those of the pods waiting for the scheduler
+        (`keep_warm`), the most common first."""
         now = self._clock()
         # sorted() copies the items before it calls the key: a worker adding a shape meanwhile
         # does not change the dict under the iteration
         asked = sorted(self._asked.items(), key=lambda st: -st[1])
-        return [s for s, t in asked[:MAX_HOT] if now - t <= HOT_SECONDS]
+        out = [s for s, t in asked[:MAX_HOT] if now - t <= HOT_SECONDS]
+        for s in self._pending:
+            if len(out) >= MAX_HOT:
+                break
+            if s not in out:
+                out.append(s)
+        return out
+
+    async def keep_warm(
+        self,
+        pending_shapes: Callable[[], Iterable[Shape]],
+        interval: float = 1.0,
+        chunk: int = 256,
+    ) -> None:
+        """Every `interval` seconds, on the controller's event loop: take the shapes of the
+        pods waiting for the scheduler (`pending_shapes`, the most common first), and rank every
+        node for each hot shape (`hot`) whose rank is missing or was computed on another model:
+        a shape the scheduler has not asked about yet (a new workload), a node not re-scored
+        since M changed. `chunk` nodes at a time, the loop's other work between them."""
+        while True:
+            await anyio.sleep(interval)
+            try:
+                self._pending = tuple(pending_shapes())
+                await self._warm(chunk)
+            except Exception:  # never the end of the loop: the requests compute what is missing
+                log.exception("ranking ahead failed")
+
+    async def _warm(self, chunk: int) -> None:
+        for shape in self.hot():
+            workload = self._workload()
+            per = self._per((shape, workload))
+            stale = [
+                n
+                for n, node in self._models.items()
+                if (h := per.get(n)) is None or h[0] is not node
+            ]
+            for i in range(0, len(stale), chunk):
+                done = 0
+                for name in stale[i : i + chunk]:
+                    node = self._models.get(name)
+                    hit = per.get(name)
+                    if node is None or (hit is not None and hit[0] is node):
+                        continue
+                    try:
+                        (r,) = policy.rank(self._model(name, node), shape, workload, [name])
+                    except ValueError as e:
+                        self._asked.pop(shape, None)
+                        self._pending = tuple(s for s in self._pending if s != shape)
+                        log.warning(
+                            "shape not ranked ahead", extra={"shape": repr(shape), "error": str(e)}
+                        )
+                        return
+                    if hit is None:
+                        self._cached += 1
+                    per[name] = (node, r)
+                    done += 1
+                self._count_ahead(done)
+                await anyio.lowlevel.checkpoint()
+                if self._workload() is not workload:
+                    break  # M changed meanwhile: the next pass ranks under the new one
+
+    def _count_ahead(self, done: int) -> None:
+        if done:
+            self.ahead += done
+            if self._counters is not None:
+                self._counters[1].inc(done)
 
     def refreshed(self, name: str, node: Node, model: FragmentationModel) -> None:
         """The reconciler re-scored node `name` (`model`: the node alone, as it scored it): its
-        ranks for the hot shapes under the current M, computed now unless kept for this very
-        model object. A shape the core refuses is no longer ranked ahead (a request for it
-        answers with the error)."""
+        kept ranks for the hot shapes under the current M, if computed on another model of the
+        node, are computed again now (the scheduler's next call is likely to ask: a pod was just
+        bound there). Ranks not kept at all (M changed, a new shape, a new node) are left to
+        `keep_warm`, which computes them in chunks, so that a re-score of every node does not
+        hold the loop for every rank as well. A shape the core refuses is no longer ranked
+        ahead (a request for it answers with the error)."""
         shapes = self.hot()
         if not shapes:
             return
         workload = self._workload()
         done = 0
         for shape in shapes:
-            per = self._per((shape, workload))
-            hit = per.get(name)
-            if hit is not None and hit[0] is node:
+            per = self._ranks.get((shape, workload))
+            hit = per.get(name) if per is not None else None
+            if per is None or hit is None or hit[0] is node:
                 continue
             try:
                 (r,) = policy.rank(model, shape, workload, [name])
@@ -176,15 +250,11 @@ class RankTable:
                 self._asked.pop(shape, None)
                 log.warning("shape not ranked ahead", extra={"shape": repr(shape), "error": str(e)})
                 continue
-            if hit is None:
-                self._cached += 1
             per[name] = (node, r)
             done += 1
         if done:
             self._node_models[name] = (node, model)
-            self.ahead += done
-            if self._counters is not None:
-                self._counters[1].inc(done)
+            self._count_ahead(done)
 
 
 class PlacementAdvisor:

@@ -220,6 +220,18 @@ class Reconciler:
             self.unknown.pop(p.key, None)
         return s
 
+    def pending_shapes(self) -> list[Shape]:
+        """The GPU shapes of the pods waiting for a node (those the scheduler, and its
+        extender, place next), the most common first; pods whose shape pyctl cannot tell or
+        the core cannot model are left out (without being reported: the summary reports them)."""
+        counts: Counter[Shape] = Counter()
+        dra, nodes = self.cache.dra, self.cache.nodes
+        for p in self.cache.pending_pods():
+            s = shape_of(p, dra, nodes.get(p.node))
+            if s is not None and not s.is_cpu_only and pod_shape_problem(p, s) is None:
+                counts[s] += 1
+        return [s for s, _ in counts.most_common()]
+
     def modelled_shape(self, p: PodRecord) -> Shape | None:
         """The pod's shape if the core can model it; None if its claims are unknown (recorded
         in `unknown`) or the core cannot model it (reported: counted, logged, an Event), so that

@@ -498,10 +498,12 @@ def test_the_reconciler_ranks_ahead_what_a_request_would_rank() -> None:
     for shape in shapes:
         assert table.rank(shape, names) == fresh(shape)
     assert table.computed == 2 * len(names)  # nothing computed on the request
-    # M changes: every node re-scored, ranked ahead under the new M
+    # M changes: every node re-scored; the ranks under the new M are left to `keep_warm`
     r.workload = Workload((Shape(cpu_milli=2000, gpus=2, gpu_milli=1000),))
     for name in names:
         r.reconcile(name)
+    assert table.ahead == 2 * len(changed)
+    anyio.run(lambda: table._warm(chunk=5))  # one pass of keep_warm
     assert table.ahead == 2 * len(changed) + 2 * len(names)
     for shape in shapes:
         assert table.rank(shape, names) == fresh(shape)
@@ -516,3 +518,49 @@ def test_the_reconciler_ranks_ahead_what_a_request_would_rank() -> None:
     assert table.ahead == 2 * len(changed) + 2 * len(names)
     assert table.rank(shapes[0], names) == fresh(shapes[0])
     assert table.computed == 2 * len(names) + 1
+
+
+def test_the_shapes_of_pending_pods_are_ranked_before_the_scheduler_asks() -> None:
+    """`keep_warm` ranks every node for the shapes of the pods waiting for the scheduler, in
+    chunks on the event loop, so the first call for a new workload's pod finds them ready; a
+    pod the core cannot model is left out, and ranks stay each node's own."""
+    import anyio
+
+    from pyctl.cluster.records import Event, PodRecord
+    from pyctl.cluster.sim.scenario import inference_day
+    from pyctl.cluster.sim.source import SimClusterSource
+    from pyctl.controller.controller import Controller
+    from pyctl.state.memory import MemoryStore
+
+    ctl = Controller("sim", SimClusterSource(inference_day(), speed=None), MemoryStore())
+    anyio.run(lambda: ctl.run(until_source_ends=True))
+    r = ctl.reconciler
+    waiting = [
+        PodRecord("default", f"w{i}", f"uw-{i}", phase="Pending", cpu_milli=3000, gpus=2)
+        for i in range(100)  # more than any other pending shape of the day
+    ]
+    r.cache.apply([Event("ADDED", p) for p in waiting])
+    shapes = r.pending_shapes()
+    want = r.shape_of(waiting[0])
+    assert want is not None
+    assert shapes[0] == want  # the most common first
+    # a pod the core cannot model (GPUs and a MIG profile at once) is left out
+    odd = PodRecord("default", "odd", "u-odd", phase="Pending", gpus=1, mig=(("1g.5gb", 1),))
+    r.cache.apply([Event("ADDED", odd)])
+    assert r.pending_shapes() == shapes
+    table = RankTable(r.models, lambda: r.workload)
+    names = tuple(sorted(r.models))
+
+    async def warm_for_a_while() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: table.keep_warm(r.pending_shapes, interval=0.01, chunk=3))
+            with anyio.move_on_after(5):
+                while not table.hot() or table.ahead < len(names) * len(table.hot()):  # noqa: ASYNC110
+                    await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+
+    anyio.run(warm_for_a_while)
+    assert table.ahead == len(names) * len(table.hot())
+    got = table.rank(want, names)
+    assert table.computed == 0  # nothing left for the request
+    assert got == RankTable(r.models, lambda: r.workload).rank(want, names)
