@@ -262,7 +262,9 @@ async def start_servers(ctl: Controller, cfg: Config, flows: Workflows | None = 
             ranks = RankTable(r.models, lambda: r.workload, ctl.metrics, cfg.cluster)
             r.on_scored.append(ranks.refreshed)
             # and ahead of the scheduler's first call for a new shape (its pods pending)
-            ctl.background.append(lambda: ranks.keep_warm(r.pending_shapes))
+            ctl.background.append(
+                lambda: ranks.keep_warm(r.pending_shapes, lambda: len(ctl.queue) > 0)
+            )
             servers.extender = ExtenderServer(
                 lambda: ExtenderHandler(advisor(ctl, flows, ranks)),
                 cfg.extender,

@@ -170,6 +170,7 @@ class RankTable:
     async def keep_warm(
         self,
         pending_shapes: Callable[[], Iterable[Shape]],
+        busy: Callable[[], bool] = lambda: False,
         interval: float = 1.0,
         chunk: int = 256,
     ) -> None:
@@ -177,16 +178,20 @@ class RankTable:
         pods waiting for the scheduler (`pending_shapes`, the most common first), and rank every
         node for each hot shape (`hot`) whose rank is missing or was computed on another model:
         a shape the scheduler has not asked about yet (a new workload), a node not re-scored
-        since M changed. `chunk` nodes at a time, the loop's other work between them."""
+        since M changed. `chunk` nodes at a time, the loop's other work between them; never
+        while `busy()` (the reconciler has nodes to score: scores come first, the requests
+        compute what is missing meanwhile)."""
         while True:
             await anyio.sleep(interval)
             try:
+                if busy():
+                    continue
                 self._pending = tuple(pending_shapes())
-                await self._warm(chunk)
+                await self._warm(chunk, busy)
             except Exception:  # never the end of the loop: the requests compute what is missing
                 log.exception("ranking ahead failed")
 
-    async def _warm(self, chunk: int) -> None:
+    async def _warm(self, chunk: int, busy: Callable[[], bool] = lambda: False) -> None:
         for shape in self.hot():
             workload = self._workload()
             per = self._per((shape, workload))
@@ -217,6 +222,8 @@ class RankTable:
                     done += 1
                 self._count_ahead(done)
                 await anyio.lowlevel.checkpoint()
+                if busy():
+                    return  # nodes to score: the next pass goes on
                 if self._workload() is not workload:
                     break  # M changed meanwhile: the next pass ranks under the new one
 

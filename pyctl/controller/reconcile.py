@@ -221,12 +221,16 @@ class Reconciler:
         return s
 
     def pending_shapes(self) -> list[Shape]:
-        """The GPU shapes of the pods waiting for a node (those the scheduler, and its
-        extender, place next), the most common first; pods whose shape pyctl cannot tell or
-        the core cannot model are left out (without being reported: the summary reports them)."""
+        """The GPU shapes of the pods waiting for a node that the scheduler has not found
+        unschedulable (those it, and its extender, place next; an unschedulable pod is tried
+        again on a cluster event or after a backoff, and its shape is hot once it asks), the
+        most common first; pods whose shape pyctl cannot tell or the core cannot model are left
+        out (without being reported: the summary reports them)."""
         counts: Counter[Shape] = Counter()
         dra, nodes = self.cache.dra, self.cache.nodes
         for p in self.cache.pending_pods():
+            if p.unschedulable:
+                continue
             s = shape_of(p, dra, nodes.get(p.node))
             if s is not None and not s.is_cpu_only and pod_shape_problem(p, s) is None:
                 counts[s] += 1

@@ -544,16 +544,27 @@ def test_the_shapes_of_pending_pods_are_ranked_before_the_scheduler_asks() -> No
     want = r.shape_of(waiting[0])
     assert want is not None
     assert shapes[0] == want  # the most common first
-    # a pod the core cannot model (GPUs and a MIG profile at once) is left out
+    # a pod the core cannot model (GPUs and a MIG profile at once) is left out, and so are
+    # pods the scheduler found unschedulable (it asks for them again on its own time)
     odd = PodRecord("default", "odd", "u-odd", phase="Pending", gpus=1, mig=(("1g.5gb", 1),))
-    r.cache.apply([Event("ADDED", odd)])
+    stuck = [
+        PodRecord("default", f"s{i}", f"us-{i}", phase="Pending", gpus=3, unschedulable=True)
+        for i in range(200)
+    ]
+    r.cache.apply([Event("ADDED", p) for p in [odd, *stuck]])
     assert r.pending_shapes() == shapes
     table = RankTable(r.models, lambda: r.workload)
     names = tuple(sorted(r.models))
+    busy = [True]
 
     async def warm_for_a_while() -> None:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: table.keep_warm(r.pending_shapes, interval=0.01, chunk=3))
+            tg.start_soon(
+                lambda: table.keep_warm(r.pending_shapes, lambda: busy[0], interval=0.01, chunk=3)
+            )
+            await anyio.sleep(0.2)
+            assert table.ahead == 0  # nodes to score: nothing ranked ahead meanwhile
+            busy[0] = False
             with anyio.move_on_after(5):
                 while not table.hot() or table.ahead < len(names) * len(table.hot()):  # noqa: ASYNC110
                     await anyio.sleep(0.01)
