@@ -23,10 +23,13 @@ much pyctl prefers each of the others, by pyctl's one placement policy
 
 Each node's rank for a pod shape is computed once and kept (`RankTable`, one per controller,
 shared by the extender's workers) until that node's model object changes (the reconciler replaces
-it) or M changes, so a request costs a lookup per node. For the shapes the scheduler asked about
-recently, the reconciler computes a re-scored node's ranks ahead (`RankTable.refreshed`), on the
-model it scored: the scheduler does not wait for the nodes that changed since its last call (the
-binds before it, the churn), nor for every node after M changed.
+it) or M changes, so a request costs a lookup per node. For the hot shapes (asked about recently,
+then those of the pods waiting for the scheduler) the ranks are computed ahead: the reconciler
+recomputes those a re-score made stale, on the model it scored (`RankTable.refreshed`), and a
+background task ranks the missing ones when the reconciler has nothing to score
+(`RankTable.keep_warm`). So the scheduler does not wait for the nodes that changed since its last
+call (the binds before it, the churn), for every node after M changed, nor for every candidate
+the first time a new workload's pods are placed.
 """
 
 from __future__ import annotations
