@@ -139,16 +139,3 @@ pub fn item<'py>(d: &Bound<'py, PyDict>, key: &str, field: &str) -> PyResult<Bou
     d.get_item(key)?
         .ok_or_else(|| field_error(field, format!("missing {key:?}")))
 }
-
-/// `item` with an interned key (`intern!`) and a field named only on error: for the readers of
-/// many items (a planning round's pods).
-pub fn item_at<'py>(
-    d: &Bound<'py, PyDict>,
-    key: &Bound<'py, PyString>,
-    field: impl Field,
-) -> PyResult<Bound<'py, PyAny>> {
-    d.get_item(key)?.ok_or_else(|| {
-        let name = key.to_string_lossy();
-        field_error(&field(), format!("missing {:?}", name.as_ref()))
-    })
-}

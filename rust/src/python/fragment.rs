@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
 
 use super::convert::{
-    field_error, int, int_list, item, item_at, let_others_run, sequence, string, string_list,
+    field_error, int, int_list, item, let_others_run, required, sequence, string, string_list,
     value_error, Field,
 };
 use super::shape::{read_shape, read_shape_list, Weight};
@@ -108,16 +108,15 @@ fn mig_new_out(a: &Assignment, node: &Node) -> Option<(usize, usize, String, u8)
 fn rows<const N: usize>(
     d: &Bound<'_, PyDict>,
     key: &Bound<'_, PyString>,
-    name: &str,
 ) -> PyResult<Vec<[u64; N]>> {
     let Some(v) = d.get_item(key)? else {
         return Ok(Vec::new());
     };
-    let field = || format!("assignment.{name}");
+    let field = || format!("assignment.{}", key.to_string_lossy());
     let all = sequence(&v, field)?;
     let mut out = Vec::with_capacity(all.len());
     for (i, row) in all.iter().enumerate() {
-        let at = || format!("assignment.{name}[{i}]");
+        let at = || format!("{}[{i}]", field());
         let mut vals = [0u64; N];
         let mut count = 0usize;
         let mut negative = false;
@@ -141,12 +140,8 @@ fn rows<const N: usize>(
 }
 
 /// `assignment.<key>` as (zone, amount) rows, or none when absent.
-fn zone_rows(
-    d: &Bound<'_, PyDict>,
-    key: &Bound<'_, PyString>,
-    name: &str,
-) -> PyResult<Vec<(usize, u64)>> {
-    Ok(rows::<2>(d, key, name)?
+fn zone_rows(d: &Bound<'_, PyDict>, key: &Bound<'_, PyString>) -> PyResult<Vec<(usize, u64)>> {
+    Ok(rows::<2>(d, key)?
         .into_iter()
         .map(|[z, v]| (z as usize, v))
         .collect())
@@ -156,9 +151,8 @@ fn zone_rows(
 fn gpu_rows(
     d: &Bound<'_, PyDict>,
     key: &Bound<'_, PyString>,
-    name: &str,
 ) -> PyResult<Vec<(usize, usize, u32)>> {
-    rows::<3>(d, key, name)?
+    rows::<3>(d, key)?
         .into_iter()
         .map(|[z, g, m]| {
             let milli =
@@ -175,9 +169,9 @@ fn read_assignment(obj: &Bound<'_, PyAny>, node: &Node) -> PyResult<Assignment> 
         .cast::<PyDict>()
         .map_err(|_| field_error("assignment", "expected an object"))?;
     let mut a = Assignment {
-        cpu: zone_rows(d, intern!(py, "cpu"), "cpu")?,
-        memory: zone_rows(d, intern!(py, "memory"), "memory")?,
-        gpus: gpu_rows(d, intern!(py, "gpus"), "gpus")?,
+        cpu: zone_rows(d, intern!(py, "cpu"))?,
+        memory: zone_rows(d, intern!(py, "memory"))?,
+        gpus: gpu_rows(d, intern!(py, "gpus"))?,
         ..Assignment::default()
     };
     if let Some(v) = d.get_item(intern!(py, "mig"))?.filter(|v| !v.is_none()) {
@@ -190,8 +184,8 @@ fn read_assignment(obj: &Bound<'_, PyAny>, node: &Node) -> PyResult<Assignment> 
         }
         a.mig = Some((r[0] as usize, r[1] as usize, r[2] as usize));
     }
-    a.dra_gpus = gpu_rows(d, intern!(py, "dra_gpus"), "dra_gpus")?;
-    a.dyn_whole = zone_rows(d, intern!(py, "dyn_whole"), "dyn_whole")?
+    a.dra_gpus = gpu_rows(d, intern!(py, "dra_gpus"))?;
+    a.dyn_whole = zone_rows(d, intern!(py, "dyn_whole"))?
         .into_iter()
         .map(|(z, g)| (z, g as usize))
         .collect();
@@ -518,17 +512,17 @@ fn ranked_dict<'py>(
 fn opt_index(
     d: &Bound<'_, PyDict>,
     key: &Bound<'_, PyString>,
-    name: &str,
     where_: impl Field,
 ) -> PyResult<Option<usize>> {
+    let field = || format!("{}.{}", where_(), key.to_string_lossy());
     match d.get_item(key)? {
         None => Ok(None),
         Some(v) if v.is_none() => Ok(None),
         Some(v) => {
-            let x = int(&v, || format!("{}.{name}", where_()))?;
+            let x = int(&v, field)?;
             usize::try_from(x)
                 .map(Some)
-                .map_err(|_| field_error(&format!("{}.{name}", where_()), "negative"))
+                .map_err(|_| field_error(&field(), "negative"))
         }
     }
 }
@@ -565,9 +559,9 @@ fn read_movable(
         let d = m
             .cast::<PyDict>()
             .map_err(|_| field_error(&w(), "expected an object"))?;
-        let node = opt_index(d, intern!(py, "node"), "node", w)?
+        let node = opt_index(d, intern!(py, "node"), w)?
             .ok_or_else(|| field_error(&w(), "node missing"))?;
-        let group = opt_index(d, intern!(py, "group"), "group", w)?
+        let group = opt_index(d, intern!(py, "group"), w)?
             .map(|g| {
                 u32::try_from(g).map_err(|_| field_error(&format!("{}.group", w()), "too large"))
             })
@@ -580,10 +574,10 @@ fn read_movable(
         })?;
         items.push(Movable {
             node,
-            task: tasks.read(&item_at(d, intern!(py, "shape"), w)?)?,
-            place: read_assignment(&item_at(d, intern!(py, "assignment"), w)?, on)?,
-            allowed: opt_index(d, intern!(py, "allowed"), "allowed", w)?,
-            pdb: opt_index(d, intern!(py, "pdb"), "pdb", w)?,
+            task: tasks.read(&required(m, intern!(py, "shape"), w)?)?,
+            place: read_assignment(&required(m, intern!(py, "assignment"), w)?, on)?,
+            allowed: opt_index(d, intern!(py, "allowed"), w)?,
+            pdb: opt_index(d, intern!(py, "pdb"), w)?,
             group,
         });
     }
@@ -600,8 +594,8 @@ fn read_pending(obj: &Bound<'_, PyAny>, tasks: &mut TaskCache) -> PyResult<Vec<P
             .cast::<PyDict>()
             .map_err(|_| field_error(&w(), "expected an object"))?;
         out.push(Pending {
-            task: tasks.read(&item_at(d, intern!(py, "shape"), w)?)?,
-            allowed: opt_index(d, intern!(py, "allowed"), "allowed", w)?,
+            task: tasks.read(&required(m, intern!(py, "shape"), w)?)?,
+            allowed: opt_index(d, intern!(py, "allowed"), w)?,
         });
     }
     Ok(out)
