@@ -122,9 +122,10 @@ class Metrics:
         )
         self.extender_ranks = Counter(
             "pyctl_extender_ranks_total",
-            "Node ranks the scheduler extender computed, by when: request (a candidate's model "
-            "changed since its rank was kept, computed while the scheduler waits) or ahead (when "
-            "the reconciler re-scored the node, for the pod shapes asked about recently)",
+            "Node ranks the scheduler extender computed, by when: request (no rank kept for a "
+            "candidate's current model, computed while the scheduler waits) or ahead (for the "
+            "shapes asked about recently and the pending pods', when the reconciler re-scored "
+            "the node or in the background)",
             [*c, "when"],
             registry=r,
         )

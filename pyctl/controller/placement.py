@@ -124,6 +124,31 @@ class RankTable:
             per = self._ranks[key] = {}
         return per
 
+    def _keep(
+        self,
+        per: dict[str, tuple[Node, policy.Ranked | None]],
+        name: str,
+        node: Node,
+        shape: Shape,
+        workload: Workload,
+        model: FragmentationModel | None = None,
+    ) -> policy.Ranked | None:
+        """Node `name`'s rank of `shape` under `workload`, computed on `node` (`model`: the node
+        alone, if the caller has it) and kept in `per`."""
+        alone = model if model is not None else self._model(name, node)
+        (r,) = policy.rank(alone, shape, workload, [name])
+        if name not in per:
+            self._cached += 1
+        per[name] = (node, r)
+        return r
+
+    def _not_hot(self, shape: Shape, e: ValueError) -> None:
+        """A shape the core refuses is no longer ranked ahead (a request for it answers with
+        the error)."""
+        self._asked.pop(shape, None)
+        self._pending = tuple(s for s in self._pending if s != shape)
+        log.warning("shape not ranked ahead", extra={"shape": repr(shape), "error": str(e)})
+
     def rank(self, shape: Shape, names: tuple[str, ...]) -> dict[str, policy.Ranked | str | None]:
         """The policy's rank of `shape` on each node; "unknown" where pyctl has no model."""
         workload = self._workload()
@@ -138,12 +163,10 @@ class RankTable:
                 continue
             hit = cached(name)
             if hit is None or hit[0] is not node:
-                (r,) = policy.rank(self._model(name, node), shape, workload, [name])
-                if hit is None:
-                    self._cached += 1
+                out[name] = self._keep(per, name, node, shape, workload)
                 computed += 1
-                per[name] = hit = (node, r)
-            out[name] = hit[1]
+            else:
+                out[name] = hit[1]
         self._asked[shape] = self._clock()
         if len(self._asked) > 4 * MAX_HOT:
             for old in sorted(self._asked, key=self._asked.__getitem__)[:MAX_HOT]:
@@ -211,17 +234,10 @@ class RankTable:
                     if node is None or (hit is not None and hit[0] is node):
                         continue
                     try:
-                        (r,) = policy.rank(self._model(name, node), shape, workload, [name])
+                        self._keep(per, name, node, shape, workload)
                     except ValueError as e:
-                        self._asked.pop(shape, None)
-                        self._pending = tuple(s for s in self._pending if s != shape)
-                        log.warning(
-                            "shape not ranked ahead", extra={"shape": repr(shape), "error": str(e)}
-                        )
+                        self._not_hot(shape, e)
                         return
-                    if hit is None:
-                        self._cached += 1
-                    per[name] = (node, r)
                     done += 1
                 self._count_ahead(done)
                 await anyio.lowlevel.checkpoint()
@@ -255,12 +271,10 @@ class RankTable:
             if per is None or hit is None or hit[0] is node:
                 continue
             try:
-                (r,) = policy.rank(model, shape, workload, [name])
+                self._keep(per, name, node, shape, workload, model)
             except ValueError as e:
-                self._asked.pop(shape, None)
-                log.warning("shape not ranked ahead", extra={"shape": repr(shape), "error": str(e)})
+                self._not_hot(shape, e)
                 continue
-            per[name] = (node, r)
             done += 1
         if done:
             self._node_models[name] = (node, model)
