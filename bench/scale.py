@@ -31,7 +31,7 @@ subprocess, observe mode, a real redis-server of its own) and is measured:
    without, with; each burst once pyctl's work queue is empty): pods per second from the first
    bind to the last (a watch), the mean of each pair, with / without; pyctl's own timing of
    those calls (`pyctl_extender_request_seconds`, `pyctl_extender_work_seconds`); then a last
-   burst with the extender, each call through a small measuring proxy in this process (its
+   burst with the extender, each call through a small measuring proxy in its own process (its
    p50/p99 per call, as the scheduler waits for it; the proxy's own cost is kept out of the
    ratio);
 5. planning: every compaction and MIG planning round over the whole cluster after start-up (at
@@ -61,6 +61,7 @@ import contextlib
 import ctypes
 import json
 import math
+import multiprocessing
 import os
 import random
 import shutil
@@ -527,7 +528,8 @@ class Pyctl:
         return None
 
     def buckets(self, name: str, labels: dict[str, str]) -> dict[float, float]:
-        """A histogram's cumulative bucket counts (upper bound -> count), {} if not exported."""
+        """A histogram's cumulative bucket counts (upper bound -> count), summed over the
+        series that match `labels`; {} if not exported."""
         status, text = self.get("/metrics", timeout=30)
         out: dict[float, float] = {}
         if status != 200:
@@ -539,7 +541,7 @@ class Pyctl:
             if not all(f'{k}="{v}"' in head for k, v in labels.items()):
                 continue
             le = head.split('le="', 1)[1].split('"', 1)[0]
-            out[float(le)] = float(value)
+            out[float(le)] = out.get(float(le), 0.0) + float(value)
         return out
 
     def exited(self) -> int | None:
@@ -563,41 +565,41 @@ class Pyctl:
 
 class Proxy:
     """Forwards the scheduler's extender calls to pyctl and times each one, from its request's
-    headers to the last byte of pyctl's answer. Its own event loop, in a thread."""
+    headers to the last byte of pyctl's answer. In a process of its own (spawned), so that this
+    process's threads (the bind watch decodes every event of the burst) do not delay its reads:
+    its figures are pyctl's answers and the hop to them."""
 
     def __init__(self, upstream_port: int) -> None:
         self.upstream = upstream_port
         self.port = free_port()
         self.calls: list[tuple[str, float]] = []
-        self.loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._server: asyncio.base_events.Server | None = None
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(
+            target=_proxy_main, args=(upstream_port, self.port, child), daemon=True
+        )
 
     def start(self) -> None:
-        threading.Thread(target=self._run, daemon=True).start()
-        self._ready.wait(10)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-
-        async def serve() -> None:
-            self._server = await asyncio.start_server(self._conn, "127.0.0.1", self.port)
-            self._ready.set()
-
-        self.loop.run_until_complete(serve())
-        self.loop.run_forever()
+        self._proc.start()
+        if not self._conn.poll(60):
+            raise RuntimeError("the measuring proxy did not start")
+        self._conn.recv()
 
     def stop(self) -> None:
-        async def close() -> None:
-            if self._server is not None:
-                self._server.close()
+        with contextlib.suppress(OSError, EOFError):
+            self._conn.send("stop")
+            if self._conn.poll(30):
+                self.calls = self._conn.recv()
+        self._proc.join(10)
+        if self._proc.is_alive():
+            self._proc.kill()
 
-        with contextlib.suppress(RuntimeError):
-            asyncio.run_coroutine_threadsafe(close(), self.loop).result(5)
-            self.loop.call_soon_threadsafe(self.loop.stop)
 
-    @staticmethod
-    async def _message(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+def _proxy_main(upstream: int, port: int, conn: Any) -> None:
+    """The proxy's process: serves until told to stop, then sends its timings back."""
+    calls: list[tuple[str, float]] = []
+
+    async def message(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
         head = await reader.readuntil(b"\r\n\r\n")
         length = 0
         for line in head.split(b"\r\n")[1:]:
@@ -608,23 +610,33 @@ class Proxy:
                 raise ValueError("chunked messages are not handled by this proxy")
         return head, await reader.readexactly(length)
 
-    async def _conn(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
-        ur, uw = await asyncio.open_connection("127.0.0.1", self.upstream)
+    async def forward(cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+        ur, uw = await asyncio.open_connection("127.0.0.1", upstream)
         try:
             while True:
                 try:
-                    head, body = await self._message(cr)
+                    head, body = await message(cr)
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return
                 t0 = time.perf_counter()
                 uw.write(head + body)
-                rhead, rbody = await self._message(ur)
-                self.calls.append((head.split(b" ", 2)[1].decode(), time.perf_counter() - t0))
+                rhead, rbody = await message(ur)
+                calls.append((head.split(b" ", 2)[1].decode(), time.perf_counter() - t0))
                 cw.write(rhead + rbody)
                 await cw.drain()
         finally:
             uw.close()
             cw.close()
+
+    async def serve() -> None:
+        server = await asyncio.start_server(forward, "127.0.0.1", port)
+        conn.send("ready")
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, conn.recv)  # "stop"
+        server.close()
+        conn.send(calls)
+
+    asyncio.run(serve())
 
 
 # --------------------------------------------------------------------------------------------------

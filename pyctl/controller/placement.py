@@ -59,6 +59,10 @@ HOT_SECONDS = 120.0
 MAX_HOT = 8
 
 
+class NotKept(Exception):
+    """A node's rank was to be served only if kept, and it is missing or stale."""
+
+
 def _no_reservations() -> Mapping[str, str]:
     return {}
 
@@ -149,8 +153,12 @@ class RankTable:
         self._pending = tuple(s for s in self._pending if s != shape)
         log.warning("shape not ranked ahead", extra={"shape": repr(shape), "error": str(e)})
 
-    def rank(self, shape: Shape, names: tuple[str, ...]) -> dict[str, policy.Ranked | str | None]:
-        """The policy's rank of `shape` on each node; "unknown" where pyctl has no model."""
+    def rank(
+        self, shape: Shape, names: tuple[str, ...], compute: bool = True
+    ) -> dict[str, policy.Ranked | str | None]:
+        """The policy's rank of `shape` on each node; "unknown" where pyctl has no model.
+        `compute` False: only kept ranks, `NotKept` if a node's is missing or stale (nothing is
+        computed then)."""
         workload = self._workload()
         per = self._per((shape, workload))
         out: dict[str, policy.Ranked | str | None] = {}
@@ -163,6 +171,8 @@ class RankTable:
                 continue
             hit = cached(name)
             if hit is None or hit[0] is not node:
+                if not compute:
+                    raise NotKept(name)
                 out[name] = self._keep(per, name, node, shape, workload)
                 computed += 1
             else:
@@ -324,12 +334,21 @@ class PlacementAdvisor:
             ranks,
         )
 
-    def rank(self, shape: Shape, names: tuple[str, ...]) -> dict[str, policy.Ranked | str | None]:
-        """The policy's rank of `shape` on each node; "unknown" where pyctl has no model."""
-        return self.ranks.rank(shape, names)
+    def rank(
+        self, shape: Shape, names: tuple[str, ...], compute: bool = True
+    ) -> dict[str, policy.Ranked | str | None]:
+        """The policy's rank of `shape` on each node; "unknown" where pyctl has no model
+        (`compute`: `RankTable.rank`)."""
+        return self.ranks.rank(shape, names, compute)
 
-    def filter(self, pod: PodRecord, names: tuple[str, ...]) -> dict[str, str]:
-        """The candidate nodes `pod` must not go to, with why."""
+    def filter(
+        self, pod: PodRecord, names: tuple[str, ...], compute: bool = True
+    ) -> dict[str, str]:
+        """The candidate nodes `pod` must not go to, with why. `compute` False: from kept ranks
+        only (`NotKept` if one is missing, and nothing is counted), as for every method here."""
+        return self._count(self._failed(pod, names, compute))
+
+    def _failed(self, pod: PodRecord, names: tuple[str, ...], compute: bool) -> dict[str, str]:
         failed: dict[str, str] = {}
         reserved = self.reservations()
         if reserved:
@@ -342,9 +361,9 @@ class PlacementAdvisor:
             failed[left] = "pyctl: compaction moved this workload's pod off this node"
         shape = self._shape_of(pod)
         if shape is None or shape.is_cpu_only or shape.dra:
-            return self._count(failed)  # the scheduler's business (DRA: its own allocator's)
+            return failed  # the scheduler's business (DRA: its own allocator's)
         what = ""
-        for name, r in self.rank(shape, names).items():
+        for name, r in self.rank(shape, names, compute).items():
             if r is None and name not in failed:
                 node = self._models[name]
                 if shape.mig_profile is None and node.gpu_pool != shape.gpu_pool:
@@ -359,22 +378,31 @@ class PlacementAdvisor:
                     f"pyctl: cannot place {what} within the node's free NUMA "
                     f"resources (Topology Manager policy {policy_name})"
                 )
-        return self._count(failed)
+        return failed
 
     def _count(self, failed: dict[str, str]) -> dict[str, str]:
         if failed:
             self.filtered += 1
         return failed
 
-    def choose(self, pod: PodRecord, names: tuple[str, ...]) -> dict[str, str]:
+    def _advise(self, scores: dict[str, int]) -> dict[str, int]:
+        if any(scores.values()):
+            self.advised += 1
+        return scores
+
+    def choose(
+        self, pod: PodRecord, names: tuple[str, ...], compute: bool = True
+    ) -> dict[str, str]:
         """The filter's answer narrowed to the policy's choice, for a scheduler that asks once per
         pod (verb ``choose``): the candidates that pass `filter` and that `prioritize` would not
         score highest fail too, saying which node pyctl chose. At the shipped weight the top
         score is the scheduler's choice anyway; this way it costs one call, and the scheduler
         skips its scoring when one node is left. No preference (every score 0): `filter`."""
-        failed = self.filter(pod, names)
+        failed = self._failed(pod, names, compute)
         left = tuple(n for n in names if n not in failed)
-        scores = self.prioritize(pod, left)
+        scores = self._scores(pod, left, compute)
+        self._count(failed)
+        self._advise(scores)
         top = max(scores.values(), default=0)
         if top <= 0:
             return failed
@@ -385,23 +413,25 @@ class PlacementAdvisor:
                 failed[n] = why
         return failed
 
-    def prioritize(self, pod: PodRecord, names: tuple[str, ...]) -> dict[str, int]:
+    def prioritize(
+        self, pod: PodRecord, names: tuple[str, ...], compute: bool = True
+    ) -> dict[str, int]:
         """A score 0..MAX_EXTENDER_PRIORITY per candidate node."""
+        return self._advise(self._scores(pod, names, compute))
+
+    def _scores(self, pod: PodRecord, names: tuple[str, ...], compute: bool) -> dict[str, int]:
         shape = self._shape_of(pod)
         if shape is None:  # claims pyctl cannot tell: no preference
             return dict.fromkeys(names, 0)
         ordered = tuple(sorted(names))  # a stable order: ties go to the first node by name
-        ranks = self.rank(shape, ordered)
+        ranks = self.rank(shape, ordered, compute)
         known = [r if isinstance(r, policy.Ranked) else None for r in ranks.values()]
         scores = dict(zip(ranks, policy.extender_scores(known), strict=True))
         # the node a rescue freed for this pod is where it goes
         for node, holder in self.reservations().items():
             if holder == pod.key and node in scores and scores[node] > 0:
                 scores[node] = policy.MAX_EXTENDER_PRIORITY
-        out = {n: scores.get(n, 0) for n in names}
-        if any(out.values()):
-            self.advised += 1
-        return out
+        return {n: scores.get(n, 0) for n in names}
 
 
 def _listed(names: list[str], most: int = 3) -> str:

@@ -25,7 +25,7 @@ from pyctl.cluster.kube.extender import (
     parse_args,
     priority_list,
 )
-from pyctl.controller.placement import PlacementAdvisor
+from pyctl.controller.placement import NotKept, PlacementAdvisor
 
 log = logging.getLogger("pyctl.placement")
 
@@ -55,6 +55,17 @@ class ExtenderHandler:
 
     def answer(self, verb: str, body: bytes) -> tuple[bytes, str]:
         """The JSON answer and the outcome (`OUTCOMES`)."""
+        got = self._answer(verb, body, True)
+        assert got is not None  # only answers from kept ranks may be refused
+        return got
+
+    def answer_kept(self, verb: str, body: bytes) -> tuple[bytes, str] | None:
+        """`answer`, if it needs no rank computed (every candidate's is kept,
+        `pyctl.controller.placement.RankTable`), else None (nothing was counted or kept): a
+        lookup per candidate, small enough for the server's own thread."""
+        return self._answer(verb, body, False)
+
+    def _answer(self, verb: str, body: bytes, compute: bool) -> tuple[bytes, str] | None:
         if verb not in VERBS:
             return encode({"Error": f"pyctl: unknown extender verb {verb[:40]!r}"}), "bad-request"
         try:
@@ -63,13 +74,15 @@ class ExtenderHandler:
             # than naming it once); the answer keeps the scheduler's list as sent
             unique = tuple(dict.fromkeys(args.names))
             if verb == "filter":
-                failed = self.advisor.filter(args.pod, unique)
+                failed = self.advisor.filter(args.pod, unique, compute)
                 return encode(filter_result(args, failed)), "ok"
             if verb == "choose":
-                failed = self.advisor.choose(args.pod, unique)
+                failed = self.advisor.choose(args.pod, unique, compute)
                 return encode(filter_result(args, failed)), "ok"
-            scores = self.advisor.prioritize(args.pod, unique)
+            scores = self.advisor.prioritize(args.pod, unique, compute)
             return encode(priority_list(scores, args.names)), "ok"
+        except NotKept:
+            return None
         except Exception as e:  # answer the scheduler, whatever went wrong
             bad = isinstance(e, ExtenderInputError | RecursionError)
             outcome = "bad-request" if bad else "error"

@@ -78,6 +78,10 @@ class ExtenderOptions:
     deadline: float = 1.5
     #: connections open at once
     max_connections: int = 64
+    #: answer a request on the server's own thread when every candidate's rank is kept (a
+    #: lookup per node: no hand-over to a worker and back, each a wait for the GIL); a request
+    #: that needs ranks computed goes to a worker
+    answer_kept: bool = True
 
     def limits(self) -> Limits:
         return Limits(
@@ -123,16 +127,18 @@ class HttpMetrics:
         )
         self.extender_work = Histogram(
             "pyctl_extender_work_seconds",
-            "Scheduler extender requests by verb: the advice itself, on a worker thread "
-            "(decoding, ranking, encoding); the rest of `pyctl_extender_request_seconds` is "
+            "Scheduler extender requests by verb and thread: the advice itself (decoding, "
+            "ranking, encoding), on the server's own thread (`thread=server`: every rank it "
+            "needed was kept) or on a worker; the rest of `pyctl_extender_request_seconds` is "
             "reading, waiting for a worker and for the GIL, and handing the answer back",
-            ["cluster", "verb"],
+            ["cluster", "verb", "thread"],
             buckets=_SECONDS,
             registry=registry,
         )
         for verb in VERBS:
             self.extender_seconds.labels(cluster, verb)
-            self.extender_work.labels(cluster, verb)
+            for thread in ("server", "worker"):
+                self.extender_work.labels(cluster, verb, thread)
             for outcome in OUTCOMES:
                 self.extender_requests.labels(cluster, verb, outcome)
 
@@ -141,8 +147,8 @@ class HttpMetrics:
         if seconds is not None:
             self.extender_seconds.labels(self.cluster, verb).observe(seconds)
 
-    def work(self, verb: str, seconds: float) -> None:
-        self.extender_work.labels(self.cluster, verb).observe(seconds)
+    def work(self, verb: str, seconds: float, thread: str = "worker") -> None:
+        self.extender_work.labels(self.cluster, verb, thread).observe(seconds)
 
     def on_reject(self, server: str) -> Callable[[str], None]:
         def count(reason: str) -> None:
@@ -173,15 +179,27 @@ class ExtenderServer:
         self._slots: asyncio.Semaphore | None = None
         self.server: HttpServer | None = None
 
-    # -- the work, on a worker thread ---------------------------------------------------------
-    def _work(self, verb: str, body: bytes) -> tuple[bytes, str]:
-        t0 = time.perf_counter()
+    # -- the work: on a worker thread, or on the server's own from kept ranks -----------------
+    def _handler(self) -> ExtenderHandler:
+        """This thread's handler."""
         handler: ExtenderHandler | None = getattr(self._local, "handler", None)
         if handler is None:
             handler = self._local.handler = self.make_handler()
-        got = handler.answer(verb, body)
+        return handler
+
+    def _work(self, verb: str, body: bytes) -> tuple[bytes, str]:
+        t0 = time.perf_counter()
+        got = self._handler().answer(verb, body)
         if self.metrics is not None and verb in VERBS:
             self.metrics.work(verb, time.perf_counter() - t0)
+        return got
+
+    def _kept(self, verb: str, body: bytes) -> tuple[bytes, str] | None:
+        """The answer from kept ranks, on the server's thread, or None (a worker computes it)."""
+        t0 = time.perf_counter()
+        got = self._handler().answer_kept(verb, body)
+        if got is not None and self.metrics is not None and verb in VERBS:
+            self.metrics.work(verb, time.perf_counter() - t0, "server")
         return got
 
     # -- a request, on the server's loop ------------------------------------------------------
@@ -206,6 +224,10 @@ class ExtenderServer:
         left = deadline - time.monotonic()
         if left <= 0:
             return no_advice(verb, "deadline passed before the request was read"), "deadline"
+        if self.options.answer_kept:
+            got = self._kept(verb, req.body)
+            if got is not None:
+                return got
         try:
             async with asyncio.timeout(left):
                 await self._slots.acquire()

@@ -16,6 +16,7 @@ import os
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -47,22 +48,42 @@ def body(names: list[str] | None = None) -> bytes:
 
 
 class SlowHandler(ExtenderHandler):
-    """The real handler (no models: every node passes), `delay` seconds slower."""
+    """The real handler (no models: every node passes), `delay` seconds slower. Its answers
+    need work on a worker (as if a rank had to be computed), but for candidate lists naming a
+    node "warm": those it answers from what it keeps, on the server's thread."""
 
     def __init__(self, delay: float) -> None:
         super().__init__(PlacementAdvisor({}, lambda: Workload(())))
         self.delay = delay
+        self.threads: list[str] = []
 
     def answer(self, verb: str, body: bytes) -> tuple[bytes, str]:
         time.sleep(self.delay)
+        self.threads.append(threading.current_thread().name)
         return super().answer(verb, body)
+
+    def answer_kept(self, verb: str, body: bytes) -> tuple[bytes, str] | None:
+        if b'"warm"' not in body:
+            return None
+        self.threads.append(threading.current_thread().name)
+        return super().answer_kept(verb, body)
 
 
 class Served:
-    def __init__(self, server: ExtenderServer, registry: CollectorRegistry) -> None:
+    def __init__(
+        self, server: ExtenderServer, registry: CollectorRegistry, handlers: list[SlowHandler]
+    ) -> None:
         self.server = server
         self.registry = registry
         self.port = server.port
+        #: the handlers made, one per thread that answered
+        self.handlers = handlers
+
+    def work(self, verb: str, thread: str) -> float:
+        v = self.registry.get_sample_value(
+            "pyctl_extender_work_seconds_count", {"cluster": "t", "verb": verb, "thread": thread}
+        )
+        return v or 0.0
 
     def count(self, verb: str, outcome: str) -> float:
         v = self.registry.get_sample_value(
@@ -79,11 +100,15 @@ class Served:
 
 async def serve(delay: float = 0.0, **options: Any) -> Served:
     registry = CollectorRegistry()
-    server = ExtenderServer(
-        lambda: SlowHandler(delay), ExtenderOptions(**options), HttpMetrics(registry, "t")
-    )
+    handlers: list[SlowHandler] = []
+
+    def handler() -> SlowHandler:
+        handlers.append(SlowHandler(delay))
+        return handlers[-1]
+
+    server = ExtenderServer(handler, ExtenderOptions(**options), HttpMetrics(registry, "t"))
     await server.start()
-    return Served(server, registry)
+    return Served(server, registry, handlers)
 
 
 @pytest.fixture
@@ -184,6 +209,37 @@ async def test_concurrency_is_bounded_and_excess_waits_then_gets_no_advice(
     assert took < 1.6, took
     assert s.count("filter", "ok") == 4
     assert s.count("filter", "overload") + s.count("filter", "deadline") == 2
+
+
+async def test_answers_from_kept_ranks_on_the_servers_thread_while_workers_are_busy(
+    served: Callable[..., Any],
+) -> None:
+    """A request every rank of which is kept is answered on the server's own thread, without a
+    worker: even while the only worker is busy with a request that needs ranks computed."""
+    s = await served(delay=1.0, deadline=3.0, max_concurrency=1)
+    cold = asyncio.create_task(exchange(s.port, request(data=body(["a", "b"]))))
+    await asyncio.sleep(0.2)  # the cold request holds the only worker
+    t0 = time.monotonic()
+    status, out = await exchange(s.port, request("/scheduler/prioritize", body(["warm", "b"])))
+    took = time.monotonic() - t0
+    assert status == 200
+    assert json.loads(out) == [{"Host": "warm", "Score": 0}, {"Host": "b", "Score": 0}]
+    assert took < 0.6, took  # not after the worker's 1 s
+    assert not cold.done()
+    status, out = await cold
+    assert (status, json.loads(out)["Error"]) == (200, "")
+    threads = sorted(t for h in s.handlers for t in h.threads)
+    assert threads == ["pyctl-extender", "pyctl-extender-worker_0"], threads
+    assert (s.work("prioritize", "server"), s.work("prioritize", "worker")) == (1, 0)
+    assert (s.work("filter", "server"), s.work("filter", "worker")) == (0, 1)
+    assert (s.count("filter", "ok"), s.count("prioritize", "ok")) == (1, 1)
+
+
+async def test_answering_from_kept_ranks_can_be_turned_off(served: Callable[..., Any]) -> None:
+    s = await served(answer_kept=False)
+    status, _ = await exchange(s.port, request(data=body(["warm", "b"])))
+    assert status == 200
+    assert (s.work("filter", "server"), s.work("filter", "worker")) == (0, 1)
 
 
 # ---- limits on reading ----------------------------------------------------------------------

@@ -229,6 +229,31 @@ def test_choose_keeps_a_rescues_node_for_its_pod_beside_the_policys_choice() -> 
     assert "the policy chose b, c" in e.choose(args(x, ["a", "b", "c"]))["FailedNodes"]["a"]
 
 
+@pytest.mark.parametrize("verb", ["filter", "prioritize", "choose"])
+def test_an_answer_from_kept_ranks_is_the_answer_or_none(verb: str) -> None:
+    """`answer_kept` (what the server answers on its own thread) is `answer` once every
+    candidate's rank is kept; before, and after a candidate's model changed, it is None and
+    neither computes nor counts anything. Candidates pyctl does not model need no rank."""
+    models = {"a": node("a", 0, 0), "b": node("b", 3, 0), "c": node("c", 2, 2)}
+    e = PlacementExtender(models, lambda: W)
+    # 4 GPUs: c (2 + 2 free) is filtered out, a and b are ranked
+    body = json.dumps(args(pod(4), ["a", "b", "c", "not-a-node"])).encode()
+    assert e.handler.answer_kept(verb, body) is None
+    assert (e.advisor.ranks.computed, e.advisor.filtered, e.advisor.advised) == (0, 0, 0)
+    want = e.handler.answer(verb, body)
+    counts = (e.advisor.ranks.computed, e.advisor.filtered, e.advisor.advised)
+    assert counts[0] == 3
+    assert counts[1:] == {"filter": (1, 0), "prioritize": (0, 1), "choose": (1, 1)}[verb]
+    assert e.handler.answer_kept(verb, body) == want
+    assert e.advisor.ranks.computed == 3
+    assert (e.advisor.filtered, e.advisor.advised) == (2 * counts[1], 2 * counts[2])
+    models["b"] = node("b", 4, 0)  # b changed: its kept rank is stale
+    assert e.handler.answer_kept(verb, body) is None
+    assert e.advisor.ranks.computed == 3
+    # a request pyctl cannot read needs no rank: it is answered (as a bad request) at once
+    assert e.handler.answer_kept(verb, b"[1, 2") == e.handler.answer(verb, b"[1, 2")
+
+
 def ext_filter(e: PlacementExtender, p: dict[str, Any], names: list[str]) -> Any:
     return e.filter(args(p, names))
 
@@ -400,9 +425,19 @@ async def test_pyctl_run_serves_the_extender_from_the_controllers_models() -> No
     for verb in ("filter", "prioritize"):
         line = f'pyctl_extender_requests_total{{cluster="default",outcome="ok",verb="{verb}"}} 1.0'
         assert line in exposition
-        # and timed: first byte to answer, and the advice on its worker
-        for name in ("pyctl_extender_request_seconds", "pyctl_extender_work_seconds"):
-            assert f'{name}_count{{cluster="default",verb="{verb}"}} 1.0' in exposition
+        # and timed: first byte to answer
+        name = "pyctl_extender_request_seconds"
+        assert f'{name}_count{{cluster="default",verb="{verb}"}} 1.0' in exposition
+    # and the advice itself: the filter ranked every node (nothing was kept yet) on a worker;
+    # the prioritize after it found them kept, and was answered on the server's thread
+    for verb, thread, count in (
+        ("filter", "worker", 1),
+        ("filter", "server", 0),
+        ("prioritize", "server", 1),
+        ("prioritize", "worker", 0),
+    ):
+        labels = f'cluster="default",thread="{thread}",verb="{verb}"'
+        assert f"pyctl_extender_work_seconds_count{{{labels}}} {count}.0" in exposition
     assert 'pyctl_extender_request_seconds_count{cluster="default",verb="choose"} 0.0' in exposition
 
 
