@@ -760,6 +760,9 @@ class SizeResult:
     #: calls (`pyctl_extender_ranks_total`)
     ranks_request: int = 0
     ranks_ahead: int = 0
+    #: extender calls in the with-bursts, and those answered on the server's own thread
+    calls_all: int = 0
+    calls_on_server: int = 0
     #: compaction rounds after start-up: how many, their median and the longest
     compaction_rounds: int = 0
     compaction_s: float = float("nan")
@@ -793,7 +796,9 @@ class SizeResult:
             f"{self.sched_timed:.0f} pods/s through the proxy; in pyctl p50 "
             f"{self.srv_p50_ms:.1f} ms p99 {self.srv_p99_ms:.1f} ms, of which the advice p50 "
             f"{self.work_p50_ms:.1f} ms p99 {self.work_p99_ms:.1f} ms; node ranks computed "
-            f"{self.ranks_request} on requests, {self.ranks_ahead} ahead); "
+            f"{self.ranks_request} on requests, {self.ranks_ahead} ahead; "
+            f"{self.calls_on_server} of {self.calls_all} calls answered on the server's "
+            f"thread); "
             f"plan: compaction {self.compaction_s:.2f} s (median of {self.compaction_rounds} "
             f"rounds, longest {self.compaction_max_s:.2f} s; CPU time median "
             f"{self.compaction_cpu_s:.2f} s), MIG {self.mig_plan_s:.2f} s; "
@@ -1240,6 +1245,11 @@ class Bench:
         labels = {"verb": "choose"}
         names = ("pyctl_extender_request_seconds", "pyctl_extender_work_seconds")
         before = [ctl.buckets(name, labels) for name in names]
+        server_before = ctl.buckets(names[1], {**labels, "thread": "server"})
+
+        def total(buckets: dict[float, float]) -> float:  # the +Inf bucket: every call
+            return max(buckets.values(), default=0.0)
+
         ranks = {"request": 0.0, "ahead": 0.0}
         for i in (1, 2):
             for mode in ("without", "with"):
@@ -1255,6 +1265,10 @@ class Bench:
                         ranks[w] += now - at[w]
         after = [ctl.buckets(name, labels) for name in names]
         res.ranks_request, res.ranks_ahead = int(ranks["request"]), int(ranks["ahead"])
+        # the calls answered on the extender server's own thread (every rank kept), of all
+        on_server = ctl.buckets(names[1], {**labels, "thread": "server"})
+        res.calls_on_server = int(total(on_server) - total(server_before))
+        res.calls_all = int(total(after[1]) - total(before[1]))
         res.srv_p50_ms, res.srv_p99_ms, res.work_p50_ms, res.work_p99_ms = (
             1000 * bucket_quantile(b, a, q) for b, a in zip(before, after, strict=True)
             for q in (0.5, 0.99)
