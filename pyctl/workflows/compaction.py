@@ -8,6 +8,7 @@ where planned is not made; a rescue that loses a move is dropped whole)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -81,40 +82,85 @@ def _group(p: PodRecord) -> str | None:
 
 
 class _Allowed:
-    """Allowed destinations per pod, computed once per distinct set of constraints."""
+    """Allowed destinations per pod, computed once per distinct set of constraints per round,
+    and each set the same object as the round before's when it is the same (`intern`), so that
+    a block's check (`_Block`) compares them by identity."""
 
-    def __init__(self, fit: Fit, reserved: frozenset[str]) -> None:
+    def __init__(
+        self, fit: Fit, reserved: frozenset[str], intern: Callable[[frozenset[str]], frozenset[str]]
+    ) -> None:
         self.fit = fit
         self.reserved = reserved
+        self.intern = intern
         self._cache: dict[Any, frozenset[str]] = {}
 
+    def inter(self, p: PodRecord) -> bool:
+        """Whether `p`'s destinations depend on where the other pods are."""
+        return grouped(p) or bool(self.fit.repelling)
+
     def __call__(self, p: PodRecord) -> frozenset[str] | None:
-        inter = grouped(p) or bool(self.fit.repelling)
-        key: Any = p.key if inter else p.constraints
+        key: Any = p.key if self.inter(p) else p.constraints
         hit = self._cache.get(key)
         if hit is None:
-            hit = self.fit.allowed(p) - self.reserved
+            hit = self.intern(self.fit.allowed(p) - self.reserved)
             self._cache[key] = hit
         return hit
+
+
+@dataclass(slots=True)
+class _Block:
+    """What a round derived from one node's pods: the pods it may move (each with its record,
+    in the order given) and why the others may not. Used again by a later round while its
+    inputs are the same: the pod records and the node's record, model and DRA positions (the
+    same objects), whether the node is held and `exclude` names none of its pods, the
+    evictor's round-wide facts and the allowed destinations of one pod per kind on the node
+    (`reps`: pods of one owner, labels and constraints share both), and the clock before
+    `until`. A node with a pod whose input is the whole cluster's (claims: the DRA objects;
+    inter-pod constraints: every pod) is derived again every round (`reps` None)."""
+
+    #: the pods' identities (the block holds `pods`, so no other object can take their ids)
+    ids: list[int]
+    pods: list[PodRecord]
+    model: Node
+    rec: NodeRecord | None
+    positions: DraPositions | None
+    held: bool
+    reps: tuple[PodRecord, ...] | None
+    #: one pod that may move per set of constraints (their allowed destinations are shared)
+    movers: tuple[PodRecord, ...]
+    facts: tuple[Any, ...]
+    until: float
+    items: list[tuple[PodRecord, policy.MovablePod]]
+    refused: dict[str, str]
 
 
 class RoundCache:
     """What a planning round derives per node and per pod, kept between rounds while its inputs
     are the same objects (records and models are replaced, never changed in place):
 
+    - each node's movable pods as the planner takes them, and why the others may not move
+      (`_Block`), while the node's inputs are the same;
     - where each pod sits on each node (`attribute_pods`), for as long as the node's model is
       the same object: the reconciler replaces a node's model whenever the node, its pods or
       its DRA devices change;
     - each pod's shape as the planner moves it, for as long as the pod's record and its node's
       record are the same objects (pods without claims: a claim's shape depends on the DRA
       objects, derived every round);
-    - each node's labels as NodeFit matches them, for as long as its record is the same object."""
+    - each node's labels as NodeFit matches them, for as long as its record is the same object.
+
+    A round with a cache plans exactly what it would plan without one (tests/unit/
+    test_compaction.py changes the cluster between rounds and compares)."""
 
     def __init__(self) -> None:
         self._by_node: dict[str, tuple[Node, object, dict[str, dict[str, Any]]]] = {}
         self._shapes: dict[str, tuple[PodRecord, NodeRecord | None, Shape | None]] = {}
         self._next_shapes: dict[str, tuple[PodRecord, NodeRecord | None, Shape | None]] = {}
         self._labels: dict[str, tuple[NodeRecord, dict[str, str]]] = {}
+        self._blocks: dict[str, _Block] = {}
+        self._next_blocks: dict[str, _Block] = {}
+        self._options: EvictorOptions | None = None
+        self._sets: dict[frozenset[str], frozenset[str]] = {}
+        self._next_sets: dict[frozenset[str], frozenset[str]] = {}
 
     def shape(
         self, key: str, p: PodRecord, node: NodeRecord | None, dra: DraContext | None
@@ -143,9 +189,31 @@ class RoundCache:
             self._labels[name] = hit
         return {name: hit[1] for name, hit in self._labels.items()}
 
+    def interned(self, allowed: frozenset[str]) -> frozenset[str]:
+        """`allowed`, as the object the last round had when it was equal."""
+        got = self._sets.get(allowed)
+        if got is None:
+            got = self._next_sets.get(allowed, allowed)
+        self._next_sets[got] = got
+        return got
+
+    def start_round(self, options: EvictorOptions) -> None:
+        """Blocks derived under other evictor options are not used."""
+        if options != self._options:
+            self._blocks = {}
+            self._options = options
+
+    def block(self, name: str) -> _Block | None:
+        return self._blocks.get(name)
+
+    def keep(self, name: str, block: _Block) -> None:
+        self._next_blocks[name] = block
+
     def end_round(self) -> None:
-        """Forget the pods this round did not ask about."""
+        """Forget the pods, nodes and destination sets this round did not ask about."""
         self._shapes, self._next_shapes = self._next_shapes, {}
+        self._blocks, self._next_blocks = self._next_blocks, {}
+        self._sets, self._next_sets = self._next_sets, {}
 
     def of(
         self,
@@ -172,6 +240,128 @@ def _frozen(assignment: dict[str, Any]) -> dict[str, Any]:
     rounds (50,000 and more), lists would stay tracked by the cycle collector for good; tuples
     of numbers, and then the dicts holding only them, are untracked by its next passes."""
     return {k: tuple(v) if type(v) is list else v for k, v in assignment.items()}
+
+
+@dataclass
+class _Round:
+    """One round's inputs, and the derivation of a node's block from them."""
+
+    cache: RoundCache
+    models: Mapping[str, Node]
+    nodes: Mapping[str, NodeRecord]
+    evictor: Evictor
+    allowed: _Allowed
+    held: frozenset[str]
+    exclude: Mapping[str, str]
+    #: nodes with a pod `exclude` names
+    excluded: frozenset[str]
+    dra: DraContext | None
+    positions: Mapping[str, DraPositions]
+
+    def block(self, name: str, on: list[PodRecord]) -> _Block:
+        """Node `name`'s block for its pods `on` (running, in their order): the last round's
+        if its inputs are the same (`_Block`), else derived now."""
+        model, rec, positions = self.models[name], self.nodes.get(name), self.positions.get(name)
+        held = name in self.held
+        last = self.cache.block(name)
+        if (
+            last is not None
+            and last.reps is not None
+            and last.model is model
+            and last.rec is rec
+            and last.positions is positions
+            and last.held is held
+            and name not in self.excluded
+            and not self.allowed.fit.repelling
+            and last.ids == list(map(id, on))
+            and self.evictor.clock() < last.until
+            and self._facts(last.reps, last.movers) == last.facts
+        ):
+            self.cache.keep(name, last)
+            return last
+        got = self._derive(name, on, model, rec, positions, held)
+        if name not in self.excluded:
+            self.cache.keep(name, got)
+        return got
+
+    def _facts(self, reps: tuple[PodRecord, ...], movers: tuple[PodRecord, ...]) -> tuple[Any, ...]:
+        """The round-wide values the block's pods were judged on: the evictor's facts per kind
+        of pod, then the allowed destinations of the pods that may move, per set of constraints
+        (only theirs: a NodeFit pass over every node for each pod kept in place, a DaemonSet's
+        pinned to its node, would cost more than the block saves)."""
+        return tuple(self.evictor.facts(r) for r in reps) + tuple(self.allowed(m) for m in movers)
+
+    def _derive(
+        self,
+        name: str,
+        on: list[PodRecord],
+        model: Node,
+        rec: NodeRecord | None,
+        positions: DraPositions | None,
+        held: bool,
+    ) -> _Block:
+        ev = self.evictor
+        movable, by_rules = ev.movable(on)
+        refused = dict(by_rules)
+        if self.exclude:  # pods not to plan again now (e.g. their eviction was denied for good)
+            refused.update({p.key: self.exclude[p.key] for p in movable if p.key in self.exclude})
+            movable = [p for p in movable if p.key not in self.exclude]
+        # a node a rescue in progress holds is that rescue's: it evicts what its plan needs
+        # there, and nothing else moves pods off it meanwhile (no eviction beyond the plan, none
+        # twice)
+        if held:
+            refused.update({p.key: f"node {name} is held by a rescue in progress" for p in movable})
+            movable = []
+        where = self.cache.of(name, model, on, positions) if rec is not None else {}
+        both = rec is not None and _both_ways(model, rec)
+        items: list[tuple[PodRecord, policy.MovablePod]] = []
+        for p in movable:
+            key = p.key
+            assignment = where.get(key)
+            if assignment is None:
+                continue
+            why = _unmovable_dra(p, self.dra, name if both else None)
+            if why is not None:
+                refused[key] = why
+                continue
+            shape = self.cache.shape(key, p, rec, self.dra)
+            if shape is None:
+                continue
+            pdb = next(iter(ev.covering(p)), None)
+            mp = policy.MovablePod(
+                key=key,
+                node=name,
+                assignment=assignment,
+                shape=shape,
+                allowed=self.allowed(p),
+                pdb=pdb.key if pdb is not None else None,
+                pdb_headroom=ev.pdb_headroom(p) or 0,
+                group=_group(p),
+            )
+            items.append((p, mp))
+        # one pod per kind, unless a pod's input is the whole cluster's
+        reps: tuple[PodRecord, ...] | None = None
+        movers: tuple[PodRecord, ...] = ()
+        if not any(p.claims or self.allowed.inter(p) for p in on):
+            movers = tuple({p.constraints: p for p, _ in items}.values())
+            kinds: dict[Any, PodRecord] = {}
+            for p in on:
+                kinds.setdefault(
+                    (p.namespace, p.owner_kind, p.owner_name, p.labels, p.constraints), p
+                )
+            reps = tuple(kinds.values())
+        until = min((ev.holds_until(p) for p in on), default=math.inf)
+        facts = self._facts(reps, movers) if reps is not None else ()
+        return _Block(
+            list(map(id, on)), on, model, rec, positions, held, reps, movers, facts, until,
+            items, refused,
+        )  # fmt: skip
+
+
+def _nodes_of(pods: Iterable[PodRecord], keys: Mapping[str, str]) -> frozenset[str]:
+    if not keys:
+        return frozenset()
+    return frozenset(p.node for p in pods if p.key in keys)
 
 
 def plan_compaction(
@@ -211,63 +401,29 @@ def plan_compaction(
     for p in all_pods:
         if p.node:
             by_node.setdefault(p.node, []).append(p)
-    where: dict[str, dict[str, Any]] = {}
-    both_ways: dict[str, str] = {}
-    attributed = round_cache if round_cache is not None else RoundCache()
-    for name in names:
-        where.update(
-            attributed.of(
-                name, models[name], by_node.get(name, []), (dra_positions or {}).get(name)
-            )
-        )
-        if _both_ways(models[name], nodes[name]):
-            both_ways[name] = (
-                f"node {name}: its GPUs are managed both by the device plugin and by a DRA "
-                "driver (pyctl does not move pods there)"
-            )
-    pdb_list = list(pdbs)
-    evictor = Evictor(options or EvictorOptions(), all_pods, pdb_list)
-    movable, refused_by_rules = evictor.movable([p for p in all_pods if p.node in models])
-    refused = dict(refused_by_rules)
-    if exclude:  # pods not to plan again now (e.g. their eviction was denied for good)
-        refused.update({p.key: exclude[p.key] for p in movable if p.key in exclude})
-        movable = [p for p in movable if p.key not in exclude]
-    # a node a rescue in progress holds is that rescue's: it evicts what its plan needs there,
-    # and nothing else moves pods off it meanwhile (no eviction beyond the plan, none twice)
+    cache = round_cache if round_cache is not None else RoundCache()
+    evictor = Evictor(options or EvictorOptions(), all_pods, list(pdbs))
+    cache.start_round(evictor.options)
     held = frozenset(reserved)
-    refused.update(
-        {p.key: f"node {p.node} is held by a rescue in progress" for p in movable if p.node in held}
-    )
-    movable = [p for p in movable if p.node not in held]
     fit_nodes = {n: nodes[n] for n in names}
-    fit = Fit(fit_nodes, all_pods, attributed.labels(fit_nodes))
-    allowed = _Allowed(fit, held)
-    items: list[policy.MovablePod] = []
-    for p in movable:
-        key = p.key
-        assignment = where.get(key)
-        if assignment is None:
+    fit = Fit(fit_nodes, all_pods, cache.labels(fit_nodes))
+    allowed = _Allowed(fit, held, cache.interned)
+    excluded = exclude or {}
+    rnd = _Round(
+        cache, models, nodes, evictor, allowed, held, excluded, _nodes_of(all_pods, excluded),
+        dra, dra_positions or {},
+    )  # fmt: skip
+    refused: dict[str, str] = {}
+    chosen: dict[int, policy.MovablePod] = {}
+    for name, on in by_node.items():
+        if name not in models:
             continue
-        why = _unmovable_dra(p, dra, both_ways)
-        if why is not None:
-            refused[key] = why
-            continue
-        shape = attributed.shape(key, p, nodes.get(p.node), dra)
-        if shape is None:
-            continue
-        pdb = next(iter(evictor.covering(p)), None)
-        items.append(
-            policy.MovablePod(
-                key=key,
-                node=p.node,
-                assignment=assignment,
-                shape=shape,
-                allowed=allowed(p),
-                pdb=pdb.key if pdb is not None else None,
-                pdb_headroom=evictor.pdb_headroom(p) or 0,
-                group=_group(p),
-            )
-        )
+        block = rnd.block(name, on)
+        refused.update(block.refused)
+        for p, item in block.items:
+            chosen[id(p)] = item
+    # in the order the pods were given (the planner breaks ties by it)
+    items = [mp for p in all_pods if (mp := chosen.get(id(p))) is not None]
     pend: list[policy.PendingPod] = []
     for p in pending:
         want = shape_of(p, dra) if not p.node else None
@@ -275,8 +431,8 @@ def plan_compaction(
             pend.append(policy.PendingPod(p.key, want, allowed(p)))
     model = FragmentationModel(Snapshot(tuple(models[n] for n in names)))
     raw = policy.plan(model, items, pend, workload, limits)
-    attributed.keep_only(names)
-    attributed.end_round()
+    cache.keep_only(names)
+    cache.end_round()
 
     def pod_of(key: str, node: str) -> PodRecord | None:
         return next((p for p in by_node.get(node, ()) if p.key == key), None)
@@ -293,12 +449,14 @@ def _both_ways(model: Node, rec: NodeRecord) -> bool:
     return dra_gpus and bool(rec.gpus or rec.mig)
 
 
-def _unmovable_dra(
-    p: PodRecord, dra: DraContext | None, both_ways: Mapping[str, str]
-) -> str | None:
-    """Why a pod's DRA claims keep it where it is (None: they do not)."""
-    if p.node in both_ways:
-        return both_ways[p.node]
+def _unmovable_dra(p: PodRecord, dra: DraContext | None, both_ways: str | None) -> str | None:
+    """Why a pod's DRA claims keep it where it is (None: they do not); `both_ways`: its node,
+    if its GPUs are managed both by the device plugin and by a DRA driver."""
+    if both_ways is not None:
+        return (
+            f"node {both_ways}: its GPUs are managed both by the device plugin and by a DRA "
+            "driver (pyctl does not move pods there)"
+        )
     if not p.claims or dra is None:
         return None
     need = dra.need(p.namespace, p.claims)

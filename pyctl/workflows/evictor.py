@@ -12,6 +12,7 @@ word (an eviction refused with 429 is retried later).
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -78,6 +79,10 @@ class Evictor:
                 self._by_ns.setdefault(b.namespace, []).append(b)
         self._covering: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[PdbRecord, ...]] = {}
         self._headroom: dict[tuple[str, tuple[tuple[str, str], ...]], int | None] = {}
+        self._facts: dict[
+            tuple[str, str, str, tuple[tuple[str, str], ...]],
+            tuple[bool, tuple[str, ...], int | None],
+        ] = {}
         self.replicas: Counter[tuple[str, str, str]] = Counter(
             (p.namespace, p.owner_kind, p.owner_name)
             for p in pods
@@ -148,6 +153,27 @@ class Evictor:
         the last word: an eviction refused with 429 is retried later)."""
         h = self.pdb_headroom(p)
         return h is None or h > 0
+
+    def facts(self, p: PodRecord) -> tuple[bool, tuple[str, ...], int | None]:
+        """What the verdict on `p` (`why_not`, `pdb_allows`) and its budget read beyond `p`
+        itself, the options and the clock: whether its owner has fewer than `min_replicas` pods,
+        the budgets that cover it, and the disruptions they allow now. Pods of one owner with the
+        same labels share them."""
+        key = (p.namespace, p.owner_kind, p.owner_name, p.labels)
+        hit = self._facts.get(key)
+        if hit is None:
+            short = self.replicas[key[:3]] < self.options.min_replicas
+            hit = short, tuple(b.key for b in self.covering(p)), self.pdb_headroom(p)
+            self._facts[key] = hit
+        return hit
+
+    def holds_until(self, p: PodRecord) -> float:
+        """Until when the verdict on `p` holds with time alone: the clock time it comes of age
+        (`min_pod_age_seconds`) if it is younger now, else forever (inf)."""
+        age = self.options.min_pod_age_seconds
+        if age > 0 and p.created > 0 and self.clock() - p.created < age:
+            return p.created + age
+        return math.inf
 
     def movable(self, pods: Iterable[PodRecord]) -> tuple[list[PodRecord], Mapping[str, str]]:
         ok: list[PodRecord] = []

@@ -305,3 +305,134 @@ def test_each_move_is_checked_on_the_cluster_the_moves_before_it_leave() -> None
     )
     ok, _, _ = _verified(policy.Plan(two), fit, pod_of)
     assert [m.pod for m in ok] == ["serving/b0"]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_a_round_with_the_cache_plans_what_a_fresh_round_plans(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cache keeps each node's derived pods (`RoundCache`) while that node's inputs are the
+    same: across rounds that change pods, budgets, node records, held nodes, excluded pods,
+    the evictor's options, the clock (pods coming of age) and pods that repel others, every
+    round with the cache kept plans exactly what a round with a fresh cache plans; and the
+    cache is used (a node whose inputs did not change is not derived again)."""
+    import random
+
+    from pyctl.workflows import compaction
+
+    rng = random.Random(seed)
+    now = [1_000_000.0]
+    monkeypatch.setattr(
+        compaction,
+        "Evictor",
+        lambda o, pods, pdbs: Evictor(o, pods, pdbs, clock=lambda: now[0]),
+    )
+    derived: list[str] = []
+    real_derive = compaction._Round._derive
+
+    def counting(self: compaction._Round, name: str, *a: object) -> compaction._Block:
+        derived.append(name)
+        return real_derive(self, name, *a)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(compaction._Round, "_derive", counting)
+    names = [f"n{i}" for i in range(10)]
+    nodes = {n: node(n, labels=(("pool", "a" if i % 3 else "b"),)) for i, n in enumerate(names)}
+    nrts = {n: nrt(n, (2, 2)) for n in names}
+    owners = ["llm", "emb", "asr"]
+    pick = Constraints(node_selector=(("pool", "a"),))
+    tolerate = Constraints(tolerations=(Toleration("gpu", "Exists"),))
+    repel = Constraints(
+        anti_affinity=(PodTerm("kubernetes.io/hostname", Selector((("app", "llm"),))),)
+    )
+    counter = [0]
+
+    def new_pod(n: str) -> PodRecord:
+        counter[0] += 1
+        owner = rng.choice(owners)
+        return pod(
+            f"p{counter[0]}",
+            n,
+            gpus=rng.choice([0, 1, 1, 2]),
+            owner_name=owner,
+            labels=(("app", owner),),
+            constraints=rng.choice([None, None, pick, tolerate]),
+            created=now[0] - rng.choice([5.0, 50.0, 500.0]),
+            evict_annotation=rng.choice(["", "", "", "false"]),
+        )
+
+    on = {n: [new_pod(n) for _ in range(rng.randint(1, 4))] for n in names}
+    models = {n: models_of([nodes[n]], [nrts[n]], on[n])[n] for n in names}
+    pdbs = [
+        PdbRecord("serving", o, match_labels=(("app", o),), disruptions_allowed=1) for o in owners
+    ]
+    options = EvictorOptions()
+    held: set[str] = set()
+    exclude: dict[str, str] = {}
+    kept = RoundCache()
+    planned = 0
+    reused = 0
+    for _ in range(40):
+        for n in names:  # the pods that repel others go after a round or two
+            if rng.random() < 0.5 and any(p.constraints == repel for p in on[n]):
+                on[n] = [p for p in on[n] if p.constraints != repel]
+                models[n] = models_of([nodes[n]], [nrts[n]], on[n])[n]
+        for _ in range(rng.randint(0, 3)):
+            what = rng.randrange(10)
+            n = rng.choice(names)
+            if what == 0 and on[n]:  # a pod goes
+                on[n].pop(rng.randrange(len(on[n])))
+            elif what == 1:  # a pod comes
+                on[n].append(new_pod(n))
+            elif what == 2 and on[n]:  # a pod's record is replaced
+                i = rng.randrange(len(on[n]))
+                on[n][i] = msgspec.structs.replace(on[n][i], priority=rng.randint(0, 5))
+            elif what == 3:  # a budget's disruptions change
+                j = rng.randrange(len(pdbs))
+                pdbs[j] = msgspec.structs.replace(pdbs[j], disruptions_allowed=rng.randint(0, 2))
+            elif what == 4:  # a node is tainted or labelled again
+                nodes[n] = msgspec.structs.replace(
+                    nodes[n],
+                    labels=(("pool", rng.choice("ab")),),
+                    taints=rng.choice([(), (Taint("gpu", "x", "NoSchedule"),)]),
+                )
+            elif what == 5:  # a rescue holds a node, or lets it go
+                held ^= {n}
+            elif what == 6 and on[n]:  # a pod's move was abandoned, or forgotten
+                key = rng.choice(on[n]).key
+                if exclude.pop(key, None) is None:
+                    exclude[key] = "its last move was abandoned"
+            elif what == 7:
+                options = EvictorOptions(min_replicas=rng.choice([1, 1, 6]), min_pod_age_seconds=30)
+            elif what == 8:  # a pod that keeps llm replicas off its node comes (for a while)
+                on[n].append(msgspec.structs.replace(new_pod(n), constraints=repel))
+            else:
+                now[0] += rng.choice([10.0, 30.0])
+            if what in (0, 1, 2, 4, 8):
+                models[n] = models_of([nodes[n]], [nrts[n]], on[n])[n]
+        pods = [p for n in names for p in on[n]]
+
+        plans = []
+        for cache in (kept, RoundCache()):
+            derived.clear()
+            plans.append(
+                plan_compaction(
+                    models,
+                    nodes,
+                    pods,
+                    pdbs,
+                    Workload((ONE,)),
+                    pending=(BIG,),
+                    options=options,
+                    reserved=held,
+                    round_cache=cache,
+                    exclude=exclude,
+                )
+            )
+            if cache is kept:
+                reused += len(names) - len(derived)
+        with_cache, fresh = plans
+        assert with_cache == fresh
+        planned += bool(with_cache.moves or with_cache.rescues)
+    print(f"seed {seed}: {reused} nodes' blocks used again")
+    assert reused > 100  # the cache was used
+    assert planned > 0  # and the plans were not all empty
