@@ -3,9 +3,11 @@
 
 - The server (`pyctl.serve.http`: connection limit, read timeouts, body limit, TLS, client
   authentication) runs its own event loop on its own thread.
-- Each request's work (decoding, the placement advice) runs on a pool of `max_concurrency`
-  worker threads, each with its own `ExtenderHandler` (the Rust core releases the GIL while it
-  scores). A request that finds every worker busy waits for one until its deadline.
+- A request every candidate rank of which is kept (`ExtenderHandler.answer_kept`: a lookup per
+  node) is answered on the server's thread (`answer_kept`). Any other request's work (decoding,
+  the placement advice) runs on a pool of `max_concurrency` worker threads, each with its own
+  `ExtenderHandler` (the Rust core releases the GIL while it scores). A request that finds every
+  worker busy waits for one until its deadline.
 - Every request is answered within `deadline` seconds of its first byte: if no worker was free
   in time (outcome ``overload``) or the advice was not ready in time (``deadline``), the answer
   is "no advice" (`pyctl.serve.extender.no_advice`), never a late one. A late worker finishes
