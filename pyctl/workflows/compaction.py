@@ -67,6 +67,9 @@ class CompactionPlan:
     rescues: tuple[PlannedRescue, ...] = ()
     #: pending pods no rescue within the limits could place, with why
     unrescued: Mapping[str, str] = field(default_factory=dict)
+    #: nodes whose pods the round derived (the others' it kept from the round before,
+    #: `RoundCache`); not part of the plan
+    derived: int = field(default=0, compare=False)
 
     @property
     def gain_gpu_milli(self) -> float:
@@ -415,10 +418,12 @@ def plan_compaction(
     )  # fmt: skip
     refused: dict[str, str] = {}
     chosen: dict[int, policy.MovablePod] = {}
+    derived = 0
     for name, on in by_node.items():
         if name not in models:
             continue
         block = rnd.block(name, on)
+        derived += block is not cache.block(name)
         refused.update(block.refused)
         for p, item in block.items:
             chosen[id(p)] = item
@@ -440,7 +445,7 @@ def plan_compaction(
     moves, rescues, dropped = _verified(raw, fit, pod_of)
     unrescued = dict.fromkeys(raw.unrescued, "no set of moves within the limits makes room")
     unrescued.update(dropped)
-    return CompactionPlan(moves, refused, len(items), rescues, unrescued)
+    return CompactionPlan(moves, refused, len(items), rescues, unrescued, derived)
 
 
 def _both_ways(model: Node, rec: NodeRecord) -> bool:

@@ -202,6 +202,8 @@ class Compactor:
                 # waited for a core or for the GIL
                 "cpu_seconds": round(time.thread_time() - c0, 3),
                 "considered": plan.considered,
+                # nodes whose pods were derived again (the others' were kept, `RoundCache`)
+                "derived": plan.derived,
                 "moves": len(plan.moves),
                 "rescues": len(plan.rescues),
             },
