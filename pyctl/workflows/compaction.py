@@ -116,14 +116,16 @@ class _Block:
     in the order given) and why the others may not. Used again by a later round while its
     inputs are the same: the pod records and the node's record, model and DRA positions (the
     same objects), whether the node is held and `exclude` names none of its pods, the
-    evictor's round-wide facts and the allowed destinations of one pod per kind on the node
-    (`reps`: pods of one owner, labels and constraints share both), and the clock before
-    `until`. A node with a pod whose input is the whole cluster's (claims: the DRA objects;
-    inter-pod constraints: every pod) is derived again every round (`reps` None)."""
+    evictor's round-wide facts of one pod per kind (`reps`: pods of one owner, labels and
+    constraints share them), the allowed destinations of one pod that may move per set of
+    constraints (`movers`), and the clock before `until`. A node with a pod whose input is the
+    whole cluster's (claims: the DRA objects; inter-pod constraints: every pod) is derived again
+    every round (`reps` None). Tuples, not lists: kept for every node between rounds, they
+    (their items are untracked records) drop out of the cycle collector's passes."""
 
     #: the pods' identities (the block holds `pods`, so no other object can take their ids)
-    ids: list[int]
-    pods: list[PodRecord]
+    ids: tuple[int, ...]
+    pods: tuple[PodRecord, ...]
     model: Node
     rec: NodeRecord | None
     positions: DraPositions | None
@@ -133,7 +135,7 @@ class _Block:
     movers: tuple[PodRecord, ...]
     facts: tuple[Any, ...]
     until: float
-    items: list[tuple[PodRecord, policy.MovablePod]]
+    items: tuple[tuple[PodRecord, policy.MovablePod], ...]
     refused: dict[str, str]
 
 
@@ -276,7 +278,7 @@ class _Round:
             and last.held is held
             and name not in self.excluded
             and not self.allowed.fit.repelling
-            and last.ids == list(map(id, on))
+            and last.ids == tuple(map(id, on))
             and self.evictor.clock() < last.until
             and self._facts(last.reps, last.movers) == last.facts
         ):
@@ -356,8 +358,8 @@ class _Round:
         until = min((ev.holds_until(p) for p in on), default=math.inf)
         facts = self._facts(reps, movers) if reps is not None else ()
         return _Block(
-            list(map(id, on)), on, model, rec, positions, held, reps, movers, facts, until,
-            items, refused,
+            tuple(map(id, on)), tuple(on), model, rec, positions, held, reps, movers, facts,
+            until, tuple(items), refused,
         )  # fmt: skip
 
 
