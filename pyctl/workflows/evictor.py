@@ -120,7 +120,7 @@ class Evictor:
             return "uses local storage"
         if p.pvc and not o.evict_pvc_pods:
             return "uses a PersistentVolumeClaim"
-        if self.replicas[(p.namespace, p.owner_kind, p.owner_name)] < o.min_replicas:
+        if self.facts(p)[0]:  # the owner's replicas, read through `facts` (what rounds keep)
             return f"owner has fewer than {o.min_replicas} replicas"
         if o.min_pod_age_seconds > 0 and p.created > 0:
             age = self.clock() - p.created
