@@ -346,9 +346,18 @@ class PlacementAdvisor:
     ) -> dict[str, str]:
         """The candidate nodes `pod` must not go to, with why. `compute` False: from kept ranks
         only (`NotKept` if one is missing, and nothing is counted), as for every method here."""
-        return self._count(self._failed(pod, names, compute))
+        shape = self._shape_of(pod)
+        ranks = self.rank(shape, names, compute) if shape is not None and _filtered(shape) else {}
+        return self._count(self._failed(pod, names, shape, ranks))
 
-    def _failed(self, pod: PodRecord, names: tuple[str, ...], compute: bool) -> dict[str, str]:
+    def _failed(
+        self,
+        pod: PodRecord,
+        names: tuple[str, ...],
+        shape: Shape | None,
+        ranks: Mapping[str, policy.Ranked | str | None],
+    ) -> dict[str, str]:
+        """The filter's answer, from `ranks` (of `shape` on each of `names`, if `_filtered`)."""
         failed: dict[str, str] = {}
         reserved = self.reservations()
         if reserved:
@@ -359,12 +368,11 @@ class PlacementAdvisor:
         left = self.departures().get(workload_key(pod))
         if left is not None and left in names and left not in failed:
             failed[left] = "pyctl: compaction moved this workload's pod off this node"
-        shape = self._shape_of(pod)
-        if shape is None or shape.is_cpu_only or shape.dra:
+        if shape is None or not _filtered(shape):
             return failed  # the scheduler's business (DRA: its own allocator's)
         what = ""
-        for name, r in self.rank(shape, names, compute).items():
-            if r is None and name not in failed:
+        for name in names:
+            if ranks[name] is None and name not in failed:
                 node = self._models[name]
                 if shape.mig_profile is None and node.gpu_pool != shape.gpu_pool:
                     failed[name] = (
@@ -397,10 +405,13 @@ class PlacementAdvisor:
         pod (verb ``choose``): the candidates that pass `filter` and that `prioritize` would not
         score highest fail too, saying which node pyctl chose. At the shipped weight the top
         score is the scheduler's choice anyway; this way it costs one call, and the scheduler
-        skips its scoring when one node is left. No preference (every score 0): `filter`."""
-        failed = self._failed(pod, names, compute)
+        skips its scoring when one node is left. No preference (every score 0): `filter`. The
+        ranks are looked up once for both."""
+        shape = self._shape_of(pod)
+        ranks = self.rank(shape, names, compute) if shape is not None else {}
+        failed = self._failed(pod, names, shape, ranks)
         left = tuple(n for n in names if n not in failed)
-        scores = self._scores(pod, left, compute)
+        scores = self._scores(pod, left, shape, ranks)
         self._count(failed)
         self._advise(scores)
         top = max(scores.values(), default=0)
@@ -417,21 +428,36 @@ class PlacementAdvisor:
         self, pod: PodRecord, names: tuple[str, ...], compute: bool = True
     ) -> dict[str, int]:
         """A score 0..MAX_EXTENDER_PRIORITY per candidate node."""
-        return self._advise(self._scores(pod, names, compute))
-
-    def _scores(self, pod: PodRecord, names: tuple[str, ...], compute: bool) -> dict[str, int]:
         shape = self._shape_of(pod)
+        ranks = self.rank(shape, names, compute) if shape is not None else {}
+        return self._advise(self._scores(pod, names, shape, ranks))
+
+    def _scores(
+        self,
+        pod: PodRecord,
+        names: tuple[str, ...],
+        shape: Shape | None,
+        ranks: Mapping[str, policy.Ranked | str | None],
+    ) -> dict[str, int]:
+        """The scores of `names`, from `ranks` (of `shape` on each of them, or more)."""
         if shape is None:  # claims pyctl cannot tell: no preference
             return dict.fromkeys(names, 0)
-        ordered = tuple(sorted(names))  # a stable order: ties go to the first node by name
-        ranks = self.rank(shape, ordered, compute)
-        known = [r if isinstance(r, policy.Ranked) else None for r in ranks.values()]
-        scores = dict(zip(ranks, policy.extender_scores(known), strict=True))
+        ordered = sorted(names)  # a stable order: ties go to the first node by name
+        known = [
+            r if isinstance(r, policy.Ranked) else None for r in map(ranks.__getitem__, ordered)
+        ]
+        scores = dict(zip(ordered, policy.extender_scores(known), strict=True))
         # the node a rescue freed for this pod is where it goes
         for node, holder in self.reservations().items():
             if holder == pod.key and node in scores and scores[node] > 0:
                 scores[node] = policy.MAX_EXTENDER_PRIORITY
         return {n: scores.get(n, 0) for n in names}
+
+
+def _filtered(shape: Shape) -> bool:
+    """Whether the filter looks at the ranks of `shape` (GPUs the device plugin serves; CPU-only
+    pods are the scheduler's business, DRA pods its own allocator's)."""
+    return not shape.is_cpu_only and not shape.dra
 
 
 def _listed(names: list[str], most: int = 3) -> str:
