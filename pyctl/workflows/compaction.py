@@ -203,7 +203,9 @@ class RoundCache:
         return got
 
     def start_round(self, options: EvictorOptions) -> None:
-        """Blocks derived under other evictor options are not used."""
+        """Blocks derived under other evictor options are not used; nor is what a round that
+        did not end (it raised) kept for the next."""
+        self._next_blocks, self._next_sets = {}, {}
         if options != self._options:
             self._blocks = {}
             self._options = options
