@@ -433,6 +433,5 @@ def test_a_round_with_the_cache_plans_what_a_fresh_round_plans(
         with_cache, fresh = plans
         assert with_cache == fresh
         planned += bool(with_cache.moves or with_cache.rescues)
-    print(f"seed {seed}: {reused} nodes' blocks used again")
     assert reused > 100  # the cache was used
     assert planned > 0  # and the plans were not all empty
