@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -47,6 +48,8 @@ from pyctl.serve.http import (
 )
 
 log = logging.getLogger("pyctl.placement")
+
+_T = TypeVar("_T")
 
 PREFIX = "/scheduler"
 #: seconds a thread holds the GIL before handing it over when another waits (Python's default is
@@ -189,20 +192,20 @@ class ExtenderServer:
             handler = self._local.handler = self.make_handler()
         return handler
 
-    def _work(self, verb: str, body: bytes) -> tuple[bytes, str]:
+    def _timed(self, verb: str, thread: str, answer: Callable[[], _T]) -> _T:
+        """`answer()`, its time counted as `thread`'s work on `verb` (when it answered)."""
         t0 = time.perf_counter()
-        got = self._handler().answer(verb, body)
-        if self.metrics is not None and verb in VERBS:
-            self.metrics.work(verb, time.perf_counter() - t0)
+        got = answer()
+        if got is not None and self.metrics is not None and verb in VERBS:
+            self.metrics.work(verb, time.perf_counter() - t0, thread)
         return got
+
+    def _work(self, verb: str, body: bytes) -> tuple[bytes, str]:
+        return self._timed(verb, "worker", lambda: self._handler().answer(verb, body))
 
     def _kept(self, verb: str, body: bytes) -> tuple[bytes, str] | None:
         """The answer from kept ranks, on the server's thread, or None (a worker computes it)."""
-        t0 = time.perf_counter()
-        got = self._handler().answer_kept(verb, body)
-        if got is not None and self.metrics is not None and verb in VERBS:
-            self.metrics.work(verb, time.perf_counter() - t0, "server")
-        return got
+        return self._timed(verb, "server", lambda: self._handler().answer_kept(verb, body))
 
     # -- a request, on the server's loop ------------------------------------------------------
     async def _request(self, req: Request) -> Response:
