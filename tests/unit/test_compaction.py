@@ -22,7 +22,7 @@ from pyctl.cluster.records import (
     ZoneRecord,
 )
 from pyctl.cluster.translate import models_of
-from pyctl.model import Shape, Workload
+from pyctl.model import Node, Shape, Workload
 from pyctl.workflows.compaction import CompactionPlan, RoundCache, plan_compaction
 from pyctl.workflows.evictor import Evictor, EvictorOptions
 
@@ -361,7 +361,13 @@ def test_a_round_with_the_cache_plans_what_a_fresh_round_plans(
         )
 
     on = {n: [new_pod(n) for _ in range(rng.randint(1, 4))] for n in names}
-    models = {n: models_of([nodes[n]], [nrts[n]], on[n])[n] for n in names}
+    models: dict[str, Node] = {}
+
+    def remodel(n: str) -> None:  # as the reconciler replaces a node's model
+        models[n] = models_of([nodes[n]], [nrts[n]], on[n])[n]
+
+    for n in names:
+        remodel(n)
     pdbs = [
         PdbRecord("serving", o, match_labels=(("app", o),), disruptions_allowed=1) for o in owners
     ]
@@ -375,7 +381,7 @@ def test_a_round_with_the_cache_plans_what_a_fresh_round_plans(
         for n in names:  # the pods that repel others go after a round or two
             if rng.random() < 0.5 and any(p.constraints == repel for p in on[n]):
                 on[n] = [p for p in on[n] if p.constraints != repel]
-                models[n] = models_of([nodes[n]], [nrts[n]], on[n])[n]
+                remodel(n)
         for _ in range(rng.randint(0, 3)):
             what = rng.randrange(10)
             n = rng.choice(names)
@@ -408,7 +414,7 @@ def test_a_round_with_the_cache_plans_what_a_fresh_round_plans(
             else:
                 now[0] += rng.choice([10.0, 30.0])
             if what in (0, 1, 2, 4, 8):
-                models[n] = models_of([nodes[n]], [nrts[n]], on[n])[n]
+                remodel(n)
         pods = [p for n in names for p in on[n]]
 
         plans = []
