@@ -14,11 +14,12 @@ from pyctl.cluster.records import ObjectRef, PodRecord
 from pyctl.cluster.selectors import parse_selector
 from pyctl.cluster.source import Actuator, NullActuator
 from pyctl.controller.controller import Controller
-from pyctl.controller.placement import PlacementAdvisor, RankTable
+from pyctl.controller.placement import PlacementAdvisor, RankTable, no_reservations
 from pyctl.controller.workload import WorkloadScope
 from pyctl.metrics import Metrics
 from pyctl.recommend.recommender import attach_from_config
 from pyctl.serve.extender import ExtenderHandler
+from pyctl.serve.extender_process import ExtenderProcess, Publisher
 from pyctl.serve.extender_server import ExtenderServer, HttpMetrics
 from pyctl.serve.health import HealthServer
 from pyctl.state.memory import MemoryStore
@@ -197,17 +198,24 @@ def attach_recommender(ctl: Controller, cfg: Config) -> None:
         attach_from_config(ctl, cfg.recommend)
 
 
+def _rescues(
+    flows: Workflows | None,
+) -> tuple[Callable[[], Mapping[str, str]], Callable[[], Mapping[str, str]]]:
+    """The nodes the rescues in progress keep for their pending pods, and the nodes compaction
+    just moved a workload's pod off (none without workflows)."""
+    if flows is None:
+        return no_reservations, no_reservations
+    compactor = flows.compactor
+    return (lambda: compactor.reservations), (lambda: compactor.departures)
+
+
 def advisor(
     ctl: Controller, flows: Workflows | None = None, ranks: RankTable | None = None
 ) -> PlacementAdvisor:
     """The scheduler extender's decisions, on the controller's models, keeping the nodes of the
     rescues in progress for their pending pods (`ranks`: the table of kept ranks to share)."""
-    if flows is None:
-        return PlacementAdvisor.for_reconciler(ctl.reconciler, ranks=ranks)
-    compactor = flows.compactor
-    return PlacementAdvisor.for_reconciler(
-        ctl.reconciler, lambda: compactor.reservations, lambda: compactor.departures, ranks
-    )
+    reserved, departed = _rescues(flows)
+    return PlacementAdvisor.for_reconciler(ctl.reconciler, reserved, departed, ranks)
 
 
 @dataclass
@@ -215,7 +223,7 @@ class Servers:
     """The HTTP servers of one controller (each None when its port is 0)."""
 
     health: HealthServer | None = None
-    extender: ExtenderServer | None = None
+    extender: ExtenderServer | ExtenderProcess | None = None
 
     async def stop(self) -> None:
         if self.extender is not None:
@@ -261,15 +269,27 @@ async def start_servers(ctl: Controller, cfg: Config, flows: Workflows | None = 
             r = ctl.reconciler
             ranks = RankTable(r.models, lambda: r.workload, ctl.metrics, cfg.cluster)
             r.on_scored.append(ranks.refreshed)
-            # and ahead of the scheduler's first call for a new shape (its pods pending)
-            ctl.background.append(
-                lambda: ranks.keep_warm(r.pending_shapes, lambda: len(ctl.queue) > 0)
-            )
-            servers.extender = ExtenderServer(
-                lambda: ExtenderHandler(advisor(ctl, flows, ranks)),
-                cfg.extender,
-                metrics,
-            )
+            handler = lambda: ExtenderHandler(advisor(ctl, flows, ranks))  # noqa: E731
+            if cfg.extender.process:
+                # a process of its own, fed the models; it forwards here what it cannot
+                # answer alone (pods with DRA claims), and ranks ahead itself
+                reserved, departed = _rescues(flows)
+                proc = ExtenderProcess(
+                    Publisher(r, reserved, departed),
+                    handler,
+                    cfg.extender,
+                    metrics,
+                    ctl.metrics,
+                    cfg.cluster,
+                )
+                servers.extender = proc
+                ctl.background.append(proc.keep_pending)
+            else:
+                # and ahead of the scheduler's first call for a new shape (its pods pending)
+                ctl.background.append(
+                    lambda: ranks.keep_warm(r.pending_shapes, lambda: len(ctl.queue) > 0)
+                )
+                servers.extender = ExtenderServer(handler, cfg.extender, metrics)
             await servers.extender.start()
     except BaseException:
         await servers.stop()

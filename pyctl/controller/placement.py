@@ -63,7 +63,7 @@ class NotKept(Exception):
     """A node's rank was to be served only if kept, and it is missing or stale."""
 
 
-def _no_reservations() -> Mapping[str, str]:
+def no_reservations() -> Mapping[str, str]:
     return {}
 
 
@@ -301,8 +301,8 @@ class PlacementAdvisor:
         self,
         models: Mapping[str, Node],
         workload: Callable[[], Workload],
-        reservations: Callable[[], Mapping[str, str]] = _no_reservations,
-        departures: Callable[[], Mapping[str, str]] = _no_reservations,
+        reservations: Callable[[], Mapping[str, str]] = no_reservations,
+        departures: Callable[[], Mapping[str, str]] = no_reservations,
         shape_of: Callable[[PodRecord], Shape | None] = pod_shape,
         ranks: RankTable | None = None,
     ) -> None:
@@ -321,8 +321,8 @@ class PlacementAdvisor:
     def for_reconciler(
         cls,
         reconciler: Reconciler,
-        reservations: Callable[[], Mapping[str, str]] = _no_reservations,
-        departures: Callable[[], Mapping[str, str]] = _no_reservations,
+        reservations: Callable[[], Mapping[str, str]] = no_reservations,
+        departures: Callable[[], Mapping[str, str]] = no_reservations,
         ranks: RankTable | None = None,
     ) -> PlacementAdvisor:
         return cls(

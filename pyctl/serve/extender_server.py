@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -87,6 +87,9 @@ class ExtenderOptions:
     #: lookup per node: no hand-over to a worker and back, each a wait for the GIL); a request
     #: that needs ranks computed goes to a worker
     answer_kept: bool = True
+    #: serve the extender from a process of its own, fed the node models by the controller
+    #: (`pyctl.serve.extender_process`): its work then never waits for the controller's GIL
+    process: bool = True
 
     def limits(self) -> Limits:
         return Limits(
@@ -101,6 +104,17 @@ class ExtenderOptions:
 
 #: buckets of the extender's latency histograms (s): the scheduler waits for every call
 _SECONDS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+class ExtenderMetrics(Protocol):
+    """What the extender's server counts (`HttpMetrics`; in the extender's own process, a
+    recorder whose counts the controller adds to its `HttpMetrics`)."""
+
+    def request(self, verb: str, outcome: str, seconds: float | None = None) -> None: ...
+
+    def work(self, verb: str, seconds: float, thread: str = "worker") -> None: ...
+
+    def on_reject(self, server: str) -> Callable[[str], None]: ...
 
 
 class HttpMetrics:
@@ -140,6 +154,14 @@ class HttpMetrics:
             buckets=_SECONDS,
             registry=registry,
         )
+        self.restarts = Counter(
+            "pyctl_extender_process_restarts_total",
+            "Times the extender's own process exited while the controller ran and was started "
+            "again (`extender_process`)",
+            ["cluster"],
+            registry=registry,
+        )
+        self.restarts.labels(cluster)
         for verb in VERBS:
             self.extender_seconds.labels(cluster, verb)
             for thread in ("server", "worker"):
@@ -170,7 +192,7 @@ class ExtenderServer:
         self,
         handler: Callable[[], ExtenderHandler],
         options: ExtenderOptions,
-        metrics: HttpMetrics | None = None,
+        metrics: ExtenderMetrics | None = None,
     ) -> None:
         self.make_handler = handler
         self.options = options

@@ -1,0 +1,596 @@
+"""The kube-scheduler extender in a process of its own, fed the node models by the controller.
+
+Threads of one Python process share one GIL: while the controller decodes events, scores nodes
+and plans, the extender's threads wait for the GIL at each of their steps, and the scheduler
+waits for them (docs/scale.md). So by default (`extender_process`) the extender's server runs in
+a child process (`front_main`), with its own GIL, and the controller feeds it:
+
+- the per-node models as the reconciler scores them (`Reconciler.on_scored`; only a model object
+  the child has not been sent), the nodes gone, the workload M, the nodes the rescues reserved
+  and the nodes compaction moved a workload off (`reservations`, `departures`), and the shapes of
+  the pods waiting for the scheduler. A node scored is sent within `PUBLISH_SECONDS`, M and the
+  rescues' nodes within `POLL_SECONDS`, the nodes gone and the pending pods' shapes once a
+  second.
+- The child answers with the same `PlacementAdvisor` and `RankTable` on its copy of those views:
+  it keeps the ranks of the hot shapes fresh itself (when a node's model arrives, and in the
+  background), so ranking costs the controller nothing.
+- A request the child cannot answer alone is forwarded to the controller, which answers it with
+  its own `ExtenderHandler` (on a thread of its own): a pod with DRA claims (their shape needs the
+  controller's view of claims, slices and classes) or one that names a node. The child waits for
+  that answer until the request's deadline (then: "no advice", outcome ``deadline``).
+- The child's counts (requests, their latencies, refusals, ranks computed) are sent back every
+  `FLUSH_SECONDS` and added to the controller's metrics, so `/metrics` reads as with the
+  extender in the controller's process.
+- The child ends when the controller's end of its pipes closes (the controller exited, however).
+  A child that exits while the controller runs is started again (after `RESTART_SECONDS`, on the
+  same port; counted in `pyctl_extender_process_restarts_total`, logged) and sent the whole view.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import multiprocessing
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field, replace
+from multiprocessing.connection import Connection
+from typing import Any
+
+from pyctl.cluster.records import PodRecord
+from pyctl.cluster.translate import pod_shape
+from pyctl.controller.placement import NotKept, PlacementAdvisor, RankTable
+from pyctl.controller.reconcile import Reconciler
+from pyctl.core.fragmentation import FragmentationModel
+from pyctl.log import JsonFormatter, setup_logging
+from pyctl.metrics import Metrics
+from pyctl.model import Node, Shape, Snapshot, Workload
+from pyctl.serve.extender import ExtenderHandler, no_advice
+from pyctl.serve.extender_server import ExtenderOptions, ExtenderServer, HttpMetrics
+
+log = logging.getLogger("pyctl.placement")
+
+#: seconds between the controller's sends of what changed (models, M, reservations)
+PUBLISH_SECONDS = 0.005
+#: seconds within which a change that is not a node scored (M, reservations) is sent
+POLL_SECONDS = 0.05
+#: seconds between the child's sends of its counts
+FLUSH_SECONDS = 0.25
+#: seconds before a child that exited is started again
+RESTART_SECONDS = 1.0
+#: seconds the controller waits for a child to start serving
+START_SECONDS = 60.0
+
+
+class Forward(NotKept):
+    """The child cannot answer this request alone: the controller answers it."""
+
+
+def local_shape(p: PodRecord) -> Shape | None:
+    """The pod's shape as `Reconciler.shape_of` tells it, for a pod without claims that names no
+    node (what a scheduler asks about); any other pod is `Forward`ed."""
+    if p.claims or p.node:
+        raise Forward(p.key)
+    return pod_shape(p, None)
+
+
+# -- the child --------------------------------------------------------------------------------
+
+
+@dataclass
+class Replica:
+    """The child's copy of the controller's views (written by one thread, read by the others:
+    whole values replaced, as the reconciler replaces them)."""
+
+    models: dict[str, Node] = field(default_factory=dict)
+    workload: Workload = field(default_factory=Workload)
+    reservations: Mapping[str, str] = field(default_factory=dict)
+    departures: Mapping[str, str] = field(default_factory=dict)
+    pending: tuple[Shape, ...] = ()
+
+    def apply(self, msg: Mapping[str, Any], ranks: RankTable | None = None) -> None:
+        """One message of the controller's (`Publisher`): its nodes replace the kept ones, and
+        each one's kept ranks of the hot shapes are computed again (`RankTable.refreshed`)."""
+        if msg.get("full"):
+            for gone in [n for n in self.models if n not in msg["nodes"]]:
+                self.models.pop(gone, None)
+        if "workload" in msg:
+            self.workload = msg["workload"]
+        for name in msg.get("gone", ()):
+            self.models.pop(name, None)
+        if "reservations" in msg:
+            self.reservations = msg["reservations"]
+        if "departures" in msg:
+            self.departures = msg["departures"]
+        if "pending" in msg:
+            self.pending = msg["pending"]
+        nodes: Mapping[str, Node] = msg.get("nodes", {})
+        for name, node in nodes.items():
+            self.models[name] = node
+        if ranks is not None and not msg.get("full"):
+            for name, node in nodes.items():
+                ranks.refreshed(name, node, FragmentationModel(Snapshot((node,))))
+
+    def advisor(self, ranks: RankTable) -> PlacementAdvisor:
+        return PlacementAdvisor(
+            self.models,
+            lambda: self.workload,
+            lambda: self.reservations,
+            lambda: self.departures,
+            local_shape,
+            ranks,
+        )
+
+
+class Recorder:
+    """The child's counts, kept until the next flush (the server's metrics interface)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: list[tuple[Any, ...]] = []
+
+    def _add(self, event: tuple[Any, ...]) -> None:
+        with self._lock:
+            self._events.append(event)
+
+    def request(self, verb: str, outcome: str, seconds: float | None = None) -> None:
+        self._add(("request", verb, outcome, seconds))
+
+    def work(self, verb: str, seconds: float, thread: str = "worker") -> None:
+        self._add(("work", verb, seconds, thread))
+
+    def on_reject(self, server: str) -> Callable[[str], None]:
+        def count(reason: str) -> None:
+            self._add(("refused", server, reason))
+
+        return count
+
+    def take(self) -> list[tuple[Any, ...]]:
+        with self._lock:
+            out, self._events = self._events, []
+        return out
+
+
+class FrontHandler(ExtenderHandler):
+    """`ExtenderHandler` on the child's views; what it cannot answer alone (`Forward`) goes to
+    the controller (`forward`)."""
+
+    def __init__(
+        self, advisor: PlacementAdvisor, forward: Callable[[str, bytes], tuple[bytes, str]]
+    ) -> None:
+        super().__init__(advisor)
+        self.forward = forward
+
+    def answer(self, verb: str, body: bytes) -> tuple[bytes, str]:
+        got = self._answer(verb, body, True)
+        return got if got is not None else self.forward(verb, body)
+
+
+class _Child:
+    def __init__(self, options: ExtenderOptions, updates: Connection, calls: Connection) -> None:
+        self.options = options
+        self.updates = updates
+        self.calls = calls
+        self.replica = Replica()
+        self.ranks = RankTable(self.replica.models, lambda: self.replica.workload)
+        self.recorder = Recorder()
+        self._send_lock = threading.Lock()
+        self._ids = itertools.count()
+        self._waiting: dict[int, Future[tuple[bytes, str]]] = {}
+        self._inbox = 0  # messages read and not yet applied (keep_warm waits for them)
+        self.done = threading.Event()
+
+    def send(self, msg: tuple[Any, ...]) -> None:
+        with self._send_lock:
+            self.calls.send(msg)
+
+    def forward(self, verb: str, body: bytes) -> tuple[bytes, str]:
+        """The controller's answer to a request (on a worker thread), or "no advice" past the
+        deadline or when the controller cannot be reached."""
+        key = next(self._ids)
+        fut: Future[tuple[bytes, str]] = Future()
+        self._waiting[key] = fut
+        try:
+            self.send(("call", key, verb, body))
+            return fut.result(timeout=self.options.deadline)
+        except FutureTimeout:
+            return no_advice(verb, "the controller did not answer in time"), "deadline"
+        except (OSError, EOFError):
+            return no_advice(verb, "the controller cannot be reached"), "error"
+        finally:
+            self._waiting.pop(key, None)
+
+    def read_updates(self) -> None:
+        try:
+            while True:
+                msg = self.updates.recv()
+                self._inbox += 1
+                try:
+                    self.replica.apply(msg, self.ranks)
+                finally:
+                    self._inbox -= 1
+        except (EOFError, OSError):
+            pass
+        finally:
+            self.done.set()
+
+    def read_answers(self) -> None:
+        try:
+            while True:
+                _, key, answer, outcome = self.calls.recv()
+                fut = self._waiting.get(key)
+                if fut is not None and not fut.done():
+                    fut.set_result((answer, outcome))
+        except (EOFError, OSError):
+            pass
+        finally:
+            self.done.set()
+
+    def flush(self) -> None:
+        computed, ahead = self.ranks.computed, self.ranks.ahead
+        sent = (0, 0)
+        while not self.done.wait(FLUSH_SECONDS):
+            computed, ahead = self.ranks.computed, self.ranks.ahead
+            events = self.recorder.take()
+            if computed != sent[0] or ahead != sent[1]:
+                events.append(("ranks", computed - sent[0], ahead - sent[1]))
+                sent = (computed, ahead)
+            if events:
+                with contextlib.suppress(OSError, ValueError):
+                    self.send(("metrics", events))
+
+    async def main(self) -> None:
+        first = self.updates.recv()  # the whole view, before the first request is answered
+        self.replica.apply(first)
+        server = ExtenderServer(
+            lambda: FrontHandler(self.replica.advisor(self.ranks), self.forward),
+            self.options,
+            self.recorder,
+        )
+        try:
+            port = await server.start()
+        except Exception as e:
+            self.send(("failed", f"{type(e).__name__}: {e}"))
+            return
+        for target in (self.read_updates, self.read_answers, self.flush):
+            threading.Thread(
+                target=target, daemon=True, name=f"pyctl-front-{target.__name__}"
+            ).start()
+        self.send(("ready", port))
+        warm = asyncio.ensure_future(
+            self.ranks.keep_warm(lambda: self.replica.pending, lambda: self._inbox > 0)
+        )
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self.done.wait)
+        finally:
+            warm.cancel()
+            await server.stop()
+
+
+def front_main(updates: Connection, calls: Connection) -> None:
+    """The child's entry point: takes its options, then serves the extender until the
+    controller's pipes close."""
+    options, log_format, log_level = updates.recv()
+    setup_logging(log_format, log_level)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_Child(options, updates, calls).main())
+
+
+# -- the controller's side ---------------------------------------------------------------------
+
+
+class Publisher:
+    """What the controller sends the child: every model the reconciler scores that the child
+    has not been sent (the same object: not sent again), M, the reservations and departures when
+    they change, and once a second the nodes gone and the pending pods' shapes."""
+
+    def __init__(
+        self,
+        reconciler: Reconciler,
+        reservations: Callable[[], Mapping[str, str]],
+        departures: Callable[[], Mapping[str, str]],
+    ) -> None:
+        self.reconciler = reconciler
+        self.reservations = reservations
+        self.departures = departures
+        self._lock = threading.Lock()
+        self._dirty: dict[str, Node] = {}
+        self.changed = threading.Event()
+        self._sent: dict[str, Node] = {}
+        self._workload: Workload | None = None
+        self._reserved: dict[str, str] | None = None
+        self._departed: dict[str, str] | None = None
+        self._slow = 0.0
+        #: the shapes of the pods waiting for the scheduler, set on the controller's event loop
+        #: (`ExtenderProcess.keep_pending`: the cache is not read from another thread)
+        self.pending: tuple[Shape, ...] = ()
+
+    def scored(self, name: str, node: Node, _alone: FragmentationModel) -> None:
+        """`Reconciler.on_scored`: on the reconciling thread; only notes the node."""
+        if self._sent.get(name) is not node:
+            with self._lock:
+                self._dirty[name] = node
+            self.changed.set()
+
+    def full(self) -> dict[str, Any]:
+        """The whole view (a new child's first message)."""
+        r = self.reconciler
+        with self._lock:
+            self._dirty.clear()
+        models = dict(r.models)
+        self._sent = dict(models)
+        self._workload = r.workload
+        self._reserved = dict(self.reservations())
+        self._departed = dict(self.departures())
+        self._slow = time.monotonic()
+        return {
+            "full": True,
+            "nodes": models,
+            "workload": r.workload,
+            "reservations": self._reserved,
+            "departures": self._departed,
+            "pending": self.pending,
+        }
+
+    def changes(self, now: float) -> dict[str, Any] | None:
+        """What changed since the last message, None if nothing did."""
+        r = self.reconciler
+        msg: dict[str, Any] = {}
+        with self._lock:
+            dirty, self._dirty = self._dirty, {}
+        nodes = {n: node for n, node in dirty.items() if self._sent.get(n) is not node}
+        if r.workload is not self._workload:
+            self._workload = msg["workload"] = r.workload
+        reserved = self.reservations()
+        if reserved != self._reserved:
+            self._reserved = msg["reservations"] = dict(reserved)
+        departed = self.departures()
+        if departed != self._departed:
+            self._departed = msg["departures"] = dict(departed)
+        if now - self._slow >= 1.0:
+            self._slow = now
+            models = dict(r.models)
+            gone = [n for n in self._sent if n not in models]
+            for n in gone:
+                del self._sent[n]
+            if gone:
+                msg["gone"] = gone
+            for n, node in models.items():  # a model replaced without a score (none today)
+                if self._sent.get(n) is not node:
+                    nodes[n] = node
+            msg["pending"] = self.pending
+        if nodes:
+            msg["nodes"] = nodes
+            self._sent.update(nodes)
+        return msg or None
+
+
+class ExtenderProcess:
+    """The extender served by a child process (`front_main`), fed by the controller; the same
+    `start`/`stop` as `ExtenderServer`. `handler` answers the requests the child forwards."""
+
+    def __init__(
+        self,
+        publisher: Publisher,
+        handler: Callable[[], ExtenderHandler],
+        options: ExtenderOptions,
+        metrics: HttpMetrics,
+        ranks: Metrics | None = None,
+        cluster: str = "",
+    ) -> None:
+        self.publisher = publisher
+        self.make_handler = handler
+        self.options = options
+        self.metrics = metrics
+        self._ranks = (
+            (
+                ranks.extender_ranks.labels(cluster, "request"),
+                ranks.extender_ranks.labels(cluster, "ahead"),
+            )
+            if ranks is not None
+            else None
+        )
+        self.port = options.port
+        #: times the child was started again; requests it forwarded
+        self.restarts = 0
+        self.forwarded = 0
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._updates: Connection | None = None
+        self._calls: Connection | None = None
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._handler: ExtenderHandler | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The child's process id (None before it started)."""
+        return self._proc.pid if self._proc is not None else None
+
+    # -- the child's life ---------------------------------------------------------------------
+    def _spawn(self) -> int:
+        """Start a child (`python -m pyctl.serve.extender_process`, its pipes inherited), send
+        it its options and the whole view, wait for its port (raises if it failed)."""
+        up_here, up_there = multiprocessing.Pipe(duplex=True)
+        calls_here, calls_there = multiprocessing.Pipe(duplex=True)
+        fds = (up_there.fileno(), calls_there.fileno())
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pyctl.serve.extender_process", *map(str, fds)],
+            pass_fds=fds,
+        )
+        up_there.close()
+        calls_there.close()
+        root = logging.getLogger("pyctl")
+        fmt = (
+            "json" if any(isinstance(h.formatter, JsonFormatter) for h in root.handlers) else "text"
+        )
+        level = logging.getLevelName(root.getEffectiveLevel()).lower()
+        try:
+            up_here.send((replace(self.options, port=self.port), fmt, level))
+            up_here.send(self.publisher.full())
+            if not calls_here.poll(START_SECONDS):
+                raise RuntimeError("the extender's process did not start in time")
+            got = calls_here.recv()
+        except (EOFError, OSError):
+            got = ("failed", f"it exited (code {proc.wait(5)}) before it served")
+        except BaseException:
+            proc.kill()
+            raise
+        if got[0] != "ready":
+            proc.kill()
+            proc.wait(5)
+            up_here.close()
+            calls_here.close()
+            raise RuntimeError(f"the extender's process could not serve: {got[1]}")
+        self._proc, self._updates, self._calls = proc, up_here, calls_here
+        return int(got[1])
+
+    async def start(self) -> int:
+        """Start the child; returns the bound port. Raises what the child's server raised."""
+        self._handler = self.make_handler()
+        self.publisher.pending = tuple(self.publisher.reconciler.pending_shapes())
+        self.port = await asyncio.get_running_loop().run_in_executor(None, self._spawn)
+        self.publisher.reconciler.on_scored.append(self.publisher.scored)
+        for target in (self._publish, self._serve):
+            t = threading.Thread(
+                target=target, daemon=True, name=f"pyctl-extender-{target.__name__}"
+            )
+            t.start()
+            self._threads.append(t)
+        return self.port
+
+    async def keep_pending(self, interval: float = 1.0) -> None:
+        """On the controller's event loop: the pending pods' shapes, once a second, for the
+        child to rank ahead (`RankTable.keep_warm` there)."""
+        while not self._stopping.is_set():
+            await asyncio.sleep(interval)
+            try:
+                self.publisher.pending = tuple(self.publisher.reconciler.pending_shapes())
+            except Exception:  # never the end of the loop
+                log.exception("the pending pods' shapes for the extender failed")
+
+    async def stop(self) -> None:
+        """The child ends when its pipe of models closes; the threads end with it."""
+        self._stopping.set()
+        self.publisher.changed.set()
+        with contextlib.suppress(ValueError):
+            self.publisher.reconciler.on_scored.remove(self.publisher.scored)
+        if self._updates is not None:
+            self._updates.close()
+        loop = asyncio.get_running_loop()
+        proc = self._proc
+        if proc is not None:
+            try:
+                await loop.run_in_executor(None, proc.wait, 10.0)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                await loop.run_in_executor(None, proc.wait, 5.0)
+        for t in self._threads:
+            await loop.run_in_executor(None, t.join, 5.0)
+        if self._calls is not None:
+            self._calls.close()
+
+    # -- the controller's threads -------------------------------------------------------------
+    def _publish(self) -> None:
+        """Sends what changed, at most every `PUBLISH_SECONDS`."""
+        while not self._stopping.is_set():
+            self.publisher.changed.wait(POLL_SECONDS)
+            self.publisher.changed.clear()
+            if self._stopping.is_set():
+                return
+            try:
+                msg = self.publisher.changes(time.monotonic())
+                conn = self._updates
+                if msg is not None and conn is not None:
+                    conn.send(msg)
+            except (OSError, ValueError):
+                pass  # the child is gone: `_serve` starts another, which is sent everything
+            except Exception:
+                log.exception("sending the extender's process the models failed")
+            time.sleep(PUBLISH_SECONDS)
+
+    def _serve(self) -> None:
+        """Answers the child's forwarded requests and takes its counts; starts it again if it
+        exits."""
+        while not self._stopping.is_set():
+            conn = self._calls
+            try:
+                assert conn is not None
+                msg = conn.recv()
+            except (EOFError, OSError, AssertionError):
+                if self._stopping.is_set():
+                    return
+                self._restart()
+                continue
+            try:
+                self._take(conn, msg)
+            except (OSError, ValueError):
+                continue  # the child is gone: the next recv says so
+            except Exception:
+                log.exception("a message of the extender's process failed")
+
+    def _take(self, conn: Connection, msg: tuple[Any, ...]) -> None:
+        if msg[0] == "call":
+            _, key, verb, body = msg
+            assert self._handler is not None
+            self.forwarded += 1
+            answer, outcome = self._handler.answer(verb, body)
+            conn.send(("answer", key, answer, outcome))
+        elif msg[0] == "metrics":
+            for event in msg[1]:
+                self._count(event)
+
+    def _count(self, event: tuple[Any, ...]) -> None:
+        kind = event[0]
+        if kind == "request":
+            self.metrics.request(event[1], event[2], event[3])
+        elif kind == "work":
+            self.metrics.work(event[1], event[2], event[3])
+        elif kind == "refused":
+            self.metrics.refused.labels(self.metrics.cluster, event[1], event[2]).inc()
+        elif kind == "ranks" and self._ranks is not None:
+            if event[1]:
+                self._ranks[0].inc(event[1])
+            if event[2]:
+                self._ranks[1].inc(event[2])
+
+    def _restart(self) -> None:
+        proc = self._proc
+        code = proc.poll() if proc is not None else None
+        log.error(
+            "the extender's process exited; starting it again",
+            extra={"exit_code": code, "restarts": self.restarts + 1},
+        )
+        for conn in (self._updates, self._calls):
+            if conn is not None:
+                with contextlib.suppress(OSError):
+                    conn.close()
+        self._updates = self._calls = None
+        if proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
+        while not self._stopping.wait(RESTART_SECONDS):
+            self.restarts += 1
+            self.metrics.restarts.labels(self.metrics.cluster).inc()
+            try:
+                self._spawn()
+                return
+            except Exception as e:
+                log.error("the extender's process did not start", extra={"error": str(e)[:300]})
+
+
+def _main(argv: list[str]) -> None:
+    """`python -m pyctl.serve.extender_process UPDATES_FD CALLS_FD` (started by
+    `ExtenderProcess`)."""
+    updates, calls = (Connection(int(fd)) for fd in argv[:2])
+    front_main(updates, calls)
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

@@ -1,0 +1,231 @@
+"""The extender in a process of its own (`pyctl.serve.extender_process`): it answers every request
+as the extender in the controller's process does, forwards what it cannot answer alone, is
+started again when it dies, and ends with the controller."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Any
+
+import aiohttp
+import anyio
+import pytest
+from prometheus_client import CollectorRegistry
+
+from pyctl.app.wiring import advisor
+from pyctl.cluster.sim.scenario import inference_day
+from pyctl.cluster.sim.source import SimClusterSource
+from pyctl.controller.controller import Controller
+from pyctl.controller.placement import RankTable
+from pyctl.serve.extender import ExtenderHandler
+from pyctl.serve.extender_process import ExtenderProcess, Publisher
+from pyctl.serve.extender_server import ExtenderOptions, ExtenderServer, HttpMetrics
+from pyctl.state.memory import MemoryStore
+
+
+def _pod(rng: random.Random, i: int, names: list[str]) -> dict[str, Any]:
+    """A pod of every kind a scheduler asks about, and some it should not."""
+    kind = rng.choice(["gpu", "gpu", "gpu", "mig", "cpu", "claims", "node", "replica"])
+    req: dict[str, str] = {"cpu": str(rng.choice([1, 4, 16])), "memory": "8Gi"}
+    spec: dict[str, Any] = {"schedulerName": "pyctl"}
+    if kind == "gpu":
+        req["nvidia.com/gpu"] = str(rng.choice([1, 1, 2, 4, 8]))
+    elif kind == "mig":
+        req["nvidia.com/mig-1g.5gb"] = "1"
+    elif kind == "replica":
+        req["nvidia.com/gpu.shared"] = "1"
+    elif kind == "claims":  # DRA: its shape needs the controller's claims (forwarded)
+        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": f"claim-{i}"}]
+    elif kind == "node":  # names a node (forwarded)
+        spec["nodeName"] = rng.choice(names)
+        req["nvidia.com/gpu"] = "1"
+    spec["containers"] = [{"name": "c", "image": "x", "resources": {"requests": req}}]
+    owner = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": f"rs-{i % 3}",
+             "uid": f"o-{i % 3}", "controller": True}  # fmt: skip
+    meta = {"name": f"p-{i}", "namespace": "default", "uid": f"u-{i}", "ownerReferences": [owner]}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec,
+            "status": {"phase": "Pending"}}  # fmt: skip
+
+
+@pytest.fixture
+async def controller() -> Controller:
+    ctl = Controller("sim", SimClusterSource(inference_day(duration=3600.0), speed=None),
+                     MemoryStore())  # fmt: skip
+    await ctl.run(until_source_ends=True)
+    assert ctl.reconciler.models
+    return ctl
+
+
+@pytest.mark.anyio
+async def test_its_answers_are_the_controllers_own(controller: Controller) -> None:
+    """Random requests of every verb (GPU, MIG, shared, CPU-only pods; pods with DRA claims and
+    pods naming a node, which it forwards; unknown nodes, repeated names, broken bodies), under
+    reservations and departures that change between rounds: byte for byte the answers of the
+    extender in the controller's process, on the same controller."""
+    ctl = controller
+    r = ctl.reconciler
+    reserved: dict[str, str] = {}
+    departed: dict[str, str] = {}
+    ranks = RankTable(r.models, lambda: r.workload)
+    r.on_scored.append(ranks.refreshed)
+
+    class Flows:  # the rescues' nodes, as `pyctl.app.wiring.advisor` reads them from workflows
+        class compactor:
+            reservations = reserved
+            departures = departed
+
+    def handler() -> ExtenderHandler:
+        return ExtenderHandler(advisor(ctl, Flows, ranks))  # type: ignore[arg-type]
+
+    here = ExtenderServer(handler, ExtenderOptions(port=0))
+    registry = CollectorRegistry()
+    metrics = HttpMetrics(registry, "t")
+    there = ExtenderProcess(
+        Publisher(r, lambda: reserved, lambda: departed),
+        handler,
+        ExtenderOptions(port=0),
+        metrics,
+    )
+    ports = (await here.start(), await there.start())
+    rng = random.Random(5)
+    names = sorted(r.models)
+    compared = 0
+    try:
+        async with aiohttp.ClientSession() as s:
+            for rnd in range(4):
+                reserved.clear()
+                departed.clear()
+                for n in rng.sample(names, 3):
+                    reserved[n] = f"default/p-{rng.randrange(40)}"
+                departed["default/ReplicaSet/rs-1"] = rng.choice(names)
+                await anyio.sleep(0.3)  # the process's view follows within POLL_SECONDS
+                for i in range(40):
+                    verb = rng.choice(["filter", "prioritize", "choose"])
+                    cands = rng.sample(names, rng.randint(1, len(names)))
+                    cands += ["not-a-node", cands[0]]
+                    if rng.random() < 0.1:
+                        body = b'{"Pod": [1, 2'  # broken
+                    else:
+                        body = json.dumps({"Pod": _pod(rng, i + 40 * rnd, names),
+                                           "Nodes": None, "NodeNames": cands}).encode()  # fmt: skip
+                    got = []
+                    for port in ports:
+                        url = f"http://127.0.0.1:{port}/scheduler/{verb}"
+                        async with s.post(url, data=body) as resp:
+                            assert resp.status == 200
+                            got.append(await resp.read())
+                    assert got[0] == got[1], (verb, body[:300])
+                    compared += 1
+    finally:
+        await there.stop()
+        await here.stop()
+    assert compared == 160
+    assert there.forwarded > 0  # the pods with claims and those naming a node
+    assert there.restarts == 0
+
+
+@pytest.mark.anyio
+async def test_a_dead_process_is_started_again_on_its_port(controller: Controller) -> None:
+    r = controller.reconciler
+    registry = CollectorRegistry()
+    metrics = HttpMetrics(registry, "t")
+    there = ExtenderProcess(
+        Publisher(r, dict, dict),
+        lambda: ExtenderHandler(advisor(controller)),
+        ExtenderOptions(port=0),
+        metrics,
+    )
+    port = await there.start()
+    names = sorted(r.models)
+    body = json.dumps({"Pod": _pod(random.Random(1), 0, names) | {},
+                       "Nodes": None, "NodeNames": names}).encode()  # fmt: skip
+    url = f"http://127.0.0.1:{port}/scheduler/choose"
+    try:
+        async with aiohttp.ClientSession() as s:
+            async with s.post(url, data=body) as resp:
+                first = await resp.read()
+            assert there.pid is not None
+            os.kill(there.pid, signal.SIGKILL)
+            again = b""
+            with anyio.fail_after(30):
+                while True:
+                    await anyio.sleep(0.2)
+                    try:
+                        async with s.post(url, data=body) as resp:
+                            again = await resp.read()
+                        break
+                    except aiohttp.ClientError:
+                        continue
+    finally:
+        await there.stop()
+    assert again == first  # the whole view was sent again
+    assert there.restarts == 1
+    assert metrics.restarts.labels("t")._value.get() == 1
+
+
+def test_it_ends_with_the_controller(tmp_path: Any) -> None:
+    """The controller killed outright (SIGKILL: nothing of it runs to stop the child): the child
+    sees its pipe close and exits."""
+    script = tmp_path / "parent.py"
+    script.write_text(
+        textwrap.dedent("""
+        import asyncio, sys
+        from prometheus_client import CollectorRegistry
+        from pyctl.cluster.sim.scenario import inference_day
+        from pyctl.cluster.sim.source import SimClusterSource
+        from pyctl.controller.controller import Controller
+        from pyctl.serve.extender import ExtenderHandler
+        from pyctl.controller.placement import PlacementAdvisor
+        from pyctl.serve.extender_process import ExtenderProcess, Publisher
+        from pyctl.serve.extender_server import ExtenderOptions, HttpMetrics
+        from pyctl.state.memory import MemoryStore
+
+        async def main():
+            src = SimClusterSource(inference_day(duration=600.0), speed=None)
+            ctl = Controller("sim", src, MemoryStore())
+            await ctl.run(until_source_ends=True)
+            r = ctl.reconciler
+            p = ExtenderProcess(Publisher(r, dict, dict),
+                                lambda: ExtenderHandler(PlacementAdvisor.for_reconciler(r)),
+                                ExtenderOptions(port=0), HttpMetrics(CollectorRegistry(), "t"))
+            await p.start()
+            print(p.pid, flush=True)
+            await asyncio.sleep(600)
+
+        asyncio.run(main())
+    """)
+    )
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, env=env)
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        os.kill(child, 0)  # running
+        parent.kill()
+        parent.wait(10)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                os.kill(child, 0)
+            except ProcessLookupError:
+                break
+            try:
+                with open(f"/proc/{child}/stat") as f:
+                    if f.read().split(") ")[1].startswith("Z"):
+                        break  # exited (a zombie until init reaps it)
+            except FileNotFoundError:
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(child, signal.SIGKILL)
+            pytest.fail("the extender's process outlived the controller")
+    finally:
+        if parent.poll() is None:
+            parent.kill()
