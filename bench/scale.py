@@ -16,7 +16,8 @@ subprocess, observe mode, a real redis-server of its own) and is measured:
 1. start-up: from the process start to its log line "every node scored" (every kind listed, M
    derived, each node scored) and to /readyz answering 200; and the same from the end of the
    last initial list (pyctl's "listed" log lines);
-2. memory: the controller's peak RSS (VmHWM) and its steady RSS (after start-up settled), per node
+2. memory: the controller's peak RSS (VmHWM; with the extender's own process: the sum of the
+   two) and its steady RSS (after start-up settled), per node
    and per pod as the slope of a line through the sizes; Redis `used_memory` per node;
 3. freshness under churn: for `--churn-seconds`, pod writes at `--churn-rate` per second on random
    nodes (1-GPU pods created bound to a node, and deleted), and on top of them probes: on 4 probe
@@ -420,7 +421,7 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
 
 class Pyctl:
     """`pyctl run --kubeconfig ... --redis ...` in a subprocess: its log lines timestamped as they
-    arrive, its RSS and CPU from /proc."""
+    arrive, its RSS and CPU from /proc (its process and the extender's own, a child of it)."""
 
     def __init__(
         self, kubeconfig: Path, redis_url: str, log: Path, workflow_interval: float | None = None
@@ -481,23 +482,45 @@ class Pyctl:
                 self.rss.append((time.monotonic(), got["VmRSS"]))
             self._stop.wait(0.25)
 
-    def status(self) -> dict[str, int]:
-        """VmRSS and VmHWM (bytes)."""
+    def pids(self) -> list[int]:
+        """pyctl's process and its children (the extender's own process)."""
         assert self.proc is not None
-        out = {}
-        try:
-            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-                key, _, value = line.partition(":")
-                if key in ("VmRSS", "VmHWM"):
-                    out[key] = int(value.split()[0]) * 1024
-        except OSError:
-            return {}
+        out = [self.proc.pid]
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == self.proc.pid:
+                out.append(int(d.name))
+        return out
+
+    def status(self) -> dict[str, int]:
+        """VmRSS and VmHWM (bytes), summed over pyctl's processes (the sum of their peaks: at
+        least the peak of their sum)."""
+        out: dict[str, int] = {}
+        pids = self.pids()
+        for pid in pids:
+            try:
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    key, _, value = line.partition(":")
+                    if key in ("VmRSS", "VmHWM"):
+                        out[key] = out.get(key, 0) + int(value.split()[0]) * 1024
+            except OSError:
+                if pid == pids[0]:
+                    return {}  # pyctl exited
         return out
 
     def cpu_seconds(self) -> float:
-        assert self.proc is not None
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """User and system CPU time of pyctl's processes."""
+        total = 0
+        for pid in self.pids():
+            with contextlib.suppress(OSError):
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])
+        return total / os.sysconf("SC_CLK_TCK")
 
     def first(self, pred: Any) -> float | None:
         for t, rec in list(self.lines):

@@ -67,6 +67,9 @@ FLUSH_SECONDS = 0.25
 RESTART_SECONDS = 1.0
 #: seconds the controller waits for a child to start serving
 START_SECONDS = 60.0
+#: nodes per message (pickling a node model takes ~15 us with the GIL held: one message of
+#: 5,000 would hold it ~75 ms)
+CHUNK = 256
 
 
 class Forward(NotKept):
@@ -98,9 +101,6 @@ class Replica:
     def apply(self, msg: Mapping[str, Any], ranks: RankTable | None = None) -> None:
         """One message of the controller's (`Publisher`): its nodes replace the kept ones, and
         each one's kept ranks of the hot shapes are computed again (`RankTable.refreshed`)."""
-        if msg.get("full"):
-            for gone in [n for n in self.models if n not in msg["nodes"]]:
-                self.models.pop(gone, None)
         if "workload" in msg:
             self.workload = msg["workload"]
         for name in msg.get("gone", ()):
@@ -114,7 +114,7 @@ class Replica:
         nodes: Mapping[str, Node] = msg.get("nodes", {})
         for name, node in nodes.items():
             self.models[name] = node
-        if ranks is not None and not msg.get("full"):
+        if ranks is not None:
             for name, node in nodes.items():
                 ranks.refreshed(name, node, FragmentationModel(Snapshot((node,))))
 
@@ -247,8 +247,11 @@ class _Child:
                     self.send(("metrics", events))
 
     async def main(self) -> None:
-        first = self.updates.recv()  # the whole view, before the first request is answered
-        self.replica.apply(first)
+        while True:  # the whole view, before the first request is answered
+            msg = self.updates.recv()
+            self.replica.apply(msg)
+            if not msg.get("more"):
+                break
         server = ExtenderServer(
             lambda: FrontHandler(self.replica.advisor(self.ranks), self.forward),
             self.options,
@@ -331,7 +334,6 @@ class Publisher:
         self._departed = dict(self.departures())
         self._slow = time.monotonic()
         return {
-            "full": True,
             "nodes": models,
             "workload": r.workload,
             "reservations": self._reserved,
@@ -370,6 +372,17 @@ class Publisher:
             msg["nodes"] = nodes
             self._sent.update(nodes)
         return msg or None
+
+
+def chunks(msg: dict[str, Any]) -> list[dict[str, Any]]:
+    """`msg` as messages of at most `CHUNK` nodes each, all but the last marked ``more``."""
+    nodes = list(msg.pop("nodes", {}).items())
+    if len(nodes) <= CHUNK:
+        return [{**msg, "nodes": dict(nodes)} if nodes else msg]
+    out = [{"nodes": dict(nodes[i : i + CHUNK]), "more": True} for i in range(0, len(nodes), CHUNK)]
+    out[0].update(msg)
+    del out[-1]["more"]
+    return out
 
 
 class ExtenderProcess:
@@ -433,7 +446,8 @@ class ExtenderProcess:
         level = logging.getLevelName(root.getEffectiveLevel()).lower()
         try:
             up_here.send((replace(self.options, port=self.port), fmt, level))
-            up_here.send(self.publisher.full())
+            for part in chunks(self.publisher.full()):
+                up_here.send(part)
             if not calls_here.poll(START_SECONDS):
                 raise RuntimeError("the extender's process did not start in time")
             got = calls_here.recv()
@@ -508,7 +522,8 @@ class ExtenderProcess:
                 msg = self.publisher.changes(time.monotonic())
                 conn = self._updates
                 if msg is not None and conn is not None:
-                    conn.send(msg)
+                    for part in chunks(msg):
+                        conn.send(part)
             except (OSError, ValueError):
                 pass  # the child is gone: `_serve` starts another, which is sent everything
             except Exception:

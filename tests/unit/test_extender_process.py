@@ -25,7 +25,7 @@ from pyctl.cluster.sim.source import SimClusterSource
 from pyctl.controller.controller import Controller
 from pyctl.controller.placement import RankTable
 from pyctl.serve.extender import ExtenderHandler
-from pyctl.serve.extender_process import ExtenderProcess, Publisher
+from pyctl.serve.extender_process import CHUNK, ExtenderProcess, Publisher, chunks
 from pyctl.serve.extender_server import ExtenderOptions, ExtenderServer, HttpMetrics
 from pyctl.state.memory import MemoryStore
 
@@ -229,3 +229,19 @@ def test_it_ends_with_the_controller(tmp_path: Any) -> None:
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+def test_a_big_message_goes_in_chunks_that_add_up_to_it() -> None:
+    nodes = {f"n{i}": object() for i in range(2 * CHUNK + 3)}
+    msg = {"nodes": dict(nodes), "workload": "M", "pending": ()}
+    parts = chunks(dict(msg))
+    assert len(parts) == 3
+    assert all(len(p["nodes"]) <= CHUNK for p in parts)
+    assert [bool(p.get("more")) for p in parts] == [True, True, False]
+    assert parts[0]["workload"] == "M"  # the rest of the message comes with the first part
+    joined: dict[str, Any] = {}
+    for p in parts:
+        joined.update(p["nodes"])
+    assert joined == nodes
+    assert chunks({"workload": "M"}) == [{"workload": "M"}]
+    assert chunks({"nodes": {"a": 1}}) == [{"nodes": {"a": 1}}]

@@ -442,6 +442,7 @@ async def test_pyctl_run_serves_the_extender_from_the_controllers_models(process
         # and timed: first byte to answer
         name = "pyctl_extender_request_seconds"
         assert f'{name}_count{{cluster="default",verb="{verb}"}} 1.0' in exposition
+
     # and the advice itself: the filter ranked every node (nothing was kept yet) on a worker;
     # the prioritize after it found them kept, and was answered on the server's thread (in
     # a process of its own the extender may have ranked the pending pods' shapes ahead before
