@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import itertools
 import logging
 import multiprocessing
@@ -114,7 +115,7 @@ class Replica:
         nodes: Mapping[str, Node] = msg.get("nodes", {})
         for name, node in nodes.items():
             self.models[name] = node
-        if ranks is not None:
+        if ranks is not None and nodes and ranks.hot():
             for name, node in nodes.items():
                 ranks.refreshed(name, node, FragmentationModel(Snapshot((node,))))
 
@@ -282,6 +283,10 @@ def front_main(updates: Connection, calls: Connection) -> None:
     controller's pipes close."""
     options, log_format, log_level = updates.recv()
     setup_logging(log_format, log_level)
+    # as in the controller (pyctl/app/collector.py): no automatic full collections, which walk
+    # every node model while a request waits; the server runs one after each burst of requests
+    young, middle, _ = gc.get_threshold()
+    gc.set_threshold(young, middle, 2**31 - 1)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_Child(options, updates, calls).main())
 
