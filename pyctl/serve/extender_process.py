@@ -219,6 +219,8 @@ class _Child:
                     self._inbox -= 1
         except (EOFError, OSError):
             pass
+        except Exception:  # the process ends; the controller starts another, sent everything
+            log.exception("the extender's process could not apply the controller's message")
         finally:
             self.done.set()
 
@@ -235,7 +237,6 @@ class _Child:
             self.done.set()
 
     def flush(self) -> None:
-        computed, ahead = self.ranks.computed, self.ranks.ahead
         sent = (0, 0)
         while not self.done.wait(FLUSH_SECONDS):
             computed, ahead = self.ranks.computed, self.ranks.ahead
@@ -420,7 +421,10 @@ class ExtenderProcess:
         self.restarts = 0
         self.forwarded = 0
         self._proc: subprocess.Popen[bytes] | None = None
+        #: the pipe of models to the child; held with `_publishing` while a message is computed
+        #: and sent, so that what `Publisher` marks as sent reached the child it is set to
         self._updates: Connection | None = None
+        self._publishing = threading.Lock()
         self._calls: Connection | None = None
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -441,6 +445,7 @@ class ExtenderProcess:
         proc = subprocess.Popen(
             [sys.executable, "-m", "pyctl.serve.extender_process", *map(str, fds)],
             pass_fds=fds,
+            start_new_session=True,  # a terminal's Ctrl-C stops the controller, which stops it
         )
         up_there.close()
         calls_there.close()
@@ -451,31 +456,39 @@ class ExtenderProcess:
         level = logging.getLevelName(root.getEffectiveLevel()).lower()
         try:
             up_here.send((replace(self.options, port=self.port), fmt, level))
-            for part in chunks(self.publisher.full()):
-                up_here.send(part)
+            with self._publishing:  # the whole view; what changes after it is published to it
+                for part in chunks(self.publisher.full()):
+                    up_here.send(part)
+                self._updates = up_here
             if not calls_here.poll(START_SECONDS):
                 raise RuntimeError("the extender's process did not start in time")
             got = calls_here.recv()
         except (EOFError, OSError):
-            got = ("failed", f"it exited (code {proc.wait(5)}) before it served")
+            got = ("failed", f"it exited (code {proc.poll()}) before it served")
         except BaseException:
             proc.kill()
             raise
         if got[0] != "ready":
             proc.kill()
             proc.wait(5)
+            with self._publishing:
+                self._updates = None
             up_here.close()
             calls_here.close()
             raise RuntimeError(f"the extender's process could not serve: {got[1]}")
-        self._proc, self._updates, self._calls = proc, up_here, calls_here
+        self._proc, self._calls = proc, calls_here
         return int(got[1])
 
     async def start(self) -> int:
         """Start the child; returns the bound port. Raises what the child's server raised."""
         self._handler = self.make_handler()
         self.publisher.pending = tuple(self.publisher.reconciler.pending_shapes())
-        self.port = await asyncio.get_running_loop().run_in_executor(None, self._spawn)
         self.publisher.reconciler.on_scored.append(self.publisher.scored)
+        try:
+            self.port = await asyncio.get_running_loop().run_in_executor(None, self._spawn)
+        except BaseException:
+            self.publisher.reconciler.on_scored.remove(self.publisher.scored)
+            raise
         for target in (self._publish, self._serve):
             t = threading.Thread(
                 target=target, daemon=True, name=f"pyctl-extender-{target.__name__}"
@@ -500,8 +513,10 @@ class ExtenderProcess:
         self.publisher.changed.set()
         with contextlib.suppress(ValueError):
             self.publisher.reconciler.on_scored.remove(self.publisher.scored)
-        if self._updates is not None:
-            self._updates.close()
+        with self._publishing:
+            if self._updates is not None:
+                self._updates.close()
+                self._updates = None
         loop = asyncio.get_running_loop()
         proc = self._proc
         if proc is not None:
@@ -524,11 +539,12 @@ class ExtenderProcess:
             if self._stopping.is_set():
                 return
             try:
-                msg = self.publisher.changes(time.monotonic())
-                conn = self._updates
-                if msg is not None and conn is not None:
-                    for part in chunks(msg):
-                        conn.send(part)
+                with self._publishing:
+                    conn = self._updates
+                    if conn is not None:  # else a child is being started: it gets everything
+                        msg = self.publisher.changes(time.monotonic())
+                        for part in chunks(msg) if msg is not None else ():
+                            conn.send(part)
             except (OSError, ValueError):
                 pass  # the child is gone: `_serve` starts another, which is sent everything
             except Exception:
@@ -587,11 +603,13 @@ class ExtenderProcess:
             "the extender's process exited; starting it again",
             extra={"exit_code": code, "restarts": self.restarts + 1},
         )
-        for conn in (self._updates, self._calls):
+        with self._publishing:
+            updates, self._updates = self._updates, None
+        for conn in (updates, self._calls):
             if conn is not None:
                 with contextlib.suppress(OSError):
                     conn.close()
-        self._updates = self._calls = None
+        self._calls = None
         if proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(5)

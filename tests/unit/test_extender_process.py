@@ -245,3 +245,27 @@ def test_a_big_message_goes_in_chunks_that_add_up_to_it() -> None:
     assert joined == nodes
     assert chunks({"workload": "M"}) == [{"workload": "M"}]
     assert chunks({"nodes": {"a": 1}}) == [{"nodes": {"a": 1}}]
+
+
+@pytest.mark.anyio
+async def test_a_port_in_use_fails_the_start_and_leaves_nothing_behind(
+    controller: Controller,
+) -> None:
+    import socket
+
+    r = controller.reconciler
+    listeners = list(r.on_scored)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        there = ExtenderProcess(
+            Publisher(r, dict, dict),
+            lambda: ExtenderHandler(advisor(controller)),
+            ExtenderOptions(port=port),
+            HttpMetrics(CollectorRegistry(), "t"),
+        )
+        with pytest.raises(RuntimeError, match="could not serve: OSError"):
+            await there.start()
+    assert there.pid is None  # no child kept
+    assert r.on_scored == listeners
