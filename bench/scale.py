@@ -1316,6 +1316,7 @@ class Bench:
 #: the costs fitted against size: (attribute, label, unit)
 COSTS = (
     ("first_score_s", "first complete score", "s"),
+    ("first_score_after_list_s", "first complete score after the lists", "s"),
     ("ready_s", "/readyz", "s"),
     ("rss_steady_mib", "controller RSS, steady", "MiB"),
     ("rss_peak_mib", "controller RSS, peak", "MiB"),
@@ -1352,8 +1353,11 @@ def plot(results: list[SizeResult], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     xs = [r.nodes for r in results]
-    fig, axes = plt.subplots(2, 5, figsize=(18, 7))
-    for ax, (attr, label, unit) in zip(axes.flat, COSTS, strict=True):
+    rows = math.ceil(len(COSTS) / 4)
+    fig, axes = plt.subplots(rows, 4, figsize=(16, 3.5 * rows))
+    for ax in list(axes.flat)[len(COSTS) :]:
+        ax.set_visible(False)
+    for ax, (attr, label, unit) in zip(axes.flat, COSTS, strict=False):
         ys = [getattr(r, attr) for r in results]
         ax.plot(xs, ys, "o-", label="measured")
         if ys and ys[0] == ys[0] and ys[0] > 0:
