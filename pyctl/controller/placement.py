@@ -400,13 +400,13 @@ class PlacementAdvisor:
 
     def choose(
         self, pod: PodRecord, names: tuple[str, ...], compute: bool = True
-    ) -> dict[str, str]:
-        """The filter's answer narrowed to the policy's choice, for a scheduler that asks once per
-        pod (verb ``choose``): the candidates that pass `filter` and that `prioritize` would not
-        score highest fail too, saying which node pyctl chose. At the shipped weight the top
-        score is the scheduler's choice anyway; this way it costs one call, and the scheduler
-        skips its scoring when one node is left. No preference (every score 0): `filter`. The
-        ranks are looked up once for both."""
+    ) -> tuple[dict[str, str], frozenset[str] | None]:
+        """For a scheduler that asks once per pod (verb ``choose``): the filter's answer (the
+        candidates `pod` must not go to, with why) and the policy's choice among the others, the
+        candidates `prioritize` would score highest; None when it gives no preference (every
+        score 0: the filter's answer stands). At the shipped weight the top score is the
+        scheduler's choice anyway; this way it costs one call, and the scheduler skips its
+        scoring when one node is left. The ranks are looked up once for both."""
         shape = self._shape_of(pod)
         ranks = self.rank(shape, names, compute) if shape is not None else {}
         failed = self._failed(pod, names, shape, ranks)
@@ -416,13 +416,8 @@ class PlacementAdvisor:
         self._advise(scores)
         top = max(scores.values(), default=0)
         if top <= 0:
-            return failed
-        chosen = [n for n in left if scores[n] == top]
-        why = f"pyctl: the policy chose {_listed(chosen)} for this pod (less fragmentation)"
-        for n in left:
-            if scores[n] != top:
-                failed[n] = why
-        return failed
+            return failed, None
+        return failed, frozenset(n for n in left if scores[n] == top)
 
     def prioritize(
         self, pod: PodRecord, names: tuple[str, ...], compute: bool = True
@@ -458,11 +453,6 @@ def _filtered(shape: Shape) -> bool:
     """Whether the filter looks at the ranks of `shape` (GPUs the device plugin serves; CPU-only
     pods are the scheduler's business, DRA pods its own allocator's)."""
     return not shape.is_cpu_only and not shape.dra
-
-
-def _listed(names: list[str], most: int = 3) -> str:
-    shown = ", ".join(names[:most])
-    return shown if len(names) <= most else f"{shown} and {len(names) - most} more"
 
 
 def workload_key(pod: PodRecord) -> str:

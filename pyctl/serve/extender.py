@@ -77,8 +77,8 @@ class ExtenderHandler:
                 failed = self.advisor.filter(args.pod, unique, compute)
                 return encode(filter_result(args, failed)), "ok"
             if verb == "choose":
-                failed = self.advisor.choose(args.pod, unique, compute)
-                return encode(filter_result(args, failed)), "ok"
+                failed, chosen = self.advisor.choose(args.pod, unique, compute)
+                return encode(filter_result(args, failed, only=chosen)), "ok"
             scores = self.advisor.prioritize(args.pod, unique, compute)
             return encode(priority_list(scores, args.names)), "ok"
         except NotKept:

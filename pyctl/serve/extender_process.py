@@ -18,7 +18,8 @@ a child process (`front_main`), with its own GIL, and the controller feeds it:
   its own `ExtenderHandler` (on a thread of its own): a pod with DRA claims (their shape needs the
   controller's view of claims, slices and classes) or one that names a node. The child waits for
   that answer until the request's deadline (then: "no advice", outcome ``deadline``).
-- The child's counts (requests, their latencies, refusals, ranks computed) are sent back every
+- The child's counts (requests, their latencies, refusals, ranks computed, its cycle
+  collections) are sent back every
   `FLUSH_SECONDS` and added to the controller's metrics, so `/metrics` reads as with the
   extender in the controller's process.
 - The child ends when the controller's end of its pipes closes (the controller exited, however).
@@ -153,6 +154,21 @@ class Recorder:
 
         return count
 
+    def collections(self) -> Callable[[], None]:
+        """Time this process's cycle collections (`pyctl_gc_pause_seconds` in the controller);
+        returns the function that stops it."""
+        started = [0.0]
+
+        def timed(phase: str, info: dict[str, Any]) -> None:
+            if phase == "start":
+                started[0] = time.perf_counter()
+            elif started[0]:
+                self._add(("gc", int(info.get("generation", 2)), time.perf_counter() - started[0]))
+                started[0] = 0.0
+
+        gc.callbacks.append(timed)
+        return lambda: gc.callbacks.remove(timed) if timed in gc.callbacks else None
+
     def take(self) -> list[tuple[Any, ...]]:
         with self._lock:
             out, self._events = self._events, []
@@ -182,6 +198,7 @@ class _Child:
         self.replica = Replica()
         self.ranks = RankTable(self.replica.models, lambda: self.replica.workload)
         self.recorder = Recorder()
+        self.recorder.collections()
         self._send_lock = threading.Lock()
         self._ids = itertools.count()
         self._waiting: dict[int, Future[tuple[bytes, str]]] = {}
@@ -401,21 +418,24 @@ class ExtenderProcess:
         handler: Callable[[], ExtenderHandler],
         options: ExtenderOptions,
         metrics: HttpMetrics,
-        ranks: Metrics | None = None,
+        core: Metrics | None = None,
         cluster: str = "",
     ) -> None:
         self.publisher = publisher
         self.make_handler = handler
         self.options = options
         self.metrics = metrics
+        #: the child's ranks computed (`pyctl_extender_ranks_total`) and its cycle collections
+        #: (`pyctl_gc_pause_seconds`), counted on the controller's metrics (`core`)
         self._ranks = (
             (
-                ranks.extender_ranks.labels(cluster, "request"),
-                ranks.extender_ranks.labels(cluster, "ahead"),
+                core.extender_ranks.labels(cluster, "request"),
+                core.extender_ranks.labels(cluster, "ahead"),
             )
-            if ranks is not None
+            if core is not None
             else None
         )
+        self._gc = [core.gc_pause.labels(cluster, str(g)) for g in range(3)] if core else None
         self.port = options.port
         #: times the child was started again; requests it forwarded
         self.restarts = 0
@@ -590,6 +610,8 @@ class ExtenderProcess:
             self.metrics.work(event[1], event[2], event[3])
         elif kind == "refused":
             self.metrics.refused.labels(self.metrics.cluster, event[1], event[2]).inc()
+        elif kind == "gc" and self._gc is not None:
+            self._gc[min(max(int(event[1]), 0), 2)].observe(event[2])
         elif kind == "ranks" and self._ranks is not None:
             if event[1]:
                 self._ranks[0].inc(event[1])

@@ -25,7 +25,7 @@ from pyctl.cluster.sim.source import SimClusterSource
 from pyctl.controller.controller import Controller
 from pyctl.controller.placement import RankTable
 from pyctl.serve.extender import ExtenderHandler
-from pyctl.serve.extender_process import CHUNK, ExtenderProcess, Publisher, chunks
+from pyctl.serve.extender_process import CHUNK, ExtenderProcess, Publisher, Recorder, chunks
 from pyctl.serve.extender_server import ExtenderOptions, ExtenderServer, HttpMetrics
 from pyctl.state.memory import MemoryStore
 
@@ -269,3 +269,51 @@ async def test_a_port_in_use_fails_the_start_and_leaves_nothing_behind(
             await there.start()
     assert there.pid is None  # no child kept
     assert r.on_scored == listeners
+
+
+def test_the_processs_counts_land_on_the_controllers_metrics() -> None:
+    """What the child records (`Recorder`: requests, their work, refusals, its cycle
+    collections; the ranks it computed) is what the controller's metrics count."""
+    import gc
+
+    from pyctl.metrics import Metrics
+
+    rec = Recorder()
+    stop = rec.collections()
+    try:
+        gc.collect()
+    finally:
+        stop()
+    rec.request("choose", "ok", 0.004)
+    rec.request("filter", "deadline", 1.6)
+    rec.work("choose", 0.002, "server")
+    rec.on_reject("extender")("body-too-large")
+    events = rec.take()
+    assert rec.take() == []
+    assert [e[0] for e in events] == ["gc", "request", "request", "work", "refused"]
+    assert events[0][1] == 2  # a full collection
+    registry = CollectorRegistry()
+    core = Metrics(registry)
+    proc = ExtenderProcess(
+        Publisher(None, dict, dict),  # type: ignore[arg-type]  # not started: no reconciler read
+        lambda: None,  # type: ignore[arg-type,return-value]
+        ExtenderOptions(),
+        HttpMetrics(registry, "t"),
+        core,
+        "t",
+    )
+    for e in [*events, ("ranks", 3, 40)]:
+        proc._count(e)
+
+    def value(name: str, **labels: str) -> float:
+        got = registry.get_sample_value(name, {"cluster": "t", **labels})
+        return -1.0 if got is None else got
+
+    assert value("pyctl_gc_pause_seconds_count", generation="2") == 1
+    assert value("pyctl_extender_requests_total", verb="choose", outcome="ok") == 1
+    assert value("pyctl_extender_requests_total", verb="filter", outcome="deadline") == 1
+    assert value("pyctl_extender_request_seconds_sum", verb="filter") == 1.6
+    assert value("pyctl_extender_work_seconds_count", verb="choose", thread="server") == 1
+    assert value("pyctl_http_refused_total", server="extender", reason="body-too-large") == 1
+    assert value("pyctl_extender_ranks_total", when="request") == 3
+    assert value("pyctl_extender_ranks_total", when="ahead") == 40

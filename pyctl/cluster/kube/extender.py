@@ -13,7 +13,7 @@ without JSON tags, so the keys are the Go field names.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,9 +126,18 @@ def parse_args(body: bytes | str | Mapping[str, Any]) -> ExtenderArgs:
     return ExtenderArgs(rec, names, items)
 
 
-def filter_result(args: ExtenderArgs, failed: Mapping[str, str], error: str = "") -> dict[str, Any]:
-    """An ``ExtenderFilterResult``: the nodes not in `failed`, in the form they came in."""
-    kept = [n for n in args.names if n not in failed]
+def filter_result(
+    args: ExtenderArgs,
+    failed: Mapping[str, str],
+    error: str = "",
+    only: Collection[str] | None = None,
+) -> dict[str, Any]:
+    """An ``ExtenderFilterResult``: the nodes not in `failed` (and, with `only`, in it), in the
+    form they came in. A node neither kept nor failed is left out of the answer: the scheduler
+    drops it from the candidates without a status (kube-scheduler's
+    ``findNodesThatPassExtenders``: statuses are set for the failed maps' nodes only; they
+    explain a pod that fits no node, and a pod left a node is not one)."""
+    kept = [n for n in args.names if n not in failed and (only is None or n in only)]
     out: dict[str, Any] = {
         "Nodes": None,
         "NodeNames": None,
