@@ -39,6 +39,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -132,25 +133,22 @@ class Replica:
 
 
 class Recorder:
-    """The child's counts, kept until the next flush (the server's metrics interface)."""
+    """The child's counts, kept until the next flush (the server's metrics interface). A deque,
+    not a lock: a cycle collection's callback adds to it, and a collection can start inside any
+    allocation, also one made while another count is being added or taken."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._events: list[tuple[Any, ...]] = []
-
-    def _add(self, event: tuple[Any, ...]) -> None:
-        with self._lock:
-            self._events.append(event)
+        self._events: deque[tuple[Any, ...]] = deque()
 
     def request(self, verb: str, outcome: str, seconds: float | None = None) -> None:
-        self._add(("request", verb, outcome, seconds))
+        self._events.append(("request", verb, outcome, seconds))
 
     def work(self, verb: str, seconds: float, thread: str = "worker") -> None:
-        self._add(("work", verb, seconds, thread))
+        self._events.append(("work", verb, seconds, thread))
 
     def on_reject(self, server: str) -> Callable[[str], None]:
         def count(reason: str) -> None:
-            self._add(("refused", server, reason))
+            self._events.append(("refused", server, reason))
 
         return count
 
@@ -163,15 +161,18 @@ class Recorder:
             if phase == "start":
                 started[0] = time.perf_counter()
             elif started[0]:
-                self._add(("gc", int(info.get("generation", 2)), time.perf_counter() - started[0]))
+                took = time.perf_counter() - started[0]
+                self._events.append(("gc", int(info.get("generation", 2)), took))
                 started[0] = 0.0
 
         gc.callbacks.append(timed)
         return lambda: gc.callbacks.remove(timed) if timed in gc.callbacks else None
 
     def take(self) -> list[tuple[Any, ...]]:
-        with self._lock:
-            out, self._events = self._events, []
+        out = []
+        with contextlib.suppress(IndexError):  # empty: taken
+            while True:
+                out.append(self._events.popleft())
         return out
 
 

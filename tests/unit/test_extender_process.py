@@ -317,3 +317,35 @@ def test_the_processs_counts_land_on_the_controllers_metrics() -> None:
     assert value("pyctl_http_refused_total", server="extender", reason="body-too-large") == 1
     assert value("pyctl_extender_ranks_total", when="request") == 3
     assert value("pyctl_extender_ranks_total", when="ahead") == 40
+
+
+def test_counts_are_added_and_taken_while_every_allocation_collects() -> None:
+    """A cycle collection can start inside any allocation, also one made while the counts are
+    being added or taken, and its callback adds a count then: with every allocation collecting,
+    counting and taking go on, and the collections are counted."""
+    import gc
+    import threading
+
+    rec = Recorder()
+    stop = rec.collections()
+    before = gc.get_threshold()
+    done = threading.Event()
+    taken: list[tuple[Any, ...]] = []
+
+    def work() -> None:
+        for _ in range(200):
+            rec.request("choose", "ok", 0.001)
+            taken.extend(rec.take())
+        done.set()
+
+    gc.set_threshold(1, 1, 1)
+    try:
+        threading.Thread(target=work, daemon=True).start()
+        finished = done.wait(20)
+    finally:
+        gc.set_threshold(*before)
+        stop()
+    assert finished
+    kinds = [e[0] for e in taken]
+    assert kinds.count("request") == 200
+    assert "gc" in kinds
