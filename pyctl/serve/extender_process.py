@@ -346,8 +346,8 @@ class Publisher:
                 self._dirty[name] = node
             self.changed.set()
 
-    def full(self) -> dict[str, Any]:
-        """The whole view (a new child's first message)."""
+    def full(self, now: float) -> dict[str, Any]:
+        """The whole view (a new child's first message), at `now` (`time.monotonic`)."""
         r = self.reconciler
         with self._lock:
             self._dirty.clear()
@@ -356,7 +356,7 @@ class Publisher:
         self._workload = r.workload
         self._reserved = dict(self.reservations())
         self._departed = dict(self.departures())
-        self._slow = time.monotonic()
+        self._slow = now
         return {
             "nodes": models,
             "workload": r.workload,
@@ -386,6 +386,7 @@ class Publisher:
             gone = [n for n in self._sent if n not in models]
             for n in gone:
                 del self._sent[n]
+                nodes.pop(n, None)  # scored, then gone before this message: gone
             if gone:
                 msg["gone"] = gone
             for n, node in models.items():  # a model replaced without a score (none today)
@@ -478,7 +479,7 @@ class ExtenderProcess:
         try:
             up_here.send((replace(self.options, port=self.port), fmt, level))
             with self._publishing:  # the whole view; what changes after it is published to it
-                for part in chunks(self.publisher.full()):
+                for part in chunks(self.publisher.full(time.monotonic())):
                     up_here.send(part)
                 self._updates = up_here
             if not calls_here.poll(START_SECONDS):

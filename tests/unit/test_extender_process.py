@@ -349,3 +349,44 @@ def test_counts_are_added_and_taken_while_every_allocation_collects() -> None:
     kinds = [e[0] for e in taken]
     assert kinds.count("request") == 200
     assert "gc" in kinds
+
+
+def test_the_publisher_sends_each_change_once() -> None:
+    """A scored model is sent once (the same object again: not sent); a node scored and gone
+    before the next message goes as gone, not as a node; M and the rescues' nodes when they
+    change; once a second a model replaced without a score, and the pending pods' shapes."""
+    from types import SimpleNamespace
+
+    from pyctl.model import Node, Workload
+
+    a, b, c = Node("a"), Node("b"), Node("c")
+    r = SimpleNamespace(models={"a": a, "b": b}, workload=Workload(), pending_shapes=list)
+    reserved: dict[str, str] = {}
+    pub = Publisher(r, lambda: reserved, dict)  # type: ignore[arg-type]
+    first = pub.full(0.0)
+    assert first["nodes"] == {"a": a, "b": b}
+    assert pub.changes(0.5) is None  # nothing changed
+    a2 = Node("a", gpu_model="H100")
+    r.models["a"] = a2
+    pub.scored("a", a2, None)  # type: ignore[arg-type]
+    pub.scored("b", b, None)  # type: ignore[arg-type]  # the same object: not sent again
+    assert pub.changes(0.6) == {"nodes": {"a": a2}}
+    assert pub.changes(0.7) is None
+    reserved["b"] = "default/p"
+    r.workload = Workload()  # another object
+    got = pub.changes(0.8)
+    assert got is not None
+    assert got["reservations"] == {"b": "default/p"}
+    assert got["workload"] is r.workload
+    assert "nodes" not in got
+    # scored, then gone before the next message; and c replaced without a score
+    r.models["c"] = c
+    pub.scored("b", Node("b", gpu_model="A100"), None)  # type: ignore[arg-type]
+    del r.models["b"]
+    pub.pending = ()
+    got = pub.changes(2.0)  # the once-a-second pass
+    assert got is not None
+    assert got["gone"] == ["b"]
+    assert got["nodes"] == {"c": c}
+    assert got["pending"] == ()
+    assert pub.changes(2.1) is None
