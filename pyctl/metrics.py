@@ -172,18 +172,24 @@ class Metrics:
         """Time every cycle collection of this process (`pyctl_gc_pause_seconds`); returns
         the function that stops it."""
         hist = [self.gc_pause.labels(cluster, str(g)) for g in range(3)]
-        started = [0.0]
+        return time_collections(lambda g, seconds: hist[min(max(g, 0), 2)].observe(seconds))
 
-        def timed(phase: str, info: dict[str, Any]) -> None:
-            if phase == "start":
-                started[0] = time.perf_counter()
-            elif started[0]:
-                g = int(info.get("generation", 2))
-                hist[min(max(g, 0), 2)].observe(time.perf_counter() - started[0])
-                started[0] = 0.0
 
-        gc.callbacks.append(timed)
-        return lambda: gc.callbacks.remove(timed) if timed in gc.callbacks else None
+def time_collections(observe: Callable[[int, float], None]) -> Callable[[], None]:
+    """Call `observe(generation, seconds)` after every cycle collection of this process (the
+    controller's histogram; the extender's own process sends them to the controller); returns
+    the function that stops it."""
+    started = [0.0]
+
+    def timed(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        elif started[0]:
+            observe(int(info.get("generation", 2)), time.perf_counter() - started[0])
+            started[0] = 0.0
+
+    gc.callbacks.append(timed)
+    return lambda: gc.callbacks.remove(timed) if timed in gc.callbacks else None
 
 
 class WorkflowMetrics:

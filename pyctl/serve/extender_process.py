@@ -53,7 +53,7 @@ from pyctl.controller.placement import NotKept, PlacementAdvisor, RankTable
 from pyctl.controller.reconcile import Reconciler
 from pyctl.core.fragmentation import FragmentationModel
 from pyctl.log import JsonFormatter, setup_logging
-from pyctl.metrics import Metrics
+from pyctl.metrics import Metrics, time_collections
 from pyctl.model import Node, Shape, Snapshot, Workload
 from pyctl.serve.extender import ExtenderHandler, no_advice
 from pyctl.serve.extender_server import ExtenderOptions, ExtenderServer, HttpMetrics
@@ -155,18 +155,7 @@ class Recorder:
     def collections(self) -> Callable[[], None]:
         """Time this process's cycle collections (`pyctl_gc_pause_seconds` in the controller);
         returns the function that stops it."""
-        started = [0.0]
-
-        def timed(phase: str, info: dict[str, Any]) -> None:
-            if phase == "start":
-                started[0] = time.perf_counter()
-            elif started[0]:
-                took = time.perf_counter() - started[0]
-                self._events.append(("gc", int(info.get("generation", 2)), took))
-                started[0] = 0.0
-
-        gc.callbacks.append(timed)
-        return lambda: gc.callbacks.remove(timed) if timed in gc.callbacks else None
+        return time_collections(lambda g, seconds: self._events.append(("gc", g, seconds)))
 
     def take(self) -> list[tuple[Any, ...]]:
         out = []
