@@ -389,12 +389,13 @@ class Publisher:
 
 
 def chunks(msg: dict[str, Any]) -> list[dict[str, Any]]:
-    """`msg` as messages of at most `CHUNK` nodes each, all but the last marked ``more``."""
-    nodes = list(msg.pop("nodes", {}).items())
+    """`msg` as messages of at most `CHUNK` nodes each, all but the last marked ``more`` (the
+    rest of `msg` goes with the first)."""
+    nodes = list(msg.get("nodes", {}).items())
     if len(nodes) <= CHUNK:
-        return [{**msg, "nodes": dict(nodes)} if nodes else msg]
+        return [msg]
     out = [{"nodes": dict(nodes[i : i + CHUNK]), "more": True} for i in range(0, len(nodes), CHUNK)]
-    out[0].update(msg)
+    out[0].update((k, v) for k, v in msg.items() if k != "nodes")
     del out[-1]["more"]
     return out
 
@@ -600,7 +601,7 @@ class ExtenderProcess:
         elif kind == "work":
             self.metrics.work(event[1], event[2], event[3])
         elif kind == "refused":
-            self.metrics.refused.labels(self.metrics.cluster, event[1], event[2]).inc()
+            self.metrics.on_reject(event[1])(event[2])
         elif kind == "gc" and self._gc is not None:
             self._gc[min(max(int(event[1]), 0), 2)].observe(event[2])
         elif kind == "ranks" and self._ranks is not None:

@@ -234,7 +234,8 @@ def test_it_ends_with_the_controller(tmp_path: Any) -> None:
 def test_a_big_message_goes_in_chunks_that_add_up_to_it() -> None:
     nodes = {f"n{i}": object() for i in range(2 * CHUNK + 3)}
     msg = {"nodes": dict(nodes), "workload": "M", "pending": ()}
-    parts = chunks(dict(msg))
+    parts = chunks(msg)
+    assert msg["nodes"] == nodes  # the message is not consumed
     assert len(parts) == 3
     assert all(len(p["nodes"]) <= CHUNK for p in parts)
     assert [bool(p.get("more")) for p in parts] == [True, True, False]
