@@ -60,6 +60,7 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
+import itertools
 import json
 import math
 import multiprocessing
@@ -413,6 +414,14 @@ class Api:
 # pyctl, as deployed
 
 
+def machine_busy() -> float:
+    """CPU seconds the machine's cores were busy since boot (/proc/stat: all but idle and
+    iowait)."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
     """If this process is killed, take pyctl down too (Linux; as the harness does)."""
     with contextlib.suppress(Exception):
@@ -450,6 +459,9 @@ class Pyctl:
         self.started = 0.0
         self.lines: list[tuple[float, dict[str, Any]]] = []
         self.rss: list[tuple[float, int]] = []
+        #: (time, pyctl's CPU seconds, the machine's busy CPU seconds)
+        self.cpu: list[tuple[float, float, float]] = []
+        self._pids: list[int] = []
         self._stop = threading.Event()
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -476,11 +488,26 @@ class Pyctl:
                 self.lines.append((now, rec))
 
     def _sample(self) -> None:
+        """RSS every 0.25 s; CPU (pyctl's, and the whole machine's busy time) every 0.05 s."""
+        k = 0
         while not self._stop.is_set() and self.proc is not None and self.proc.poll() is None:
-            got = self.status()
-            if got:
-                self.rss.append((time.monotonic(), got["VmRSS"]))
-            self._stop.wait(0.25)
+            if k % 5 == 0:
+                got = self.status()
+                if got:
+                    self.rss.append((time.monotonic(), got["VmRSS"]))
+            self.cpu.append((time.monotonic(), self.cpu_seconds(k % 20 == 0), machine_busy()))
+            k += 1
+            self._stop.wait(0.05)
+
+    def cpu_at(self, t: float) -> tuple[float, float]:
+        """pyctl's CPU seconds and the machine's busy CPU seconds at `t` (interpolated between
+        the samples around it)."""
+        samples = list(self.cpu)
+        for (t0, a0, b0), (t1, a1, b1) in itertools.pairwise(samples):
+            if t0 <= t <= t1:
+                f = (t - t0) / (t1 - t0) if t1 > t0 else 0.0
+                return a0 + f * (a1 - a0), b0 + f * (b1 - b0)
+        return float("nan"), float("nan")
 
     def pids(self) -> list[int]:
         """pyctl's process and its children (the extender's own process)."""
@@ -513,10 +540,13 @@ class Pyctl:
                     return {}  # pyctl exited
         return out
 
-    def cpu_seconds(self) -> float:
-        """User and system CPU time of pyctl's processes."""
+    def cpu_seconds(self, look: bool = True) -> float:
+        """User and system CPU time of pyctl's processes (`look`: find its children again, else
+        those found last)."""
+        if look or not self._pids:
+            self._pids = self.pids()
         total = 0
-        for pid in self.pids():
+        for pid in self._pids:
             with contextlib.suppress(OSError):
                 fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
                 total += int(fields[11]) + int(fields[12])
@@ -748,6 +778,9 @@ class SizeResult:
     mig_nodes: int
     first_score_s: float = float("nan")
     first_score_after_list_s: float = float("nan")
+    #: pyctl's CPU time in that stretch (both processes), and the rest of the machine's
+    first_score_after_list_cpu_s: float = float("nan")
+    others_cpu_after_list_s: float = float("nan")
     list_s: float = float("nan")
     ready_s: float = float("nan")
     rss_peak_mib: float = float("nan")
@@ -803,7 +836,9 @@ class SizeResult:
         return (
             f"size {self.nodes}: {self.nodes} nodes ({self.mig_nodes} MIG), {self.pods} pods "
             f"({self.pending} pending); first score {self.first_score_s:.1f} s from start, "
-            f"{self.first_score_after_list_s:.1f} s after the lists ({self.list_s:.1f} s), "
+            f"{self.first_score_after_list_s:.1f} s after the lists ({self.list_s:.1f} s; "
+            f"in it pyctl's CPU {self.first_score_after_list_cpu_s:.1f} s, the rest of the "
+            f"machine's {self.others_cpu_after_list_s:.1f} s), "
             f"/readyz {self.ready_s:.1f} s; rss peak {self.rss_peak_mib:.0f} MiB, steady "
             f"{self.rss_steady_mib:.0f} MiB; redis {self.redis_mib:.1f} MiB "
             f"({self.redis_mib * 1024 / self.nodes:.1f} KiB/node); churn {self.churn_rate:.1f} "
@@ -1046,6 +1081,11 @@ class Bench:
         res.ready_s = ready - ctl.started
         res.list_s = max(listed) - ctl.started if listed else float("nan")
         res.first_score_after_list_s = scored - max(listed) if listed else float("nan")
+        if listed:
+            await asyncio.sleep(0.2)  # a CPU sample after `scored`
+            (c0, b0), (c1, b1) = ctl.cpu_at(max(listed)), ctl.cpu_at(scored)
+            res.first_score_after_list_cpu_s = c1 - c0
+            res.others_cpu_after_list_s = (b1 - b0) - (c1 - c0)
 
     # -- freshness under churn ---------------------------------------------------------------------
 
@@ -1317,6 +1357,7 @@ class Bench:
 COSTS = (
     ("first_score_s", "first complete score", "s"),
     ("first_score_after_list_s", "first complete score after the lists", "s"),
+    ("first_score_after_list_cpu_s", "pyctl's CPU in it", "s"),
     ("ready_s", "/readyz", "s"),
     ("rss_steady_mib", "controller RSS, steady", "MiB"),
     ("rss_peak_mib", "controller RSS, peak", "MiB"),

@@ -195,6 +195,11 @@ class Controller:
             return False, "state store unavailable"
         return True, "ok"
 
+    @property
+    def store_synced(self) -> bool:
+        """The store holds every kind as the cache does (written since the last re-sync)."""
+        return self.store_ok and not self._resync
+
     # -- loops -----------------------------------------------------------------------------
     async def _flush(self) -> None:
         replaces, self._pending_replace = self._pending_replace, {}

@@ -335,6 +335,11 @@ class Publisher:
                 self._dirty[name] = node
             self.changed.set()
 
+    @property
+    def sent_nodes(self) -> int:
+        """How many nodes' current models the child has been sent."""
+        return len(self._sent)
+
     def full(self, now: float) -> dict[str, Any]:
         """The whole view (a new child's first message), at `now` (`time.monotonic`)."""
         r = self.reconciler

@@ -47,7 +47,8 @@ def test_scale_bench_runs_end_to_end_at_20_nodes(tmp_path: Path) -> None:
         "first_score_s", "ready_s", "rss_peak_mib", "rss_steady_mib", "redis_mib", "p50_ms",
         "p99_ms", "cpu_pct", "sched_without", "sched_with", "ext_p99_ms", "compaction_s",
         "mig_plan_s", "gc_full_s", "srv_p50_ms", "srv_p99_ms", "work_p50_ms", "work_p99_ms",
-        "compaction_cpu_s",
+        "compaction_cpu_s", "first_score_after_list_s", "first_score_after_list_cpu_s",
+        "others_cpu_after_list_s",
     ):  # fmt: skip
         assert math.isfinite(r[key]), (key, r[key])
     assert r["probes"] > 0
