@@ -239,6 +239,15 @@ async def start_servers(ctl: Controller, cfg: Config, flows: Workflows | None = 
     when a server cannot start: a port in use, TLS files that cannot be read."""
     servers = Servers()
     metrics = HttpMetrics(ctl.metrics.registry, cfg.cluster)
+
+    def ready() -> tuple[bool, str]:
+        """The controller's readiness, and the extender's process serving (when it has one)."""
+        ok, why = ctl.ready()
+        ext = servers.extender
+        if ok and isinstance(ext, ExtenderProcess) and not ext.serving:
+            return False, "the scheduler extender's process is not serving (being started again)"
+        return ok, why
+
     try:
         if cfg.metrics.port:
             federation: Callable[[], Awaitable[Mapping[str, Any]]] | None = None
@@ -254,7 +263,7 @@ async def start_servers(ctl: Controller, cfg: Config, flows: Workflows | None = 
                 federation = status
             servers.health = HealthServer(
                 ctl.metrics.registry,
-                ctl.ready,
+                ready,
                 cfg.metrics.host,
                 cfg.metrics.port,
                 federation=federation,

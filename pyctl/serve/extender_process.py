@@ -452,6 +452,12 @@ class ExtenderProcess:
         """The child's process id (None before it started)."""
         return self._proc.pid if self._proc is not None else None
 
+    @property
+    def serving(self) -> bool:
+        """A child is running and was started (False while it is being started again)."""
+        proc = self._proc
+        return self._calls is not None and proc is not None and proc.poll() is None
+
     # -- the child's life ---------------------------------------------------------------------
     def _spawn(self) -> int:
         """Start a child (`python -m pyctl.serve.extender_process`, its pipes inherited), send

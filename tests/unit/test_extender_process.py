@@ -19,14 +19,17 @@ import anyio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from pyctl.app.wiring import advisor
+from pyctl.app.config import Config
+from pyctl.app.wiring import advisor, start_servers
 from pyctl.cluster.sim.scenario import inference_day
 from pyctl.cluster.sim.source import SimClusterSource
 from pyctl.controller.controller import Controller
 from pyctl.controller.placement import RankTable
+from pyctl.dev.control_plane import free_port
 from pyctl.serve.extender import ExtenderHandler
 from pyctl.serve.extender_process import CHUNK, ExtenderProcess, Publisher, Recorder, chunks
 from pyctl.serve.extender_server import ExtenderOptions, ExtenderServer, HttpMetrics
+from pyctl.serve.health import MetricsOptions
 from pyctl.state.memory import MemoryStore
 
 
@@ -391,3 +394,39 @@ def test_the_publisher_sends_each_change_once() -> None:
     assert got["nodes"] == {"c": c}
     assert got["pending"] == ()
     assert pub.changes(2.1) is None
+
+
+@pytest.mark.anyio
+async def test_readyz_says_when_the_process_is_not_serving(controller: Controller) -> None:
+    """`/readyz` (as `start_servers` wires it) answers 503 while the extender's process is being
+    started again, and 200 once it serves."""
+    cfg = Config(
+        metrics=MetricsOptions(port=free_port()),
+        extender=ExtenderOptions(port=free_port(), process=True),
+    )
+    servers = await start_servers(controller, cfg)
+    assert servers.health is not None
+    url = f"http://127.0.0.1:{cfg.metrics.port}/readyz"
+    seen: list[tuple[int, str]] = []
+    try:
+        async with aiohttp.ClientSession() as s:
+
+            async def readyz() -> tuple[int, str]:
+                async with s.get(url) as resp:
+                    return resp.status, await resp.text()
+
+            assert (await readyz())[0] == 200
+            proc = servers.extender
+            assert isinstance(proc, ExtenderProcess)
+            assert proc.pid is not None
+            os.kill(proc.pid, signal.SIGKILL)
+            with anyio.fail_after(30):
+                while not seen or seen[-1][0] != 200 or len(seen) < 2:
+                    seen.append(await readyz())
+                    await anyio.sleep(0.02)
+            assert proc.restarts == 1
+    finally:
+        await servers.stop()
+    down = [body for code, body in seen if code == 503]
+    assert down, seen  # the restart waits RESTART_SECONDS: a poll every 20 ms sees it
+    assert all("extender's process is not serving" in body for body in down)
