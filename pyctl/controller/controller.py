@@ -104,6 +104,10 @@ class Controller:
         self.synced: set[Kind] = set()
         #: when every node known at the initial sync had been scored (monotonic; None: not yet)
         self.scored_at: float | None = None
+        #: set (in `run`) once every kind has been listed, and once every node of those lists
+        #: is scored: the worker starts at the first, the loops that act at the second
+        self._listed: anyio.Event | None = None
+        self._scored: anyio.Event | None = None
         self._started = time.monotonic()
         self.store_ok = False
         self._resync = True
@@ -131,6 +135,8 @@ class Controller:
         first_sync = kind not in self.synced and all(k in self.synced or k == kind for k in KINDS)
         self.synced.add(kind)
         if first_sync:
+            if self._listed is not None:
+                self._listed.set()
             # every kind is listed: derive M from the pods now, before the nodes are scored
             # with the default one (scoring them again when the summary derives it)
             self._workload_at = now
@@ -257,6 +263,11 @@ class Controller:
                 await self._flush()
 
     async def _worker(self, tg: anyio.abc.TaskGroup) -> None:
+        # as client-go's controllers wait for their informers' sync: a node is modelled on
+        # every kind's list, never on the nodes without their pods (scored as empty, advised
+        # on, re-scored a moment later)
+        assert self._listed is not None
+        await self._listed.wait()
         while (key := await self.queue.get()) is not None:
             try:
                 self.reconciler.reconcile(key)
@@ -279,6 +290,8 @@ class Controller:
         if any(k not in self.synced for k in KINDS):
             return
         self.scored_at = time.monotonic()
+        if self._scored is not None:
+            self._scored.set()
         r = self.reconciler
         log.info(
             "every node scored",
@@ -314,11 +327,14 @@ class Controller:
     async def publish(self, s: Summary) -> bool:
         """Publish the federation summary (with every node's model, M and a heartbeat) when the
         store works, this replica holds the Lease and `federation_interval` has passed (wall
-        clock) since the last; True if it was published. Only the leader publishes: a fresh
-        heartbeat says the replica that acts is alive and its writes to the store succeed
-        (`pyctl status`, docs/state.md)."""
+        clock) since the last, once every node of the initial lists is scored; True if it was
+        published. Only the leader publishes: a fresh heartbeat says the replica that acts is
+        alive, has the whole view and its writes to the store succeed (`pyctl status`,
+        docs/state.md)."""
         now = time.monotonic()
         if not self.store_ok or now - self._published_at < self.federation_interval:
+            return False
+        if self.scored_at is None:  # a partial view would replace the last whole one
             return False
         if not self.is_leader():
             return False
@@ -365,7 +381,18 @@ class Controller:
                 await anyio.sleep(0.001)
         await self._flush()
 
+    async def scored(self) -> None:
+        """Wait until every node of the initial lists is scored (from a task `run` started:
+        a loop of `background`)."""
+        assert self._scored is not None, "Controller.scored is awaited within run"
+        await self._scored.wait()
+
     async def run(self, until_source_ends: bool = False) -> None:
+        self._listed, self._scored = anyio.Event(), anyio.Event()
+        if all(k in self.synced for k in KINDS):  # listed before it ran (tests)
+            self._listed.set()
+        if self.scored_at is not None:
+            self._scored.set()
         try:
             await self.store.open()
             self.store_ok = True

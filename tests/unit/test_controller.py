@@ -9,9 +9,10 @@ import anyio
 import pytest
 
 from pyctl.app.config import ConfigError, load_config
-from pyctl.cluster.records import DRA_KINDS, Event, NodeRecord, PodRecord
+from pyctl.cluster.records import DRA_KINDS, KINDS, Event, Kind, NodeRecord, PodRecord, Record
 from pyctl.cluster.sim.scenario import inference_day
 from pyctl.cluster.sim.source import SimClusterSource
+from pyctl.cluster.source import EventSink
 from pyctl.controller.cache import ClusterCache
 from pyctl.controller.controller import Controller
 from pyctl.controller.reconcile import SchedulingWindow
@@ -181,19 +182,26 @@ async def test_store_outage_keeps_serving_then_catches_up() -> None:
 
 
 @pytest.mark.anyio
-async def test_only_the_leader_publishes_its_summary() -> None:
+async def test_only_the_leader_publishes_its_summary_and_only_on_the_whole_view() -> None:
     store = MemoryStore("sim")
     await store.open()
-    leader = [False]
-    ctl = Controller("sim", SimClusterSource(inference_day()), store, is_leader=lambda: leader[0])
-    ctl.store_ok = True
+    leader = [True]
+    source = _SlowLists({"Node": [NodeRecord("n1", gpus=8)]})
+    ctl = Controller("sim", source, store, is_leader=lambda: leader[0], summary_interval=0)
     ctl.federation_interval = 0.0
-    await ctl.replace("Node", [NodeRecord("n1", gpus=8)], "1")
-    ctl.reconciler.reconcile("n1")  # no worker runs here: reconcile the node as one would
-    assert await ctl.publish(ctl.summarize()) is False
-    assert await store.read_summary() is None
-    leader[0] = True
-    assert await ctl.publish(ctl.summarize()) is True
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ctl.run)
+        await _until(lambda: "n1" in ctl.cache.nodes)
+        # the leader, but only the nodes are listed: a partial view is not published
+        assert await ctl.publish(ctl.summarize()) is False
+        source.rest.set()
+        await _until(lambda: ctl.scored_at is not None)
+        leader[0] = False
+        assert await ctl.publish(ctl.summarize()) is False
+        assert await store.read_summary() is None
+        leader[0] = True
+        assert await ctl.publish(ctl.summarize()) is True
+        tg.cancel_scope.cancel()
     got = await store.read_summary()
     assert got is not None
     assert b'"nodes":1' in got.summary
@@ -277,3 +285,70 @@ async def test_a_node_reconciled_again_unchanged_keeps_its_model_object() -> Non
     await ctl.apply([Event("MODIFIED", NodeRecord("n1", gpus=8, cpu_milli=64000))], {"Node": "3"})
     r.reconcile("n1")
     assert r.models["n1"] is second
+
+
+async def _until(cond: Any, seconds: float = 10.0) -> None:
+    with anyio.fail_after(seconds):
+        while not cond():  # noqa: ASYNC110 (a condition of plain attributes)
+            await anyio.sleep(0.01)
+
+
+class _SlowLists:
+    """Lists the nodes at once and the other kinds when `rest` is set (a Pod list that takes
+    long: a big cluster, a slow API server, a list that fails and is retried)."""
+
+    name = "slow"
+
+    def __init__(self, lists: dict[Kind, list[Record]]) -> None:
+        self.lists = lists
+        self.rest = anyio.Event()
+
+    async def run(self, sink: EventSink) -> None:
+        await sink.replace("Node", self.lists.get("Node", []), "1")
+        await self.rest.wait()
+        for kind in KINDS[1:]:
+            await sink.replace(kind, self.lists.get(kind, []), "2")
+        await anyio.sleep_forever()
+
+
+@pytest.mark.anyio
+async def test_no_node_is_scored_and_no_loop_plans_before_every_kind_is_listed() -> None:
+    """As client-go's controllers wait for their informers: the nodes are listed, their pods
+    not yet; a node is not modelled without its pods (it would look empty: scored, advised on
+    and planned on as free) and the workflow loops do not plan, however long the Pod list
+    takes; once it lands every node is scored with its pods and the loops run."""
+    from pyctl.app.config import Config
+    from pyctl.app.wiring import attach_workflows
+
+    nodes: list[Record] = [NodeRecord(f"n{i}", gpus=8) for i in range(3)]
+    pods: list[Record] = [PodRecord("ns", f"p{i}", node=f"n{i}", gpus=4) for i in range(3)]
+    source = _SlowLists({"Node": nodes, "Pod": pods})
+    ctl = Controller("t", source, MemoryStore("t"))
+    flows = attach_workflows(ctl, Config(), interval=0.02)
+    ticks = {"compaction": 0, "mig": 0}
+
+    def counted(name: str, tick: Any) -> Any:
+        async def run(leader: bool) -> None:
+            ticks[name] += 1
+            await tick(leader)
+
+        return run
+
+    flows.compactor.tick = counted("compaction", flows.compactor.tick)  # type: ignore[method-assign]
+    flows.mig_loop.tick = counted("mig", flows.mig_loop.tick)  # type: ignore[method-assign]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ctl.run)
+        await _until(lambda: len(ctl.cache.nodes) == 3)
+        await anyio.sleep(0.5)  # 25 planning intervals
+        assert ctl.stats.reconciles == 0
+        assert not ctl.reconciler.scores
+        assert ticks == {"compaction": 0, "mig": 0}
+        assert ctl.ready()[0] is False
+        source.rest.set()
+        await _until(lambda: ctl.scored_at is not None and all(ticks.values()))
+        tg.cancel_scope.cancel()
+    # each node scored once, with its pod: 4 of its 8 GPUs in use
+    assert ctl.stats.reconciles == 3
+    assert {n: s.idle_gpu_milli for n, s in ctl.reconciler.scores.items()} == {
+        f"n{i}": 4000 for i in range(3)
+    }
