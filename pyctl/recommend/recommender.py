@@ -212,7 +212,12 @@ def attach(
             return read_usage(client, seconds)
 
     rec = Recommender(ctl.cache, ctl.reconciler, ctl.metrics, ctl.cluster, options, usage)
-    ctl.background.append(lambda: rec.run(interval))
+
+    async def loop() -> None:
+        await ctl.scored()  # the first report on the whole view, not on nodes without pods
+        await rec.run(interval)
+
+    ctl.background.append(loop)
     return rec
 
 
