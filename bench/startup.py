@@ -14,7 +14,9 @@ Pod list's hand-over the bench times:
 - `stored`: the store re-synced (every kind written to Redis);
 - `sent`: the extender's process sent every node's model;
 
-and the CPU time the controller's process used until all three were done. The last line fits
+and the CPU time pyctl's two processes used until all three were done, and their resident
+memory together 2 s later (the bench's copy of the records is the controller's: the cache holds
+the same objects; the objects' JSON is freed before the lists are handed). The last line fits
 each against size: `startup: <N> nodes, <S> s to every node scored, <T> s to all done, growth
 exponent <E> (cpu <C>)`.
 
@@ -51,6 +53,7 @@ from pyctl.metrics import Metrics
 from pyctl.serve.extender_process import ExtenderProcess
 from pyctl.serve.extender_server import ExtenderOptions
 from pyctl.serve.health import MetricsOptions
+from pyctl.serve.http import tune_malloc
 from tests.integration.redis_servers import RedisServer, find_binaries, free_port
 
 STAMP = "2026-12-01T00:00:00Z"
@@ -122,6 +125,18 @@ class ListedSource:
         await anyio.sleep_forever()
 
 
+def rss_mib(pids: list[int | None]) -> float:
+    """The resident memory of `pids` together (VmRSS), MiB."""
+    total = 0
+    for pid in pids:
+        if pid is None:
+            continue
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1])
+    return total / 1024
+
+
 def cpu_seconds(child: int | None) -> float:
     """The CPU time of this process and of `child` (the extender's process)."""
     total = time.process_time()
@@ -132,6 +147,7 @@ def cpu_seconds(child: int | None) -> float:
 
 
 async def one(n: int, mig_share: float, seed: int, work: Path) -> dict[str, Any]:
+    tune_malloc()  # as `pyctl run` does
     objects = cluster(n, mig_share, seed)
     t0 = time.perf_counter()
     lists: dict[Kind, list[Record]] = {
@@ -171,7 +187,7 @@ async def one(n: int, mig_share: float, seed: int, work: Path) -> dict[str, Any]
     publisher = proc.publisher
     source.child = proc.pid
     done: dict[str, float] = {}
-    cpu = 0.0
+    cpu = rss = 0.0
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(ctl.run)
@@ -186,6 +202,8 @@ async def one(n: int, mig_share: float, seed: int, work: Path) -> dict[str, Any]
                     done["sent"] = now
                 await anyio.sleep(0.01)
             cpu = cpu_seconds(source.child) - source.cpu
+            await anyio.sleep(2.0)
+            rss = rss_mib([os.getpid(), source.child])
             tg.cancel_scope.cancel()
     finally:
         await servers.stop()
@@ -198,6 +216,7 @@ async def one(n: int, mig_share: float, seed: int, work: Path) -> dict[str, Any]
         **{f"{k}_s": v - handed for k, v in done.items()},
         "all_s": max(done.values()) - handed,
         "cpu_s": cpu,
+        "rss_mib": rss,
     }
 
 
@@ -227,7 +246,7 @@ def main(argv: list[str]) -> int:
         print(
             f"{n} nodes, {r['pods']} pods: decoded in {r['decode_s']:.2f} s; after the Pod list: "
             f"every node scored {r['scored_s']:.2f} s, stored {r['stored_s']:.2f} s, sent to "
-            f"the extender {r['sent_s']:.2f} s; cpu {r['cpu_s']:.2f} s",
+            f"the extender {r['sent_s']:.2f} s; cpu {r['cpu_s']:.2f} s; rss {r['rss_mib']:.0f} MiB",
             flush=True,
         )
     if args.json:

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 LINE = re.compile(
     r"^(\d+) nodes, (\d+) pods: decoded in [\d.]+ s; after the Pod list: every node scored "
-    r"[\d.]+ s, stored [\d.]+ s, sent to the extender [\d.]+ s; cpu [\d.]+ s$"
+    r"[\d.]+ s, stored [\d.]+ s, sent to the extender [\d.]+ s; cpu [\d.]+ s; rss \d+ MiB$"
 )
 LAST = re.compile(
     r"^startup: 40 nodes, [\d.]+ s to every node scored, [\d.]+ s to all done, "
@@ -42,7 +42,7 @@ def test_startup_bench_runs_at_two_sizes(tmp_path: Path) -> None:
     for r in results:
         # the scale bench's cluster: about 10 pods a node, and a few pending
         assert 8 * r["nodes"] < r["pods"] < 14 * r["nodes"], r
-        for key in ("decode_s", "scored_s", "stored_s", "sent_s", "all_s", "cpu_s"):
+        for key in ("decode_s", "scored_s", "stored_s", "sent_s", "all_s", "cpu_s", "rss_mib"):
             assert math.isfinite(r[key]), (key, r)
             assert r[key] >= 0, (key, r)
         assert r["all_s"] == max(r["scored_s"], r["stored_s"], r["sent_s"])
