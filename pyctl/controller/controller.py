@@ -374,6 +374,8 @@ class Controller:
         """Process everything queued now (tests, finite runs, the simulated cluster's lockstep)."""
         spins = 0
         while not self.queue.idle:
+            if self._listed is not None and not self._listed.is_set():
+                break  # the worker waits for every kind's list: nothing is reconciled before
             spins += 1
             if spins < 200:
                 await anyio.lowlevel.checkpoint()

@@ -344,6 +344,9 @@ async def test_no_node_is_scored_and_no_loop_plans_before_every_kind_is_listed()
         assert not ctl.reconciler.scores
         assert ticks == {"compaction": 0, "mig": 0}
         assert ctl.ready()[0] is False
+        with anyio.fail_after(5):  # nothing can be drained yet: it returns
+            await ctl.drain()
+        assert len(ctl.queue) == 3
         source.rest.set()
         await _until(lambda: ctl.scored_at is not None and all(ticks.values()))
         tg.cancel_scope.cancel()
