@@ -15,7 +15,8 @@ subprocess, observe mode, a real redis-server of its own) and is measured:
 
 1. start-up: from the process start to its log line "every node scored" (every kind listed, M
    derived, each node scored) and to /readyz answering 200; and the same from the end of the
-   last initial list (pyctl's "listed" log lines);
+   last initial list (pyctl's "listed" log lines), with the CPU time pyctl's processes and the
+   rest of the machine used in that stretch (/proc, sampled every 50 ms);
 2. memory: the controller's peak RSS (VmHWM; with the extender's own process: the sum of the
    two) and its steady RSS (after start-up settled), per node
    and per pod as the slope of a line through the sizes; Redis `used_memory` per node;
