@@ -111,12 +111,21 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--helm", help="the helm binary (default: scripts/control-plane's)")
     args = ap.parse_args(argv)
     helm = args.helm or default_helm()
-    stale = []
-    for path, text in outputs(helm).items():
+    stale: list[str] = []
+    # `helm template` reads the chart's copies of the sources: after a pass that refreshed them,
+    # another renders the overlays from the fresh copies
+    for _ in range(1 if args.check else 3):
+        changed = {
+            path: text
+            for path, text in outputs(helm).items()
+            if not path.exists() or path.read_text(encoding="utf-8") != text
+        }
         if args.check:
-            if not path.exists() or path.read_text(encoding="utf-8") != text:
-                stale.append(str(path.relative_to(REPO)))
-        else:
+            stale = [str(path.relative_to(REPO)) for path in changed]
+            break
+        if not changed:
+            break
+        for path, text in changed.items():
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
     if stale:

@@ -142,6 +142,13 @@ class Metrics:
             "pyctl_store_errors_total", "State store (Redis) operations that failed", c, registry=r
         )
         self.store_up = Gauge("pyctl_store_up", "1 when the state store answers", c, registry=r)
+        self.kind_listed = Gauge(
+            "pyctl_kind_listed",
+            "1 once the kind has been listed (or found not served); no node is scored and no "
+            "planning round runs until every kind is",
+            [*c, "kind"],
+            registry=r,
+        )
         self.leader = Gauge("pyctl_leader", "1 on the replica holding the Lease", c, registry=r)
         self.nodes = Gauge("pyctl_nodes", "Nodes seen", c, registry=r)
         self.federation_members_stale = Gauge(

@@ -123,6 +123,8 @@ class Controller:
         #: more loops to run beside the controller's own (e.g. the compaction loop)
         self.background: list[Callable[[], Coroutine[Any, Any, None]]] = []
         self._lag = self.metrics.event_lag.labels(cluster)
+        for kind in KINDS:
+            self.metrics.kind_listed.labels(cluster, kind).set(0)
 
     # -- EventSink -------------------------------------------------------------------------
     async def replace(self, kind: Kind, records: Sequence[Record], resource_version: str) -> None:
@@ -146,6 +148,7 @@ class Controller:
             if not len(self.queue):
                 self._initial_scores()
         self.metrics.relists.labels(self.cluster, kind).inc()
+        self.metrics.kind_listed.labels(self.cluster, kind).set(1)
         self._pending_replace[kind] = (list(records), resource_version)
         self._seen_rv[kind] = resource_version
         self._pending_events = [e for e in self._pending_events if record_kind(e.record) != kind]

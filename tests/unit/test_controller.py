@@ -347,9 +347,17 @@ async def test_no_node_is_scored_and_no_loop_plans_before_every_kind_is_listed()
         with anyio.fail_after(5):  # nothing can be drained yet: it returns
             await ctl.drain()
         assert len(ctl.queue) == 3
+
+        def listed(kind: str) -> float | None:
+            return ctl.metrics.registry.get_sample_value(
+                "pyctl_kind_listed", {"cluster": "t", "kind": kind}
+            )
+
+        assert (listed("Node"), listed("Pod")) == (1.0, 0.0)  # what PyctlKindNotListed reads
         source.rest.set()
         await _until(lambda: ctl.scored_at is not None and all(ticks.values()))
         tg.cancel_scope.cancel()
+    assert {listed(k) for k in KINDS} == {1.0}
     # each node scored once, with its pod: 4 of its 8 GPUs in use
     assert ctl.stats.reconciles == 3
     assert {n: s.idle_gpu_milli for n, s in ctl.reconciler.scores.items()} == {
