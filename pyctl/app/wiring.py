@@ -5,7 +5,7 @@ that use it; nothing below the application layer builds its own collaborators.""
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -186,23 +186,12 @@ def attach_workflows(
     )
     dra_steering = DraSteering(ctl.reconciler, gate, interval)
     if loops:
-        for loop in (compactor, mig_loop, dra_steering):
-            ctl.background.append(_after_start(ctl, loop.run))
+        ctl.background += [
+            ctl.after_scored(lambda: compactor.run(ctl.is_leader)),
+            ctl.after_scored(lambda: mig_loop.run(ctl.is_leader)),
+            ctl.after_scored(lambda: dra_steering.run(ctl.is_leader)),
+        ]
     return Workflows(gate, actuator, compactor, mig_loop, dra_steering)
-
-
-def _after_start(
-    ctl: Controller, run: Callable[[Callable[[], bool]], Awaitable[None]]
-) -> Callable[[], Coroutine[Any, Any, None]]:
-    """A workflow loop that plans its first round once every node of the initial lists is
-    scored: never on the nodes without their pods (a MIG GPU whose pods are not listed yet looks
-    free), however long the lists take."""
-
-    async def loop() -> None:
-        await ctl.scored()
-        await run(ctl.is_leader)
-
-    return loop
 
 
 def attach_recommender(ctl: Controller, cfg: Config) -> None:

@@ -386,11 +386,19 @@ class Controller:
                 await anyio.sleep(0.001)
         await self._flush()
 
-    async def scored(self) -> None:
-        """Wait until every node of the initial lists is scored (from a task `run` started:
-        a loop of `background`)."""
-        assert self._scored is not None, "Controller.scored is awaited within run"
-        await self._scored.wait()
+    def after_scored(
+        self, loop: Callable[[], Coroutine[Any, Any, None]]
+    ) -> Callable[[], Coroutine[Any, Any, None]]:
+        """`loop` as a loop of `background` that starts once every node of the initial lists
+        is scored: the loops that plan, act or report, never on nodes without their pods (a
+        MIG GPU whose pods are not listed yet looks free), however long the lists take."""
+
+        async def started() -> None:
+            assert self._scored is not None  # set by `run`, which starts the loop
+            await self._scored.wait()
+            await loop()
+
+        return started
 
     async def run(self, until_source_ends: bool = False) -> None:
         self._listed, self._scored = anyio.Event(), anyio.Event()

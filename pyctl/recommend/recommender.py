@@ -212,12 +212,8 @@ def attach(
             return read_usage(client, seconds)
 
     rec = Recommender(ctl.cache, ctl.reconciler, ctl.metrics, ctl.cluster, options, usage)
-
-    async def loop() -> None:
-        await ctl.scored()  # the first report on the whole view, not on nodes without pods
-        await rec.run(interval)
-
-    ctl.background.append(loop)
+    # the first report on the whole view, not on nodes without their pods
+    ctl.background.append(ctl.after_scored(lambda: rec.run(interval)))
     return rec
 
 
