@@ -415,6 +415,22 @@ class Api:
 # pyctl, as deployed
 
 
+def proc_cpu_seconds(pid: int) -> float:
+    """User and system CPU time of process `pid` (/proc; OSError when it is gone)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_memory(pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM of process `pid`, bytes (/proc; OSError when it is gone)."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            out[key] = int(value.split()[0]) * 1024
+    return out
+
+
 def machine_busy() -> float:
     """CPU seconds the machine's cores were busy since boot (/proc/stat: all but idle and
     iowait)."""
@@ -532,10 +548,8 @@ class Pyctl:
         pids = self.pids()
         for pid in pids:
             try:
-                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                    key, _, value = line.partition(":")
-                    if key in ("VmRSS", "VmHWM"):
-                        out[key] = out.get(key, 0) + int(value.split()[0]) * 1024
+                for key, value in proc_memory(pid).items():
+                    out[key] = out.get(key, 0) + value
             except OSError:
                 if pid == pids[0]:
                     return {}  # pyctl exited
@@ -546,12 +560,11 @@ class Pyctl:
         those found last)."""
         if look or not self._pids:
             self._pids = self.pids()
-        total = 0
+        total = 0.0
         for pid in self._pids:
             with contextlib.suppress(OSError):
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                total += int(fields[11]) + int(fields[12])
-        return total / os.sysconf("SC_CLK_TCK")
+                total += proc_cpu_seconds(pid)
+        return total
 
     def first(self, pred: Any) -> float | None:
         for t, rec in list(self.lines):

@@ -39,7 +39,16 @@ from typing import Any
 
 import anyio
 from _common import REPO  # noqa: F401  (puts the repository on sys.path)
-from scale import NLOGN, NS, exponent, plan_node, planned_pod, pod_manifest
+from scale import (
+    NLOGN,
+    NS,
+    exponent,
+    plan_node,
+    planned_pod,
+    pod_manifest,
+    proc_cpu_seconds,
+    proc_memory,
+)
 
 from pyctl.app.collector import take_over_full_collections
 from pyctl.app.config import Config, RedisSection
@@ -127,23 +136,12 @@ class ListedSource:
 
 def rss_mib(pids: list[int | None]) -> float:
     """The resident memory of `pids` together (VmRSS), MiB."""
-    total = 0
-    for pid in pids:
-        if pid is None:
-            continue
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                total += int(line.split()[1])
-    return total / 1024
+    return sum(proc_memory(pid)["VmRSS"] for pid in pids if pid is not None) / 2**20
 
 
 def cpu_seconds(child: int | None) -> float:
     """The CPU time of this process and of `child` (the extender's process)."""
-    total = time.process_time()
-    if child is not None:
-        fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+    return time.process_time() + (proc_cpu_seconds(child) if child is not None else 0.0)
 
 
 async def one(n: int, mig_share: float, seed: int, work: Path) -> dict[str, Any]:
