@@ -41,8 +41,15 @@ def test_dev_up_compacts_and_ctrl_c_leaves_no_process(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "pyctl.cli.main", "dev", "up", "--no-live", "--nodes", "2"]
     argv += ["--pause", "5", "--work-dir", str(work)]
     env = {**os.environ, "COLUMNS": "200"}
-    with log.open("w") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+    # A test run started in the background by a shell without job control ignores SIGINT, and an
+    # ignored signal stays ignored across exec: dev up would never see the Ctrl-C. A signal with a
+    # handler is reset to its default in the new program, so it is given one around the start.
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with log.open("w") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+    finally:
+        signal.signal(signal.SIGINT, old)
     try:
         deadline = time.monotonic() + 240
         while not re.search(r"MIG demand served", log.read_text()):
