@@ -164,19 +164,16 @@ class RankTable:
         out: dict[str, policy.Ranked | str | None] = {}
         models, cached = self._models.get, per.get
         computed = 0
-        for name in names:
-            node = models(name)
-            if node is None:
+        for name, node, hit in zip(names, map(models, names), map(cached, names), strict=True):
+            if hit is not None and hit[0] is node:  # kept, for the node's model now
+                out[name] = hit[1]
+            elif node is None:
                 out[name] = "unknown"
-                continue
-            hit = cached(name)
-            if hit is None or hit[0] is not node:
-                if not compute:
-                    raise NotKept(name)
+            elif not compute:
+                raise NotKept(name)
+            else:
                 out[name] = self._keep(per, name, node, shape, workload)
                 computed += 1
-            else:
-                out[name] = hit[1]
         self._asked[shape] = self._clock()
         if len(self._asked) > 4 * MAX_HOT:
             for old in sorted(self._asked, key=self._asked.__getitem__)[:MAX_HOT]:
@@ -410,14 +407,26 @@ class PlacementAdvisor:
         shape = self._shape_of(pod)
         ranks = self.rank(shape, names, compute) if shape is not None else {}
         failed = self._failed(pod, names, shape, ranks)
-        left = tuple(n for n in names if n not in failed)
-        scores = self._scores(pod, left, shape, ranks)
         self._count(failed)
-        self._advise(scores)
-        top = max(scores.values(), default=0)
-        if top <= 0:
+        if shape is None:  # claims pyctl cannot tell: no preference
             return failed, None
-        return failed, frozenset(n for n in left if scores[n] == top)
+        # the node `prioritize` would score highest, without scoring the others: the policy's
+        # choice among the candidates left, in `_scores`' order, and any node a rescue freed
+        # for this pod that admits it
+        ordered = sorted(n for n in names if n not in failed)
+        known = [
+            r if isinstance(r, policy.Ranked) else None for r in map(ranks.__getitem__, ordered)
+        ]
+        choice = policy.extender_choice(known)
+        if choice is None:
+            return failed, None
+        self.advised += 1
+        mine = (
+            n
+            for n, holder in self.reservations().items()
+            if holder == pod.key and n not in failed and isinstance(ranks.get(n), policy.Ranked)
+        )
+        return failed, frozenset([ordered[choice], *mine])
 
     def prioritize(
         self, pod: PodRecord, names: tuple[str, ...], compute: bool = True

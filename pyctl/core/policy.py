@@ -102,6 +102,12 @@ def extender_scores(ranks: Sequence[Ranked | None]) -> list[int]:
     return list(_core.extender_scores([None if r is None else r.rank for r in ranks]))
 
 
+def extender_choice(ranks: Sequence[Ranked | None]) -> int | None:
+    """The index of the node `extender_scores` gives 10 (the first with the best rank): the
+    policy's choice; None when no node admits the pod."""
+    return _core.extender_choice([None if r is None else r.rank for r in ranks])
+
+
 def kube_default_scores(
     cpu_cap: int, cpu_left: int, mem_cap: int, mem_left: int, cpu: int, memory: int
 ) -> int:

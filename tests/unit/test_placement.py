@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 import aiohttp
@@ -212,6 +213,35 @@ def test_choose_is_the_filter_narrowed_to_the_top_of_prioritize(
     # answer (the scheduler drops them without a status), so the answer does not grow with them
     assert got["FailedNodes"] == filtered["FailedNodes"]
     assert got["FailedAndUnresolvableNodes"] == {}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_choose_is_the_top_of_prioritize_on_random_clusters(seed: int) -> None:
+    """`choose` finds the policy's choice without scoring every candidate: on random clusters,
+    candidate lists (with nodes pyctl does not model, and repeats), rescues' reservations and
+    compaction's departures, its answer is still the filter's narrowed to the candidates
+    `prioritize` scores highest."""
+    rng = random.Random(seed)
+    for case in range(150):
+        n = rng.randint(1, 9)
+        models = {f"n{i}": node(f"n{i}", rng.randint(0, 4), rng.randint(0, 4)) for i in range(n)}
+        names = [rng.choice([*models, "unknown"]) for _ in range(rng.randint(1, 12))]
+        e = PlacementExtender(models, lambda: W)
+        p = {**pod(rng.choice([0, 1, 1, 2, 3, 4]), "x"), "metadata": {"name": "x", "uid": "u"}}
+        p["metadata"]["namespace"] = "default"
+        holders = ["default/x", "default/other"]
+        held = rng.sample(sorted(models), rng.randint(0, min(2, n)))
+        reserved = {m: rng.choice(holders) for m in held}
+        e.advisor.reservations = lambda r=reserved: r  # type: ignore[misc]
+        filtered = e.filter(args(p, names))
+        scores = {h["Host"]: h["Score"] for h in e.prioritize(args(p, filtered["NodeNames"]))}
+        top = max(scores.values(), default=0)
+        got = e.choose(args(p, names))
+        want = [m for m in filtered["NodeNames"] if scores[m] == top] if top > 0 else None
+        assert got["FailedNodes"] == filtered["FailedNodes"], (seed, case)
+        assert got["NodeNames"] == (want if want is not None else filtered["NodeNames"]), (
+            seed, case, models, names, reserved, scores,
+        )  # fmt: skip
 
 
 def test_choose_keeps_a_rescues_node_for_its_pod_beside_the_policys_choice() -> None:

@@ -201,32 +201,40 @@ pub fn kube_default_scores(
     least + balanced
 }
 
-/// Extender scores (0..=10) from ranks, given in the view's node order: the first node with the
-/// best rank scores 10 (the node `choose` picks), other nodes with that rank 9, the rest 1..=8 by
-/// their quantised fragment score between the best and the worst (`rank.0`: the FGD score of a
-/// GPU task, the idle GPU of a CPU-only one); a node that does not admit the task scores 0.
-/// With the extender's weight far above the default plugins' (deploy/scheduler), the scheduler
-/// then places where `choose` would.
+/// The node the policy chooses among candidates whose ranks are given in the view's node order:
+/// the first with the best rank (None when no candidate admits the task). `extender_scores` gives
+/// it 10; the extender's `choose` answers with it.
+pub fn extender_choice(ranks: &[Option<Rank>]) -> Option<usize> {
+    let mut best: Option<(usize, Rank)> = None;
+    for (i, r) in ranks.iter().enumerate() {
+        if let Some(r) = *r {
+            if best.is_none_or(|(_, b)| r < b) {
+                best = Some((i, r));
+            }
+        }
+    }
+    best.map(|(i, _)| i)
+}
+
+/// Extender scores (0..=10) from ranks, given in the view's node order: the policy's choice
+/// (`extender_choice`: the first node with the best rank) scores 10, other nodes with that rank
+/// 9, the rest 1..=8 by their quantised fragment score between the best and the worst (`rank.0`:
+/// the FGD score of a GPU task, the idle GPU of a CPU-only one); a node that does not admit the
+/// task scores 0. With the extender's weight far above the default plugins' (deploy/scheduler),
+/// the scheduler then places where `choose` would.
 pub fn extender_scores(ranks: &[Option<Rank>]) -> Vec<i64> {
-    let present: Vec<Rank> = ranks.iter().flatten().copied().collect();
-    let Some(&best) = present.iter().min() else {
+    let Some(choice) = extender_choice(ranks) else {
         return vec![0; ranks.len()];
     };
-    let worst = present.iter().map(|r| r.0).max().unwrap_or(best.0);
-    let mut first = true;
+    let best = ranks[choice].unwrap_or_default();
+    let worst = ranks.iter().flatten().map(|r| r.0).max().unwrap_or(best.0);
     ranks
         .iter()
-        .map(|r| match r {
+        .enumerate()
+        .map(|(i, r)| match r {
             None => 0,
-            Some(r) if *r == best => {
-                let s = if first {
-                    MAX_EXTENDER_PRIORITY
-                } else {
-                    MAX_EXTENDER_PRIORITY - 1
-                };
-                first = false;
-                s
-            }
+            Some(_) if i == choice => MAX_EXTENDER_PRIORITY,
+            Some(r) if *r == best => MAX_EXTENDER_PRIORITY - 1,
             Some(r) => {
                 let span = (worst - best.0).max(1) as f64;
                 let x = (worst - r.0) as f64 / span; // 1 at the best primary key, 0 at the worst
@@ -285,6 +293,39 @@ mod tests {
         assert_eq!(
             extender_scores(&[Some((3, 0, 0)), Some((3, 0, 0))]),
             vec![10, 9]
+        );
+    }
+
+    #[test]
+    fn the_choice_is_the_node_scored_ten() {
+        let cases: [&[Option<Rank>]; 5] = [
+            &[
+                Some((-40, 0, 0)),
+                Some((-50, 1, 0)),
+                None,
+                Some((-50, 0, 0)),
+            ],
+            &[None, None],
+            &[],
+            &[Some((3, 0, 0)), Some((3, 0, 0))],
+            &[
+                None,
+                Some((7, 2, 1)),
+                Some((7, 2, 0)),
+                Some((7, 2, 0)),
+                None,
+            ],
+        ];
+        for ranks in cases {
+            let scores = extender_scores(ranks);
+            let tens: Vec<usize> = (0..ranks.len())
+                .filter(|&i| scores[i] == MAX_EXTENDER_PRIORITY)
+                .collect();
+            assert_eq!(tens, extender_choice(ranks).into_iter().collect::<Vec<_>>());
+        }
+        assert_eq!(
+            extender_choice(&[None, Some((7, 2, 1)), Some((7, 2, 0))]),
+            Some(2)
         );
     }
 }

@@ -698,6 +698,12 @@ fn extender_scores(ranks: Vec<Option<(i64, i64, i64)>>) -> Vec<i64> {
     placement::extender_scores(&ranks)
 }
 
+/// extender_choice(ranks) -> the index of the policy's choice (the node scored 10), or None.
+#[pyfunction]
+fn extender_choice(ranks: Vec<Option<(i64, i64, i64)>>) -> Option<usize> {
+    placement::extender_choice(&ranks)
+}
+
 /// mig_pack(gpu_model, counts, gpus) -> per GPU [(profile, start), ...]
 #[pyfunction]
 fn mig_pack(
@@ -712,6 +718,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyFragmentModel>()?;
     m.add_function(wrap_pyfunction!(mig_pack, m)?)?;
     m.add_function(wrap_pyfunction!(extender_scores, m)?)?;
+    m.add_function(wrap_pyfunction!(extender_choice, m)?)?;
     m.add_function(wrap_pyfunction!(kube_default_scores, m)?)?;
     m.add("EXTENDER_WEIGHT", placement::EXTENDER_WEIGHT)?;
     m.add("CATEGORY_NAMES", PyList::new(m.py(), CATEGORY_NAMES)?)?;
