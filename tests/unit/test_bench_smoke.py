@@ -30,6 +30,18 @@ def test_the_compaction_round_bench_runs() -> None:
     ), lines[-1]
 
 
+def test_the_extender_call_bench_runs() -> None:
+    lines = _run("bench/extender_call.py", "--nodes", "60", "--candidates", "20", "--calls", "50")
+    assert len(lines) == 3
+    assert lines[0].startswith("every rank kept: per call median ")
+    assert lines[1].startswith("one candidate re-scored: per call median ")
+    assert re.fullmatch(
+        r"extender call: 60 nodes, 20 candidates, median \d+\.\d{3} ms with one re-scored; "
+        r"kept: reading the request \d+\.\d{3} ms, the advice \d+\.\d{3} ms",
+        lines[-1],
+    ), lines[-1]
+
+
 def test_the_loop_stalls_bench_runs() -> None:
     lines = _run("bench/loop_stalls.py", "--nodes", "60", "--seconds", "1")
     assert len(lines) == 3
