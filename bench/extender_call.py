@@ -6,9 +6,9 @@ scheduler sends about 10% of 5,000 nodes: `percentageOfNodesToScore`), every ran
 extender's process keeps them ahead of the calls.
 
 Prints the time per call (median and p99 of CALLS calls, each on a new random set of
-candidates), split into reading the request, the advice and writing the answer, and the same
-for a call after one node of each call's candidates changed its model (its rank computed during
-the call, as after a bind):
+candidates), then the same for calls after one node of each call's candidates changed its model
+(its rank computed during the call, as after a bind), and last the median of two parts of a call
+from kept ranks: reading the request and the advice (`PlacementAdvisor.choose`):
 
     python bench/extender_call.py [--nodes 5000] [--candidates 500] [--calls 2000]
 
