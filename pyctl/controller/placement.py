@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 
 import anyio
 import anyio.lowlevel
@@ -410,23 +410,14 @@ class PlacementAdvisor:
         self._count(failed)
         if shape is None:  # claims pyctl cannot tell: no preference
             return failed, None
-        # the node `prioritize` would score highest, without scoring the others: the policy's
-        # choice among the candidates left, in `_scores`' order, and any node a rescue freed
-        # for this pod that admits it
-        ordered = sorted(n for n in names if n not in failed)
-        known = [
-            r if isinstance(r, policy.Ranked) else None for r in map(ranks.__getitem__, ordered)
-        ]
+        # the nodes `prioritize` would score highest, without scoring the others: the policy's
+        # choice among the candidates left, and the node a rescue freed for this pod
+        ordered, known = _in_order((n for n in names if n not in failed), ranks)
         choice = policy.extender_choice(known)
         if choice is None:
             return failed, None
         self.advised += 1
-        mine = (
-            n
-            for n, holder in self.reservations().items()
-            if holder == pod.key and n not in failed and isinstance(ranks.get(n), policy.Ranked)
-        )
-        return failed, frozenset([ordered[choice], *mine])
+        return failed, frozenset([ordered[choice], *self._freed_for(pod, ranks, failed)])
 
     def prioritize(
         self, pod: PodRecord, names: tuple[str, ...], compute: bool = True
@@ -443,19 +434,39 @@ class PlacementAdvisor:
         shape: Shape | None,
         ranks: Mapping[str, policy.Ranked | str | None],
     ) -> dict[str, int]:
-        """The scores of `names`, from `ranks` (of `shape` on each of them, or more)."""
+        """The scores of `names`, from `ranks` (of `shape` on each of them)."""
         if shape is None:  # claims pyctl cannot tell: no preference
             return dict.fromkeys(names, 0)
-        ordered = sorted(names)  # a stable order: ties go to the first node by name
-        known = [
-            r if isinstance(r, policy.Ranked) else None for r in map(ranks.__getitem__, ordered)
-        ]
+        ordered, known = _in_order(names, ranks)
         scores = dict(zip(ordered, policy.extender_scores(known), strict=True))
-        # the node a rescue freed for this pod is where it goes
-        for node, holder in self.reservations().items():
-            if holder == pod.key and node in scores and scores[node] > 0:
-                scores[node] = policy.MAX_EXTENDER_PRIORITY
+        for node in self._freed_for(pod, ranks, ()):
+            scores[node] = policy.MAX_EXTENDER_PRIORITY
         return {n: scores.get(n, 0) for n in names}
+
+    def _freed_for(
+        self,
+        pod: PodRecord,
+        ranks: Mapping[str, policy.Ranked | str | None],
+        excluded: Container[str],
+    ) -> list[str]:
+        """The candidates (those `ranks` holds, but `excluded`) a rescue freed for `pod` that
+        admit it: where it goes, beside the policy's choice."""
+        return [
+            n
+            for n, holder in self.reservations().items()
+            if holder == pod.key and n not in excluded and isinstance(ranks.get(n), policy.Ranked)
+        ]
+
+
+def _in_order(
+    names: Iterable[str], ranks: Mapping[str, policy.Ranked | str | None]
+) -> tuple[list[str], list[policy.Ranked | None]]:
+    """`names` in the order the policy breaks ties in (by name: the first wins) and their ranks
+    in that order (None: the node does not admit the pod, or pyctl does not model it)."""
+    ordered = sorted(names)
+    return ordered, [
+        r if isinstance(r, policy.Ranked) else None for r in map(ranks.__getitem__, ordered)
+    ]
 
 
 def _filtered(shape: Shape) -> bool:
