@@ -410,6 +410,23 @@ class Api:
                 return total
             params["continue"] = cont
 
+    async def not_ready(self, names: set[str]) -> int:
+        """How many of the nodes `names` kwok does not report Ready yet."""
+        params = {"limit": "500"}
+        ready = 0
+        while True:
+            got = await self.call("GET", "/api/v1/nodes", params=params)
+            for n in got.get("items", []):
+                if n["metadata"]["name"] in names and any(
+                    c.get("type") == "Ready" and c.get("status") == "True"
+                    for c in n.get("status", {}).get("conditions", [])
+                ):
+                    ready += 1
+            cont = got.get("metadata", {}).get("continue")
+            if not cont:
+                return len(names) - ready
+            params["continue"] = cont
+
 
 # --------------------------------------------------------------------------------------------------
 # pyctl, as deployed
@@ -936,6 +953,14 @@ class Bench:
         await api.many("POST", (("/api/v1/nodes", _cordoned(node_manifest(p.spec))) for p in new))
         nrt_path = f"/apis/{NRT_GROUP}/{NRT_VERSION}/{NRT_PLURAL}"
         await api.many("POST", ((nrt_path, nrt_manifest(p.spec, p.used())) for p in new))
+        # kwok skips a pod bound to a node it has not taken on yet, and never looks at it again:
+        # the pods come once it reports every new node Ready
+        names = {p.spec.name for p in new}
+        deadline = time.monotonic() + 900
+        while left := await api.not_ready(names):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{left} nodes not Ready after 900 s")
+            await asyncio.sleep(1)
         pods = [pp for p in new for pp in p.pods]
         await api.many(
             "POST",

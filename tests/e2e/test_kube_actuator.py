@@ -14,7 +14,7 @@ from kubernetes_asyncio import client
 from pyctl.cluster.kube.actuator import KubeActuator
 from pyctl.cluster.kube.client import KubeClient, connect
 from pyctl.dev.control_plane import ControlPlane
-from pyctl.dev.gpu_nodes import GpuNodeSpec, body, node_manifest
+from pyctl.dev.gpu_nodes import GpuNodeSpec, body, node_manifest, wait_nodes_ready
 
 from .conftest import wait_until
 
@@ -32,6 +32,10 @@ async def node(api: client.ApiClient) -> Any:
     name = f"kube-act-{uuid.uuid4().hex[:8]}"
     core = client.CoreV1Api(api)
     await core.create_node(body(node_manifest(GpuNodeSpec(name))))
+    # kwok (v0.8.0) skips a pod that arrives before it holds the node's lease and has taken the
+    # node on, and looks at the node's pods once, when it takes it on: a pod created in between
+    # stays Pending. Ready means kwok has taken the node on.
+    await wait_nodes_ready(api, [name])
     yield name
     await core.delete_node(name)
 

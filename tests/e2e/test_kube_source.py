@@ -27,6 +27,7 @@ from pyctl.dev.gpu_nodes import (
     node_manifest,
     nrt_crd_manifest,
     nrt_manifest,
+    wait_nodes_ready,
 )
 
 from .conftest import CacheSink, wait_until
@@ -114,8 +115,10 @@ async def test_source_follows_nodes_pods_pdbs_and_nrts(
         assert [z.gpus for z in cache.nrts[specs[0].name].zones] == [4, 4]
         assert cache.nrts[specs[0].name].policy == "single-numa-node"
 
-        # Pods bound to a kwok node appear on that node and become Running.
+        # Pods bound to a kwok node appear on that node and become Running (once kwok has taken
+        # the node on, which it reports as Ready: it skips pods that come before).
         target = specs[1].name
+        await wait_nodes_ready(api, [target])
         for i in range(3):
             await core.create_namespaced_pod(ns, pod_manifest(f"p{i}", target, gpus=2))
         await wait_until(
