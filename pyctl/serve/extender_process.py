@@ -57,6 +57,7 @@ from pyctl.metrics import Metrics, time_collections
 from pyctl.model import Node, Shape, Snapshot, Workload
 from pyctl.serve.extender import ExtenderHandler, no_advice
 from pyctl.serve.extender_server import ExtenderOptions, ExtenderServer, HttpMetrics
+from pyctl.serve.http import tune_malloc
 
 log = logging.getLogger("pyctl.placement")
 
@@ -291,6 +292,7 @@ def front_main(updates: Connection, calls: Connection) -> None:
     controller's pipes close."""
     options, log_format, log_level = updates.recv()
     setup_logging(log_format, log_level)
+    tune_malloc()  # the request bodies are read here: as in `pyctl run` (docs/http.md)
     # as in the controller (pyctl/app/collector.py): no automatic full collections, which walk
     # every node model while a request waits; the server runs one after each burst of requests
     young, middle, _ = gc.get_threshold()
