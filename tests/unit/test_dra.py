@@ -27,7 +27,7 @@ from pyctl.cluster.dra import (
 )
 from pyctl.cluster.dra_records import ClaimRecord, SliceRecord
 from pyctl.cluster.kube.decode import DecodeError, decode_object
-from pyctl.cluster.records import NodeRecord, PodRecord
+from pyctl.cluster.records import NodeRecord, PodRecord, check_record
 from pyctl.cluster.translate import model_of, shape_of
 from pyctl.core import mig
 from pyctl.core.fragmentation import FragmentationModel
@@ -172,28 +172,26 @@ def test_decoding_is_bounded_and_names_the_object() -> None:
         assert info.value.reason == "out_of_bounds"
 
 
-def test_a_pods_claims_and_the_extended_resource_claim_are_read() -> None:
-    pod = {
-        "metadata": {"name": "p", "namespace": NS},
-        "spec": {
-            "resourceClaims": [
-                {"name": "a", "resourceClaimTemplateName": "t"},
-                {"name": "b", "resourceClaimName": "shared"},
-            ],
-            "containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": "1"}}}],
-        },
-        "status": {
-            "resourceClaimStatuses": [{"name": "a", "resourceClaimName": "p-a-x7"}],
-            "extendedResourceClaimStatus": {"resourceClaimName": "p-ext", "requestMappings": []},
-        },
-    }
-    rec = decode_object("Pod", pod)
-    assert isinstance(rec, PodRecord)
-    assert [(c.name, c.claim_name, c.template) for c in rec.claims] == [
-        ("a", "p-a-x7", "t"),
-        ("b", "shared", ""),
-    ]
-    assert rec.extended_claim == "p-ext"
+def test_a_quantity_given_as_a_json_number_is_checked_as_the_text_kept() -> None:
+    """A quantity may come as a JSON number; the record keeps its text, and that text is what
+    must pass (found by the fuzzer: a number of 400 digits parsed as a number, its text did not
+    pass `check_record`)."""
+    s = slices_for(EIGHT)[0]
+    s["spec"]["devices"][0]["capacity"]["memory"] = {"value": 0}
+    text = json.dumps(s)
+    assert text.count('"memory": {"value": 0}') == 1
+
+    def with_memory(number: str) -> bytes:
+        return text.replace('"memory": {"value": 0}', f'"memory": {{"value": {number}}}').encode()
+
+    rec = decode_object("ResourceSlice", with_memory("85899345920"))
+    assert isinstance(rec, SliceRecord)
+    assert dict(rec.devices[0].capacity)["memory"] == "85899345920"
+    check_record(rec)
+    for digits in (400, 5000):  # 5000: beyond the digits Python's str() of an int allows
+        with pytest.raises(DecodeError, match=r"capacity(\[\.\.\.\]\.value| memory)") as info:
+            decode_object("ResourceSlice", with_memory("1" + "0" * digits))
+        assert info.value.reason == "malformed"
 
 
 # ---- CEL on the NVIDIA driver's attribute forms ----------------------------------------------

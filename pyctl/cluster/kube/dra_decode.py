@@ -60,7 +60,7 @@ def _bound(n: int, what: str, where: str) -> None:
 
 
 @lru_cache(maxsize=16384)
-def _quantity_error(v: w.Quantity) -> str:
+def _quantity_error(v: str) -> str:
     """Why `v` is not a quantity ("" if it is); cached, since the same strings repeat."""
     try:
         q.parse_quantity(v)
@@ -70,10 +70,17 @@ def _quantity_error(v: w.Quantity) -> str:
 
 
 def _quantity(v: w.Quantity, where: str) -> str:
-    why = _quantity_error(v)
+    """The quantity as the record keeps it (its text), checked as text: a JSON number is a
+    quantity too, and its text must pass what `check_record` asks of a stored one (a number of
+    400 digits parses as a number, not as a quantity's text)."""
+    try:
+        text = v if isinstance(v, str) else str(v)
+    except ValueError as e:  # an integer beyond Python's digit limit for str()
+        raise DraDecodeError(f"{where}: not a quantity: {e}") from None
+    why = _quantity_error(text)
     if why:
         raise DraDecodeError(f"{where}: {why}")
-    return str(v)
+    return text
 
 
 def _selectors(sels: list[w.DeviceSelector], where: str) -> tuple[str, ...]:
