@@ -28,7 +28,7 @@ a long loop.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import cast
@@ -437,6 +437,20 @@ def _is_full(gpu_model: str, profile: str) -> bool:
     return p.memory_slices == m.memory_slices and p.compute_slices == m.compute_slices
 
 
+def _take(left: list[int], amount: int, order: Sequence[int]) -> list[tuple[int, int]]:
+    """Up to `amount` out of `left`, zone by zone in `order`: (zone, amount taken) each."""
+    taken = []
+    for zi in order:
+        if amount <= 0:
+            break
+        t = min(left[zi], amount)
+        if t > 0:
+            taken.append((zi, t))
+            left[zi] -= t
+            amount -= t
+    return taken
+
+
 def attribute_pods(
     node: Node, pods: Iterable[PodRecord], dra_positions: DraPositions | None = None
 ) -> dict[str, dict[str, list[object] | object]]:
@@ -447,74 +461,70 @@ def attribute_pods(
     allocation puts them (`dra_positions`), a GPU pod to the next used GPUs, zone by zone, and
     its CPU and memory to the zones with used CPU and memory left, its GPUs' zone first. The
     amounts always add up to the node's usage."""
-    # shared GPUs say who holds them; whole GPUs are handed out in order
-    held: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
-    for zi, z in enumerate(node.zones):
-        for gi, g in enumerate(z.gpus):
-            for pod, milli in g.holders:
-                held[pod].append((zi, gi, milli))
-    # the device plugin's GPUs are shared (time-slicing, MPS, HAMi): their holders say it all
+    # shared GPUs say who holds them; the device plugin's whole GPUs are handed out in order
+    # (its shared GPUs, time-slicing, MPS, HAMi, say it all in their holders)
     plugin_shared = node.gpu_replicas > 1 or node.gpu_pool != ""
-    used_gpus = [
-        (zi, gi)
-        for zi, z in enumerate(node.zones)
-        for gi, g in enumerate(z.gpus)
-        if g.used_milli and not g.holders and not plugin_shared
-    ]
-    cpu_left = [z.cpu_milli_used for z in node.zones]
-    mem_left = [z.memory_mib_used for z in node.zones]
+    held: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+    used_gpus: list[tuple[int, int]] = []
     mig_of: dict[str, tuple[int, int, int]] = {}
     for zi, z in enumerate(node.zones):
+        for gi, g in enumerate(z.gpus):
+            if g.holders:
+                for pod, milli in g.holders:
+                    held[pod].append((zi, gi, milli))
+            elif g.used_milli and not plugin_shared:
+                used_gpus.append((zi, gi))
         for mi, m in enumerate(z.mig):
             for ii, inst in enumerate(m.instances):
                 if inst.pod and inst.pod not in mig_of:
                     mig_of[inst.pod] = (zi, mi, ii)
-    dra_positions = dra_positions or {}
+    zones = range(len(node.zones))
+    # each zone's pods take CPU and memory from it first, then from the others in order
+    orders = {h: [h, *(i for i in zones if i != h)] for h in zones}
+    cpu_left = [z.cpu_milli_used for z in node.zones]
+    mem_left = [z.memory_mib_used for z in node.zones]
+    next_gpu = 0
     out: dict[str, dict[str, list[object] | object]] = {}
     for p in sorted((p for p in pods if not p.terminated), key=lambda p: p.key):
-        own = dra_positions.get(p.key, [])
-        if p.key in held:
-            gpus = held[p.key]
-        else:
+        key = p.key
+        own = dra_positions.get(key) if dra_positions else None
+        gpus = held.get(key)
+        if gpus is None:
             n_plugin = 0 if p.extended_claim else p.gpus
-            gpus = [(zi, gi, 1000) for zi, gi in used_gpus[:n_plugin]]
-            used_gpus = used_gpus[n_plugin:]
-        mig: tuple[int, int, int] | None = None if own else mig_of.get(p.key)
-        dra_gpus = [(a[1], a[2], a[3] if len(a) > 3 else 1000) for a in own if a[0] == "dra_gpus"]
-        dyn_whole = [(a[1], a[2]) for a in own if a[0] == "dyn_whole"]
-        mig_new = next((list(a[1:]) for a in own if a[0] == "mig_new"), None)
-        for a in own:
-            if a[0] == "mig":
-                mig = (int(str(a[1])), int(str(a[2])), int(str(a[3])))
-        zones_of = [int(str(a[1])) for a in own]
-        home = gpus[0][0] if gpus else (mig[0] if mig else (zones_of[0] if zones_of else 0))
-        order = [home] + [i for i in range(len(node.zones)) if i != home]
-
-        def take(left: list[int], amount: int, order: list[int] = order) -> list[tuple[int, int]]:
-            taken = []
-            for zi in order:
-                if amount <= 0:
-                    break
-                t = min(left[zi], amount)
-                if t > 0:
-                    taken.append((zi, t))
-                    left[zi] -= t
-                    amount -= t
-            return taken
-
+            gpus = [(zi, gi, 1000) for zi, gi in used_gpus[next_gpu : next_gpu + n_plugin]]
+            next_gpu += n_plugin
+        extra: dict[str, list[object] | object] = {}
+        if own:  # where its DRA allocation puts it
+            mig = None
+            for a in own:
+                if a[0] == "mig":
+                    mig = (int(str(a[1])), int(str(a[2])), int(str(a[3])))
+            dra_gpus = [
+                (a[1], a[2], a[3] if len(a) > 3 else 1000) for a in own if a[0] == "dra_gpus"
+            ]
+            if dra_gpus:
+                extra["dra_gpus"] = dra_gpus
+            dyn_whole = [(a[1], a[2]) for a in own if a[0] == "dyn_whole"]
+            if dyn_whole:
+                extra["dyn_whole"] = dyn_whole
+            mig_new = next((list(a[1:]) for a in own if a[0] == "mig_new"), None)
+            if mig_new is not None:
+                extra["mig_new"] = mig_new
+            zones_of = [int(str(a[1])) for a in own]
+            first_zone = zones_of[0]
+        else:
+            mig = mig_of.get(key)
+            first_zone = 0
+        home = gpus[0][0] if gpus else (mig[0] if mig else first_zone)
+        order = orders.get(home) or [home, *(i for i in zones if i != home)]
         asg: dict[str, list[object] | object] = {
-            "cpu": take(cpu_left, p.cpu_milli),
-            "memory": take(mem_left, p.memory_mib),
+            "cpu": _take(cpu_left, p.cpu_milli, order),
+            "memory": _take(mem_left, p.memory_mib, order),
             "gpus": gpus,
             "mig": mig,
+            **extra,
         }
-        if dra_gpus:
-            asg["dra_gpus"] = dra_gpus
-        if dyn_whole:
-            asg["dyn_whole"] = dyn_whole
-        if mig_new is not None:
-            asg["mig_new"] = mig_new
-        out[p.key] = asg
+        out[key] = asg
     return out
 
 
