@@ -172,6 +172,30 @@ def test_decoding_is_bounded_and_names_the_object() -> None:
         assert info.value.reason == "out_of_bounds"
 
 
+def test_a_pods_claims_and_the_extended_resource_claim_are_read() -> None:
+    pod = {
+        "metadata": {"name": "p", "namespace": NS},
+        "spec": {
+            "resourceClaims": [
+                {"name": "a", "resourceClaimTemplateName": "t"},
+                {"name": "b", "resourceClaimName": "shared"},
+            ],
+            "containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": "1"}}}],
+        },
+        "status": {
+            "resourceClaimStatuses": [{"name": "a", "resourceClaimName": "p-a-x7"}],
+            "extendedResourceClaimStatus": {"resourceClaimName": "p-ext", "requestMappings": []},
+        },
+    }
+    rec = decode_object("Pod", pod)
+    assert isinstance(rec, PodRecord)
+    assert [(c.name, c.claim_name, c.template) for c in rec.claims] == [
+        ("a", "p-a-x7", "t"),
+        ("b", "shared", ""),
+    ]
+    assert rec.extended_claim == "p-ext"
+
+
 def test_a_quantity_given_as_a_json_number_is_checked_as_the_text_kept() -> None:
     """A quantity may come as a JSON number; the record keeps its text, and that text is what
     must pass (found by the fuzzer: a number of 400 digits parsed as a number, its text did not
