@@ -147,9 +147,10 @@ def rss_mb(pid: int) -> float:
                 pids.append(int(stat.parent.name))
     total = 0.0
     for p in pids:
-        for line in Path(f"/proc/{p}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                total += int(line.split()[1]) / 1024
+        with contextlib.suppress(OSError):  # a child gone since (pyctl's own is checked below)
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) / 1024
     return total
 
 
