@@ -80,7 +80,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -395,37 +395,34 @@ class Api:
         await asyncio.gather(*tasks)
         return count
 
-    async def count_pods(self, field_selector: str = "", label_selector: str = "") -> int:
-        params = {"limit": "500"}
-        if field_selector:
-            params["fieldSelector"] = field_selector
-        if label_selector:
-            params["labelSelector"] = label_selector
-        total = 0
+    async def items(self, path: str, **params: str) -> AsyncIterator[dict[str, Any]]:
+        """Every item of the list at `path` (with `params`: selectors), 500 to a page."""
+        query = {"limit": "500", **{k: v for k, v in params.items() if v}}
         while True:
-            got = await self.call("GET", "/api/v1/pods", params=params)
-            total += len(got.get("items", []))
+            got = await self.call("GET", path, params=query)
+            for item in got.get("items", []):
+                yield item
             cont = got.get("metadata", {}).get("continue")
             if not cont:
-                return total
-            params["continue"] = cont
+                return
+            query["continue"] = cont
+
+    async def count_pods(self, field_selector: str = "", label_selector: str = "") -> int:
+        selectors = {"fieldSelector": field_selector, "labelSelector": label_selector}
+        return sum([1 async for _ in self.items("/api/v1/pods", **selectors)])
 
     async def not_ready(self, names: set[str]) -> int:
         """How many of the nodes `names` kwok does not report Ready yet."""
-        params = {"limit": "500"}
-        ready = 0
-        while True:
-            got = await self.call("GET", "/api/v1/nodes", params=params)
-            for n in got.get("items", []):
-                if n["metadata"]["name"] in names and any(
-                    c.get("type") == "Ready" and c.get("status") == "True"
-                    for c in n.get("status", {}).get("conditions", [])
-                ):
-                    ready += 1
-            cont = got.get("metadata", {}).get("continue")
-            if not cont:
-                return len(names) - ready
-            params["continue"] = cont
+        ready = [
+            n
+            async for n in self.items("/api/v1/nodes")
+            if n["metadata"]["name"] in names
+            and any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in n.get("status", {}).get("conditions", [])
+            )
+        ]
+        return len(names) - len(ready)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -510,8 +510,7 @@ def attribute_pods(
             mig_new = next((list(a[1:]) for a in own if a[0] == "mig_new"), None)
             if mig_new is not None:
                 extra["mig_new"] = mig_new
-            zones_of = [int(str(a[1])) for a in own]
-            first_zone = zones_of[0]
+            first_zone = int(str(own[0][1]))
         else:
             mig = mig_of.get(key)
             first_zone = 0
