@@ -5,6 +5,7 @@ from typing import Any, final
 from pyctl.core.types import (
     Assignment,
     DeltaRaw,
+    FabricRaw,
     MigModelRaw,
     MigPlanRaw,
     PlanRaw,
@@ -65,6 +66,13 @@ class FragmentModel:
         pdb_headroom: Sequence[int] = ...,
         limits: Mapping[str, Any] | None = None,
     ) -> PlanRaw: ...
+    def fabric(
+        self,
+        shapes: Sequence[Mapping[str, Any]],
+        gangs: Sequence[tuple[int, int, int]],
+        levels: int,
+        node_domains: Sequence[Sequence[int | None]],
+    ) -> FabricRaw: ...
     def node_index(self, name: str) -> int | None: ...
 
 @final

@@ -49,6 +49,34 @@ class Metrics:
             [*c, "node", "numa"],
             registry=r,
         )
+        # the fabric (docs/fabric.md): per topology domain, at most MAX_EXPORTED_DOMAINS of them
+        self.domain_idle = Gauge(
+            "pyctl_domain_gpu_idle_gpus",
+            "Idle GPU per topology domain (an NVLink clique, a rack, a leaf)",
+            [*c, "level", "domain"],
+            registry=r,
+        )
+        self.domain_fragment = Gauge(
+            "pyctl_domain_gpu_fragment_gpus",
+            "Idle GPU of a domain that no gang of M can use for want of room in it (domain_split)",
+            [*c, "level", "domain"],
+            registry=r,
+        )
+        self.level_domains = Gauge(
+            "pyctl_level_domains", "Topology domains per level", [*c, "level"], registry=r
+        )
+        self.level_whole = Gauge(
+            "pyctl_level_whole_domains",
+            "Topology domains of a level with no GPU in use",
+            [*c, "level"],
+            registry=r,
+        )
+        self.level_largest_gang = Gauge(
+            "pyctl_level_largest_gang_pods",
+            "Most pods of a gang's shape one domain of the level could host now",
+            [*c, "level", "gpus_per_pod"],
+            registry=r,
+        )
         self.mig_idle = Gauge("pyctl_mig_idle_slices", "Idle MIG compute slices", c, registry=r)
         self.mig_fragment = Gauge(
             "pyctl_mig_fragment_slices", "Idle MIG compute slices M could not use", c, registry=r

@@ -29,6 +29,9 @@ class Gpu:
     id: int
     used_milli: int = 0
     holders: tuple[tuple[str, int], ...] = ()
+    #: its link group on the node (GPUs of one group share an NVLink bridge, switch or Fabric
+    #: Manager partition; docs/fabric.md); None: not known
+    link: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,11 +91,25 @@ class Node:
     gpu_memory_mib: int = 0
     #: how the GPU shares were read, for display ("time-slicing x4, attributed", "hami, exact")
     sharing: str = ""
+    #: labels that may name the node's topology domains, (key, value) sorted by key: an NVLink
+    #: clique, a rack, a leaf block (docs/fabric.md; the controller keeps only the configured
+    #: levels' keys)
+    labels: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     nodes: tuple[Node, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Gang:
+    """`pods` pods of one shape that must all run inside one topology domain: the nodes that
+    share the value of the label `key` (`nvidia.com/gpu.clique`, a leaf or block label;
+    docs/fabric.md)."""
+
+    pods: int
+    key: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,15 +134,23 @@ class Shape:
     numa_aligned: bool = False
     gpu_pool: str = ""
     gpu_memory_mib: int = 0
+    #: the gang its pods belong to (they need one domain of a level); None: each pod alone
+    gang: Gang | None = None
+    #: its GPUs must share one link group of the node (on nodes that publish links)
+    link_group: bool = False
 
     @property
     def is_cpu_only(self) -> bool:
         return self.gpus == 0 and self.mig_profile is None
 
-    def key(self) -> tuple[int, int, int, str | None, tuple[str, ...], bool, bool, str, int]:
+    def key(
+        self,
+    ) -> tuple[
+        int, int, int, str | None, tuple[str, ...], bool, bool, str, int, Gang | None, bool
+    ]:
         """Identity of a shape without its weight (FGD keys shapes by CPU, GPU share, count and
         type; DRA shapes also by how they are admitted; sharing adds the pool and the GPU
-        memory asked for)."""
+        memory asked for; a gang's pods are a shape of their own)."""
         return (
             self.cpu_milli,
             self.gpu_milli,
@@ -136,6 +161,8 @@ class Shape:
             self.numa_aligned,
             self.gpu_pool,
             self.gpu_memory_mib,
+            self.gang,
+            self.link_group,
         )
 
 

@@ -11,11 +11,19 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from pyctl.cluster.bounds import MAX_WEIGHT
+from pyctl.cluster.bounds import (
+    MAX_GANG_PODS,
+    MAX_LINK_GROUP,
+    MAX_KEY_CHARS,
+    MAX_LABELS,
+    MAX_TEXT_CHARS,
+    MAX_WEIGHT,
+)
 from pyctl.core import mig
 from pyctl.model import (
     MANAGER_POLICIES,
     TOPOLOGY_POLICIES,
+    Gang,
     Gpu,
     ManagerPolicy,
     MigGpu,
@@ -171,13 +179,18 @@ def _gpus(z: Mapping[str, Any], key: str, where: str) -> list[Gpu]:
     for j, g in enumerate(_list(z.get(key, []), f"{where}.{key}")):
         gw = f"{where}.{key}[{j}]"
         g = _obj(g, gw)
-        _known(g, {"id", "used_milli", "pods"}, gw)
+        _known(g, {"id", "used_milli", "pods", "link"}, gw)
         gid = _int(g, "id", gw, default=None)
         gw = f"{where}.{key}[id={gid}]"
         used = _int(g, "used_milli", gw)
         if used > 1000:
             raise SnapshotError(f"{gw}.used_milli: {used} is above 1000")
-        gpus.append(Gpu(gid, used, _holders(g.get("pods", {}), gw, used)))
+        link = g.get("link")
+        if link is not None:
+            link = _int(g, "link", gw)
+            if link > MAX_LINK_GROUP:
+                raise SnapshotError(f"{gw}.link: {link} is above {MAX_LINK_GROUP}")
+        gpus.append(Gpu(gid, used, _holders(g.get("pods", {}), gw, used), link))
     return gpus
 
 
@@ -218,7 +231,40 @@ def _node(raw: Any, i: int) -> Node:
         gpu_replicas=_replicas(n, where),
         gpu_memory_mib=_int(n, "gpu_memory_mib", where),
         sharing=_str(n, "sharing", where, ""),
+        labels=_labels(n.get("labels"), f"{where}.labels"),
     )
+
+
+def _labels(raw: Any, where: str) -> tuple[tuple[str, str], ...]:
+    """A node's labels ({key: value}, strings within the API server's bounds), sorted."""
+    if raw is None:
+        return ()
+    d = _obj(raw, where)
+    if len(d) > MAX_LABELS:
+        raise SnapshotError(f"{where}: {len(d)} labels, more than {MAX_LABELS}")
+    out = []
+    for k, v in d.items():
+        if not isinstance(v, str) or len(k) > MAX_KEY_CHARS or len(v) > MAX_TEXT_CHARS:
+            raise SnapshotError(
+                f"{where}[{str(k)[:64]!r}]: expected a label value (a string of at most "
+                f"{MAX_TEXT_CHARS} characters, its key at most {MAX_KEY_CHARS})"
+            )
+        out.append((k, v))
+    return tuple(sorted(out))
+
+
+def _gang(raw: Any, where: str) -> Gang | None:
+    if raw is None:
+        return None
+    g = _obj(raw, where)
+    _known(g, {"pods", "key"}, where)
+    pods = _int(g, "pods", where, None)
+    if not 1 <= pods <= MAX_GANG_PODS:
+        raise SnapshotError(f"{where}.pods: {pods} is outside 1..{MAX_GANG_PODS}")
+    key = _str(g, "key", where)
+    if not key or len(key) > MAX_KEY_CHARS:
+        raise SnapshotError(f"{where}.key: expected a label key of 1..{MAX_KEY_CHARS} characters")
+    return Gang(pods, key)
 
 
 def _replicas(n: Mapping[str, Any], where: str) -> int:
@@ -254,6 +300,8 @@ _SHAPE_KEYS = {
     "numa_aligned",
     "gpu_pool",
     "gpu_memory_mib",
+    "gang",
+    "link_group",
 }
 
 
@@ -274,7 +322,7 @@ def shape_from_json(raw: Any, where: str, need_weight: bool = True) -> Shape:
     if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
         raise SnapshotError(f"{where}.gpu_models: expected a list of model names")
     flags = {}
-    for k in ("dra", "numa_aligned"):
+    for k in ("dra", "numa_aligned", "link_group"):
         v = s.get(k, False)
         if not isinstance(v, bool):
             raise SnapshotError(f"{where}.{k}: expected true or false")
@@ -291,6 +339,8 @@ def shape_from_json(raw: Any, where: str, need_weight: bool = True) -> Shape:
         numa_aligned=flags["numa_aligned"],
         gpu_pool=_str(s, "gpu_pool", where, ""),
         gpu_memory_mib=_int(s, "gpu_memory_mib", where),
+        gang=_gang(s.get("gang"), f"{where}.gang"),
+        link_group=flags["link_group"],
     )
 
 
@@ -329,6 +379,7 @@ def node_to_json(n: Node) -> dict[str, Any]:
                 "gpus": [
                     {"id": g.id, "used_milli": g.used_milli}
                     | ({"pods": dict(g.holders)} if g.holders else {})
+                    | ({"link": g.link} if g.link is not None else {})
                     for g in z.gpus
                 ],
                 "mig": [
@@ -366,6 +417,8 @@ def _sharing_to_json(n: Node) -> dict[str, Any]:
         out["gpu_memory_mib"] = n.gpu_memory_mib
     if n.sharing:
         out["sharing"] = n.sharing
+    if n.labels:
+        out["labels"] = dict(n.labels)
     return out
 
 

@@ -26,8 +26,10 @@ from typing import Any, Union
 
 import yaml
 
+from pyctl.cluster.bounds import MAX_KEY_CHARS, MAX_LEVELS
 from pyctl.cluster.kube.reflector import ReflectorOptions
 from pyctl.cluster.selectors import SelectorError, parse_selector
+from pyctl.core.fabric import DEFAULT_LEVELS
 from pyctl.core.policy import PlanLimits
 from pyctl.recommend.prometheus import parse_duration
 from pyctl.serve.extender_server import ExtenderOptions
@@ -182,6 +184,15 @@ class WorkflowSection:
 
 
 @dataclass(frozen=True)
+class FabricSection:
+    """The topology levels the fabric pass reads (node label keys, narrowest domain first;
+    docs/fabric.md) and how often it runs (seconds; also when M changes)."""
+
+    levels: tuple[str, ...] = DEFAULT_LEVELS
+    interval: float = 10.0
+
+
+@dataclass(frozen=True)
 class RecommendSection:
     """The resource normalization report (`pyctl recommend`), made periodically in observe
     mode: seconds between two reports (0: none), where DCGM usage comes from (a Prometheus
@@ -217,6 +228,7 @@ class Config:
     evictor: EvictorOptions = field(default_factory=EvictorOptions)
     reflector: ReflectorOptions = field(default_factory=ReflectorOptions)
     recommend: RecommendSection = field(default_factory=RecommendSection)
+    fabric: FabricSection = field(default_factory=FabricSection)
 
     def validate(self) -> Config:
         _validate(self)
@@ -421,6 +433,12 @@ def _validate(c: Config) -> None:
         raise bad("mode", f"{c.mode!r} is not one of {', '.join(MODES)}")
     if c.default_topology_policy not in POLICIES:
         raise bad("default_topology_policy", f"{c.default_topology_policy!r} is not a policy")
+    if len(c.fabric.levels) > MAX_LEVELS or not all(
+        0 < len(k) <= MAX_KEY_CHARS for k in c.fabric.levels
+    ):
+        raise bad(
+            "fabric_levels", f"at most {MAX_LEVELS} label keys of 1..{MAX_KEY_CHARS} characters"
+        )
     for name, port in (("metrics_port", c.metrics.port), ("extender_port", c.extender.port)):
         if not 0 <= port <= 65535:
             raise bad(name, f"{port} is not a port")
@@ -525,6 +543,7 @@ _RANGES: tuple[tuple[str, float, float], ...] = (
     ("evictor_min_pod_age_seconds", 0, 86400 * 365),
     ("recommend_interval", 0, 86400 * 7),
     ("recommend_headroom", 0, 10),
+    ("fabric_interval", 0.1, 86400),
 )
 
 

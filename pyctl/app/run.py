@@ -72,6 +72,8 @@ async def run_kube(cfg: Config, workload: Workload | None) -> int:
         workload_interval=cfg.workload.interval,
         scope=workload_scope(cfg),
     )
+    ctl.reconciler.fabric_levels = cfg.fabric.levels
+    ctl.reconciler.fabric_interval = cfg.fabric.interval
     actuator: Actuator = (
         KubeActuator(kube, instance=identity) if cfg.mode == "enforce" else NullActuator()
     )
@@ -141,6 +143,8 @@ def build_sim(
         clock=source.now,
         scope=workload_scope(cfg),
     )
+    ctl.reconciler.fabric_levels = cfg.fabric.levels
+    ctl.reconciler.fabric_interval = cfg.fabric.interval
     enforce = cfg.mode == "enforce"
     actuator: Actuator = SimActuator(source) if enforce else NullActuator()
     flows = attach_workflows(

@@ -13,6 +13,7 @@ from rich.table import Table
 from pyctl.cli.errors import UserError, load_json
 from pyctl.cli.inputs import load_cluster
 from pyctl.cluster.kube.dump import dra_report, is_dump, pod_shapes
+from pyctl.core.fabric import FabricScore, fabric_score
 from pyctl.core.fragmentation import (
     CATEGORIES,
     ClusterScore,
@@ -55,18 +56,128 @@ def run(args: argparse.Namespace) -> int:
     raw = load_json(args.snapshot)
     snapshot = load_cluster(raw)
     workload = _workload(args, raw)
-    result = FragmentationModel(snapshot).score(workload)
+    model = FragmentationModel(snapshot)
+    result = model.score(workload)
+    fabric = fabric_score(model, workload, labels=dump_labels(raw) if is_dump(raw) else None)
     dra = dra_report(raw) if is_dump(raw) else None
     if args.json:
         out = result.to_json()
+        out["fabric"] = fabric_json(fabric)
         if dra is not None:
             out["dra"] = dra
         print(json.dumps(out, indent=1))
     else:
         print_table(result, args.top)
+        print_fabric(fabric, args.top)
         if dra is not None:
             print_dra(dra)
     return 0
+
+
+def dump_labels(raw: object) -> dict[str, dict[str, str]]:
+    """Node name -> its labels, from a kubectl dump's Node items (strings only)."""
+    out: dict[str, dict[str, str]] = {}
+    items = raw.get("items") if isinstance(raw, dict) else None
+    for it in items if isinstance(items, list) else []:
+        if not isinstance(it, dict) or it.get("kind") != "Node":
+            continue
+        meta = it.get("metadata")
+        if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
+            continue
+        labels = meta.get("labels")
+        if isinstance(labels, dict):
+            out[meta["name"]] = {
+                k: v for k, v in labels.items() if isinstance(k, str) and isinstance(v, str)
+            }
+    return out
+
+
+def fabric_json(f: FabricScore) -> dict[str, object]:
+    """The fabric part of `pyctl score --json` (docs/fabric.md)."""
+    return {
+        "domain_split_gpu_milli": f.domain_split_gpu_milli,
+        "no_domain_gpu_milli": f.no_domain_gpu_milli,
+        "gangs": [
+            {"shape": g.shape, "pods": g.pods, "level": g.level, "gpus_per_pod": g.gpus_per_pod}
+            for g in f.gangs
+        ],
+        "levels": [
+            {
+                "level": lv.level,
+                "domains": lv.domains,
+                "whole": lv.whole,
+                "whole_fraction": lv.whole_fraction,
+                "no_domain_nodes": lv.no_domain_nodes,
+                "malformed": lv.malformed,
+                "overflow": lv.overflow,
+                "largest_gang": list(lv.largest),
+            }
+            for lv in f.levels
+        ],
+        "domains": [
+            {
+                "level": d.level,
+                "domain": d.name,
+                "nodes": d.nodes,
+                "gpu_milli": d.gpu_milli,
+                "idle_gpu_milli": d.idle_gpu_milli,
+                "fragment_gpu_milli": d.fragment_gpu_milli,
+                "whole": d.whole,
+                "capacity": list(d.capacity),
+            }
+            for d in f.domains
+        ],
+        "node_domain_split": dict(f.node_domain_split),
+        "node_no_domain": dict(f.node_no_domain),
+    }
+
+
+def print_fabric(f: FabricScore, top: int) -> None:
+    """Topology domains: per level, and the domains with the most stranded GPU first."""
+    if not f.levels:
+        return
+    console = Console()
+    t = Table(title="Topology domains, most domain_split first (milli-GPU)")
+    for col in ("level", "domain", "nodes", "idle", "domain_split", "whole", "gang pods it fits"):
+        t.add_column(col, justify="right" if col in ("nodes", "idle", "domain_split") else "left")
+    shown = sorted(f.domains, key=lambda d: (-d.fragment_gpu_milli, d.level, d.name))[:top]
+    for d in shown:
+        fits = " ".join(
+            f"{c}/{g.pods}" for c, g in zip(d.capacity, f.gangs, strict=True) if g.level == d.level
+        )
+        t.add_row(
+            d.level,
+            d.name,
+            str(d.nodes),
+            f"{d.idle_gpu_milli:.0f}",
+            f"{d.fragment_gpu_milli:.0f}",
+            "yes" if d.whole else "no",
+            fits or "-",
+        )
+    console.print(t)
+    for lv in f.levels:
+        extra = "".join(
+            f"; {n} nodes {why}"
+            for n, why in (
+                (lv.no_domain_nodes, "in no domain"),
+                (lv.malformed, "with a malformed value (no domain)"),
+                (lv.overflow, "beyond the domain bound (no domain)"),
+            )
+            if n
+        )
+        gangs = ", ".join(
+            f"largest gang of {g.gpus_per_pod}-GPU pods {n}"
+            for g, n in zip(f.gangs, lv.largest, strict=True)
+            if n is not None
+        )
+        console.print(
+            f"level {lv.level}: {lv.domains} domains, {lv.whole} whole "
+            f"({lv.whole_fraction:.0%}){'; ' + gangs if gangs else ''}{extra}"
+        )
+    console.print(
+        f"fabric: domain_split {f.domain_split_gpu_milli:.0f} milli-GPU, "
+        f"no_domain {f.no_domain_gpu_milli:.0f} (beside the node fragment above)"
+    )
 
 
 def print_dra(report: dict[str, object]) -> None:

@@ -71,6 +71,17 @@ MAX_RESOURCES: Final = 1024
 #: priorities, counts and skews: what fits a Kubernetes int32
 INT32: Final = (-(1 << 31), (1 << 31) - 1)
 
+#: pods of one gang (a group that must share one topology domain: a LeaderWorkerSet group, a
+#: Kueue pod set, a required pod affinity group); a 5,000-node cluster of 8-GPU nodes holds 40,000
+MAX_GANG_PODS: Final = 65_536
+#: distinct domains pyctl models at one topology level (an NVL72 rack is 18 nodes: 4,096 racks
+#: are 73,728 nodes); nodes of the domains beyond it are "no domain", counted and said once
+MAX_DOMAINS_PER_LEVEL: Final = 4096
+#: a GPU's link group id on its node (the core keeps ids below 2**31 - 1 for groups it names)
+MAX_LINK_GROUP: Final = (1 << 30) - 1
+#: topology levels (label keys) pyctl models
+MAX_LEVELS: Final = 16
+
 #: a workload shape's weight (a workload file may give counts instead of shares); the core
 #: normalises weights, so a sum that overflows to inf would silently weigh every shape 0
 MAX_WEIGHT: Final = 1e9

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
@@ -16,6 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from pyctl.cluster.dra import DraModel, Misaligned, misaligned_pods, unknown_kind
+from pyctl.cluster.gangs import gangs_of
 from pyctl.cluster.records import NodeRecord, ObjectRef, PodRecord
 from pyctl.cluster.translate import (
     DraPositions,
@@ -28,6 +30,7 @@ from pyctl.controller.cache import ClusterCache
 from pyctl.controller.ignored import IgnoredObjects
 from pyctl.controller.summary import Summary
 from pyctl.controller.workload import WorkloadScope, capped_workload
+from pyctl.core.fabric import DEFAULT_LEVELS, FabricScore, fabric_score, levels_for
 from pyctl.core.fragmentation import (
     CATEGORIES,
     FragmentationModel,
@@ -45,6 +48,8 @@ log = logging.getLogger("pyctl.controller")
 PYCTL_TAINT_PREFIX = "pyctl.io/"
 
 GPU = 1000.0
+#: topology domains exported as metrics, the most fragmented first (a bound on cardinality)
+MAX_EXPORTED_DOMAINS = 512
 
 #: what the summary adds up of one scored node: its name, GPU model, idle and fragment GPU
 #: milli, idle, fragment and recoverable MIG slices, then its fragment by category (CATEGORIES)
@@ -187,6 +192,16 @@ class Reconciler:
         self.ignored = ignored or IgnoredObjects(metrics, cluster)
         self.models: dict[str, Node] = {}
         self.scores: dict[str, NodeScore] = {}
+        #: the fabric pass (docs/fabric.md): the levels it reads, how often it runs, its last
+        #: result (None: no node carries a level's label and M has no gang)
+        self.fabric_levels: tuple[str, ...] = DEFAULT_LEVELS
+        self.fabric_interval = 10.0
+        self.fabric_last: FabricScore | None = None
+        self._fabric_at = -math.inf
+        self._fabric_workload: Workload | None = None
+        self._domain_labels: set[tuple[str, str]] = set()
+        self._level_labels: set[str] = set()
+        self._gang_labels: set[tuple[str, str]] = set()
         self.bad_nodes: dict[str, str] = {}
         #: node -> pyctl taint keys exported as pyctl_node_taint
         self._taints: dict[str, set[str]] = {}
@@ -262,12 +277,14 @@ class Reconciler:
         # GPU and MIG pods only: a CPU-only shape would count every idle GPU as fragment (FGD's
         # definition), which says nothing about GPU placement on a mixed pool
         shapes = []
+        gangs = gangs_of(self.cache.pods.values())
         for p in self.cache.pods.values():
             if p.terminated or not self.scope.admits(p):
                 continue
             s = self.modelled_shape(p)
             if s is not None and not s.is_cpu_only:
-                shapes.append(s)
+                g = gangs.get(p.key)
+                shapes.append(s if g is None else replace(s, gang=g))
         if not shapes:
             return False
         new = capped_workload(derive_workload(shapes), self.scope.max_shape_weight)
@@ -459,11 +476,17 @@ class Reconciler:
             for r in heapq.nsmallest(10, rows, key=lambda r: (-r[_FRAG], r[0]))
         ]
         self._dra_summary()
+        fab = self.fabric(now)
+        frag = sum(cols[_FRAG])
+        if fab is not None:
+            cats["domain_split"] = fab.domain_split_gpu_milli
+            cats["no_domain"] = fab.no_domain_gpu_milli
+            frag += fab.domain_split_gpu_milli + fab.no_domain_gpu_milli
         summ = Summary(
             cluster=self.cluster,
             nodes=len(rows),
             idle_gpu_milli=idle_gpu,
-            fragment_gpu_milli=sum(cols[_FRAG]),
+            fragment_gpu_milli=frag,
             categories=cats,
             idle_mig_slices=idle_mig,
             fragment_mig_slices=sum(cols[_MIG_FRAG]),
@@ -479,6 +502,74 @@ class Reconciler:
         )
         self._export(summ)
         return summ
+
+    def fabric(self, now: float) -> FabricScore | None:
+        """The fabric pass over every scored node (docs/fabric.md), at most every
+        `fabric_interval` seconds unless M changed; None while no node carries a level's label
+        and M has no gang. Its domains and levels are exported as metrics."""
+        if now - self._fabric_at < self.fabric_interval and self._fabric_workload is self.workload:
+            return self.fabric_last
+        self._fabric_at = now
+        self._fabric_workload = self.workload
+        keys = set(levels_for(self.workload, self.fabric_levels))
+        labels: dict[str, dict[str, str]] = {}
+        for name in self.models:
+            rec = self.cache.nodes.get(name)
+            if rec is not None:
+                mine = {k: v for k, v in rec.labels if k in keys}
+                if mine:
+                    labels[name] = mine
+        gangs = any(s.gang is not None for s in self.workload.shapes)
+        if not labels and not gangs:
+            self.fabric_last = None
+        else:
+            snap = Snapshot(tuple(self.models[n] for n in sorted(self.models)))
+            try:
+                self.fabric_last = fabric_score(
+                    FragmentationModel(snap), self.workload, self.fabric_levels, labels
+                )
+            except ValueError as e:  # the models and M passed the core already
+                log.error("fabric pass failed; kept the last", extra={"error": str(e)[:300]})
+        self._export_fabric(self.fabric_last)
+        return self.fabric_last
+
+    def _export_fabric(self, f: FabricScore | None) -> None:
+        m, c = self.metrics, self.cluster
+        domains = (
+            sorted(f.domains, key=lambda d: (-d.fragment_gpu_milli, d.level, d.name))[
+                :MAX_EXPORTED_DOMAINS
+            ]
+            if f is not None
+            else []
+        )
+        now = {(d.level, d.name) for d in domains}
+        for lv, name in self._domain_labels - now:
+            m.domain_idle.remove(c, lv, name)
+            m.domain_fragment.remove(c, lv, name)
+        for d in domains:
+            m.domain_idle.labels(c, d.level, d.name).set(d.idle_gpu_milli / GPU)
+            m.domain_fragment.labels(c, d.level, d.name).set(d.fragment_gpu_milli / GPU)
+        self._domain_labels = now
+        levels = {lv.level: lv for lv in f.levels} if f is not None else {}
+        for gone in self._level_labels - set(levels):
+            m.level_domains.remove(c, gone)
+            m.level_whole.remove(c, gone)
+        for summary in levels.values():
+            m.level_domains.labels(c, summary.level).set(summary.domains)
+            m.level_whole.labels(c, summary.level).set(summary.whole)
+        self._level_labels = set(levels)
+        gangs: dict[tuple[str, str], int] = {}
+        if f is not None:
+            for level in f.levels:
+                for g, n in zip(f.gangs, level.largest, strict=True):
+                    if n is not None:
+                        k = (level.level, str(g.gpus_per_pod))
+                        gangs[k] = max(gangs.get(k, 0), n)
+        for k in self._gang_labels - set(gangs):
+            m.level_largest_gang.remove(c, *k)
+        for k, n in gangs.items():
+            m.level_largest_gang.labels(c, *k).set(n)
+        self._gang_labels = set(gangs)
 
     def _dra_summary(self) -> None:
         """Unknown DRA requests and pods whose devices span NUMA nodes, as metrics."""

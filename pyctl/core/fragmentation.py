@@ -56,6 +56,7 @@ def snapshot_columns(s: Snapshot) -> dict[str, list[Any]]:
     c["mig_offsets"] = [0]
     c["instance_offsets"] = [0]
     c["dra_gpu_offsets"] = [0]
+    c["gpu_link_groups"] = []
     for n in s.nodes:
         c["node_names"].append(n.name)
         c["node_models"].append(n.gpu_model)
@@ -74,6 +75,7 @@ def snapshot_columns(s: Snapshot) -> dict[str, list[Any]]:
             for g in z.gpus:
                 c["gpu_ids"].append(g.id)
                 c["gpu_used_milli"].append(g.used_milli)
+                c["gpu_link_groups"].append(-1 if g.link is None else g.link)
             c["gpu_offsets"].append(len(c["gpu_ids"]))
             for g in z.dra_gpus:
                 c["dra_gpu_ids"].append(g.id)
@@ -126,6 +128,8 @@ def shape_dict(s: Shape) -> dict[str, Any]:
     if s.dra:
         d["dra"] = True
         d["numa_aligned"] = s.numa_aligned
+    if s.link_group:
+        d["link_group"] = True
     return d
 
 
@@ -379,6 +383,8 @@ def derive_workload(tasks: Iterable[Shape], coverage: float = 0.95) -> Workload:
                 numa_aligned=first[k].numa_aligned,
                 gpu_pool=first[k].gpu_pool,
                 gpu_memory_mib=first[k].gpu_memory_mib,
+                gang=first[k].gang,
+                link_group=first[k].link_group,
             )
             for k, n in chosen
         )

@@ -52,6 +52,30 @@ class ScoreColumns(TypedDict):
     zone_fragment_mig_slices: list[float]
 
 
+class DomainRaw(TypedDict):
+    """One topology domain of the fabric pass (`rust/src/fragment/fabric.rs` `DomainScore`)."""
+
+    level: int
+    domain: int
+    nodes: int
+    gpu_milli: float
+    idle_gpu_milli: float
+    fragment_gpu_milli: float
+    whole: bool
+    #: per gang (input order): pods of its shape the domain could host now
+    capacity: list[int]
+
+
+class FabricRaw(TypedDict):
+    """`FragmentModel.fabric`: the domains, and per node (snapshot order) the weighted idle GPU
+    a domain without room strands (`domain_split`) and that a gang may not use for want of a
+    domain (`no_domain`), milli-GPU."""
+
+    domains: list[DomainRaw]
+    node_domain_split: list[float]
+    node_no_domain: list[float]
+
+
 class DeltaRaw(TypedDict):
     """The fragment delta of placing or removing one task, and where it sits."""
 

@@ -13,9 +13,18 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from pyctl.model import MigGpu, Node, Shape, Workload, Zone
+from pyctl.model import Gpu, MigGpu, Node, Shape, Workload, Zone
 
-CATS = ("lack_both", "lack_gpu", "lack_cpu", "no_access", "stranded", "numa_split", "mig_geometry")
+CATS = (
+    "lack_both",
+    "lack_gpu",
+    "lack_cpu",
+    "no_access",
+    "stranded",
+    "numa_split",
+    "mig_geometry",
+    "link_split",
+)
 _DATA = Path(__file__).resolve().parents[2] / "pyctl" / "data" / "mig_profiles.json"
 if not _DATA.exists():  # before the package copy existed
     _DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "mig_profiles.json"
@@ -213,6 +222,23 @@ def _fragment(node: Node, shape: Shape, w: float, out: Score) -> None:
             if not usable:
                 fail = "numa_split"
     other = "mig_geometry" if cpu_ok else (fail or "lack_cpu")
+    # link groups (docs/fabric.md): a shape that needs one group, on a node that publishes links,
+    # can use a GPU only if its group holds enough usable GPUs; an unlisted GPU is alone
+    links = any(g.link is not None for z in zones for g in z.gpus)
+    room: dict[object, int] = {}
+    if shape.link_group and shape.gpus >= 2 and shape.mig_profile is None and links:
+        for zi, z in enumerate(zones):
+            for g in z.gpus:
+                if zi in usable and 0 < 1000 - g.used_milli and 1000 - g.used_milli >= shape.gpu_milli:
+                    k = ("g", g.link) if g.link is not None else ("alone", g.id)
+                    room[k] = room.get(k, 0) + 1
+
+    def split(g: Gpu) -> bool:
+        if not (shape.link_group and shape.gpus >= 2 and links):
+            return False
+        k = ("g", g.link) if g.link is not None else ("alone", g.id)
+        return room.get(k, 0) < shape.gpus
+
     for zi, z in enumerate(zones):
         if shape.mig_profile is None:
             for g in z.gpus:
@@ -225,6 +251,8 @@ def _fragment(node: Node, shape: Shape, w: float, out: Score) -> None:
                     gpu(zi, f, "stranded")
                 elif zi not in usable:
                     gpu(zi, f, "numa_split")
+                elif split(g):
+                    gpu(zi, f, "link_split")
             for mg in z.mig:
                 idle = _mig_idle(mg, node.gpu_model)
                 if idle:

@@ -57,7 +57,9 @@ def nodes(draw: st.DrawFn, name: str) -> Node:
         mem = draw(st.sampled_from([0, 65536, 131072]))
         gpus = []
         for _ in range(draw(st.integers(0, 4))):
-            gpus.append(Gpu(gid, draw(st.sampled_from([0, 0, 250, 500, 700, 1000, 1000]))))
+            used = draw(st.sampled_from([0, 0, 250, 500, 700, 1000, 1000]))
+            # link groups (docs/fabric.md) on some nodes: NVLink pairs, or none known
+            gpus.append(Gpu(gid, used, link=draw(st.sampled_from([None, 0, 0, 1, 2]))))
             gid += 1
         migs = []
         if mig and draw(st.booleans()):
@@ -103,7 +105,15 @@ def shapes(draw: st.DrawFn, mig_ok: bool = True) -> Shape:
     if kind == "cpu":
         return Shape(cpu, mem, weight=weight)
     if kind == "whole":
-        return Shape(cpu, mem, draw(st.integers(1, 6)), 1000, gpu_models=models, weight=weight)
+        return Shape(
+            cpu,
+            mem,
+            draw(st.integers(1, 6)),
+            1000,
+            gpu_models=models,
+            weight=weight,
+            link_group=draw(st.booleans()),
+        )
     if kind == "shared":
         # a share of one or more GPUs; 0: one replica of each (the node sizes it); a GPU memory
         # request is a fraction of the node's GPU memory (docs/sharing.md)

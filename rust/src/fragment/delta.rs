@@ -370,6 +370,9 @@ pub(crate) fn candidates(node: &Node, shape: &Shape) -> Vec<Assignment> {
                     }
                 }
             }
+            MigNeed::None if shape.link_group && !node.links.is_empty() => {
+                link_candidates(node, shape, &zones, &base, &mut out)
+            }
             MigNeed::None => out.extend(whole_gpus_candidate(node, shape, zones, base)),
         }
     }
@@ -503,6 +506,42 @@ fn whole_gpus_candidate(
         .take(want)
         .collect();
     (gpus.len() == want).then_some(Assignment { gpus, ..base })
+}
+
+/// Several GPUs in one link group on zones `zones` (a node that publishes links): per group with
+/// enough eligible GPUs there, its first ones (lowest zone, then position), groups in order of
+/// their first GPU's id.
+fn link_candidates(
+    node: &Node,
+    shape: &Shape,
+    zones: &[usize],
+    base: &Assignment,
+    out: &mut Vec<Assignment>,
+) {
+    let want = shape.gpus as usize;
+    let mut groups: Vec<(u32, Vec<(usize, usize, u32)>)> = Vec::new();
+    for &zi in zones {
+        for (gi, &(id, f)) in node.zones[zi].gpus.iter().enumerate() {
+            if f < shape.gpu_milli || f == 0 {
+                continue;
+            }
+            let g = node.link_of(id).unwrap_or(0);
+            let slot = (zi, gi, shape.gpu_milli);
+            match groups.iter_mut().find(|x| x.0 == g) {
+                Some(x) => x.1.push(slot),
+                None => groups.push((g, vec![slot])),
+            }
+        }
+    }
+    for (_, mut gpus) in groups {
+        if gpus.len() >= want {
+            gpus.truncate(want);
+            out.push(Assignment {
+                gpus,
+                ..base.clone()
+            });
+        }
+    }
 }
 
 /// The best placement of `task` on `node` for the workload `shapes`: the admissible candidate with

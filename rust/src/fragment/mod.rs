@@ -2,6 +2,7 @@
 //! score, and the delta of a hypothetical change.
 
 pub mod delta;
+pub mod fabric;
 pub mod mig_pack;
 pub mod model;
 pub mod score;

@@ -107,9 +107,25 @@ pub struct Node {
     pub gpu_replicas: u32,
     /// Memory of each GPU in MiB (0: unknown), for shapes that ask for GPU memory.
     pub gpu_memory_mib: u64,
+    /// Link groups of its device-plugin GPUs, (GPU id, group) sorted by id: GPUs of one group
+    /// share an NVLink bridge, switch or Fabric Manager partition. Empty: nothing is known of
+    /// the links (no constraint); a GPU not listed on a node with links is a group of its own.
+    pub links: Vec<(u32, u32)>,
 }
 
 impl Node {
+    /// The link group of GPU `id` (None: the node publishes no links).
+    pub fn link_of(&self, id: u32) -> Option<u32> {
+        if self.links.is_empty() {
+            return None;
+        }
+        Some(match self.links.binary_search_by_key(&id, |&(g, _)| g) {
+            Ok(i) => self.links[i].1,
+            // a group of its own, apart from every listed group
+            Err(_) => u32::MAX - (id % (u32::MAX / 2)),
+        })
+    }
+
     pub fn idle_gpu_milli(&self) -> u64 {
         self.zones.iter().map(Zone::idle_gpu_milli).sum()
     }
@@ -137,6 +153,8 @@ pub struct ClusterColumns {
     pub gpu_offsets: Vec<usize>,
     pub gpu_ids: Vec<i64>,
     pub gpu_used_milli: Vec<i64>,
+    /// Optional, aligned with `gpu_ids`: each GPU's link group (-1: none).
+    pub gpu_link_groups: Vec<i64>,
     pub mig_offsets: Vec<usize>,
     pub mig_gpu_ids: Vec<i64>,
     pub instance_offsets: Vec<usize>,
@@ -248,6 +266,13 @@ fn check_columns(c: &ClusterColumns, dra_offsets: &[usize]) -> CoreResult<()> {
         c.gpu_used_milli.len(),
         g,
         false,
+        "gpu_ids",
+    )?;
+    same_length(
+        "gpu_link_groups",
+        c.gpu_link_groups.len(),
+        g,
+        true,
         "gpu_ids",
     )?;
     let ni = c.instance_profiles.len();
@@ -542,6 +567,7 @@ impl<'a> NodeReader<'a> {
         let zr = self.zone_range(policy)?;
         let mig = self.mig_model(zr.clone())?;
         self.model = mig.map(|(m, _)| m);
+        let links = self.links(zr.clone())?;
         let zones = zr.map(|zi| self.zone(zi)).collect::<CoreResult<Vec<_>>>()?;
         let gpu_replicas = match c.node_gpu_replicas.get(i) {
             None => 1,
@@ -568,7 +594,41 @@ impl<'a> NodeReader<'a> {
             gpu_pool: c.node_gpu_pools.get(i).cloned().unwrap_or_default(),
             gpu_replicas,
             gpu_memory_mib,
+            links,
         })
+    }
+
+    /// The link groups of the node's device-plugin GPUs (zones `zr`), sorted by GPU id.
+    fn links(&self, zr: std::ops::Range<usize>) -> CoreResult<Vec<(u32, u32)>> {
+        let c = self.c;
+        if c.gpu_link_groups.is_empty() || zr.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        for gi in c.gpu_offsets[zr.start]..c.gpu_offsets[zr.end] {
+            let group = c.gpu_link_groups[gi];
+            if group < 0 {
+                continue;
+            }
+            let (Ok(id), Ok(group)) = (u32::try_from(c.gpu_ids[gi]), u32::try_from(group)) else {
+                return Err(CoreError::new(
+                    self.field("gpus.link"),
+                    format!(
+                        "link group {group} of GPU {} is out of range",
+                        c.gpu_ids[gi]
+                    ),
+                ));
+            };
+            if group >= u32::MAX / 2 {
+                return Err(CoreError::new(
+                    self.field("gpus.link"),
+                    format!("link group {group} is out of range (0..{})", u32::MAX / 2),
+                ));
+            }
+            out.push((id, group));
+        }
+        out.sort_unstable();
+        Ok(out)
     }
 }
 

@@ -35,9 +35,12 @@ pub enum Category {
     /// MIG capacity of the wrong kind: instances of another profile, unpartitioned slices, or
     /// whole GPUs for a MIG shape and MIG instances for a whole-GPU shape.
     MigGeometry = 6,
+    /// The shape needs its GPUs in one link group (`Shape::link_group`), and this GPU's group
+    /// lacks room: too few usable GPUs in it.
+    LinkSplit = 7,
 }
 
-pub const CATEGORY_COUNT: usize = 7;
+pub const CATEGORY_COUNT: usize = 8;
 pub const CATEGORY_NAMES: [&str; CATEGORY_COUNT] = [
     "lack_both",
     "lack_gpu",
@@ -46,6 +49,7 @@ pub const CATEGORY_NAMES: [&str; CATEGORY_COUNT] = [
     "stranded",
     "numa_split",
     "mig_geometry",
+    "link_split",
 ];
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -635,11 +639,12 @@ fn plain_zones(
     acc: &mut Acc<'_>,
 ) {
     let node = ctx.node;
+    let rooms = link_rooms(node, shape, need, fail, usable);
     for (zi, z) in node.zones.iter().take(64).enumerate() {
         let in_u = usable & (1u64 << zi) != 0;
         match need {
             MigNeed::None => {
-                for &(_, f) in &z.gpus {
+                for &(id, f) in &z.gpus {
                     if f == 0 {
                         continue;
                     }
@@ -649,6 +654,8 @@ fn plain_zones(
                         Category::Stranded
                     } else if !in_u {
                         Category::NumaSplit
+                    } else if lacks_room(&rooms, node, id, shape.gpus) {
+                        Category::LinkSplit
                     } else {
                         continue;
                     };
@@ -682,6 +689,50 @@ fn plain_zones(
             }
         }
     }
+}
+
+/// Usable GPUs per link group (group, count), for a shape that needs one group on a node that
+/// publishes links; None otherwise (no constraint). A GPU is usable when it has the shape's
+/// share and its zone is one the Topology Manager admits.
+fn link_rooms(
+    node: &Node,
+    shape: &Shape,
+    need: MigNeed,
+    fail: Option<Category>,
+    usable: u64,
+) -> Option<Vec<(u32, u32)>> {
+    if !shape.link_group || shape.gpus < 2 || need != MigNeed::None || fail.is_some() {
+        return None;
+    }
+    if node.links.is_empty() {
+        return None;
+    }
+    let mut rooms: Vec<(u32, u32)> = Vec::new();
+    for (zi, z) in node.zones.iter().take(64).enumerate() {
+        if usable & (1u64 << zi) == 0 {
+            continue;
+        }
+        for &(id, f) in &z.gpus {
+            if f >= shape.gpu_milli && f > 0 {
+                let g = node.link_of(id).unwrap_or(0);
+                match rooms.iter_mut().find(|r| r.0 == g) {
+                    Some(r) => r.1 += 1,
+                    None => rooms.push((g, 1)),
+                }
+            }
+        }
+    }
+    Some(rooms)
+}
+
+/// Whether GPU `id`'s link group has fewer than `want` usable GPUs (`link_rooms`; None is no
+/// constraint).
+fn lacks_room(rooms: &Option<Vec<(u32, u32)>>, node: &Node, id: u32, want: u32) -> bool {
+    let Some(rooms) = rooms else {
+        return false;
+    };
+    let g = node.link_of(id).unwrap_or(0);
+    rooms.iter().find(|r| r.0 == g).map_or(0, |r| r.1) < want
 }
 
 /// One shape's view of a node with DRA devices: why each kind of idle capacity is fragment.

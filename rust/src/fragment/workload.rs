@@ -31,6 +31,9 @@ pub struct Shape {
     /// GPU memory per GPU (MiB) the shape needs (HAMi's `nvidia.com/gpumem`): on a node, its
     /// share is at least this fraction of the node's per-GPU memory. 0: none.
     pub gpu_memory_mib: u64,
+    /// Its GPUs must share one link group of the node (an NVLink pair, an NVSwitch partition:
+    /// `Node::links`); on a node that publishes no links, any GPUs do.
+    pub link_group: bool,
 }
 
 /// Everything about a shape but its weight: two shapes with equal keys are placed alike.
@@ -45,6 +48,7 @@ pub type ShapeKey = (
     bool,
     String,
     u64,
+    bool,
 );
 
 impl Shape {
@@ -61,6 +65,7 @@ impl Shape {
             self.numa_aligned,
             self.gpu_pool.clone(),
             self.gpu_memory_mib,
+            self.link_group,
         )
     }
 

@@ -14,6 +14,7 @@ use super::convert::{
 use super::shape::{read_shape, read_shape_list, Weight};
 use crate::compaction::{self, Input, Limits, Movable, NodeSet, Pending, Plan};
 use crate::fragment::delta::{apply, place_delta, remove_delta, Assignment, Delta};
+use crate::fragment::fabric::{fabric_score, Gang};
 use crate::fragment::score::{node_model, score_node, RecoverMemo};
 use crate::fragment::{validate_shapes, Cluster, ClusterColumns, Node, Shape, CATEGORY_NAMES};
 use crate::placement::{self, ClusterView, Ranked};
@@ -247,6 +248,7 @@ impl PyFragmentModel {
             gpu_offsets: offsets(columns, "gpu_offsets")?,
             gpu_ids: ints(columns, "gpu_ids")?,
             gpu_used_milli: ints(columns, "gpu_used_milli")?,
+            gpu_link_groups: optional(columns, "gpu_link_groups", |k| ints(columns, k))?,
             mig_offsets: offsets(columns, "mig_offsets")?,
             mig_gpu_ids: ints(columns, "mig_gpu_ids")?,
             instance_offsets: offsets(columns, "instance_offsets")?,
@@ -452,6 +454,47 @@ impl PyFragmentModel {
             compaction::plan(&mut v, &input, &limits)
         });
         plan_dict(py, &plan, cluster)
+    }
+
+    /// The fabric pass (`crate::fragment::fabric`): `gangs` are (shape index, pods, level),
+    /// `node_domains[n][l]` node n's domain index at level l or None. Returns {"domains": [{
+    /// "level", "domain", "nodes", "gpu_milli", "idle_gpu_milli", "fragment_gpu_milli",
+    /// "whole", "capacity"}], "node_domain_split", "node_no_domain"}.
+    fn fabric<'py>(
+        &self,
+        py: Python<'py>,
+        shapes: &Bound<'py, PyAny>,
+        gangs: Vec<(usize, u32, usize)>,
+        levels: usize,
+        node_domains: Vec<Vec<Option<u32>>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let shapes = read_shapes(shapes)?;
+        let gangs: Vec<Gang> = gangs
+            .into_iter()
+            .map(|(shape, pods, level)| Gang { shape, pods, level })
+            .collect();
+        let cluster = &self.cluster;
+        let f = py
+            .detach(|| fabric_score(cluster, &shapes, &gangs, levels, &node_domains))
+            .map_err(value_error)?;
+        let out = PyDict::new(py);
+        let domains = PyList::empty(py);
+        for d in &f.domains {
+            let row = PyDict::new(py);
+            row.set_item("level", d.level)?;
+            row.set_item("domain", d.domain)?;
+            row.set_item("nodes", d.nodes)?;
+            row.set_item("gpu_milli", d.gpu_milli)?;
+            row.set_item("idle_gpu_milli", d.idle_gpu_milli)?;
+            row.set_item("fragment_gpu_milli", d.fragment_gpu_milli)?;
+            row.set_item("whole", d.whole)?;
+            row.set_item("capacity", d.capacity.clone())?;
+            domains.append(row)?;
+        }
+        out.set_item("domains", domains)?;
+        out.set_item("node_domain_split", f.node_domain_split)?;
+        out.set_item("node_no_domain", f.node_no_domain)?;
+        Ok(out)
     }
 
     /// Index of a node by name, or None.

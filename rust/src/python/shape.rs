@@ -1,7 +1,7 @@
 //! Task shapes as Python gives them, read in one place for the scorer, the placement policy,
 //! the compaction planner and the trace replay: a dict with `cpu_milli`, `memory_mib`, `gpus`,
 //! `gpu_milli`, `gpu_memory_mib` (non-negative integers), `mig_profile`, `gpu_pool` (strings),
-//! `gpu_models` (a list of strings), `dra`, `numa_aligned` (truthy) and `weight` (a number);
+//! `gpu_models` (a list of strings), `dra`, `numa_aligned`, `link_group` (truthy) and `weight` (a number);
 //! an absent key or None is 0, empty or false. Errors name the field (`shapes[2].gpus`).
 
 use pyo3::intern;
@@ -81,6 +81,7 @@ pub fn read_shape(obj: &Bound<'_, PyAny>, prefix: &str, weight: Weight) -> PyRes
     };
     let dra = flag(intern!(py, "dra"))?;
     let numa_aligned = flag(intern!(py, "numa_aligned"))?;
+    let link_group = flag(intern!(py, "link_group"))?;
     Ok(Shape {
         cpu_milli,
         memory_mib,
@@ -93,6 +94,7 @@ pub fn read_shape(obj: &Bound<'_, PyAny>, prefix: &str, weight: Weight) -> PyRes
         numa_aligned,
         gpu_pool,
         gpu_memory_mib,
+        link_group,
     })
 }
 

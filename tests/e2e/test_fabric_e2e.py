@@ -1,0 +1,223 @@
+"""The three cliques, end to end on the real control plane (docs/fabric.md):
+
+- twelve kwok nodes of 4 GPUs in three NVLink cliques (`nvidia.com/gpu.clique`), 24 one-GPU
+  replicas of a Deployment filling two nodes of each clique, under a PodDisruptionBudget with
+  ``maxUnavailable: 2``; two empty nodes per clique, 24 idle GPUs;
+- a group of 4 pods x 4 GPUs with required pod affinity on the clique key (all in one clique);
+- ``pyctl run --mode enforce`` as deployed (a subprocess, a real Redis, the extender) and a real
+  kube-scheduler configured with the extender.
+
+The real scheduler places two pods of the group on the empty nodes of one clique and leaves two
+pending (no other node of that clique has room). pyctl reports the idle GPUs the group cannot use
+as `domain_split`, rescues the pending pods inside their clique (NodeFit confines them to it),
+evicting replicas through the Eviction API, and the group runs whole in one clique. Checked
+against the API server: every pod of the group runs in one clique, all 24 replicas run again, and
+never were fewer than 22 replicas up; no pyctl taint is left.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from kubernetes_asyncio import client
+
+from pyctl.dev.control_plane import ControlPlane, ExtraScheduler, free_port
+from pyctl.dev.extender import strict_config
+from pyctl.dev.gpu_nodes import GpuNodeSpec, body, node_manifest, wait_nodes_ready
+from tests.e2e.conftest import wait_until
+from tests.e2e.test_crash_e2e import ControllerProcess
+from tests.e2e.test_placement_e2e import gpu_deployment
+from tests.integration.redis_servers import RedisServer
+
+pytestmark = [pytest.mark.e2e]
+
+LABEL = "fabric-e2e"
+SEL = {"pyctl.e2e/fabric": "true"}
+CLIQUE = "nvidia.com/gpu.clique"
+NODES = tuple(f"f-{i:02}" for i in range(12))
+FULL = ("f-00", "f-01", "f-04", "f-05", "f-08", "f-09")
+
+
+def clique_of(node: str) -> str:
+    return f"3f1c2a.{int(node[2:]) // 4}"
+
+
+def deployment(name: str, replicas: int, gpus: int, tier: str) -> dict[str, Any]:
+    d = gpu_deployment(name, replicas, gpus, tier, label=LABEL, selector=SEL)
+    d["spec"]["template"]["spec"]["schedulerName"] = "pyctl-e2e"
+    return d
+
+
+def gang(name: str) -> dict[str, Any]:
+    d = deployment(name, 4, 4, "g")
+    d["spec"]["template"]["spec"]["affinity"] = {
+        "podAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchLabels": {"app": LABEL, "tier": "g"}},
+                    "topologyKey": CLIQUE,
+                }
+            ]
+        }
+    }
+    return d
+
+
+async def tier_pods(core: client.CoreV1Api, tier: str) -> list[Any]:
+    got = await core.list_namespaced_pod("default", label_selector=f"app={LABEL},tier={tier}")
+    return list(got.items)
+
+
+def running(pods: list[Any]) -> list[Any]:
+    return [p for p in pods if p.spec.node_name and not p.metadata.deletion_timestamp]
+
+
+def gauge(text: str, name: str, **labels: str) -> float | None:
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        m = re.match(rf"^{re.escape(name)}\{{(.*)\}} (\S+)$", line)
+        if m and ",".join(sorted(m.group(1).split(","))) == want:
+            return float(m.group(2))
+    return None
+
+
+@pytest.mark.anyio
+async def test_pyctl_frees_one_clique_for_a_group_that_must_share_one(
+    control_plane: ControlPlane,
+    api: client.ApiClient,
+    redis_server: RedisServer,
+    tmp_path: Path,
+) -> None:
+    core = client.CoreV1Api(api)
+    apps = client.AppsV1Api(api)
+    policy = client.PolicyV1Api(api)
+    specs = [
+        GpuNodeSpec(n, numa_zones=1, gpus_per_zone=4, labels={**SEL, CLIQUE: clique_of(n)})
+        for n in NODES
+    ]
+    for s in specs:
+        await core.create_node(body(node_manifest(s)))
+    await wait_nodes_ready(api, list(NODES))
+    port = free_port()
+    pyctl = ControllerProcess(
+        control_plane.kubeconfig,
+        redis_server.url,
+        free_port(),
+        tmp_path,
+        extender_port=port,
+        extra_env={
+            "PYCTL_LEASE_NAME": "pyctl-fabric-e2e",
+            "PYCTL_WORKFLOW_RESCUE_DEADLINE": "240",
+            "PYCTL_WORKFLOW_RESCUE_DEPTH": "4",
+            "PYCTL_FABRIC_INTERVAL": "1",
+        },
+    )
+    sched = ExtraScheduler(
+        control_plane,
+        "pyctl-fabric",
+        strict_config(f"http://127.0.0.1:{port}/scheduler"),
+        ["--pod-max-in-unschedulable-pods-duration=5s"],
+    )
+    lowest = [99]
+    split_seen = [0.0]
+    try:
+        pyctl.start("f0")
+        sched.start()
+        # -- 24 replicas on the two first nodes of each clique (the others cordoned) ----------
+        for n in NODES:
+            if n not in FULL:
+                await core.patch_node(n, body({"spec": {"unschedulable": True}}))
+        await apps.create_namespaced_deployment("default", body(deployment("small", 24, 1, "s")))
+
+        async def placed() -> bool:
+            pods = running(await tier_pods(core, "s"))
+            return len(pods) == 24 and {p.spec.node_name for p in pods} == set(FULL)
+
+        await wait_until(placed, "24 replicas on the six full nodes", within=120)
+        for n in NODES:
+            await core.patch_node(n, body({"spec": {"unschedulable": None}}))
+        pdb = {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "small", "namespace": "default"},
+            "spec": {
+                "maxUnavailable": 2,
+                "selector": {"matchLabels": {"app": LABEL, "tier": "s"}},
+            },
+        }
+        await policy.create_namespaced_pod_disruption_budget("default", body(pdb))
+
+        async def pdb_ready() -> bool:
+            got = await policy.read_namespaced_pod_disruption_budget("small", "default")
+            return bool(got.status and got.status.disruptions_allowed == 2)
+
+        await wait_until(pdb_ready, "the PDB to allow two disruptions", within=60)
+
+        async def domains_seen() -> bool:
+            return gauge(pyctl.metrics(), "pyctl_level_domains", cluster="e2e", level=CLIQUE) == 3
+
+        await wait_until(domains_seen, "pyctl to see three cliques", within=60)
+        whole = gauge(pyctl.metrics(), "pyctl_level_whole_domains", cluster="e2e", level=CLIQUE)
+        assert whole == 0
+
+        async def watch() -> None:
+            while True:
+                lowest[0] = min(lowest[0], len(running(await tier_pods(core, "s"))))
+                v = gauge(
+                    pyctl.metrics(),
+                    "pyctl_gpu_fragment_by_category_gpus",
+                    cluster="e2e",
+                    category="domain_split",
+                )
+                split_seen[0] = max(split_seen[0], v or 0.0)
+                await anyio.sleep(0.1)
+
+        # -- the group: two run at once, two wait for pyctl -------------------------------------
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
+            await apps.create_namespaced_deployment("default", body(gang("group")))
+
+            async def group_runs() -> bool:
+                return len(running(await tier_pods(core, "g"))) == 4
+
+            await wait_until(group_runs, "all four pods of the group running", within=480)
+
+            async def smalls_back() -> bool:
+                return len(running(await tier_pods(core, "s"))) == 24
+
+            await wait_until(smalls_back, "all 24 replicas running again", within=120)
+            tg.cancel_scope.cancel()
+
+        group = running(await tier_pods(core, "g"))
+        cliques = {clique_of(p.spec.node_name) for p in group}
+        assert len(cliques) == 1, [p.spec.node_name for p in group]
+        assert len({p.spec.node_name for p in group}) == 4
+        assert split_seen[0] > 0, "pyctl never reported the group's idle GPUs as domain_split"
+        assert lowest[0] >= 22, f"the PDB was violated: {lowest[0]} replicas up at one time"
+        for n in NODES:
+            node = await core.read_node(n)
+            assert not any((t.key or "").startswith("pyctl.io/") for t in node.spec.taints or [])
+    finally:
+        pyctl.kill()
+        sched.stop()
+        for name in ("small", "group"):
+            try:
+                await apps.delete_namespaced_deployment(name, "default")
+            except client.ApiException as exc:
+                if exc.status != 404:
+                    raise
+        try:
+            await policy.delete_namespaced_pod_disruption_budget("small", "default")
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise
+        for n in NODES:
+            try:
+                await core.delete_node(n)
+            except client.ApiException as exc:
+                if exc.status != 404:
+                    raise

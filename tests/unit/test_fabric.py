@@ -1,0 +1,215 @@
+"""The fabric pass (docs/fabric.md): topology domains, gangs, `domain_split` and `no_domain`,
+against hand-worked cases and the pure-Python twin (tests/reference/fabric.py)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pyctl.cluster.bounds import MAX_DOMAINS_PER_LEVEL
+from pyctl.cluster.gangs import gangs_of
+from pyctl.cluster.records import Constraints, PodRecord, PodTerm, Requirement, Selector
+from pyctl.core.fabric import fabric_score, levels_for
+from pyctl.core.fragmentation import FragmentationModel
+from pyctl.model import Gang, Gpu, Node, PolicyName, Shape, Snapshot, Workload, Zone
+from pyctl.snapshot import load_snapshot, load_workload, snapshot_to_json
+from tests.reference import fabric as ref
+
+CLIQUE = "nvidia.com/gpu.clique"
+
+
+def gpu_node(name: str, used: int, gpus: int = 4, clique: str | None = None) -> Node:
+    return Node(
+        name,
+        "H100-SXM5-80GB",
+        cpu_manager_policy="none",
+        zones=(
+            Zone(
+                0,
+                cpu_milli=64000,
+                memory_mib=1 << 20,
+                gpus=tuple(Gpu(i, 1000 if i < used else 0) for i in range(gpus)),
+            ),
+        ),
+        labels=((CLIQUE, clique),) if clique else (),
+    )
+
+
+def gang_workload(pods: int = 4, gpus: int = 4) -> Workload:
+    return Workload(
+        (
+            Shape(cpu_milli=1000, gpus=1, gpu_milli=1000, weight=0.5),
+            Shape(cpu_milli=1000, gpus=gpus, gpu_milli=1000, weight=0.5, gang=Gang(pods, CLIQUE)),
+        )
+    )
+
+
+def twelve_nodes(full: list[int]) -> Snapshot:
+    return Snapshot(
+        tuple(
+            gpu_node(f"n{i:02}", 4 if i in full else 0, clique=f"uuid-1.{i // 4}")
+            for i in range(12)
+        )
+    )
+
+
+def test_the_three_cliques_case_strands_every_idle_gpu_for_the_gang() -> None:
+    """Twelve 4-GPU nodes in three cliques, two full in each: 24 idle GPUs, each clique can host
+    two of the gang's four 4-GPU pods. Per node the 4-GPU shape fits (fragment 0 before this
+    pass); the gang's half of M strands all 24 GPUs: 0.5 x 24,000 milli-GPU of domain_split."""
+    model = FragmentationModel(twelve_nodes([0, 1, 4, 5, 8, 9]))
+    w = gang_workload()
+    assert model.score(w).fragment_gpu_milli == 0.0
+    f = fabric_score(model, w)
+    assert f.domain_split_gpu_milli == pytest.approx(12_000.0)
+    assert f.no_domain_gpu_milli == 0.0
+    (lv,) = f.levels
+    assert (lv.level, lv.domains, lv.whole, lv.largest) == (CLIQUE, 3, 0, (2,))
+    assert all(d.capacity == (2,) and d.idle_gpu_milli == 8000 for d in f.domains)
+    # one clique freed: it hosts the gang, and the others' idle GPUs are domain_split no more
+    # than they strand (they are full)
+    f = fabric_score(FragmentationModel(twelve_nodes([0, 1, 2, 3, 4, 5])), w)
+    assert f.domain_split_gpu_milli == 0.0
+    assert [d.whole for d in f.domains] == [False, False, True]
+    assert f.levels[0].largest == (4,)
+    assert f.levels[0].whole_fraction == pytest.approx(1 / 3)
+
+
+def test_nodes_without_the_label_are_no_domain_said_never_an_error() -> None:
+    snap = Snapshot((gpu_node("a", 0, clique="x.1"), gpu_node("b", 0)))
+    f = fabric_score(FragmentationModel(snap), gang_workload(pods=1))
+    assert f.node_no_domain == {"b": pytest.approx(2000.0)}
+    assert f.levels[0].no_domain_nodes == 1
+
+
+def test_hostile_topology_input_is_bounded_and_counted() -> None:
+    n = MAX_DOMAINS_PER_LEVEL + 50
+    nodes = [gpu_node(f"n{i}", 0, gpus=1, clique=f"c.{i:05}") for i in range(n)]
+    nodes += [gpu_node("bad1", 0, clique="-nope-"), gpu_node("bad2", 0, clique="x" * 64)]
+    f = fabric_score(FragmentationModel(Snapshot(tuple(nodes))), gang_workload(pods=1, gpus=1))
+    (lv,) = f.levels
+    assert lv.domains == MAX_DOMAINS_PER_LEVEL
+    assert lv.overflow == 50
+    assert lv.malformed == 2
+    assert lv.no_domain_nodes == 52
+
+
+def test_levels_are_the_configured_then_the_gangs_keys() -> None:
+    w = Workload((Shape(gpus=1, gpu_milli=1000, gang=Gang(2, "example.com/block")),))
+    assert levels_for(w, ["a", "b", "a"]) == ("a", "b", "example.com/block")
+
+
+def _pod(name: str, labels: dict[str, str], key: str = CLIQUE, node: str = "") -> PodRecord:
+    sel = Selector(
+        match_expressions=(Requirement("lws", "In", (labels.get("lws", ""),)),),
+    )
+    return PodRecord(
+        "ns",
+        name,
+        node=node,
+        gpus=4,
+        labels=tuple(sorted(labels.items())),
+        constraints=Constraints(affinity=(PodTerm(key, sel),)),
+    )
+
+
+def test_a_required_pod_affinity_group_is_a_gang() -> None:
+    pods = [_pod(f"g{i}", {"lws": "a"}) for i in range(4)]
+    pods.append(_pod("h0", {"lws": "b"}))  # a group of one: no gang
+    pods.append(_pod("k0", {"lws": "c"}, key="kubernetes.io/hostname"))
+    pods.append(_pod("k1", {"lws": "c"}, key="kubernetes.io/hostname"))
+    pods.append(_pod("x", {"lws": "zzz-other"}))
+    got = gangs_of(pods)
+    assert set(got) == {"ns/g0", "ns/g1", "ns/g2", "ns/g3"}
+    assert got["ns/g0"] == Gang(4, CLIQUE)
+
+
+def test_snapshot_and_workload_files_carry_labels_and_gangs() -> None:
+    snap = twelve_nodes([0])
+    again = load_snapshot(snapshot_to_json(snap))
+    assert again == snap
+    gang = {"pods": 4, "key": CLIQUE}
+    w = load_workload({"shapes": [{"gpus": 4, "gpu_milli": 1000, "weight": 1, "gang": gang}]})
+    assert w.shapes[0].gang == Gang(4, CLIQUE)
+    with pytest.raises(ValueError, match=r"gang\.pods"):
+        load_workload({"shapes": [{"gpus": 4, "weight": 1, "gang": {"pods": 0, "key": "k"}}]})
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> tuple[Snapshot, dict[str, dict[str, str]], Workload]:
+    nodes = []
+    labels: dict[str, dict[str, str]] = {}
+    gid = 0
+    for i in range(draw(st.integers(1, 10))):
+        policy: PolicyName = draw(st.sampled_from(["none", "single-numa-node"]))
+        zones = []
+        for numa in range(draw(st.integers(1, 2))):
+            count = draw(st.integers(0, 4))
+            gpus = tuple(Gpu(gid + k, draw(st.sampled_from([0, 0, 1000]))) for k in range(count))
+            gid += len(gpus)
+            cpu = draw(st.sampled_from([8000, 32000]))
+            zones.append(
+                Zone(
+                    numa,
+                    cpu_milli=cpu,
+                    cpu_milli_used=draw(st.sampled_from([0, 4000, cpu])),
+                    memory_mib=1 << 20,
+                    gpus=gpus,
+                )
+            )
+        name = f"n{i}"
+        nodes.append(
+            Node(
+                name,
+                "H100",
+                topology_policy=policy,
+                cpu_manager_policy="none",
+                zones=tuple(zones),
+            )
+        )
+        lab = {}
+        for key, values in ((CLIQUE, ["a.1", "a.2", "b.1"]), ("leaf", ["l1", "l2"])):
+            v = draw(st.sampled_from([None, *values]))
+            if v is not None:
+                lab[key] = v
+        labels[name] = lab
+    shapes = []
+    for _ in range(draw(st.integers(1, 3))):
+        g = draw(st.integers(1, 4))
+        gang = draw(st.sampled_from([None, CLIQUE, "leaf"]))
+        shapes.append(
+            Shape(
+                cpu_milli=draw(st.sampled_from([1000, 8000])),
+                gpus=g,
+                gpu_milli=1000,
+                weight=draw(st.sampled_from([0.5, 1.0, 2.0])),
+                gang=None if gang is None else Gang(draw(st.integers(1, 6)), gang),
+            )
+        )
+    return Snapshot(tuple(nodes)), labels, Workload(tuple(shapes))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clusters())
+def test_the_core_agrees_with_the_twin(
+    case: tuple[Snapshot, dict[str, dict[str, str]], Workload],
+) -> None:
+    snap, labels, w = case
+    levels = (CLIQUE, "leaf")
+    got = fabric_score(FragmentationModel(snap), w, levels, labels)
+    want = ref.fabric(snap.nodes, w, levels, labels)
+    assert got.node_domain_split == pytest.approx(want.node_domain_split)
+    assert got.node_no_domain == pytest.approx(want.node_no_domain)
+    assert {(d.level, d.name): d.idle_gpu_milli for d in got.domains} == pytest.approx(
+        {k: v[0] for k, v in want.domains.items()}
+    )
+    assert {(d.level, d.name): d.fragment_gpu_milli for d in got.domains} == pytest.approx(
+        {k: v[1] for k, v in want.domains.items()}
+    )
+    gang_levels = [g.level for g in got.gangs]
+    for d in got.domains:
+        caps = want.capacity[(d.level, d.name)]
+        assert [c for c, lv in zip(d.capacity, gang_levels, strict=True) if lv == d.level] == [
+            c for c, lv in zip(caps, gang_levels, strict=True) if lv == d.level
+        ]
