@@ -357,6 +357,36 @@ def replay(
     return InferenceResult(policy, seed, raw, time.perf_counter() - t0)
 
 
+#: the figures of a run: column title, `InferenceResult` attribute, format
+FIGURES: tuple[tuple[str, str, str], ...] = (
+    ("stranded GPU-h", "stranded_gpu_hours", "{:.0f}"),
+    ("frag. rate %", "frag_rate", "{:.2f}"),
+    ("allocated %", "allocated_pct", "{:.2f}"),
+    ("pending inst.-h", "pending_hours", "{:.1f}"),
+    ("placed on arrival %", "success_pct", "{:.2f}"),
+    ("evictions/day", "evictions_per_day", "{:.1f}"),
+    ("% evicted/day", "evicted_pct_per_day", "{:.2f}"),
+)
+
+
+def table_rows(results: Sequence[InferenceResult]) -> list[list[str]]:
+    """Per policy (in `POLICIES` order, then any other): its name, the median of each figure
+    over its seeds (`FIGURES`) and the median seconds per run."""
+    import statistics
+
+    names = list(dict.fromkeys([*POLICIES, *(r.policy for r in results)]))
+    rows = []
+    for p in names:
+        rs = [r for r in results if r.policy == p]
+        if rs:
+            cells = [
+                fmt.format(statistics.median(float(getattr(r, attr)) for r in rs))
+                for _, attr, fmt in FIGURES
+            ]
+            rows.append([p, *cells, f"{statistics.median(r.seconds for r in rs):.1f}"])
+    return rows
+
+
 def summary_line(results: Sequence[InferenceResult]) -> str:
     """The bench's last line: pyctl's and FGD's stranded GPU-hours and pending instance-hours
     (medians over the seeds) and pyctl's evictions per day."""

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from pyctl.cli.main import main
 from pyctl.replay.inference import (
     POLICIES,
     Compaction,
@@ -16,6 +17,7 @@ from pyctl.replay.inference import (
     Inventory,
     load,
     replay,
+    summary_line,
 )
 from tests.paths import DATA
 
@@ -143,3 +145,14 @@ def test_missing_or_empty_trace_is_named(tmp_path: Path) -> None:
     (tmp_path / "disaggregated_DLRM_trace.csv").write_text("instance_sn,role\n")
     with pytest.raises(InferenceTraceError, match="missing column"):
         load(tmp_path)
+
+
+def test_pyctl_simulate_inference(capsys: pytest.CaptureFixture[str]) -> None:
+    # the CLI runs the same replay (same inventory and seeds): its last line is the bench's
+    assert main(["simulate", "--inference", str(TINY), "--seeds", "42", "--policy", "fgd"]) == 0
+    out = capsys.readouterr().out
+    assert "row 13 left out: gpu_request is 'x'" in out
+    tr = load(TINY)
+    want = summary_line([replay(tr, "fgd", 42, inventory=Inventory())])
+    assert " ".join(want.split()) in " ".join(out.split())
+    assert main(["simulate", "--inference", str(TINY / "nope")]) != 0
