@@ -153,10 +153,15 @@ fn read_nodes(nodes: &Bound<'_, PyDict>) -> PyResult<Vec<NodeSpec>> {
 /// The tasks' columns: cpu_milli, memory_mib, num_gpu, gpu_milli, and optionally gpu_models
 /// (a list of model names per task) and rdma (percent of one RNIC; absent: 0).
 fn read_tasks(tasks: &Bound<'_, PyDict>) -> PyResult<Vec<TaskSpec>> {
-    let cpu = ints(tasks, "cpu_milli", "tasks")?;
-    let mem = ints(tasks, "memory_mib", "tasks")?;
-    let num = ints(tasks, "num_gpu", "tasks")?;
-    let milli = ints(tasks, "gpu_milli", "tasks")?;
+    read_task_columns(tasks, "tasks")
+}
+
+/// `read_tasks` with errors naming `what` ("tasks", "instances").
+fn read_task_columns(tasks: &Bound<'_, PyDict>, what: &str) -> PyResult<Vec<TaskSpec>> {
+    let cpu = ints(tasks, "cpu_milli", what)?;
+    let mem = ints(tasks, "memory_mib", what)?;
+    let num = ints(tasks, "num_gpu", what)?;
+    let milli = ints(tasks, "gpu_milli", what)?;
     let m = same_len(
         &[
             ("cpu_milli", cpu.len()),
@@ -164,16 +169,16 @@ fn read_tasks(tasks: &Bound<'_, PyDict>) -> PyResult<Vec<TaskSpec>> {
             ("num_gpu", num.len()),
             ("gpu_milli", milli.len()),
         ],
-        "tasks",
+        what,
     )?;
-    let models = model_lists(tasks, "gpu_models", "tasks", m)?;
+    let models = model_lists(tasks, "gpu_models", what, m)?;
     if models.len() != m {
         return Err(field_error(
-            "tasks.gpu_models",
+            &format!("{what}.gpu_models"),
             "length differs from cpu_milli",
         ));
     }
-    let rdma = optional_ints(tasks, "rdma", "tasks", m)?;
+    let rdma = optional_ints(tasks, "rdma", what, m)?;
     let rows = cpu.into_iter().zip(mem).zip(num).zip(milli).zip(models);
     Ok(rows
         .zip(rdma)
@@ -324,7 +329,7 @@ fn times(d: &Bound<'_, PyDict>, key: &str, what: &str) -> PyResult<Vec<Option<f6
 /// The instances' columns: the tasks' (`read_tasks`) plus app, max_per_node (0 or less: no
 /// limit), arrive and depart (seconds; None or NaN: before the start / after the end).
 fn read_instances(d: &Bound<'_, PyDict>) -> PyResult<Vec<InstanceSpec>> {
-    let tasks = read_tasks(d)?;
+    let tasks = read_task_columns(d, "instances")?;
     let n = tasks.len();
     let apps = ints(d, "app", "instances")?;
     let caps = ints(d, "max_per_node", "instances")?;
