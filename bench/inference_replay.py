@@ -92,7 +92,7 @@ def main() -> int:
         print(f"inference_replay: {e}", file=sys.stderr)
         return 2
     inv = Inventory(headroom=args.headroom / 100.0)
-    peaks = trace.peaks()
+    peaks = trace.peaks(inv)
     print(
         f"trace: {trace.count} GPU instances replayed, {trace.cpu_instances} CPU-node instances "
         f"left out, {len(trace.skipped)} rows unreadable; {trace.end / 86400:.1f} days; "
@@ -101,6 +101,9 @@ def main() -> int:
         f"{inv.node_count(peaks)} nodes x {inv.gpus} GPUs, {inv.cpu} vCPU, {inv.memory_gib} GiB, "
         f"{inv.rnics} RNICs ({inv.headroom:.0%} headroom)"
     )
+    big = trace.oversized(inv)
+    if big:
+        print(f"  {len(big)} instance(s) larger than a node (they wait until they leave)")
     for row, why in trace.skipped[:5]:
         print(f"  row {row} left out: {why}")
     from pyctl.replay.inference import Compaction

@@ -325,6 +325,12 @@ def run_inference(console: Console, args: argparse.Namespace) -> int:
     if len(trace.skipped) > 10:
         console.print(f"[yellow]... {len(trace.skipped)} rows left out in all[/yellow]")
     inv = inference.Inventory(headroom=args.headroom / 100.0)
+    big = trace.oversized(inv)
+    if big:
+        console.print(
+            f"[yellow]{len(big)} instance(s) ask for more than one node has (first: "
+            f"{trace.instances['name'][big[0]]}): they wait until they leave[/yellow]"
+        )
     comp = inference.Compaction(budget_per_day=args.evictions_per_day / 100.0)
     # --policy pyctl also runs pyctl's placement alone (pyctl-place)
     chosen = set(args.policy or inference.POLICIES)
@@ -340,11 +346,13 @@ def run_inference(console: Console, args: argparse.Namespace) -> int:
         for seed in seeds:
             for policy in policies:
                 progress.update(task, description=f"{policy} seed {seed}")
-                results.append(
-                    inference.replay(trace, policy, seed, inventory=inv, compaction=comp)
-                )
+                try:
+                    r = inference.replay(trace, policy, seed, inventory=inv, compaction=comp)
+                except ValueError as e:  # the engine refuses an input, naming the field
+                    raise UserError(f"inference replay: {e}") from None
+                results.append(r)
                 progress.advance(task)
-    n = inv.node_count(trace.peaks())
+    n = inv.node_count(trace.peaks(inv))
     t = Table(
         title=f"DLRM inference trace: {trace.count} GPU instances over {trace.end / 86400:.1f} "
         f"days on {n} nodes x {inv.gpus} GPUs ({inv.cpu} vCPU, {inv.memory_gib} GiB, "

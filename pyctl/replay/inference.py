@@ -9,8 +9,9 @@ is `creation_time` (empty: present at the start), departure `deletion_time` (emp
 end); `max_instance_per_node` is the app's anti-affinity cap on a node (-1: none); `rdma_request`
 is a share of one RNIC (percent). Memory is a node resource (GiB -> MiB); disk is not modelled.
 A row that cannot be read (a missing or non-numeric field, a negative request, a GPU request
-other than 0 or 1, a deletion before the creation) is left out, counted and reported with its
-row number; it never stops the replay.
+other than 0 or 1, a time beyond `MAX_TIME`, a deletion before the creation) is left out,
+counted and reported with its row number; it never stops the replay. An instance larger than
+a node waits until it leaves and does not size the inventory (`InferenceTrace.oversized`).
 """
 
 from __future__ import annotations
@@ -131,14 +132,28 @@ class InferenceTrace:
     def count(self) -> int:
         return len(self.instances["app"])
 
-    def peaks(self) -> dict[str, int]:
-        """The most of each resource (num_gpu, cpu_milli, memory_mib, rdma) requested at once
-        (instances from their creation to their deletion; at one instant departures first)."""
+    def oversized(self, inventory: Inventory) -> list[int]:
+        """The instances (indices) that ask for more of a resource than one node of `inventory`
+        has: no node ever takes them (they wait until they leave), and they do not size the
+        inventory."""
+        cap = inventory.per_node()
         cols = self.instances
+        return [i for i in range(self.count) if any(cols[k][i] > c for k, c in cap.items())]
+
+    def peaks(self, inventory: Inventory | None = None) -> dict[str, int]:
+        """The most of each resource (num_gpu, cpu_milli, memory_mib, rdma) requested at once
+        (instances from their creation to their deletion; at one instant departures first),
+        without the instances larger than a node of `inventory` (`oversized`)."""
+        cols = self.instances
+        skip = set(self.oversized(inventory)) if inventory is not None else set()
         out: dict[str, int] = {}
         for key in ("num_gpu", "cpu_milli", "memory_mib", "rdma"):
             ev: list[tuple[float, int, int]] = []
-            for a, d, v in zip(cols["arrive"], cols["depart"], cols[key], strict=True):
+            for i, (a, d, v) in enumerate(
+                zip(cols["arrive"], cols["depart"], cols[key], strict=True)
+            ):
+                if i in skip:
+                    continue
                 ev.append((a if a is not None else 0.0, 1, v))
                 if d is not None:
                     ev.append((d, 0, -v))
@@ -189,11 +204,18 @@ def _number(r: Mapping[str, str], col: str, *, negative: bool = False) -> float:
     return v
 
 
+#: latest time a row may give (s): about 31 years, far beyond any trace
+MAX_TIME = 1e9
+
+
 def _time(r: Mapping[str, str], col: str) -> float | None:
     text = (r[col] or "").strip()
     if not text or text.lower() == "nan":
         return None
-    return _number(r, col)
+    v = _number(r, col)
+    if v > MAX_TIME:
+        raise ValueError(f"{col} {v} is beyond {MAX_TIME:.0e} s")
+    return v
 
 
 def load(path: str | Path) -> InferenceTrace:
@@ -343,7 +365,7 @@ def replay(
         comp = (compaction or Compaction()).as_dict()
     t0 = time.perf_counter()
     raw = engine.run_events(
-        inv.columns(trace.peaks()),
+        inv.columns(trace.peaks(inv)),
         trace.instances,
         trace.workload(),
         policy=engine_policy,

@@ -78,7 +78,7 @@ def _check_log(trace: InferenceTrace, inv: Inventory, r: InferenceResult) -> int
     """Replays the log on books of its own: every node within its GPUs, CPU, memory, RDMA and
     every app's cap at every step. Returns the moves seen."""
     cols = trace.instances
-    n = inv.node_count(trace.peaks())
+    n = inv.node_count(trace.peaks(inv))
     use = [[0, 0, 0, 0] for _ in range(n)]
     apps: list[dict[int, int]] = [{} for _ in range(n)]
     at: dict[int, int] = {}
@@ -156,3 +156,20 @@ def test_pyctl_simulate_inference(capsys: pytest.CaptureFixture[str]) -> None:
     want = summary_line([replay(tr, "fgd", 42, inventory=Inventory())])
     assert " ".join(want.split()) in " ".join(out.split())
     assert main(["simulate", "--inference", str(TINY / "nope")]) != 0
+
+
+def test_an_instance_larger_than_a_node_waits_and_does_not_size_the_cluster(
+    tmp_path: Path,
+) -> None:
+    text = (TINY / "disaggregated_DLRM_trace.csv").read_text()
+    huge = "huge,HN,app_9,99999999,99999999,1,1,25,25,40.0,40.0,85.0,100.0,-1,100.0,100.0,\n"
+    (tmp_path / "disaggregated_DLRM_trace.csv").write_text(text + huge)
+    tr = load(tmp_path)
+    inv = Inventory()
+    assert [tr.instances["name"][i] for i in tr.oversized(inv)] == ["huge"]
+    assert tr.peaks(inv) == load(TINY).peaks(inv)
+    r = replay(tr, "fgd", 42, inventory=inv)
+    assert (
+        r.raw["never_placed"]
+        == replay(load(TINY), "fgd", 42, inventory=inv).raw["never_placed"] + 1
+    )

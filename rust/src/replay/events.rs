@@ -155,6 +155,8 @@ enum Status {
 }
 
 const DAY: f64 = 86400.0;
+/// Most samples, and most compaction rounds, over a replay (bounds its time).
+const MAX_TICKS: f64 = 1e6;
 
 struct Sim<'a> {
     run: Run<'a>,
@@ -495,11 +497,23 @@ fn check(inst: &[InstanceSpec], cfg: &EventConfig) -> CoreResult<()> {
             format!("must be >= 0, got {}", cfg.sample_every),
         ));
     }
+    if cfg.sample_every > 0.0 && cfg.end / cfg.sample_every > MAX_TICKS {
+        return Err(CoreError::new(
+            "sample_every",
+            format!("more than {MAX_TICKS} samples over 0..{}", cfg.end),
+        ));
+    }
     if let Some(c) = &cfg.compaction {
         if !(c.interval.is_finite() && c.interval > 0.0) {
             return Err(CoreError::new(
                 "compaction.interval",
                 format!("must be a positive number of seconds, got {}", c.interval),
+            ));
+        }
+        if cfg.end / c.interval > MAX_TICKS {
+            return Err(CoreError::new(
+                "compaction.interval",
+                format!("more than {MAX_TICKS} rounds over 0..{}", cfg.end),
             ));
         }
         if !(c.budget_per_day.is_finite() && (0.0..=1.0).contains(&c.budget_per_day)) {

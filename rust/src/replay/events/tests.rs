@@ -265,4 +265,12 @@ fn bad_times_are_refused_by_name() {
     assert!(e.to_string().contains("instances[0].depart"), "{e}");
     let e = run_events(&nodes, &[], &[], &cfg(Policy::Fgd, 0.0)).unwrap_err();
     assert!(e.to_string().contains("end"), "{e}");
+    let mut c = cfg(Policy::Fgd, 1e300);
+    c.sample_every = 21600.0;
+    let e = run_events(&nodes, &[], &[], &c).unwrap_err();
+    assert!(e.to_string().contains("sample_every"), "{e}");
+    let mut c = cfg(Policy::Pyctl, 1e300);
+    c.compaction = Some(EventCompaction::default());
+    let e = run_events(&nodes, &[], &[], &c).unwrap_err();
+    assert!(e.to_string().contains("compaction.interval"), "{e}");
 }
