@@ -5,6 +5,7 @@ from typing import Any, final
 from pyctl.core.types import (
     Assignment,
     DeltaRaw,
+    EventsRaw,
     FabricRaw,
     MigModelRaw,
     MigPlanRaw,
@@ -138,5 +139,17 @@ def replay_run(
     max_pct: int = 130,
     placements: bool = False,
 ) -> ReplayRaw: ...
+def replay_events(
+    nodes: Mapping[str, Sequence[Any]],
+    instances: Mapping[str, Sequence[Any]],
+    shapes: Sequence[Mapping[str, Any]],
+    policy: str = "fgd",
+    seed: int = 42,
+    end: float = 0.0,
+    shuffle: bool = True,
+    compaction: Mapping[str, float] | None = None,
+    sample_every: float = 0.0,
+    log: bool = False,
+) -> EventsRaw: ...
 
 # ---- end of trace replay ------------------------------------------------------------------------

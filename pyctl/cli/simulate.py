@@ -88,6 +88,25 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "mode against MIG + heterogeneous mode with re-partitioning and compaction",
     )
     p.add_argument(
+        "--inference",
+        metavar="DIR",
+        help="replay the DLRM inference trace (disaggregated_DLRM_trace.csv in DIR): instances "
+        "arriving and leaving over 31 days under pyctl, pyctl's placement alone, FGD and BestFit "
+        "(docs/simulator.md, 'The inference replay'); seeds default 42-44",
+    )
+    p.add_argument(
+        "--evictions-per-day",
+        type=float,
+        default=1.0,
+        help="with --inference: pyctl's eviction budget, %% of the running instances per day",
+    )
+    p.add_argument(
+        "--headroom",
+        type=float,
+        default=5.0,
+        help="with --inference: the inventory's room above the trace's peak, %% (default 5)",
+    )
+    p.add_argument(
         "--normalize",
         action="store_true",
         help="with --seed-case: also the normalization `pyctl recommend` recommends, applied",
@@ -290,8 +309,70 @@ def write_outputs(
     return notes
 
 
+def run_inference(console: Console, args: argparse.Namespace) -> int:
+    from pyctl.replay import inference
+
+    if not 0.0 <= args.evictions_per_day <= 100.0:
+        raise UserError("--evictions-per-day must be a percentage in 0..100")
+    if not 0.0 <= args.headroom <= 1000.0:
+        raise UserError("--headroom must be a percentage in 0..1000")
+    try:
+        trace = inference.load(args.inference)
+    except inference.InferenceTraceError as e:
+        raise UserError(str(e)) from None
+    for row, why in trace.skipped[:10]:
+        console.print(f"[yellow]row {row} left out: {why}[/yellow]")
+    if len(trace.skipped) > 10:
+        console.print(f"[yellow]... {len(trace.skipped)} rows left out in all[/yellow]")
+    inv = inference.Inventory(headroom=args.headroom / 100.0)
+    big = trace.oversized(inv)
+    if big:
+        console.print(
+            f"[yellow]{len(big)} instance(s) ask for more than one node has (first: "
+            f"{trace.instances['name'][big[0]]}): they wait until they leave[/yellow]"
+        )
+    comp = inference.Compaction(budget_per_day=args.evictions_per_day / 100.0)
+    # --policy pyctl also runs pyctl's placement alone (pyctl-place)
+    chosen = set(args.policy or inference.POLICIES)
+    if "pyctl" in chosen:
+        chosen.add("pyctl-place")
+    policies = [p for p in inference.POLICIES if p in chosen]
+    if not policies:
+        raise UserError(f"--inference replays {', '.join(inference.POLICIES)}")
+    seeds = args.seeds or list(inference.SEEDS)
+    results = []
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("replaying", total=len(policies) * len(seeds))
+        for seed in seeds:
+            for policy in policies:
+                progress.update(task, description=f"{policy} seed {seed}")
+                try:
+                    r = inference.replay(trace, policy, seed, inventory=inv, compaction=comp)
+                except ValueError as e:  # the engine refuses an input, naming the field
+                    raise UserError(f"inference replay: {e}") from None
+                results.append(r)
+                progress.advance(task)
+    n = inv.node_count(trace.peaks(inv))
+    t = Table(
+        title=f"DLRM inference trace: {trace.count} GPU instances over {trace.end / 86400:.1f} "
+        f"days on {n} nodes x {inv.gpus} GPUs ({inv.cpu} vCPU, {inv.memory_gib} GiB, "
+        f"{inv.rnics} RNICs); median of {len(seeds)} seed(s)"
+    )
+    t.add_column("policy")
+    for title, _, _ in inference.FIGURES:
+        t.add_column(title, justify="right")
+    t.add_column("s/run", justify="right")
+    for cells in inference.table_rows(results):
+        t.add_row(*cells)
+    console.print(t)
+    console.print(inference.summary_line(results))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     console = Console()
+    if args.inference:
+        return run_inference(console, args)
     if args.seed_case:
         if args.normalize:  # resource normalization (pyctl/recommend/evaluate.py)
             from pyctl.cli.recommend import print_seed_evaluation

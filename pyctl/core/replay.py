@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pyctl import _core
-from pyctl.core.types import ReplayRaw
+from pyctl.core.types import EventsRaw, ReplayRaw
 
 #: the placement policies the engine knows (the artifact's six, pyctl's)
 POLICIES: tuple[str, ...] = tuple(_core.REPLAY_POLICIES)
@@ -44,4 +44,34 @@ def run(
     )
 
 
-__all__ = ["POLICIES", "ReplayRaw", "run"]
+def run_events(
+    nodes: Mapping[str, Sequence[Any]],
+    instances: Mapping[str, Sequence[Any]],
+    shapes: Sequence[Mapping[str, Any]],
+    *,
+    policy: str,
+    seed: int,
+    end: float,
+    shuffle: bool = True,
+    compaction: Mapping[str, float] | None = None,
+    sample_every: float = 0.0,
+    log: bool = False,
+) -> EventsRaw:
+    """The inference replay: instances (the tasks' columns plus app, max_per_node, arrive,
+    depart) arriving and leaving in time order; raises ValueError naming the field on bad
+    input."""
+    return _core.replay_events(
+        nodes,
+        instances,
+        shapes,
+        policy=policy,
+        seed=seed,
+        end=end,
+        shuffle=shuffle,
+        compaction=compaction,
+        sample_every=sample_every,
+        log=log,
+    )
+
+
+__all__ = ["POLICIES", "EventsRaw", "ReplayRaw", "run", "run_events"]

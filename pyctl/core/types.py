@@ -255,3 +255,41 @@ class ReplayRaw(_ReplayRequired, total=False):
 
     node_of: list[int]
     task_of: list[int]
+
+
+class EventSample(TypedDict):
+    """The inference replay's state at `t` (seconds; before the events of that instant)."""
+
+    t: float
+    allocated_milli: int
+    idle_milli: int
+    frag_milli: float
+    pending: int
+    running: int
+    evictions: int
+
+
+class EventsRaw(TypedDict):
+    """One inference replay (`rust/src/replay/events.rs`): counts, time integrals over 0..end
+    (milli-GPU x s, instance x s), samples, and with `log` every placement, move, departure and
+    wait as (t, kind, instance, node, to)."""
+
+    policy: str
+    seed: int
+    gpu_capacity_milli: int
+    end: float
+    instances: int
+    arrived: int
+    placed_on_arrival: int
+    placed_after_wait: int
+    never_placed: int
+    evictions: int
+    compaction_rounds: int
+    rescues: int
+    frag_milli_s: float
+    idle_milli_s: float
+    allocated_milli_s: float
+    pending_s: float
+    running_s: float
+    samples: list[EventSample]
+    log: list[tuple[float, str, int, int, int]]

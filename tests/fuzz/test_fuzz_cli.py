@@ -186,3 +186,36 @@ def test_trace_files_through_simulate(
     (d / "openb_pod_list_default.csv").write_bytes(trace[1])
     argv = ["simulate", "--trace", str(d), "--policy", "fgd", "--seeds", "1", "--tune", "1.0"]
     check(argv, capsys, (0, 2))
+
+
+INFERENCE = REPO / "tests" / "data" / "inference_tiny" / "disaggregated_DLRM_trace.csv"
+
+
+@st.composite
+def inference_traces(draw: st.DrawFn) -> bytes:
+    """The tiny inference trace with a few cells, rows or bytes changed."""
+    rows = _csv_rows(INFERENCE)
+    for _ in range(draw(st.integers(0, 3))):
+        r = draw(st.integers(0, len(rows) - 1))
+        if rows[r]:
+            c = draw(st.integers(0, len(rows[r]) - 1))
+            rows[r][c] = draw(CELL)
+    buf = io.StringIO()
+    csv.writer(buf).writerows(rows)
+    data = buf.getvalue().encode()
+    if draw(st.booleans()) and data:
+        k = draw(st.integers(0, len(data) - 1))
+        data = data[:k] + draw(st.binary(max_size=8)) + data[k + 1 :]
+    return data
+
+
+@FUZZ
+@given(trace=inference_traces())
+def test_inference_traces_through_simulate(
+    trace: bytes, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    CASES["cli inference traces"] += 1
+    d = tmp_path / "inference"
+    d.mkdir(exist_ok=True)
+    (d / "disaggregated_DLRM_trace.csv").write_bytes(trace)
+    check(["simulate", "--inference", str(d), "--seeds", "1"], capsys, (0, 2))

@@ -237,6 +237,68 @@ def test_a_replay_result_has_its_declared_types(placements: bool) -> None:
     assert ("node_of" in res) == placements
 
 
+def _events_input() -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
+    nodes: dict[str, list[Any]] = {
+        "name": ["a", "b"],
+        "cpu_milli": [32000, 32000],
+        "memory_mib": [65536, 65536],
+        "gpu": [4, 4],
+        "model": ["G", "G"],
+        "rdma": [200, 200],
+    }
+    instances: dict[str, list[Any]] = {
+        "cpu_milli": [8000] * 5,
+        "memory_mib": [0] * 5,
+        "num_gpu": [1] * 5,
+        "gpu_milli": [1000] * 5,
+        "rdma": [25, 50, 75, 25, 100],
+        "app": [0, 0, 0, 1, 1],
+        "max_per_node": [1, 1, 1, 0, -1],
+        "arrive": [None, 10.0, 20.0, float("nan"), 30.0],
+        "depart": [100.0, None, 50.0, float("nan"), 40.0],
+    }
+    return nodes, instances
+
+
+def test_an_inference_replay_result_has_its_declared_types() -> None:
+    nodes, instances = _events_input()
+    shapes = [{"cpu_milli": 8000, "gpus": 1, "gpu_milli": 1000, "weight": 1.0, "rdma": 25}]
+    res = _core.replay_events(
+        nodes,
+        instances,
+        shapes,
+        policy="pyctl",
+        seed=3,
+        end=200.0,
+        compaction={"interval": 10.0},
+        sample_every=25.0,
+        log=True,
+    )
+    conforms(res, t.EventsRaw)
+    # app 0 at most one per node: its third instance waits from 20 s and leaves at 50 s unplaced
+    assert (res["placed_on_arrival"], res["placed_after_wait"], res["never_placed"]) == (4, 0, 1)
+    assert res["pending_s"] == 30.0
+    assert [e[1] for e in res["log"]].count("wait") == 1
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda i: i["depart"].__setitem__(2, 5.0), "instances[2].depart: must be a finite time"),
+        (lambda i: i["app"].__setitem__(0, -1), "instances.app[0]: -1 is outside"),
+        (lambda i: i["arrive"].__setitem__(1, "x"), "instances.arrive[1]: expected a number"),
+        (lambda i: i["rdma"].pop(), "instances.rdma: 4 entries, but the other columns have 5"),
+        (lambda i: i["rdma"].__setitem__(1, -5), "tasks[1].rdma: must not be negative"),
+        (lambda i: i.pop("max_per_node"), 'instances: missing "max_per_node"'),
+    ],
+)
+def test_a_bad_instance_is_an_error_naming_it(change: Any, message: str) -> None:
+    nodes, instances = _events_input()
+    change(instances)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _core.replay_events(nodes, instances, [], end=100.0)
+
+
 @pytest.mark.parametrize(
     ("shape", "message"),
     [

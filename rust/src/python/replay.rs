@@ -6,6 +6,7 @@ use pyo3::types::{PyDict, PyList};
 
 use super::convert::{field_error, int_list, item, sequence, string_list, value_error};
 use super::shape::read_shape_list;
+use crate::replay::events::{run_events, EventCompaction, EventConfig, EventResult, InstanceSpec};
 use crate::replay::{
     run, Compaction, Config, NodeSpec, Policy, ReplayResult, ShapeSpec, TaskSpec, POLICY_NAMES,
 };
@@ -35,6 +36,23 @@ fn model_lists(
             .enumerate()
             .map(|(i, x)| strs(x, &format!("{what}.{key}[{i}]")))
             .collect(),
+    }
+}
+
+/// An optional integer column (absent: `n` zeros); its length must be `n`.
+fn optional_ints(d: &Bound<'_, PyDict>, key: &str, what: &str, n: usize) -> PyResult<Vec<i64>> {
+    match d.get_item(key)? {
+        None => Ok(vec![0; n]),
+        Some(v) => {
+            let out = int_list(&v, || format!("{what}.{key}"))?;
+            if out.len() != n {
+                return Err(field_error(
+                    &format!("{what}.{key}"),
+                    format!("{} entries, but the other columns have {n}", out.len()),
+                ));
+            }
+            Ok(out)
+        }
     }
 }
 
@@ -97,14 +115,15 @@ fn replay_run<'py>(
     result_dict(py, policy, seed, &res, placements)
 }
 
-/// The nodes' columns: name, cpu_milli, memory_mib, gpu, model (one entry per node each).
+/// The nodes' columns: name, cpu_milli, memory_mib, gpu, model (one entry per node each), and
+/// optionally rdma (percent of one RNIC: 100 per RNIC; absent: 0).
 fn read_nodes(nodes: &Bound<'_, PyDict>) -> PyResult<Vec<NodeSpec>> {
     let names = strs(&column(nodes, "name", "nodes")?, "nodes.name")?;
     let cpu = ints(nodes, "cpu_milli", "nodes")?;
     let mem = ints(nodes, "memory_mib", "nodes")?;
     let gpu = ints(nodes, "gpu", "nodes")?;
     let models = strs(&column(nodes, "model", "nodes")?, "nodes.model")?;
-    same_len(
+    let n = same_len(
         &[
             ("name", names.len()),
             ("cpu_milli", cpu.len()),
@@ -114,27 +133,35 @@ fn read_nodes(nodes: &Bound<'_, PyDict>) -> PyResult<Vec<NodeSpec>> {
         ],
         "nodes",
     )?;
+    let rdma = optional_ints(nodes, "rdma", "nodes", n)?;
     let rows = names.into_iter().zip(cpu).zip(mem).zip(gpu).zip(models);
     Ok(rows
+        .zip(rdma)
         .map(
-            |((((name, cpu_milli), memory_mib), gpus), model)| NodeSpec {
+            |(((((name, cpu_milli), memory_mib), gpus), model), rdma)| NodeSpec {
                 name,
                 cpu_milli,
                 memory_mib,
                 gpus,
                 model,
+                rdma,
             },
         )
         .collect())
 }
 
 /// The tasks' columns: cpu_milli, memory_mib, num_gpu, gpu_milli, and optionally gpu_models
-/// (a list of model names per task).
+/// (a list of model names per task) and rdma (percent of one RNIC; absent: 0).
 fn read_tasks(tasks: &Bound<'_, PyDict>) -> PyResult<Vec<TaskSpec>> {
-    let cpu = ints(tasks, "cpu_milli", "tasks")?;
-    let mem = ints(tasks, "memory_mib", "tasks")?;
-    let num = ints(tasks, "num_gpu", "tasks")?;
-    let milli = ints(tasks, "gpu_milli", "tasks")?;
+    read_task_columns(tasks, "tasks")
+}
+
+/// `read_tasks` with errors naming `what` ("tasks", "instances").
+fn read_task_columns(tasks: &Bound<'_, PyDict>, what: &str) -> PyResult<Vec<TaskSpec>> {
+    let cpu = ints(tasks, "cpu_milli", what)?;
+    let mem = ints(tasks, "memory_mib", what)?;
+    let num = ints(tasks, "num_gpu", what)?;
+    let milli = ints(tasks, "gpu_milli", what)?;
     let m = same_len(
         &[
             ("cpu_milli", cpu.len()),
@@ -142,41 +169,64 @@ fn read_tasks(tasks: &Bound<'_, PyDict>) -> PyResult<Vec<TaskSpec>> {
             ("num_gpu", num.len()),
             ("gpu_milli", milli.len()),
         ],
-        "tasks",
+        what,
     )?;
-    let models = model_lists(tasks, "gpu_models", "tasks", m)?;
+    let models = model_lists(tasks, "gpu_models", what, m)?;
     if models.len() != m {
         return Err(field_error(
-            "tasks.gpu_models",
+            &format!("{what}.gpu_models"),
             "length differs from cpu_milli",
         ));
     }
+    let rdma = optional_ints(tasks, "rdma", what, m)?;
     let rows = cpu.into_iter().zip(mem).zip(num).zip(milli).zip(models);
     Ok(rows
+        .zip(rdma)
         .map(
-            |((((cpu_milli, memory_mib), num_gpu), gpu_milli), models)| TaskSpec {
+            |(((((cpu_milli, memory_mib), num_gpu), gpu_milli), models), rdma)| TaskSpec {
                 cpu_milli,
                 memory_mib,
                 num_gpu,
                 gpu_milli,
                 models,
+                rdma,
             },
         )
         .collect())
 }
 
 /// The workload's shapes (read as every shape is: `super::shape`); the replay uses their CPU,
-/// GPU request, models and weight.
+/// GPU request, models and weight, and the replay's own optional key `rdma` (percent of one
+/// RNIC; absent: 0).
 fn read_shapes(shapes: &Bound<'_, PyAny>) -> PyResult<Vec<ShapeSpec>> {
+    let mut rdma = Vec::new();
+    for (i, s) in sequence(shapes, || "shapes".to_string())?
+        .iter()
+        .enumerate()
+    {
+        let r = match s
+            .cast::<PyDict>()
+            .ok()
+            .and_then(|d| d.get_item("rdma").ok().flatten())
+        {
+            None => 0,
+            Some(v) => v
+                .extract::<i64>()
+                .map_err(|_| field_error(&format!("shapes[{i}].rdma"), "expected an integer"))?,
+        };
+        rdma.push(r);
+    }
     Ok(read_shape_list(shapes)?
         .into_iter()
-        .map(|s| ShapeSpec {
+        .zip(rdma)
+        .map(|(s, rdma)| ShapeSpec {
             // read as a non-negative i64: it fits
             cpu_milli: i64::try_from(s.cpu_milli).unwrap_or(i64::MAX),
             num_gpu: s.gpus as i64,
             gpu_milli: s.gpu_milli as i64,
             models: s.gpu_models,
             weight: s.weight,
+            rdma,
         })
         .collect())
 }
@@ -259,8 +309,192 @@ fn result_dict<'py>(
     Ok(out)
 }
 
+/// A column of times in seconds (None or NaN: absent).
+fn times(d: &Bound<'_, PyDict>, key: &str, what: &str) -> PyResult<Vec<Option<f64>>> {
+    sequence(&column(d, key, what)?, || format!("{what}.{key}"))?
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            if v.is_none() {
+                return Ok(None);
+            }
+            let x = v.extract::<f64>().map_err(|_| {
+                field_error(&format!("{what}.{key}[{i}]"), "expected a number or None")
+            })?;
+            Ok((!x.is_nan()).then_some(x))
+        })
+        .collect()
+}
+
+/// The instances' columns: the tasks' (`read_tasks`) plus app, max_per_node (0 or less: no
+/// limit), arrive and depart (seconds; None or NaN: before the start / after the end).
+fn read_instances(d: &Bound<'_, PyDict>) -> PyResult<Vec<InstanceSpec>> {
+    let tasks = read_task_columns(d, "instances")?;
+    let n = tasks.len();
+    let apps = ints(d, "app", "instances")?;
+    let caps = ints(d, "max_per_node", "instances")?;
+    let arrive = times(d, "arrive", "instances")?;
+    let depart = times(d, "depart", "instances")?;
+    same_len(
+        &[
+            ("cpu_milli", n),
+            ("app", apps.len()),
+            ("max_per_node", caps.len()),
+            ("arrive", arrive.len()),
+            ("depart", depart.len()),
+        ],
+        "instances",
+    )?;
+    let mut out = Vec::with_capacity(n);
+    for (i, ((((task, app), cap), a), dep)) in tasks
+        .into_iter()
+        .zip(apps)
+        .zip(caps)
+        .zip(arrive)
+        .zip(depart)
+        .enumerate()
+    {
+        let app = u32::try_from(app).map_err(|_| {
+            field_error(
+                &format!("instances.app[{i}]"),
+                format!("{app} is outside 0..2^32"),
+            )
+        })?;
+        out.push(InstanceSpec {
+            task,
+            app,
+            max_per_node: cap.clamp(0, u32::MAX as i64) as u32,
+            arrive: a.unwrap_or(0.0),
+            depart: dep,
+        });
+    }
+    Ok(out)
+}
+
+fn read_event_compaction(c: Option<&Bound<'_, PyDict>>) -> PyResult<Option<EventCompaction>> {
+    let Some(c) = c else { return Ok(None) };
+    let get = |k: &str, dflt: f64| -> PyResult<f64> {
+        match c.get_item(k)? {
+            None => Ok(dflt),
+            Some(v) => v
+                .extract::<f64>()
+                .map_err(|_| field_error(&format!("compaction.{k}"), "expected a number")),
+        }
+    };
+    let d = EventCompaction::default();
+    let max_moves = get("max_moves", d.max_moves as f64)?;
+    let depth = get("rescue_depth", d.rescue_depth as f64)?;
+    let rescue_budget = get("rescue_budget", d.rescue_budget as f64)?;
+    if !(0.0..=1e9).contains(&max_moves)
+        || !(0.0..=8.0).contains(&depth)
+        || !(0.0..=1e9).contains(&rescue_budget)
+    {
+        return Err(field_error(
+            "compaction",
+            "max_moves and rescue_budget must be >= 0, rescue_depth 0..=8",
+        ));
+    }
+    Ok(Some(EventCompaction {
+        interval: get("interval", d.interval)?,
+        budget_per_day: get("budget_per_day", d.budget_per_day)?,
+        max_moves: max_moves as u32,
+        min_gain: get("min_gain", d.min_gain)?,
+        rescue_depth: depth as u32,
+        rescue_budget: rescue_budget as u32,
+    }))
+}
+
+/// replay_events(nodes, instances, shapes, policy, seed, end, ...) -> dict: the inference
+/// replay (`crate::replay::events::run_events`), instances arriving and leaving.
+#[pyfunction]
+#[pyo3(signature = (nodes, instances, shapes, policy = "fgd", seed = 42, end = 0.0, shuffle = true, compaction = None, sample_every = 0.0, log = false))]
+#[allow(clippy::too_many_arguments)]
+fn replay_events<'py>(
+    py: Python<'py>,
+    nodes: &Bound<'py, PyDict>,
+    instances: &Bound<'py, PyDict>,
+    shapes: &Bound<'py, PyAny>,
+    policy: &str,
+    seed: i64,
+    end: f64,
+    shuffle: bool,
+    compaction: Option<&Bound<'py, PyDict>>,
+    sample_every: f64,
+    log: bool,
+) -> PyResult<Bound<'py, PyDict>> {
+    let policy = Policy::parse(policy).ok_or_else(|| {
+        field_error(
+            "policy",
+            format!("unknown policy {policy:?}; one of {POLICY_NAMES:?}"),
+        )
+    })?;
+    let node_specs = read_nodes(nodes)?;
+    let inst = read_instances(instances)?;
+    let shape_specs = read_shapes(shapes)?;
+    let cfg = EventConfig {
+        policy,
+        seed: seed as u64,
+        shuffle,
+        end,
+        compaction: read_event_compaction(compaction)?,
+        sample_every,
+        log,
+    };
+    let res = py
+        .detach(|| run_events(&node_specs, &inst, &shape_specs, &cfg))
+        .map_err(value_error)?;
+    events_dict(py, policy, seed, &res)
+}
+
+fn events_dict<'py>(
+    py: Python<'py>,
+    policy: Policy,
+    seed: i64,
+    r: &EventResult,
+) -> PyResult<Bound<'py, PyDict>> {
+    let out = PyDict::new(py);
+    out.set_item("policy", policy.name())?;
+    out.set_item("seed", seed)?;
+    out.set_item("gpu_capacity_milli", r.gpu_capacity_milli)?;
+    out.set_item("end", r.end)?;
+    out.set_item("instances", r.instances)?;
+    out.set_item("arrived", r.arrived)?;
+    out.set_item("placed_on_arrival", r.placed_on_arrival)?;
+    out.set_item("placed_after_wait", r.placed_after_wait)?;
+    out.set_item("never_placed", r.never_placed)?;
+    out.set_item("evictions", r.evictions)?;
+    out.set_item("compaction_rounds", r.compaction_rounds)?;
+    out.set_item("rescues", r.rescues)?;
+    out.set_item("frag_milli_s", r.frag_milli_s)?;
+    out.set_item("idle_milli_s", r.idle_milli_s)?;
+    out.set_item("allocated_milli_s", r.allocated_milli_s)?;
+    out.set_item("pending_s", r.pending_s)?;
+    out.set_item("running_s", r.running_s)?;
+    let samples = PyList::empty(py);
+    for s in &r.samples {
+        let d = PyDict::new(py);
+        d.set_item("t", s.t)?;
+        d.set_item("allocated_milli", s.allocated_milli)?;
+        d.set_item("idle_milli", s.idle_milli)?;
+        d.set_item("frag_milli", s.frag_milli)?;
+        d.set_item("pending", s.pending)?;
+        d.set_item("running", s.running)?;
+        d.set_item("evictions", s.evictions)?;
+        samples.append(d)?;
+    }
+    out.set_item("samples", samples)?;
+    let log = PyList::empty(py);
+    for e in &r.log {
+        let kind = ["place", "depart", "move", "wait"][e.kind as usize];
+        log.append((e.t, kind, e.instance, e.node, e.to))?;
+    }
+    out.set_item("log", log)?;
+    Ok(out)
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(replay_run, m)?)?;
+    m.add_function(wrap_pyfunction!(replay_events, m)?)?;
     m.add("REPLAY_POLICIES", PyList::new(m.py(), POLICY_NAMES)?)?;
     Ok(())
 }

@@ -36,6 +36,7 @@ pub fn frag_after(
         shapes,
         st.model_bit[i],
         st.cpu_left[i] - t.cpu,
+        st.rdma_left[i] - t.rdma,
         &free[..n],
         split,
     )
@@ -73,7 +74,7 @@ pub fn share_candidates(st: &State, i: usize, t: &KTask, out: &mut [u16; MAX_GPU
 impl View for Kernel<'_> {
     type Task = KTask;
     type Place = u16;
-    type Key = (i64, i64, u8, u16, u64);
+    type Key = (i64, i64, i64, u8, u16, u64);
 
     fn node_count(&self) -> usize {
         self.st.node_count()
@@ -162,13 +163,14 @@ impl View for Kernel<'_> {
             self.shapes,
             st.model_bit[i],
             st.cpu_left[i] + t.cpu,
+            st.rdma_left[i] + t.rdma,
             &free[..ng],
             st.split[i] as usize,
         )
     }
 
     fn task_key(&self, t: &KTask) -> Self::Key {
-        (t.cpu, t.mem, t.num, t.milli, t.mask)
+        (t.cpu, t.mem, t.rdma, t.num, t.milli, t.mask)
     }
 
     fn gpu_milli(&self, _i: usize, t: &KTask) -> u64 {
@@ -179,10 +181,11 @@ impl View for Kernel<'_> {
         let st = &self.st;
         let n = st.ngpu[i] as usize;
         let mut free = st.free[i];
-        let (mut cpu, mut mem) = (st.cpu_left[i], st.mem_left[i]);
+        let (mut cpu, mut mem, mut rdma) = (st.cpu_left[i], st.mem_left[i], st.rdma_left[i]);
         for (rt, &mask) in removed {
             cpu += rt.cpu;
             mem += rt.mem;
+            rdma += rt.rdma;
             let mut m = mask;
             while m != 0 {
                 let g = m.trailing_zeros() as usize;
@@ -193,6 +196,7 @@ impl View for Kernel<'_> {
         fits_on(
             cpu,
             mem,
+            rdma,
             st.model_bit[i],
             &free[..n],
             st.split[i] as usize,
@@ -265,6 +269,8 @@ mod tests {
             st.cpu_left.push(one.cpu_left[0]);
             st.mem_cap.push(one.mem_cap[0]);
             st.mem_left.push(one.mem_left[0]);
+            st.rdma_cap.push(one.rdma_cap[0]);
+            st.rdma_left.push(one.rdma_left[0]);
             st.ngpu.push(one.ngpu[0]);
             st.split.push(one.split[0]);
             st.model_bit.push(1);
@@ -296,6 +302,7 @@ mod tests {
         let kshapes = vec![
             KShape {
                 cpu: 2000,
+                rdma: 0,
                 milli: 500,
                 num: 1,
                 mask: u64::MAX,
@@ -303,6 +310,7 @@ mod tests {
             },
             KShape {
                 cpu: 4000,
+                rdma: 0,
                 milli: 1000,
                 num: 2,
                 mask: u64::MAX,
@@ -310,6 +318,7 @@ mod tests {
             },
             KShape {
                 cpu: 1000,
+                rdma: 0,
                 milli: 1000,
                 num: 1,
                 mask: u64::MAX,
@@ -349,6 +358,7 @@ mod tests {
                 let kt = KTask {
                     cpu,
                     mem: 0,
+                    rdma: 0,
                     num,
                     milli,
                     mask: u64::MAX,
@@ -383,6 +393,7 @@ mod tests {
                         let t = KTask {
                             cpu: 0,
                             mem: 0,
+                            rdma: 0,
                             num: 1,
                             milli: 1000,
                             mask: u64::MAX,
@@ -483,6 +494,8 @@ mod tests {
             cpu_left: vec![rng.below(cap as u64 + 1) as i64],
             mem_cap: vec![1 << 30],
             mem_left: vec![1 << 30],
+            rdma_cap: vec![0],
+            rdma_left: vec![0],
             ngpu: vec![ngpu],
             split: vec![split],
             model_bit: vec![1],
@@ -516,6 +529,7 @@ mod tests {
             .zip(weights)
             .map(|(&(cpu, num, milli), w)| KShape {
                 cpu,
+                rdma: 0,
                 milli,
                 num,
                 mask: u64::MAX,
@@ -558,6 +572,7 @@ mod tests {
                 let kt = KTask {
                     cpu,
                     mem: 0,
+                    rdma: 0,
                     num,
                     milli,
                     mask: u64::MAX,

@@ -9,12 +9,13 @@
 //! arrival the state is sampled at every whole percent of capacity that the arrived GPU request
 //! has reached.
 
+pub mod events;
 pub mod kernel;
 pub mod policy;
 pub mod rng;
 pub mod state;
 
-use crate::compaction::{Input, Limits, Movable, Pending, Plan};
+use crate::compaction::{Input, Limits, Movable, NodeSet, Pending, Plan};
 use crate::error::{CoreError, CoreResult};
 use crate::placement::View;
 use kernel::Kernel;
@@ -29,6 +30,8 @@ pub struct NodeSpec {
     pub memory_mib: i64,
     pub gpus: i64,
     pub model: String,
+    /// RDMA bandwidth, percent of one RNIC (100 per RNIC; 0: none).
+    pub rdma: i64,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -39,6 +42,8 @@ pub struct TaskSpec {
     pub gpu_milli: i64,
     /// Allowed GPU models (empty = any).
     pub models: Vec<String>,
+    /// RDMA bandwidth, percent of one RNIC (0: none).
+    pub rdma: i64,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -48,6 +53,8 @@ pub struct ShapeSpec {
     pub gpu_milli: i64,
     pub models: Vec<String>,
     pub weight: f64,
+    /// RDMA bandwidth, percent of one RNIC (0: none).
+    pub rdma: i64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -239,6 +246,7 @@ fn prepare_in_order(
             Ok(KTask {
                 cpu,
                 mem,
+                rdma: nonneg(t.rdma, || format!("{f}.rdma"))?,
                 num,
                 milli,
                 mask: resolve_models(&t.models, &models),
@@ -288,6 +296,8 @@ fn node_state(
         cpu_left: Vec::with_capacity(k),
         mem_cap: Vec::with_capacity(k),
         mem_left: Vec::with_capacity(k),
+        rdma_cap: Vec::with_capacity(k),
+        rdma_left: Vec::with_capacity(k),
         ngpu: Vec::with_capacity(k),
         split: Vec::with_capacity(k),
         model_bit: Vec::with_capacity(k),
@@ -318,6 +328,9 @@ fn node_state(
         st.cpu_left.push(cpu);
         st.mem_cap.push(mem);
         st.mem_left.push(mem);
+        let rdma = nonneg(n.rdma, || f("rdma"))?;
+        st.rdma_cap.push(rdma);
+        st.rdma_left.push(rdma);
         st.ngpu.push(g);
         st.split.push(if numa && g >= 2 { g / 2 } else { 0 });
         let j = models
@@ -349,6 +362,7 @@ fn kernel_shapes(shapes: &[ShapeSpec], models: &[String]) -> CoreResult<Vec<KSha
         }
         ks.push(KShape {
             cpu,
+            rdma: nonneg(s.rdma, || format!("{f}.rdma"))?,
             milli,
             num,
             mask: resolve_models(&s.models, models),
@@ -496,20 +510,33 @@ impl Run<'_> {
     /// are then carried out with the deployed scheduler's placements.
     fn plan(&mut self, pending: &[Pending<KTask>], limits: &Limits, rng: &mut Rng) -> Plan<u16> {
         let (items, ids) = self.movable();
+        self.plan_over(&items, &ids, pending, &[], limits, rng)
+    }
+
+    /// `plan` over the given movable pods (with their placed ids) and node sets.
+    fn plan_over(
+        &mut self,
+        items: &[Movable<KTask, u16>],
+        ids: &[u32],
+        pending: &[Pending<KTask>],
+        node_sets: &[NodeSet],
+        limits: &Limits,
+        rng: &mut Rng,
+    ) -> Plan<u16> {
         let input = Input {
-            movable: &items,
+            movable: items,
             pending,
-            node_sets: &[],
+            node_sets,
             pdb_headroom: &[],
         };
         if self.policy == Policy::PyctlDeployed {
             let mut scratch = self.k.clone();
             let plan = crate::compaction::plan(&mut scratch, &input, limits);
-            self.carry_out(&plan, &ids, false, rng);
+            self.carry_out(&plan, ids, false, rng);
             plan
         } else {
             let plan = crate::compaction::plan(&mut self.k, &input, limits);
-            self.carry_out(&plan, &ids, true, rng);
+            self.carry_out(&plan, ids, true, rng);
             plan
         }
     }
@@ -592,6 +619,7 @@ impl Run<'_> {
                     shapes,
                     st.model_bit[i],
                     st.cpu_left[i],
+                    st.rdma_left[i],
                     st.gpus(i),
                     st.split[i] as usize,
                 );

@@ -107,9 +107,28 @@ pub fn choose(
     rng: &mut Rng,
     skip: Option<usize>,
 ) -> Option<Choice> {
+    choose_in(policy, k, t, rng, |i| Some(i) != skip)
+}
+
+/// `choose` among the nodes `allowed` accepts (a task's scheduling constraints, such as the
+/// per-app anti-affinity of the inference replay: a filter before any score, as the
+/// kube-scheduler's filter plugins run before its score plugins).
+pub fn choose_in(
+    policy: Policy,
+    k: &Kernel<'_>,
+    t: &KTask,
+    rng: &mut Rng,
+    allowed: impl Fn(usize) -> bool,
+) -> Option<Choice> {
     match policy {
-        Policy::Pyctl => return choose_pyctl(k, t, skip),
-        Policy::PyctlDeployed => return choose_deployed(k, t, rng, |i| Some(i) != skip),
+        // pyctl's choice: the product's placement policy over the replay's kernel
+        Policy::Pyctl => {
+            return placement::choose(k, t, allowed).map(|r| Choice {
+                node: r.node,
+                gpus: r.place,
+            })
+        }
+        Policy::PyctlDeployed => return choose_deployed(k, t, rng, allowed),
         _ => {}
     }
     let (st, shapes) = (&k.st, k.shapes);
@@ -120,7 +139,7 @@ pub fn choose(
     let mut feasible = 0u64;
     let mut cands = [0u16; MAX_GPUS];
     for i in 0..n {
-        if Some(i) == skip || !st.fits(i, t, aware) {
+        if !allowed(i) || !st.fits(i, t, aware) {
             continue;
         }
         feasible += 1;
@@ -290,14 +309,6 @@ fn fgd_score(
     }
 }
 
-/// pyctl's choice: the product's placement policy over the replay's kernel.
-pub fn choose_pyctl(k: &Kernel<'_>, t: &KTask, skip: Option<usize>) -> Option<Choice> {
-    placement::choose(k, t, |i| Some(i) != skip).map(|r| Choice {
-        node: r.node,
-        gpus: r.place,
-    })
-}
-
 fn default_scores(st: &State, i: usize, t: &KTask) -> i64 {
     placement::kube_default_scores(
         st.cpu_cap[i],
@@ -369,11 +380,13 @@ mod tests {
             memory_mib: 1 << 20,
             gpus: 8,
             model: "G2".into(),
+            rdma: 0,
         }];
         let mut st = prepare(&nodes, &[], &[], false).unwrap().state;
         let heavy = KTask {
             cpu: 40000,
             mem: 0,
+            rdma: 0,
             num: 1,
             milli: 1000,
             mask: u64::MAX,

@@ -14,6 +14,8 @@ pub const TAGS: usize = MAX_GPUS + 1;
 #[derive(Clone, Copy, Debug)]
 pub struct KShape {
     pub cpu: i64,
+    /// RDMA bandwidth, percent of one RNIC (0: none).
+    pub rdma: i64,
     pub milli: u16,
     pub num: u8,
     /// Bit j: node model j is allowed.
@@ -26,6 +28,8 @@ pub struct KShape {
 pub struct KTask {
     pub cpu: i64,
     pub mem: i64,
+    /// RDMA bandwidth, percent of one RNIC (0: none).
+    pub rdma: i64,
     pub num: u8,
     pub milli: u16,
     pub mask: u64,
@@ -51,9 +55,18 @@ impl KTask {
 }
 
 /// F_n(M) of one node state. `split` = 0 for one zone (or a NUMA-blind view); otherwise GPUs
-/// `0..split` are zone 0 and `split..` zone 1, and a GPU shape must fit within one zone.
+/// `0..split` are zone 0 and `split..` zone 1, and a GPU shape must fit within one zone. RDMA
+/// bandwidth is a node resource like CPU: a shape that needs more than `rdma_left` does not fit
+/// (all idle GPU is fragment for it; shapes without RDMA never lack it).
 #[inline]
-pub fn frag(shapes: &[KShape], model_bit: u64, cpu_left: i64, free: &[u16], split: usize) -> f64 {
+pub fn frag(
+    shapes: &[KShape],
+    model_bit: u64,
+    cpu_left: i64,
+    rdma_left: i64,
+    free: &[u16],
+    split: usize,
+) -> f64 {
     let idle: u32 = free.iter().map(|&g| g as u32).sum();
     if idle == 0 {
         return 0.0;
@@ -61,7 +74,7 @@ pub fn frag(shapes: &[KShape], model_bit: u64, cpu_left: i64, free: &[u16], spli
     let idle_f = idle as f64;
     let mut acc = 0.0;
     for s in shapes {
-        if s.num == 0 || s.mask & model_bit == 0 || cpu_left < s.cpu {
+        if s.num == 0 || s.mask & model_bit == 0 || cpu_left < s.cpu || rdma_left < s.rdma {
             acc += s.w * idle_f;
             continue;
         }
@@ -103,18 +116,19 @@ pub fn frag(shapes: &[KShape], model_bit: u64, cpu_left: i64, free: &[u16], spli
     acc
 }
 
-/// Whether a node with these free amounts takes `t`: model, CPU, memory and, for a GPU task,
-/// enough GPUs with `t`'s share free (within one zone when `split` != 0).
+/// Whether a node with these free amounts takes `t`: model, CPU, memory, RDMA and, for a GPU
+/// task, enough GPUs with `t`'s share free (within one zone when `split` != 0).
 #[inline]
 pub fn fits_on(
     cpu_left: i64,
     mem_left: i64,
+    rdma_left: i64,
     model_bit: u64,
     free: &[u16],
     split: usize,
     t: &KTask,
 ) -> bool {
-    if cpu_left < t.cpu || mem_left < t.mem {
+    if cpu_left < t.cpu || mem_left < t.mem || rdma_left < t.rdma {
         return false;
     }
     if t.num == 0 {
@@ -146,14 +160,15 @@ pub fn numa_split(
     shapes: &[KShape],
     model_bit: u64,
     cpu_left: i64,
+    rdma_left: i64,
     free: &[u16],
     split: usize,
 ) -> f64 {
     if split == 0 {
         return 0.0;
     }
-    (frag(shapes, model_bit, cpu_left, free, split) - frag(shapes, model_bit, cpu_left, free, 0))
-        .max(0.0)
+    let f = |s| frag(shapes, model_bit, cpu_left, rdma_left, free, s);
+    (f(split) - f(0)).max(0.0)
 }
 
 /// A placed pod.
@@ -172,6 +187,9 @@ pub struct State {
     pub cpu_left: Vec<i64>,
     pub mem_cap: Vec<i64>,
     pub mem_left: Vec<i64>,
+    /// RDMA bandwidth (percent of one RNIC; a node with r RNICs has 100 r).
+    pub rdma_cap: Vec<i64>,
+    pub rdma_left: Vec<i64>,
     pub ngpu: Vec<u8>,
     /// GPUs `0..split` are zone 0, the rest zone 1; 0 = one zone.
     pub split: Vec<u8>,
@@ -200,11 +218,12 @@ impl State {
         let free = &self.free[i][..self.ngpu[i] as usize];
         self.idle[i] = free.iter().map(|&g| g as u32).sum();
         let s = self.split[i] as usize;
-        self.frag[i] = frag(shapes, self.model_bit[i], self.cpu_left[i], free, s);
+        let (cpu, rdma) = (self.cpu_left[i], self.rdma_left[i]);
+        self.frag[i] = frag(shapes, self.model_bit[i], cpu, rdma, free, s);
         self.frag_blind[i] = if s == 0 {
             self.frag[i]
         } else {
-            frag(shapes, self.model_bit[i], self.cpu_left[i], free, 0)
+            frag(shapes, self.model_bit[i], cpu, rdma, free, 0)
         };
     }
 
@@ -212,6 +231,7 @@ impl State {
     pub fn take(&mut self, i: usize, t: &KTask, gpus: u16, shapes: &[KShape]) {
         self.cpu_left[i] -= t.cpu;
         self.mem_left[i] -= t.mem;
+        self.rdma_left[i] -= t.rdma;
         let mut m = gpus;
         while m != 0 {
             let g = m.trailing_zeros() as usize;
@@ -228,6 +248,7 @@ impl State {
     pub fn give(&mut self, i: usize, t: &KTask, gpus: u16, shapes: &[KShape]) {
         self.cpu_left[i] += t.cpu;
         self.mem_left[i] += t.mem;
+        self.rdma_left[i] += t.rdma;
         let mut m = gpus;
         while m != 0 {
             let g = m.trailing_zeros() as usize;
@@ -249,6 +270,7 @@ impl State {
         fits_on(
             self.cpu_left[i],
             self.mem_left[i],
+            self.rdma_left[i],
             self.model_bit[i],
             self.gpus(i),
             split,
@@ -390,6 +412,7 @@ mod tests {
             .iter()
             .map(|s| KShape {
                 cpu: s.cpu_milli as i64,
+                rdma: 0,
                 milli: s.gpu_milli as u16,
                 num: s.gpus as u8,
                 mask: if s.gpu_models.is_empty() { u64::MAX } else { 2 },
@@ -408,7 +431,7 @@ mod tests {
             for numa in [false, true] {
                 let want = fragment_node(cpu, used, numa, &shapes);
                 let split = if numa { used.len() / 2 } else { 0 };
-                let got = frag(&ks, 1, cpu, &free, split);
+                let got = frag(&ks, 1, cpu, 0, &free, split);
                 assert!(
                     (want - got).abs() < 1e-6,
                     "{cpu} {used:?} numa={numa}: {want} vs {got}"

@@ -9,6 +9,7 @@ fn node(name: &str, cpu: i64, gpus: i64) -> NodeSpec {
         memory_mib: 1 << 20,
         gpus,
         model: "G2".into(),
+        rdma: 0,
     }
 }
 
@@ -19,6 +20,7 @@ fn task(cpu: i64, num: i64, milli: i64) -> TaskSpec {
         num_gpu: num,
         gpu_milli: milli,
         models: vec![],
+        rdma: 0,
     }
 }
 
@@ -29,6 +31,7 @@ fn shape(cpu: i64, num: i64, milli: i64, w: f64) -> ShapeSpec {
         gpu_milli: milli,
         models: vec![],
         weight: w,
+        rdma: 0,
     }
 }
 
