@@ -248,13 +248,15 @@ class PynvmlBackend:
         nv = self.nv
         count = ctypes.c_uint(0)
         # NULL placements: NVML answers how many there are
-        self._guard(nv.nvmlDeviceGetGpuInstancePossiblePlacements, h, profile_id, None,
-                    ctypes.byref(count))  # fmt: skip
+        self._guard(
+            nv.nvmlDeviceGetGpuInstancePossiblePlacements, h, profile_id, None, ctypes.byref(count)
+        )
         n = min(count.value, MAX_INSTANCES)
         buf = (nv.c_nvmlGpuInstancePlacement_t * max(n, 1))()
         count = ctypes.c_uint(n)
-        self._guard(nv.nvmlDeviceGetGpuInstancePossiblePlacements, h, profile_id, buf,
-                    ctypes.byref(count))  # fmt: skip
+        self._guard(
+            nv.nvmlDeviceGetGpuInstancePossiblePlacements, h, profile_id, buf, ctypes.byref(count)
+        )
         return [(int(buf[i].start), int(buf[i].size)) for i in range(min(count.value, n))]
 
     def gpu_instances(self, h: object, profile_id: int) -> list[Instance]:
@@ -293,8 +295,9 @@ class PynvmlBackend:
                 raise
             buf = (nv.c_nvmlComputeInstance_t * MAX_INSTANCES)()
             count = ctypes.c_uint(0)
-            self._guard(nv.nvmlGpuInstanceGetComputeInstances, gi, prof.id, buf,
-                        ctypes.byref(count))  # fmt: skip
+            self._guard(
+                nv.nvmlGpuInstanceGetComputeInstances, gi, prof.id, buf, ctypes.byref(count)
+            )
             for i in range(min(count.value, MAX_INSTANCES)):
                 info = self._guard(nv.nvmlComputeInstanceGetInfo, buf[i])
                 out.append(

@@ -74,10 +74,14 @@ def test_h200_placements_equal_the_catalogs(tmp_path: Path) -> None:
     [gpu] = _h200(tmp_path)["gpus"]
     catalog = mig.model("H200-141GB")
     assert not catalog.placements_inferred  # captured, with its source
-    device = {p["id"]: (p["name"], p["compute_slices"], p["max_count"], p["placements"])
-              for p in gpu["profiles"]}  # fmt: skip
-    want = {p.id: (p.name, p.compute_slices, p.max_count, [list(x) for x in p.placements])
-            for p in catalog.profiles}  # fmt: skip
+    device = {
+        p["id"]: (p["name"], p["compute_slices"], p["max_count"], p["placements"])
+        for p in gpu["profiles"]
+    }
+    want = {
+        p.id: (p.name, p.compute_slices, p.max_count, [list(x) for x in p.placements])
+        for p in catalog.profiles
+    }
     assert device == want
 
 
