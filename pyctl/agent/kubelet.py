@@ -20,10 +20,11 @@ bounds is dropped and counted.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import grpc
 
@@ -211,3 +212,9 @@ async def read_pod_resources(
     except grpc.aio.AioRpcError as e:
         raise PodResourcesError(f"{socket}: {e.code().name}: {e.details()}") from None
     return listed, alloc
+
+
+def pod_resources_json(pr: PodResources) -> dict[str, Any]:
+    """The attribution as the agent prints and publishes it."""
+    out: dict[str, Any] = dataclasses.asdict(pr)
+    return out

@@ -16,6 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from pyctl.agent.fixture import FixtureNvml
+from pyctl.agent.kubelet import (
+    PodResourcesError,
+    attribute,
+    pod_resources_json,
+    read_pod_resources,
+)
 from pyctl.agent.metrics import AgentMetrics
 from pyctl.agent.nvml import Nvml, NvmlError, PynvmlBackend
 from pyctl.agent.view import NodeView, disagreements, read_node, view_json
@@ -39,6 +45,8 @@ class AgentOptions:
     metrics_port: int | None = None
     #: for tests only: a captured-device file (pyctl/agent/fixture.py) instead of NVML
     nvml_fixture: Path | None = None
+    #: the kubelet's PodResources socket; None: not read
+    pod_resources_socket: Path | None = None
 
 
 def open_nvml(fixture: Path | None) -> Nvml:
@@ -55,10 +63,25 @@ def open_nvml(fixture: Path | None) -> Nvml:
     return FixtureNvml(data)
 
 
-def read_once(opts: AgentOptions) -> NodeView:
-    nv = open_nvml(opts.nvml_fixture)
+async def read_view(nv: Nvml, opts: AgentOptions) -> tuple[NodeView, dict[str, Any]]:
+    """The node's view, and as JSON with the kubelet's pod-to-GPU attribution when its socket
+    is given (`pod_resources`: the attribution, or `{"error": ...}` when it cannot be read)."""
+    view = await asyncio.to_thread(read_node, nv, opts.sysfs_root)
+    doc = view_json(view, opts.node)
+    if opts.pod_resources_socket is not None:
+        try:
+            listed, alloc = await read_pod_resources(opts.pod_resources_socket)
+        except PodResourcesError as e:
+            doc["pod_resources"] = {"error": str(e)[:1024]}
+        else:
+            doc["pod_resources"] = pod_resources_json(attribute(listed, alloc, view.gpus))
+    return view, doc
+
+
+async def read_once(opts: AgentOptions) -> dict[str, Any]:
+    nv = await asyncio.to_thread(open_nvml, opts.nvml_fixture)
     try:
-        return read_node(nv, opts.sysfs_root)
+        return (await read_view(nv, opts))[1]
     finally:
         nv.close()
 
@@ -101,14 +124,13 @@ class Agent:
         try:
             if self._nv is None:
                 self._nv = await asyncio.to_thread(open_nvml, self.opts.nvml_fixture)
-            view = await asyncio.to_thread(read_node, self._nv, self.opts.sysfs_root)
+            view, doc = await read_view(self._nv, self.opts)
         except (NvmlError, OSError, ValueError) as e:
             self.metrics.read_errors.inc()
             self._nv = None
             log.warning("the node could not be read", extra={"error": str(e)[:1024]})
             return None
         self.metrics.update(view, time.time())
-        doc = view_json(view, self.opts.node)
         self.last = doc
         log.info(
             "node read",

@@ -22,8 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pyctl.agent.kubelet import KUBELET_SOCKET
 from pyctl.agent.nvml import NvmlError
-from pyctl.agent.view import view_json
 from pyctl.app.agent import Agent, AgentOptions, read_once
 from pyctl.cli.errors import UserError
 from pyctl.log import setup_logging
@@ -46,6 +46,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--node", default=os.environ.get("NODE_NAME"), help="this node's name (env NODE_NAME)"
     )
     p.add_argument("--sysfs-root", default="/sys", help="where sysfs is mounted (default /sys)")
+    p.add_argument(
+        "--pod-resources-socket",
+        default=KUBELET_SOCKET,
+        help=f"the kubelet's PodResources socket (default {KUBELET_SOCKET}; '' : not read)",
+    )
     p.add_argument("--interval", type=float, default=60.0, help="seconds between reads")
     p.add_argument("--metrics-host", default="0.0.0.0", help="address of /metrics")
     p.add_argument("--metrics-port", type=int, default=9465, help="port of /metrics (0: none)")
@@ -69,6 +74,7 @@ def _options(args: argparse.Namespace) -> AgentOptions:
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port or None,
         nvml_fixture=Path(args.nvml_fixture) if args.nvml_fixture else None,
+        pod_resources_socket=Path(args.pod_resources_socket) if args.pod_resources_socket else None,
     )
 
 
@@ -80,13 +86,12 @@ def _agent(args: argparse.Namespace) -> int:
             asyncio.run(_loop(opts))
         return 0
     try:
-        view = read_once(opts)
+        doc = asyncio.run(read_once(opts))
     except NvmlError as e:
         print(f"pyctl: error: NVML: {e}", file=sys.stderr)
         return EXIT_NO_NVML
     except (OSError, ValueError) as e:
         raise UserError(f"--nvml-fixture: {e}") from None
-    doc = view_json(view, opts.node)
     if args.json:
         print(json.dumps(doc, indent=1))
     else:
@@ -141,5 +146,14 @@ def _print(doc: dict[str, Any]) -> None:
             )
     for f in doc["failed"]:
         print(f"GPU {f['index']} left out: {f['reason']}")
+    pr = doc.get("pod_resources")
+    if pr is not None and "error" in pr:
+        print(f"PodResources: {pr['error']}")
+    elif pr is not None:
+        for c in pr["containers"]:
+            for d in c["devices"]:
+                gpu = f"GPU {d['gpu_index']}" if d["gpu_index"] is not None else d["unresolved"]
+                where = f"{c['namespace']}/{c['pod']}/{c['container']}"
+                print(f"{where}: {d['source']} {d['id']} -> {gpu}")
     if doc["nvlink_groups"]:
         print(f"NVLink groups: {doc['nvlink_groups']}")

@@ -5,6 +5,7 @@ socket, attributes each container's devices to the node's GPUs exactly."""
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import subprocess
 import sys
@@ -221,3 +222,49 @@ def test_a_socket_nobody_serves_is_a_clear_error(socket_dir: Path) -> None:
     sock.close()  # the file stays, nobody listens
     with pytest.raises(PodResourcesError, match="UNAVAILABLE"):
         asyncio.run(read_pod_resources(path, deadline_s=2.0))
+
+
+class SyncKubelet(api_pb2_grpc.PodResourcesListerServicer):
+    def List(self, request: Any, context: Any) -> api_pb2.ListPodResourcesResponse:
+        return LISTED
+
+    def GetAllocatableResources(
+        self, request: Any, context: Any
+    ) -> api_pb2.AllocatableResourcesResponse:
+        return ALLOCATABLE
+
+
+def test_agent_once_prints_the_attribution(
+    tmp_path: Path, socket_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pyctl.cli.main import main
+
+    b = boards.board()
+    fixture = tmp_path / "nvml.json"
+    fixture.write_text(json.dumps(b))
+    root = boards.sysfs(tmp_path / "sys", b, [0, 0, 0, 0, 1, 1, 1, 1])
+    sock = socket_dir / "kubelet.sock"
+    server = grpc.server(ThreadPoolExecutor(2))
+    api_pb2_grpc.add_PodResourcesListerServicer_to_server(SyncKubelet(), server)  # type: ignore[no-untyped-call]
+    server.add_insecure_port(f"unix://{sock}")
+    server.start()
+    argv = ["agent", "--once", "--nvml-fixture", str(fixture), "--sysfs-root", str(root)]
+    try:
+        assert main([*argv, "--pod-resources-socket", str(sock), "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert main([*argv, "--pod-resources-socket", str(sock)]) == 0
+        text = capsys.readouterr().out
+    finally:
+        server.stop(None)
+    [llm, small] = doc["pod_resources"]["containers"]
+    assert [d["gpu_index"] for d in llm["devices"]] == [5, 6]
+    assert small["devices"][3]["mig_profile_id"] == 9
+    assert f"serve/llm-0/main: device-plugin {UUID.format(5)} -> GPU 5" in text
+    assert "serve/small/main: dra gpu-7 -> GPU 7" in text
+    # without the kubelet's socket: said, and the GPUs are read all the same
+    assert main([*argv, "--pod-resources-socket", str(socket_dir / "none"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert "no such socket" in doc["pod_resources"]["error"]
+    assert len(doc["gpus"]) == 8
