@@ -88,6 +88,9 @@ class Node:
     gpu_memory_mib: int = 0
     #: how the GPU shares were read, for display ("time-slicing x4, attributed", "hami, exact")
     sharing: str = ""
+    #: how the pods' GPUs were attributed, for display: "agent (exact: ...)" where `pyctl agent`
+    #: speaks for the node, "rules (why)" where it does not, "" where there is no agent
+    gpu_source: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -106,6 +106,7 @@ _NODE_KEYS = {
     "gpu_replicas",
     "gpu_memory_mib",
     "sharing",
+    "gpu_source",
 }
 
 
@@ -218,6 +219,7 @@ def _node(raw: Any, i: int) -> Node:
         gpu_replicas=_replicas(n, where),
         gpu_memory_mib=_int(n, "gpu_memory_mib", where),
         sharing=_str(n, "sharing", where, ""),
+        gpu_source=_str(n, "gpu_source", where, ""),
     )
 
 
@@ -366,6 +368,8 @@ def _sharing_to_json(n: Node) -> dict[str, Any]:
         out["gpu_memory_mib"] = n.gpu_memory_mib
     if n.sharing:
         out["sharing"] = n.sharing
+    if n.gpu_source:
+        out["gpu_source"] = n.gpu_source
     return out
 
 

@@ -24,8 +24,10 @@ from pyctl.agent.kubelet import (
 )
 from pyctl.agent.metrics import AgentMetrics
 from pyctl.agent.nvml import Nvml, NvmlError, PynvmlBackend
+from pyctl.agent.publish import NodeAnnotationPublisher
 from pyctl.agent.view import NodeView, disagreements, read_node, view_json
 from pyctl.cluster.bounds import MAX_OBJECT_BYTES
+from pyctl.cluster.kube.client import connect
 from pyctl.serve.health import HealthServer
 
 log = logging.getLogger("pyctl.agent")
@@ -155,3 +157,23 @@ class Agent:
             done += 1
             if iterations is None or done < iterations:
                 await asyncio.sleep(self.opts.interval)
+
+
+async def run_agent(
+    opts: AgentOptions, kubeconfig: str | None = None, in_cluster: bool = False
+) -> None:
+    """The agent's loop; with a kubeconfig or in the cluster, publishing the node's topology
+    annotation on its own node (`pyctl.agent.publish`)."""
+    kube = None
+    publish = None
+    if kubeconfig or in_cluster:
+        kube = await connect(kubeconfig=kubeconfig, in_cluster=in_cluster)
+        publish = NodeAnnotationPublisher(kube, opts.node or "")
+    agent = Agent(opts, publish)
+    await agent.start()
+    try:
+        await agent.run()
+    finally:
+        await agent.stop()
+        if kube is not None:
+            await kube.close()

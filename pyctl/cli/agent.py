@@ -4,8 +4,9 @@ pyctl agent --once [--json]
     read the node once and print it: per GPU the UUID, PCI ids, catalog model, NUMA node (sysfs;
     -1 is unknown), MIG mode and live instances, NVLink, fabric clique, every profile's possible
     placements, and where pyctl's MIG catalog disagrees with the device
-pyctl agent [--interval S] [--metrics-port P]
-    read every S seconds and publish: the metrics on /metrics (with /healthz and /readyz)
+pyctl agent [--interval S] [--metrics-port P] [--kubeconfig PATH | --in-cluster] [--node NAME]
+    read every S seconds and publish: the metrics on /metrics (with /healthz and /readyz) and,
+    with a cluster, the annotation pyctl.io/node-topology on this node (only this one)
 
 Only reads: nothing on the device is changed. `--nvml-fixture FILE` (or PYCTL_AGENT_NVML_FIXTURE)
 answers from a captured-device file instead of NVML: for tests only.
@@ -24,7 +25,7 @@ from typing import Any
 
 from pyctl.agent.kubelet import KUBELET_SOCKET
 from pyctl.agent.nvml import NvmlError
-from pyctl.app.agent import Agent, AgentOptions, read_once
+from pyctl.app.agent import AgentOptions, read_once, run_agent
 from pyctl.cli.errors import UserError
 from pyctl.log import setup_logging
 
@@ -51,6 +52,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=KUBELET_SOCKET,
         help=f"the kubelet's PodResources socket (default {KUBELET_SOCKET}; '' : not read)",
     )
+    p.add_argument(
+        "--kubeconfig", help="publish the node's topology annotation through this kubeconfig"
+    )
+    p.add_argument(
+        "--in-cluster",
+        action="store_true",
+        help="publish through the pod's service account (the DaemonSet)",
+    )
     p.add_argument("--interval", type=float, default=60.0, help="seconds between reads")
     p.add_argument("--metrics-host", default="0.0.0.0", help="address of /metrics")
     p.add_argument("--metrics-port", type=int, default=9465, help="port of /metrics (0: none)")
@@ -65,6 +74,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _options(args: argparse.Namespace) -> AgentOptions:
     if not args.interval > 0:
         raise UserError(f"--interval must be above 0 (got {args.interval})")
+    if args.kubeconfig and args.in_cluster:
+        raise UserError("give --kubeconfig or --in-cluster, not both")
+    if (args.kubeconfig or args.in_cluster) and not args.node:
+        raise UserError("publishing needs the node's name: --node or NODE_NAME")
     if not 0 <= args.metrics_port <= 65535:
         raise UserError(f"--metrics-port must be 0..65535 (got {args.metrics_port})")
     return AgentOptions(
@@ -83,7 +96,7 @@ def _agent(args: argparse.Namespace) -> int:
     if not args.once:
         setup_logging()
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(_loop(opts))
+            asyncio.run(run_agent(opts, args.kubeconfig, args.in_cluster))
         return 0
     try:
         doc = asyncio.run(read_once(opts))
@@ -97,15 +110,6 @@ def _agent(args: argparse.Namespace) -> int:
     else:
         _print(doc)
     return 0
-
-
-async def _loop(opts: AgentOptions) -> None:
-    agent = Agent(opts)
-    await agent.start()
-    try:
-        await agent.run()
-    finally:
-        await agent.stop()
 
 
 def _print(doc: dict[str, Any]) -> None:
