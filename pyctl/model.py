@@ -95,6 +95,9 @@ class Node:
     #: clique, a rack, a leaf block (docs/fabric.md; the controller keeps only the configured
     #: levels' keys)
     labels: tuple[tuple[str, str], ...] = ()
+    #: how the pods' GPUs were attributed, for display: "agent (exact: ...)" where `pyctl agent`
+    #: speaks for the node, "rules (why)" where it does not, "" where there is no agent
+    gpu_source: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -114,6 +114,7 @@ _NODE_KEYS = {
     "gpu_replicas",
     "gpu_memory_mib",
     "sharing",
+    "gpu_source",
 }
 
 
@@ -232,6 +233,7 @@ def _node(raw: Any, i: int) -> Node:
         gpu_memory_mib=_int(n, "gpu_memory_mib", where),
         sharing=_str(n, "sharing", where, ""),
         labels=_labels(n.get("labels"), f"{where}.labels"),
+        gpu_source=_str(n, "gpu_source", where, ""),
     )
 
 
@@ -419,6 +421,8 @@ def _sharing_to_json(n: Node) -> dict[str, Any]:
         out["sharing"] = n.sharing
     if n.labels:
         out["labels"] = dict(n.labels)
+    if n.gpu_source:
+        out["gpu_source"] = n.gpu_source
     return out
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 from pyctl import __version__
 from pyctl.cli import (
+    agent,
     demo,
     dev,
     explain,
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pyctl {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in (
+        agent,
         demo,
         dev,
         explain,

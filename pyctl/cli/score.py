@@ -253,6 +253,8 @@ def print_table(result: ClusterScore, top: int) -> None:
         if n.sharing:
             gpus = " ".join(f"{gid}:{used}" for _, gid, used, _ in n.shares)
             console.print(f"{n.name}: shared GPUs ({n.sharing}); used milli per GPU {gpus}")
+        if n.gpu_source:
+            console.print(f"{n.name}: GPUs attributed by {n.gpu_source}")
     cats = ", ".join(
         f"{c} {result.categories[c]:.0f}" for c in CATEGORIES if result.categories[c] > 0.5
     )

@@ -17,6 +17,7 @@ import msgspec
 
 from pyctl.cluster import bounds as b
 from pyctl.cluster import quantity as q
+from pyctl.cluster.agent_topology import AgentTopology
 from pyctl.cluster.dra_records import (
     ClaimRecord,
     ClaimSpec,
@@ -174,6 +175,10 @@ class NodeRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=Tru
     labels: tuple[tuple[str, str], ...] = ()
     #: GPU sharing (time-slicing, MPS, HAMi); None: the GPUs are not shared
     sharing: NodeSharing | None = None
+    #: what `pyctl agent` says about the node (annotation pyctl.io/node-topology); None: nothing
+    agent: AgentTopology | None = None
+    #: why the annotation was left out, when it was there but unreadable
+    agent_error: str = ""
 
     def has_taint(self, key: str) -> bool:
         """Whether a NoSchedule or NoExecute taint with this key is on the node."""

@@ -193,6 +193,8 @@ def node_from_records(
         for prof, n in p.mig:
             used_mig[prof].extend([p.key] * n)
     policy = node.topology_policy or default_policy
+    exact: tuple[dict[int, int], dict[int, str]] | None = None
+    source = ""
     if nrt is not None and nrt.zones:
         policy = nrt.policy or policy
         drafts = [
@@ -220,6 +222,9 @@ def node_from_records(
         numa_of = dict(node.gpu_numa)
         if shares and shares.devices:
             numa_of = {i: d.numa for i, d in enumerate(shares.devices)}
+        exact, source = _agent_view(node, plugin, shares, dra, numa_of)
+        if exact is not None:
+            numa_of = exact[0]
         per_numa = Counter(numa_of.values())
         dra_ids = set(dra.zones) if dra is not None else set()
         ids = sorted(set(per_numa) | dra_ids) or [0]
@@ -234,6 +239,10 @@ def node_from_records(
             drafts[0].gpus = max(0, drafts[0].gpus + whole - sum(d.gpus for d in drafts))
         drafts[0].mig = dict(node.mig)
         _spread(drafts, used_cpu, used_mem, used_gpus)
+        if exact is not None:
+            held_in = Counter(numa_of[i] for i in exact[1])
+            for d in drafts:
+                d.gpus_used = held_in[d.numa]
     if policy not in TOPOLOGY_POLICIES:
         raise TranslateError(f"{where}: unknown Topology Manager policy {policy!r}")
     whole_gpus = shares.gpus if shares else node.gpus
@@ -277,6 +286,11 @@ def node_from_records(
                 gpus.append(
                     Gpu(sg.id if use_ids else gid, sg.used, tuple(sorted(sg.holders.items())))
                 )
+            elif exact is not None:
+                # the agent's GPU: its NVML index, and the pod the kubelet says holds it
+                i = sorted(x for x, numa in numa_of.items() if numa == d.numa)[j]
+                pod = exact[1].get(i)
+                gpus.append(Gpu(i, 1000, ((pod, 1000),)) if pod else Gpu(i))
             else:
                 gpus.append(Gpu(gid, 1000 if j < d.gpus_used else 0))
             gid += 1
@@ -350,11 +364,14 @@ def node_from_records(
                 tuple(dra_gpus),
             )
         )
+    if nrt is not None:
+        source = _agent_note(node, "NodeResourceTopology gives the zones")
     return Node(
         name=node.name,
         gpu_model=gpu_model,
         topology_policy=cast(PolicyName, policy),
         zones=tuple(zones),
+        gpu_source=source,
         gpu_pool=shares.pool if shares else "",
         gpu_replicas=shares.replicas if shares else 1,
         gpu_memory_mib=shares.memory_mib if shares else 0,
@@ -370,6 +387,63 @@ def node_from_records(
             if x
         ),
     )
+
+
+def _agent_note(node: NodeRecord, why_not: str) -> str:
+    """How the node's GPUs were attributed when the agent's view is not used, and why."""
+    if node.agent_error:
+        return f"rules (the agent's annotation is left out: {node.agent_error})"
+    if node.agent is None:
+        return ""
+    cd = node.agent.catalog_disagreements
+    note = f"; the agent found {cd} MIG catalog disagreement(s), the device wins" if cd else ""
+    return f"rules ({why_not}){note}"
+
+
+def _agent_view(
+    node: NodeRecord,
+    plugin: list[PodRecord],
+    shares: sharing.Plan | None,
+    dra: DraModel | None,
+    numa_of: dict[int, int],
+) -> tuple[tuple[dict[int, int], dict[int, str]] | None, str]:
+    """Where `pyctl agent` speaks for this node (annotation pyctl.io/node-topology): each GPU's
+    NUMA node and which pod holds it, exactly ((GPU index -> NUMA, GPU index -> pod key)), and
+    the source shown for the node. None where the agent is silent or cannot be used: then the
+    rules apply (NUMA from the labels, the pods' GPUs handed out in order), and the source says
+    why."""
+    agent = node.agent
+    if agent is None or agent.pods is None:
+        return None, _agent_note(node, "the agent did not read the kubelet's PodResources")
+    if shares or dra is not None or node.mig:
+        return None, _agent_note(node, "shared, DRA or MIG GPUs are attributed by their own means")
+    if len(agent.gpus) != node.gpus:
+        return None, _agent_note(
+            node, f"the agent lists {len(agent.gpus)} GPUs, the node allocates {node.gpus}"
+        )
+    agent_numa = agent.numa_of()
+    if len(agent_numa) == node.gpus:
+        numa = agent_numa
+    elif len(numa_of) == node.gpus:
+        numa = numa_of
+    else:
+        return None, _agent_note(node, "the GPUs' NUMA nodes are unknown")
+    want = {p.key: p.gpus for p in plugin if p.gpus}
+    holder: dict[int, str] = {}
+    for key, gpus in agent.pods:
+        if key in want:
+            for i in gpus:
+                holder[i] = key
+    held = Counter(holder.values())
+    if dict(held) != want:
+        return None, _agent_note(
+            node,
+            f"the agent's attribution ({sum(held.values())} GPUs) and the pods bound "
+            f"({sum(want.values())} GPUs) disagree",
+        )
+    cd = agent.catalog_disagreements
+    note = f"; the agent found {cd} MIG catalog disagreement(s), the device wins" if cd else ""
+    return (numa, holder), f"agent (exact: the kubelet's PodResources and sysfs NUMA){note}"
 
 
 def _dra_sharing(dra: DraModel | None) -> str:

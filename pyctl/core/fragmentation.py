@@ -157,6 +157,8 @@ class NodeScore:
     #: (NUMA id, GPU id, used milli, ((pod, milli), ...))
     sharing: str = ""
     shares: tuple[tuple[int, int, int, tuple[tuple[str, int], ...]], ...] = ()
+    #: how the pods' GPUs were attributed (`Node.gpu_source`): "agent (exact ...)" or "rules (why)"
+    gpu_source: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +201,7 @@ class ClusterScore:
                     "mig_categories": {k: round(v, r) for k, v in n.mig_categories.items()},
                     "recoverable_mig_slices": round(n.recoverable_mig_slices, r),
                     **_sharing_json(n),
+                    **({"gpu_source": n.gpu_source} if n.gpu_source else {}),
                     "zones": [
                         {
                             "numa": z.numa,
@@ -298,6 +301,7 @@ class FragmentationModel:
                     )
                     if n.sharing
                     else (),
+                    n.gpu_source,
                 )
             )
         return ClusterScore(

@@ -238,9 +238,9 @@ def test_kubernetes_product_labels_resolve(label: str, name: str) -> None:
 
 def test_inferred_placements_are_marked() -> None:
     inferred = {m.name for m in mig.models() if m.placements_inferred}
-    assert inferred == {"A100-80GB", "H100-96GB", "H200-141GB", "GH200-144GB", "B200-180GB"}
+    assert inferred == {"A100-80GB", "H100-96GB", "GH200-144GB", "B200-180GB"}
     assert mig.inferred_note(mig.model(A100)) is None
-    note = mig.inferred_note(mig.model("H200-141GB"))
+    note = mig.inferred_note(mig.model("B200-180GB"))
     assert note is not None
     assert "inferred" in note
 

@@ -21,6 +21,7 @@ from typing import Any, Final, TypeVar
 
 import msgspec
 
+from pyctl.cluster import agent_topology
 from pyctl.cluster import quantity as q
 from pyctl.cluster.bounds import (
     MAX_CPU_MILLI,
@@ -138,6 +139,18 @@ def _where(kind: str, meta: wire.Meta) -> str:
     return f"{kind} {meta.namespace + '/' if meta.namespace else ''}{meta.name}"
 
 
+def _agent(annotations: Mapping[str, str]) -> dict[str, Any]:
+    """The agent's topology annotation: an unreadable one is left out with the reason (the node
+    itself is read as without it: the controller's rules apply)."""
+    value = annotations.get(agent_topology.ANNOTATION)
+    if value is None:
+        return {}
+    try:
+        return {"agent": agent_topology.decode(value)}
+    except agent_topology.AgentTopologyError as e:
+        return {"agent_error": f"{agent_topology.ANNOTATION}: {e}"[:MAX_TEXT_CHARS]}
+
+
 def node_record(n: wire.Node) -> NodeRecord:
     meta = n.metadata
     labels = meta.labels
@@ -180,6 +193,7 @@ def node_record(n: wire.Node) -> NodeRecord:
             sharing=node_sharing(
                 labels, meta.annotations, {SHARED: _count(alloc[SHARED])} if SHARED in alloc else {}
             ),
+            **_agent(meta.annotations),
         )
     except q.QuantityError as e:
         raise DecodeError(

@@ -1,0 +1,69 @@
+"""Publishing the agent's view: the annotation `pyctl.io/node-topology` on the agent's own Node
+(`pyctl.cluster.agent_topology` is its format), written by a JSON merge patch of that one
+annotation, and only when its value changes.
+
+Why an annotation, not a CR or NodeResourceTopology: the controller already watches Nodes (no new
+watch, no CRD to install, no RBAC beyond `nodes patch`), a merge patch of one annotation touches
+nothing else on the object, the ValidatingAdmissionPolicy can pin the writer to its own Node, and
+the value is small and bounded (32 KiB). NodeResourceTopology belongs to NFD's topology-updater
+where it runs (two writers would fight), and a CR per node would be a second object to list,
+watch, garbage-collect and authorize for a few hundred bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pyctl.cluster import agent_topology
+from pyctl.cluster.kube.client import KubeClient, path_part
+
+log = logging.getLogger("pyctl.agent")
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+def annotation(doc: dict[str, Any]) -> str:
+    """The annotation's value for the agent's view (`pyctl.agent.view.view_json`, with
+    `pod_resources` when the kubelet was read)."""
+    gpus = [(str(g["uuid"]), g["numa"]["node"], g.get("clique")) for g in doc.get("gpus", [])]
+    index = {g["index"]: pos for pos, g in enumerate(doc.get("gpus", []))}
+    groups = [[index[i] for i in grp if i in index] for grp in doc.get("nvlink_groups", [])]
+    pods: dict[str, list[int]] | None = None
+    pr = doc.get("pod_resources")
+    if isinstance(pr, dict) and "containers" in pr:
+        pods = {}
+        for c in pr["containers"]:
+            key = f"{c['namespace']}/{c['pod']}"
+            for d in c["devices"]:
+                if d["gpu_index"] in index and d["mig_profile_id"] is None:
+                    held = pods.setdefault(key, [])
+                    if index[d["gpu_index"]] not in held:
+                        held.append(index[d["gpu_index"]])
+    return agent_topology.encode(
+        gpus, [g for g in groups if len(g) > 1], pods, int(doc.get("catalog_disagreements", 0))
+    )
+
+
+class NodeAnnotationPublisher:
+    """Writes the annotation on one Node, the agent's own (`node`: the Downward API's
+    spec.nodeName), when its value differs from the last one written."""
+
+    def __init__(self, kube: KubeClient, node: str) -> None:
+        if not node:
+            raise ValueError("the agent's node name is not known (set NODE_NAME or --node)")
+        self.kube = kube
+        self.node = node
+        self.last: str | None = None
+
+    async def __call__(self, doc: dict[str, Any]) -> None:
+        value = annotation(doc)
+        if value == self.last:
+            return
+        patch = {"metadata": {"annotations": {agent_topology.ANNOTATION: value}}}
+        resp = await self.kube.request(
+            "PATCH", f"/api/v1/nodes/{path_part(self.node)}", body=patch, content_type=MERGE_PATCH
+        )
+        resp.check()
+        self.last = value
+        log.info("node topology published", extra={"node": self.node, "bytes": len(value)})
