@@ -148,9 +148,7 @@ class Shape:
 
     def key(
         self,
-    ) -> tuple[
-        int, int, int, str | None, tuple[str, ...], bool, bool, str, int, Gang | None, bool
-    ]:
+    ) -> tuple[int, int, int, str | None, tuple[str, ...], bool, bool, str, int, Gang | None, bool]:
         """Identity of a shape without its weight (FGD keys shapes by CPU, GPU share, count and
         type; DRA shapes also by how they are admitted; sharing adds the pool and the GPU
         memory asked for; a gang's pods are a shape of their own)."""

@@ -13,9 +13,9 @@ from typing import Any, cast
 
 from pyctl.cluster.bounds import (
     MAX_GANG_PODS,
-    MAX_LINK_GROUP,
     MAX_KEY_CHARS,
     MAX_LABELS,
+    MAX_LINK_GROUP,
     MAX_TEXT_CHARS,
     MAX_WEIGHT,
 )

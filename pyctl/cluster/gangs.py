@@ -1,6 +1,13 @@
 """Gangs: pods that must all run inside one topology domain (docs/fabric.md).
 
-Read from what users write on their pods. Today: a required pod affinity term whose topology key
+Read from what users write on their pods:
+
+- Kueue: the pod annotation `kueue.x-k8s.io/podset-required-topology` (the level's label key);
+  the gang is the pod group (label `kueue.x-k8s.io/pod-group-name`, its size the annotation
+  `kueue.x-k8s.io/pod-group-total-count`) or else the pod's owner (a Job's pods);
+- KAI: the annotation `kai.scheduler/topology-required-placement` (the level); the gang is the
+  pod group (annotation `pod-group-name`) or else the owner;
+- a required pod affinity term whose topology key
 is not the hostname and whose selector matches the pod's own labels (in its own namespace), as a
 LeaderWorkerSet group or a hand-written "all of us in one clique" deployment says: the pods that
 match the term's selector, in the term's namespaces, and carry the same term form the gang; its
@@ -13,13 +20,45 @@ fits). Bounded: a gang counts at most `MAX_GANG_PODS` pods.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
-from pyctl.cluster.bounds import MAX_GANG_PODS
+from pyctl.cluster.bounds import MAX_GANG_PODS, MAX_KEY_CHARS, MAX_NAME_CHARS
 from pyctl.cluster.nodefit import HOSTNAME
-from pyctl.cluster.records import PodRecord, PodTerm
+from pyctl.cluster.records import PodGang, PodRecord, PodTerm
 from pyctl.cluster.selectors import matches
 from pyctl.model import Gang
+
+KUEUE_REQUIRED = "kueue.x-k8s.io/podset-required-topology"
+KUEUE_GROUP = "kueue.x-k8s.io/pod-group-name"
+KUEUE_COUNT = "kueue.x-k8s.io/pod-group-total-count"
+KAI_REQUIRED = "kai.scheduler/topology-required-placement"
+KAI_GROUP = "pod-group-name"
+
+
+def pod_gang(
+    annotations: Mapping[str, str], labels: Mapping[str, str], owner_kind: str, owner_name: str
+) -> PodGang | None:
+    """The gang a pod's annotations say it belongs to (None: none, or a level that is no label
+    key). A size that is no number in 1..MAX_GANG_PODS is unknown (0)."""
+    for required, group_of in (
+        (KUEUE_REQUIRED, lambda: labels.get(KUEUE_GROUP) or annotations.get(KUEUE_GROUP)),
+        (KAI_REQUIRED, lambda: annotations.get(KAI_GROUP) or labels.get(KAI_GROUP)),
+    ):
+        key = annotations.get(required)
+        if not key:
+            continue
+        key = key.strip()
+        if not key or len(key) > MAX_KEY_CHARS or any(c.isspace() for c in key):
+            return None
+        group = group_of() or (f"{owner_kind}/{owner_name}" if owner_name else "")
+        if not group:
+            return None
+        raw = annotations.get(KUEUE_COUNT, "") if required == KUEUE_REQUIRED else ""
+        size = int(raw) if raw.isdigit() and len(raw) <= 6 else 0
+        if not 1 <= size <= MAX_GANG_PODS:
+            size = 0
+        return PodGang(key, group[:MAX_NAME_CHARS], size)
+    return None
 
 
 def _own_term(p: PodRecord) -> PodTerm | None:
@@ -44,8 +83,15 @@ def _own_term(p: PodRecord) -> PodTerm | None:
 def gangs_of(pods: Iterable[PodRecord]) -> dict[str, Gang]:
     """Pod key -> its gang, for every pod in a gang of at least two pods."""
     groups: defaultdict[tuple[str, PodTerm], list[str]] = defaultdict(list)
+    said: defaultdict[tuple[str, str, str], list[str]] = defaultdict(list)
+    sizes: dict[tuple[str, str, str], int] = {}
     for p in pods:
         if p.terminated or p.deleting:
+            continue
+        if p.gang is not None:
+            k = (p.namespace, p.gang.group, p.gang.key)
+            said[k].append(p.key)
+            sizes[k] = max(sizes.get(k, 0), p.gang.size)
             continue
         t = _own_term(p)
         if t is None:
@@ -53,6 +99,13 @@ def gangs_of(pods: Iterable[PodRecord]) -> dict[str, Gang]:
         scope = "*" if t.all_namespaces else ",".join(sorted(t.namespaces or (p.namespace,)))
         groups[(scope, t)].append(p.key)
     out: dict[str, Gang] = {}
+    for k, keys in said.items():
+        n = max(len(keys), sizes[k])
+        if n < 2:
+            continue
+        g = Gang(min(n, MAX_GANG_PODS), k[2])
+        for key in keys:
+            out[key] = g
     for (_, t), keys in groups.items():
         if len(keys) < 2:
             continue

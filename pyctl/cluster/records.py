@@ -212,6 +212,16 @@ class PodSharing(msgspec.Struct, frozen=True, array_like=True, omit_defaults=Tru
     devices: tuple[HamiShare, ...] = ()
 
 
+class PodGang(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
+    """The gang a pod says it belongs to (docs/fabric.md): its pods must all run in one domain of
+    the level `key` (a node label key); `group` names the gang within the pod's namespace;
+    `size`, its pods when the pod says (0: as many as exist)."""
+
+    key: str
+    group: str
+    size: int = 0
+
+
 class PodRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     namespace: str
     name: str
@@ -251,6 +261,8 @@ class PodRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True
     extended_claim: str = ""
     #: shared GPUs asked for or held (None: none)
     sharing: PodSharing | None = None
+    #: the gang it says it belongs to (Kueue's or KAI's required topology; None: none said)
+    gang: PodGang | None = None
 
     @property
     def key(self) -> str:
@@ -480,6 +492,10 @@ def check_record(r: Record) -> None:
         _lists(where, labels=r.labels)
         if r.constraints is not None:
             _constraints(where, r.constraints)
+        if r.gang is not None:
+            b.check(f"{where} gang size", r.gang.size, b.MAX_GANG_PODS)
+            b.check_len(f"{where} gang level key", len(r.gang.key), b.MAX_KEY_CHARS)
+            b.check_len(f"{where} gang name", len(r.gang.group), b.MAX_NAME_CHARS)
     elif isinstance(r, NodeRecord):
         where = f"node {r.name[:253]}"
         _name(where, r.name)

@@ -229,7 +229,8 @@ def _fragment(node: Node, shape: Shape, w: float, out: Score) -> None:
     if shape.link_group and shape.gpus >= 2 and shape.mig_profile is None and links:
         for zi, z in enumerate(zones):
             for g in z.gpus:
-                if zi in usable and 0 < 1000 - g.used_milli and 1000 - g.used_milli >= shape.gpu_milli:
+                free = 1000 - g.used_milli
+                if zi in usable and free > 0 and free >= shape.gpu_milli:
                     k = ("g", g.link) if g.link is not None else ("alone", g.id)
                     room[k] = room.get(k, 0) + 1
 

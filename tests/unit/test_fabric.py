@@ -9,7 +9,14 @@ from hypothesis import strategies as st
 
 from pyctl.cluster.bounds import MAX_DOMAINS_PER_LEVEL
 from pyctl.cluster.gangs import gangs_of
-from pyctl.cluster.records import Constraints, PodRecord, PodTerm, Requirement, Selector
+from pyctl.cluster.records import (
+    Constraints,
+    PodGang,
+    PodRecord,
+    PodTerm,
+    Requirement,
+    Selector,
+)
 from pyctl.core.fabric import fabric_score, levels_for
 from pyctl.core.fragmentation import FragmentationModel
 from pyctl.model import Gang, Gpu, Node, PolicyName, Shape, Snapshot, Workload, Zone
@@ -67,10 +74,11 @@ def test_the_three_cliques_case_strands_every_idle_gpu_for_the_gang() -> None:
     (lv,) = f.levels
     assert (lv.level, lv.domains, lv.whole, lv.largest) == (CLIQUE, 3, 0, (2,))
     assert all(d.capacity == (2,) and d.idle_gpu_milli == 8000 for d in f.domains)
-    # one clique freed: it hosts the gang, and the others' idle GPUs are domain_split no more
-    # than they strand (they are full)
+    # one clique freed: it hosts the gang (no domain_split there); the half-full clique's two
+    # empty nodes still cannot host it: 0.5 x 8,000
     f = fabric_score(FragmentationModel(twelve_nodes([0, 1, 2, 3, 4, 5])), w)
-    assert f.domain_split_gpu_milli == 0.0
+    assert f.domain_split_gpu_milli == pytest.approx(4000.0)
+    assert set(f.node_domain_split) == {"n06", "n07"}
     assert [d.whole for d in f.domains] == [False, False, True]
     assert f.levels[0].largest == (4,)
     assert f.levels[0].whole_fraction == pytest.approx(1 / 3)
@@ -213,3 +221,33 @@ def test_the_core_agrees_with_the_twin(
         assert [c for c, lv in zip(d.capacity, gang_levels, strict=True) if lv == d.level] == [
             c for c, lv in zip(caps, gang_levels, strict=True) if lv == d.level
         ]
+
+
+def test_kueue_and_kai_annotations_say_the_gang() -> None:
+    from pyctl.cluster.gangs import pod_gang
+
+    kueue = {
+        "kueue.x-k8s.io/podset-required-topology": CLIQUE,
+        "kueue.x-k8s.io/pod-group-total-count": "4",
+    }
+    g = pod_gang(kueue, {"kueue.x-k8s.io/pod-group-name": "tp"}, "", "")
+    assert g is not None
+    assert (g.key, g.group, g.size) == (CLIQUE, "tp", 4)
+    g = pod_gang({"kai.scheduler/topology-required-placement": "leaf"}, {}, "Job", "j")
+    assert g is not None
+    assert (g.key, g.group, g.size) == ("leaf", "Job/j", 0)
+    # hostile values: no gang, or an unknown size; never an error
+    assert pod_gang({"kueue.x-k8s.io/podset-required-topology": "a b"}, {}, "Job", "j") is None
+    assert pod_gang({"kueue.x-k8s.io/podset-required-topology": "k" * 400}, {}, "J", "j") is None
+    assert pod_gang({"kueue.x-k8s.io/podset-required-topology": CLIQUE}, {}, "", "") is None
+    bad = {**kueue, "kueue.x-k8s.io/pod-group-total-count": "9" * 40}
+    g = pod_gang(bad, {}, "Job", "j")
+    assert g is not None
+    assert g.size == 0
+    # three pods of a group of four said: a gang of four
+    pods = [PodRecord("ns", f"p{i}", gpus=4, gang=PodGang(CLIQUE, "tp", 4)) for i in range(3)] + [
+        PodRecord("ns", "alone", gpus=4, gang=PodGang(CLIQUE, "solo", 0))
+    ]
+    got = gangs_of(pods)
+    assert set(got) == {"ns/p0", "ns/p1", "ns/p2"}
+    assert got["ns/p0"] == Gang(4, CLIQUE)

@@ -31,6 +31,7 @@ from pyctl.cluster.bounds import (
     MAX_TEXT_CHARS,
     BoundsError,
 )
+from pyctl.cluster.gangs import pod_gang
 from pyctl.cluster.kube import dra_decode, dra_wire, wire
 from pyctl.cluster.kube.sharing import (
     HAMI_ALLOCATED,
@@ -325,6 +326,9 @@ def pod_record(p: wire.Pod) -> PodRecord:
         dra_decode.pod_claims(p) if spec.resourceClaims else (),
         ext.resourceClaimName if (ext := p.status.extendedResourceClaimStatus) else "",
         sharing,
+        pod_gang(annotations, labels, owner.kind if owner else "", owner.name if owner else "")
+        if annotations
+        else None,
     )
     # the wire types bound every list and string; what is left are the amounts (a fast path,
     # since this runs for every pod event: the full check only when one is out of bounds)
