@@ -112,7 +112,9 @@ async def test_pyctl_frees_one_clique_for_a_group_that_must_share_one(
         extra_env={
             "PYCTL_LEASE_NAME": "pyctl-fabric-e2e",
             "PYCTL_WORKFLOW_RESCUE_DEADLINE": "240",
+            # freeing a node of four replicas takes four evictions in one rescue and one round
             "PYCTL_WORKFLOW_RESCUE_DEPTH": "4",
+            "PYCTL_WORKFLOW_MAX_MOVES": "4",
             "PYCTL_FABRIC_INTERVAL": "1",
         },
     )
