@@ -236,6 +236,13 @@ class WorkflowMetrics:
             [*c, "limit"],
             registry=r,
         )
+        self.refunds = Counter(
+            "pyctl_rate_limit_refunds_total",
+            "Evictions whose rate limits were given back because the eviction did not happen, "
+            "by why (refused, failed, not-leader)",
+            [*c, "why"],
+            registry=r,
+        )
         self.workflows = Gauge(
             "pyctl_workflows",
             "Workflows in progress, by kind and step",
