@@ -141,7 +141,20 @@ class Metrics:
         self.store_errors = Counter(
             "pyctl_store_errors_total", "State store (Redis) operations that failed", c, registry=r
         )
-        self.store_up = Gauge("pyctl_store_up", "1 when the state store answers", c, registry=r)
+        self.store_up = Gauge(
+            "pyctl_store_up",
+            "1 when the state store answers and refuses none of pyctl's parts (/readyz says why "
+            "not)",
+            c,
+            registry=r,
+        )
+        self.store_part_up = Gauge(
+            "pyctl_store_part_up",
+            "1 when the state store's last answer to this part of pyctl (mirror, summary, "
+            "workflows, rate limits, probe) was not a failure",
+            [*c, "part"],
+            registry=r,
+        )
         self.kind_listed = Gauge(
             "pyctl_kind_listed",
             "1 once the kind has been listed (or found not served); no node is scored and no "
