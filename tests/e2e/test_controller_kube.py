@@ -141,7 +141,9 @@ async def test_controller_follows_the_cluster_into_redis_with_one_leader(
             await wait_until(lambda: not ctls[0].ready()[0], "not ready without Redis", within=10)
             assert ctls[0].ready()[1].startswith("state store unavailable"), ctls[0].ready()
             await core.create_namespaced_pod("default", body(_pod("ctl-llm-late", "ctl-gpu-1", 2)))
-            assert "default/ctl-llm-late" in ctls[0].cache.pods
+            await wait_until(
+                lambda: "default/ctl-llm-late" in ctls[0].cache.pods, "watched without Redis"
+            )
             redis.start()
             await wait_until(
                 lambda: ctls[0].ready()[0], "ready again after Redis returns", within=30
