@@ -169,7 +169,20 @@ class Metrics:
         self.store_errors = Counter(
             "pyctl_store_errors_total", "State store (Redis) operations that failed", c, registry=r
         )
-        self.store_up = Gauge("pyctl_store_up", "1 when the state store answers", c, registry=r)
+        self.store_up = Gauge(
+            "pyctl_store_up",
+            "1 when the state store answers and refuses none of pyctl's parts (/readyz says why "
+            "not)",
+            c,
+            registry=r,
+        )
+        self.store_part_up = Gauge(
+            "pyctl_store_part_up",
+            "1 when the state store's last answer to this part of pyctl (mirror, summary, "
+            "workflows, rate limits, probe) was not a failure",
+            [*c, "part"],
+            registry=r,
+        )
         self.kind_listed = Gauge(
             "pyctl_kind_listed",
             "1 once the kind has been listed (or found not served); no node is scored and no "
@@ -262,6 +275,13 @@ class WorkflowMetrics:
             "pyctl_rate_limited_total",
             "Actions held back by a rate limit, by limit",
             [*c, "limit"],
+            registry=r,
+        )
+        self.refunds = Counter(
+            "pyctl_rate_limit_refunds_total",
+            "Evictions whose rate limits were given back because the eviction did not happen, "
+            "by why (refused, failed, not-leader)",
+            [*c, "why"],
             registry=r,
         )
         self.workflows = Gauge(

@@ -37,6 +37,7 @@ from pyctl.federation import watch_members
 from pyctl.metrics import Metrics
 from pyctl.model import Workload
 from pyctl.serve.http import tune_malloc
+from pyctl.workflows.loop import guarded
 
 
 async def run_kube(cfg: Config, workload: Workload | None) -> int:
@@ -163,8 +164,10 @@ def build_sim(
             on_summary(s)
         await ctl.publish(s)  # the heartbeat `pyctl status` reads (with a shared Redis)
         leader = ctl.is_leader()
-        await flows.compactor.tick(leader)
-        await flows.mig_loop.tick(leader)
+        # as the Kubernetes path's loops (`run_every`): a failing round (the store gone, a key of
+        # the wrong type) is logged and retried at the next tick; the store's health says it
+        await guarded("compaction", lambda: flows.compactor.tick(leader))
+        await guarded("MIG loop", lambda: flows.mig_loop.tick(leader))
 
     source.lockstep = Lockstep(ctl.drain, tick, every=cfg.workflow.interval)
     adv: PlacementAdvisor | None = None

@@ -22,6 +22,7 @@ from pyctl.serve.extender import ExtenderHandler
 from pyctl.serve.extender_process import ExtenderProcess, Publisher
 from pyctl.serve.extender_server import ExtenderServer, HttpMetrics
 from pyctl.serve.health import HealthServer
+from pyctl.state.health import MonitoredRateLimiter, MonitoredWorkflowStore
 from pyctl.state.memory import MemoryStore
 from pyctl.state.ratelimit import BucketLimit, MemoryRateLimiter, RateLimiter, SafetyLimits
 from pyctl.state.store import StateStore
@@ -126,6 +127,10 @@ def attach_workflows(
     interval = cfg.workflow.interval if interval is None else interval
     actuator = actuator if actuator is not None else NullActuator()
     workflows, limiter = workflow_backends(cfg, clock or time.monotonic)
+    if cfg.redis.url:
+        # every call reports to the one place that knows the store's health (/readyz)
+        workflows = MonitoredWorkflowStore(workflows, ctl.store_health)
+        limiter = MonitoredRateLimiter(limiter, ctl.store_health)
     wall = clock or time.time
     pods = ctl.cache.pods
     gate = Gate(

@@ -36,6 +36,16 @@ class ClusterSource(Protocol):
         """List, then watch, until cancelled (or, for a finite scenario, until it ends)."""
 
 
+class ActuatorError(Exception):
+    """The cluster answered a mutation with an error status (a 500, a 503...): the mutation did
+    not happen. A failure with no answer (a timeout, a connection lost) raises anything else:
+    whether it happened is not known."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 @dataclass(frozen=True)
 class EvictionOutcome:
     """What the Eviction API answered."""
@@ -63,7 +73,8 @@ class Actuator(Protocol):
         """Eviction API (with `uid` as a precondition when given): accepted (or the pod, or
         that incarnation of it, is already gone), or refused: 429 (a PodDisruptionBudget), with
         why and how long the API server asks to wait, or 403/422 (an admission denial: a
-        webhook's 403, a ValidatingAdmissionPolicy's 422)."""
+        webhook's 403, a ValidatingAdmissionPolicy's 422). Any other error status raises
+        `ActuatorError`."""
 
     async def label_node(self, node: str, labels: Mapping[str, str | None]) -> None: ...
 

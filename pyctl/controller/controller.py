@@ -5,7 +5,10 @@ state and scores.
                                                    summary (bounded rate) ─▶ metrics, federation
 
 The store is written in batches by one task; when it fails the controller keeps serving from
-memory, reports not ready, and re-syncs the whole cache once the store answers again.
+memory, reports not ready, and re-syncs the whole cache once the store answers again. Whether the
+store works is known in one place, `store_health` (pyctl/state/health.py): the store loop, the
+summary, the workflows and rate limits (wired by the application) and a probe that pings the
+store every `store_probe_interval` seconds report to it; `/readyz` and `pyctl_store_up` read it.
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ from pyctl.controller.workload import WorkloadScope
 from pyctl.controller.workqueue import WorkQueue
 from pyctl.metrics import Metrics
 from pyctl.model import Workload
-from pyctl.state.store import StateLostError, StateStore, StoreError
+from pyctl.state.health import StoreHealth
+from pyctl.state.store import StateLostError, StateStore, StoreError, StoreUnreachable
 
 log = logging.getLogger("pyctl.controller")
 
@@ -109,7 +113,13 @@ class Controller:
         self._listed: anyio.Event | None = None
         self._scored: anyio.Event | None = None
         self._started = time.monotonic()
+        #: the mirror's own last write succeeded (see `store_health` for the whole store)
         self.store_ok = False
+        #: whether the store works, for every part of this controller that uses it
+        self.store_health = StoreHealth(self.metrics, cluster)
+        self.store_health.on_change.append(self._store_changed)
+        #: seconds between two pings of the store (an outage is seen while nothing else calls)
+        self.store_probe_interval = 2.0
         self._resync = True
         self._reopen = False
         self._pending_events: list[Event] = []
@@ -200,9 +210,19 @@ class Controller:
         missing = [k for k in KINDS if k not in self.synced]
         if missing:
             return False, f"not synced: {', '.join(missing)}"
-        if not self.store_ok:
-            return False, "state store unavailable"
+        if not self.store_health.available:
+            return False, self.store_health.reason
+        if not self.store_ok or self._resync:
+            return False, "state store: re-syncing the mirror from memory"
         return True, "ok"
+
+    def _store_changed(self, available: bool) -> None:
+        """The store became unavailable: it may come back without what was written (a Redis
+        restarted empty) or without the writes missed meanwhile, so everything is written again
+        once it answers; it became available: do so now."""
+        if not available:
+            self._resync = True
+        self._store_wakeup.set()
 
     @property
     def store_synced(self) -> bool:
@@ -235,18 +255,16 @@ class Controller:
             self.metrics.store_errors.labels(self.cluster).inc()
             if isinstance(e, StateLostError):
                 self._reopen = True
-            if self.store_ok:
-                log.error("state store unavailable; serving from memory", extra={"error": str(e)})
             self.store_ok = False
-            self.metrics.store_up.labels(self.cluster).set(0)
             self._resync = True
+            self.store_health.failed("mirror", e)
             return
         if self._resync and all(k in self.synced for k in KINDS):
+            if replaces:
+                log.info("state store re-synced", extra={"kinds": len(replaces)})
             self._resync = False
-        if not self.store_ok:
-            log.info("state store available")
         self.store_ok = True
-        self.metrics.store_up.labels(self.cluster).set(1)
+        self.store_health.ok("mirror")
         self.stats.store_writes += 1
         now = time.monotonic()
         lag = self._lag
@@ -256,6 +274,16 @@ class Controller:
                 lag.observe(now - ev.received)
                 if keep is not None:
                     keep.append(now - ev.received)
+
+    async def _probe_loop(self) -> None:
+        """Ping the store every `store_probe_interval` seconds: an outage is seen (and its end)
+        even when no event, summary or workflow calls it."""
+        while True:
+            await anyio.sleep(self.store_probe_interval)
+            if await self.store.ping():
+                self.store_health.ok("probe")
+            else:
+                self.store_health.failed("probe", StoreUnreachable("it does not answer a ping"))
 
     async def _store_loop(self) -> None:
         while True:
@@ -350,9 +378,11 @@ class Controller:
             return False
         try:
             await self.store.put_summary(data, int(max(30, 3 * self.federation_interval)))
-        except StoreError:
+        except StoreError as e:
             self.metrics.store_errors.labels(self.cluster).inc()
+            self.store_health.failed("summary", e)
             return False
+        self.store_health.ok("summary")
         return True
 
     async def _send_events(self) -> None:
@@ -409,15 +439,18 @@ class Controller:
         try:
             await self.store.open()
             self.store_ok = True
-            self.metrics.store_up.labels(self.cluster).set(1)
+            self.store_health.ok("mirror")
         except StoreError as e:
             log.error(
                 "state store unavailable at start; serving from memory", extra={"error": str(e)}
             )
-            self.metrics.store_up.labels(self.cluster).set(0)
+            self._reopen = True  # opened (the schema checked or written) once it answers
+            self.store_health.failed("mirror", e)
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._worker, tg)
             tg.start_soon(self._store_loop)
+            if self.store_probe_interval > 0:
+                tg.start_soon(self._probe_loop)
             if self.summary_interval > 0:
                 tg.start_soon(self._summary_loop)
             for task in self.background:

@@ -145,6 +145,9 @@ class Keys:
     def budget_seq(self, name: str) -> str:
         return f"{self.base}:rl:budget:{name}:seq"
 
+    def refund(self, receipt: str) -> str:
+        return f"{self.base}:rl:refund:{receipt}"
+
     @property
     def pattern(self) -> str:
         """A SCAN/KEYS pattern matching every key of this cluster (glob-escaped)."""

@@ -16,6 +16,13 @@ Either every limit allows the request, and then every bucket is drawn, every coo
 the slot taken and every budget spent; or nothing changes, and the `Decision` lists every limit
 that bound and how long until it might not (for metrics and requeueing).
 
+A granted request is a reservation: its `Decision` carries a `Receipt` of what it drew, and
+`refund(receipt)` gives the tokens and the budget units back when the action they were drawn for
+did not happen (an eviction refused or failed), so that limits count what was done, not what was
+tried. Taking before acting keeps two callers from both passing; giving back afterwards is one
+atomic step as well, and a receipt is refunded at most once. Cooldowns and slots are not given
+back (an eviction starts none; a MIG reconfiguration releases its slot itself).
+
 Time: the Redis implementation reads the clock of Redis (``TIME``, inside the script) so that
 replicas, and clusters sharing one Redis, use one clock whatever theirs say; this in-memory one
 takes an injectable clock (seconds, monotonic) for tests.
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import math
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol, TypeAlias, runtime_checkable
@@ -133,9 +141,30 @@ class Bound:
 
 
 @dataclass(frozen=True)
+class Receipt:
+    """What a granted request drew, to give back with `RateLimiter.refund`: its buckets (each
+    with the cost drawn) and, per budget, the ids of the units spent. `id` is unique per grant:
+    a receipt is refunded at most once."""
+
+    id: str
+    buckets: tuple[Bucket, ...] = ()
+    budgets: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not self.buckets and not self.budgets
+
+
+def new_receipt_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
 class Decision:
     allowed: bool
     bound: tuple[Bound, ...] = field(default=())
+    #: what a granted request drew (None when refused, or granted with nothing to draw)
+    receipt: Receipt | None = None
 
     @property
     def retry_after(self) -> float:
@@ -156,7 +185,13 @@ class RateLimiter(Protocol):
     """Shared safety limits. Every method may raise `StoreError` (the Redis implementation)."""
 
     async def acquire(self, request: Request) -> Decision:
-        """Grant `request` entirely or not at all (see the module docstring)."""
+        """Grant `request` entirely or not at all (see the module docstring); a grant carries
+        the `Receipt` of what it drew."""
+
+    async def refund(self, receipt: Receipt) -> bool:
+        """Give back what `receipt` drew (a bucket never above its capacity; the budget units it
+        spent, by id, whatever was spent since); False, and nothing changes, if it was refunded
+        already."""
 
     async def start_cooldown(self, name: str, seconds: float) -> None:
         """Start (or lengthen, never shorten) the cooldown of `name`."""
@@ -245,7 +280,9 @@ class MemoryRateLimiter:
         self._buckets: dict[str, tuple[float, float]] = {}  # name -> (tokens, at)
         self._cooldowns: dict[str, float] = {}  # name -> until
         self._slots: dict[str, dict[str, float]] = {}  # name -> holder -> expiry
-        self._budgets: dict[str, list[float]] = {}  # name -> times of spent units, ascending
+        # name -> (time, unit id) of spent units, ascending
+        self._budgets: dict[str, list[tuple[float, str]]] = {}
+        self._refunded: dict[str, float] = {}  # receipt id -> when it was refunded
 
     def _tokens(self, b: Bucket, now: float) -> float:
         state = self._buckets.get(b.name)
@@ -276,11 +313,11 @@ class MemoryRateLimiter:
                 after = min(live.values()) - now if live else math.inf
                 bound.append(Bound("concurrency", s.name, after))
         for d in req.budgets:
-            spent = [t for t in self._budgets.get(d.name, []) if t > now - d.window_seconds]
+            spent = self._spent(d, now)
             if len(spent) + d.cost > d.limit:
                 after = math.inf
                 if d.cost <= d.limit:
-                    after = spent[len(spent) + d.cost - d.limit - 1] + d.window_seconds - now
+                    after = spent[len(spent) + d.cost - d.limit - 1][0] + d.window_seconds - now
                 bound.append(Bound("budget", d.name, after))
         if bound:
             return Decision(False, tuple(bound))
@@ -294,10 +331,32 @@ class MemoryRateLimiter:
             live = {h: e for h, e in self._slots.get(s.name, {}).items() if e > now}
             live[s.holder] = now + s.ttl_seconds
             self._slots[s.name] = live
+        rid = new_receipt_id()
+        units: list[tuple[str, tuple[str, ...]]] = []
         for d in req.budgets:
-            spent = [t for t in self._budgets.get(d.name, []) if t > now - d.window_seconds]
-            self._budgets[d.name] = spent + [now] * d.cost
-        return GRANTED
+            ids = tuple(f"{rid}:{j}" for j in range(d.cost))
+            self._budgets[d.name] = self._spent(d, now) + [(now, i) for i in ids]
+            units.append((d.name, ids))
+        receipt = Receipt(rid, req.buckets, tuple(units))
+        return Decision(True, receipt=None if receipt.empty else receipt)
+
+    def _spent(self, d: Budget, now: float) -> list[tuple[float, str]]:
+        return [u for u in self._budgets.get(d.name, []) if u[0] > now - d.window_seconds]
+
+    async def refund(self, receipt: Receipt) -> bool:
+        now = self._clock()
+        # a receipt is at most an hour old when refunded (the longest wait a limit asks for)
+        self._refunded = {r: t for r, t in self._refunded.items() if t > now - 3600.0}
+        if receipt.id in self._refunded:
+            return False
+        self._refunded[receipt.id] = now
+        for b in receipt.buckets:
+            if b.name in self._buckets:
+                self._buckets[b.name] = (min(b.capacity, self._tokens(b, now) + b.cost), now)
+        for name, ids in receipt.budgets:
+            gone = set(ids)
+            self._budgets[name] = [u for u in self._budgets.get(name, []) if u[1] not in gone]
+        return True
 
     async def start_cooldown(self, name: str, seconds: float) -> None:
         Cooldown(name, seconds)  # validates

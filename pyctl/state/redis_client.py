@@ -22,7 +22,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
 from pyctl.state.keys import DEFAULT_PREFIX, validate_prefix
-from pyctl.state.store import SchemaError, StateLostError, StoreError
+from pyctl.state.store import SchemaError, StateLostError, StoreError, StoreUnreachable
 
 RedisClient: TypeAlias = "Redis | RedisCluster"
 
@@ -190,13 +190,15 @@ def store_error(exc: BaseException, op: str, where: str, timeout: float) -> Stor
     if isinstance(exc, rexc.NoPermissionError):
         return StoreError(f"{op}: redis at {where} denied a command to this user ({msg})")
     if isinstance(exc, rexc.TimeoutError | TimeoutError):
-        return StoreError(f"{op}: redis at {where} did not answer within {timeout:g}s ({msg})")
+        return StoreUnreachable(
+            f"{op}: redis at {where} did not answer within {timeout:g}s ({msg})"
+        )
     if isinstance(exc, rexc.OutOfMemoryError):
         return StoreError(f"{op}: redis at {where} is out of memory (maxmemory): {msg}")
     if isinstance(exc, rexc.BusyLoadingError):
-        return StoreError(f"{op}: redis at {where} is still loading its dataset; retry later")
+        return StoreUnreachable(f"{op}: redis at {where} is still loading its dataset; retry later")
     if isinstance(exc, rexc.ConnectionError | OSError | rexc.ClusterDownError):
-        return StoreError(f"{op}: cannot reach redis at {where}: {msg}")
+        return StoreUnreachable(f"{op}: cannot reach redis at {where}: {msg}")
     if isinstance(exc, rexc.ResponseError):
         return StoreError(f"{op}: redis at {where} refused the command: {msg}")
     if isinstance(exc, rexc.RedisClusterException):

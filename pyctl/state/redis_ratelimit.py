@@ -8,8 +8,10 @@ first and writes only when all allow the request (semantics: `ratelimit.py`, whi
 `MemoryRateLimiter` mirrors). Idle state expires by itself: a bucket once it would be full, a
 cooldown when it ends, a slot set after its last claim, a budget after its window.
 
-A script's effect is not idempotent: if the connection drops after Redis ran it, redis-py's retry
-runs it again, and the request is drawn twice. That errs on the safe side (fewer actions).
+A grant's effect is not idempotent: if the connection drops after Redis ran it, redis-py's retry
+runs it again, and the request is drawn twice. That errs on the safe side (fewer actions). A
+refund is: its script marks the receipt (`rl:refund:<id>`, kept an hour) and gives nothing back
+for a receipt already marked, so a retried refund never gives back twice.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from pyctl.state.ratelimit import (
     Cooldown,
     Decision,
     LimitKind,
+    Receipt,
     Request,
     Slot,
+    new_receipt_id,
 )
 from pyctl.state.redis_client import RedisClient, RedisConfig, Script, ready, redis_errors
 
@@ -39,7 +43,8 @@ local function ms(seconds) return math.max(1, math.ceil(seconds * 1000)) end
 # KEYS: per bucket its hash, per cooldown its key, the slot zset (if any), per budget its zset
 # and its sequence key. ARGV: nb, nc, ns, nd, then per bucket capacity, per_second, cost; per
 # cooldown seconds; the slot's holder, limit, ttl; per budget limit, window, cost.
-# Returns {1} when granted, else {0, kind, index, retry_after, kind, index, retry_after, ...}.
+# Returns {1, unit, ...} when granted (the ids of the budget units spent, in order), else
+# {0, kind, index, retry_after, kind, index, retry_after, ...}.
 _ACQUIRE = Script(
     _PRELUDE
     + """
@@ -137,19 +142,62 @@ if slot then
   local last = redis.call('ZRANGE', slot[1], -1, -1, 'WITHSCORES')
   redis.call('PEXPIRE', slot[1], ms(tonumber(last[2]) - now) + 1000)
 end
+local units = {1}
 for i = 1, nd do
   local d = budgets[i]
   redis.call('ZREMRANGEBYSCORE', d[1], '-inf', fmt(now - d[3]))
   local last = redis.call('INCRBY', d[2], d[4])
   for j = last - d[4] + 1, last do
-    redis.call('ZADD', d[1], fmt(now), fmt(now) .. ':' .. j)
+    local unit = fmt(now) .. ':' .. j
+    redis.call('ZADD', d[1], fmt(now), unit)
+    units[#units + 1] = unit
   end
   redis.call('PEXPIRE', d[1], ms(d[3]) + 1000)
   redis.call('PEXPIRE', d[2], ms(d[3]) + 1000)
 end
-return {1}
+return units
 """
 )
+
+# KEYS: the receipt's marker, per bucket its hash, per budget its zset. ARGV: nb, nd, the
+# marker's lifetime (seconds), per bucket capacity, per_second, cost; per budget the number of
+# units, then their ids. Returns 1 when given back, 0 when the receipt was refunded already.
+_REFUND = Script(
+    _PRELUDE
+    + """
+local nb, nd, keep = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', ms(keep)) then return 0 end
+local a, k = 4, 2
+for i = 1, nb do
+  local key = KEYS[k]
+  local cap, rate, cost = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  k, a = k + 1, a + 3
+  local st = redis.call('HMGET', key, 'tokens', 'ts')
+  -- no state: the bucket has expired full, there is nothing to give back
+  if st[1] and st[2] then
+    local tokens = math.min(cap, tonumber(st[1]) + math.max(0, now - tonumber(st[2])) * rate)
+    tokens = math.min(cap, tokens + cost)
+    redis.call('HSET', key, 'tokens', num(tokens), 'ts', fmt(now))
+    if rate > 0 then
+      redis.call('PEXPIRE', key, ms((cap - tokens) / rate) + 1000)
+    end
+  end
+end
+for i = 1, nd do
+  local key, n = KEYS[k], tonumber(ARGV[a])
+  k, a = k + 1, a + 1
+  for j = 1, n do
+    redis.call('ZREM', key, ARGV[a])
+    a = a + 1
+  end
+end
+return 1
+"""
+)
+
+#: how long a refunded receipt is remembered (a receipt is refunded right after its action
+#: failed: well within this)
+REFUND_MEMORY_SECONDS = 3600.0
 
 # KEYS: cooldown. ARGV: seconds. Starts or lengthens it.
 _START_COOLDOWN = Script(
@@ -243,7 +291,13 @@ class RedisRateLimiter:
         async with redis_errors("rate limit acquire", self.config):
             reply = await _ACQUIRE(self._client, keys, args)
         if int(reply[0]) == 1:
-            return GRANTED
+            units = [_text(u) for u in reply[1:]]
+            spent: list[tuple[str, tuple[str, ...]]] = []
+            for d in req.budgets:
+                spent.append((d.name, tuple(units[: d.cost])))
+                units = units[d.cost :]
+            receipt = Receipt(new_receipt_id(), req.buckets, tuple(spent))
+            return Decision(True, receipt=None if receipt.empty else receipt)
         names: dict[str, list[str]] = {
             "bucket": [b.name for b in req.buckets],
             "cooldown": [c.name for c in req.cooldowns],
@@ -256,6 +310,23 @@ class RedisRateLimiter:
             name = names[kind][int(reply[i + 1]) - 1]
             bound.append(Bound(kind, name, _seconds(reply[i + 2])))
         return Decision(False, tuple(bound))
+
+    async def refund(self, receipt: Receipt) -> bool:
+        keys = [self.keys.refund(receipt.id)]
+        args: list[str | int | float] = [
+            len(receipt.buckets),
+            len(receipt.budgets),
+            repr(REFUND_MEMORY_SECONDS),
+        ]
+        for b in receipt.buckets:
+            keys.append(self.keys.bucket(b.name))
+            args += (repr(float(b.capacity)), repr(float(b.per_second)), repr(float(b.cost)))
+        for name, units in receipt.budgets:
+            keys.append(self.keys.budget(name))
+            args += (len(units), *units)
+        async with redis_errors("rate limit refund", self.config):
+            done = await _REFUND(self._client, keys, args)
+        return int(done) == 1
 
     async def start_cooldown(self, name: str, seconds: float) -> None:
         Cooldown(name, seconds)  # validates

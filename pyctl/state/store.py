@@ -23,6 +23,11 @@ class StoreError(Exception):
     """The store is unreachable or refused an operation; the controller retries later."""
 
 
+class StoreUnreachable(StoreError):
+    """The store did not answer (a connection refused or lost, a timeout, a Redis still loading
+    its data, a cluster down), as opposed to answering with a refusal."""
+
+
 class SchemaError(StoreError):
     """The store holds state written by an incompatible pyctl (another schema version)."""
 

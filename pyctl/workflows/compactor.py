@@ -19,6 +19,7 @@ from pyctl.controller.cache import ClusterCache
 from pyctl.controller.reconcile import Reconciler
 from pyctl.core.policy import PlanLimits
 from pyctl.metrics import Metrics
+from pyctl.state.store import StoreError
 from pyctl.workflows import rescue
 from pyctl.workflows.compaction import KIND, CompactionPlan, RoundCache, plan_compaction
 from pyctl.workflows.engine import Engine, Workflow
@@ -285,6 +286,8 @@ class Compactor:
         try:
             self._track(await self.engine.workflows(), self.engine.now())
             plan: CompactionPlan | None = await self.plan_off_loop()
+        except StoreError:
+            raise  # the workflows cannot advance either: the round ends here (`guarded`)
         except Exception:  # a plan that fails never stops the workflows already running
             log.exception("compaction planning failed; the workflows still advance")
             self.metrics.reconcile_errors.labels(self.cluster).inc()

@@ -1,6 +1,11 @@
 """The one gate every mutation of a cluster passes: dry-run (observe mode), the Lease (only the
 leader acts, checked right before the call), the shared rate limits, then the Actuator.
 
+An eviction's limits are reserved before the call and given back when the eviction did not
+happen (refused, answered with an error, the Lease lost in between): they count evictions done,
+not tried. A process that dies between the reservation and the call leaves them charged (they
+refill, and the budget unit ages out of its window): the safe side.
+
 Workflows never hold the actuator: they ask the gate to evict, taint, cordon, label, publish a
 ConfigMap or record an Event, and read the answer (`GateResult`). Before every eviction the gate
 checks the evictor's rules again against the pod as the controller sees it now (`protected`), so
@@ -18,9 +23,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pyctl.cluster.records import PodRecord
-from pyctl.cluster.source import Actuator, EvictionOutcome
+from pyctl.cluster.source import Actuator, ActuatorError, EvictionOutcome
 from pyctl.metrics import Metrics
-from pyctl.state.ratelimit import Decision, RateLimiter, Request, SafetyLimits, Slot
+from pyctl.state.ratelimit import Decision, RateLimiter, Receipt, Request, SafetyLimits, Slot
 
 log = logging.getLogger("pyctl.gate")
 
@@ -116,6 +121,19 @@ class Gate:
             self.metrics.workflow.rate_limited.labels(self.cluster, str(decision.limit)).inc()
         return decision
 
+    async def refund(self, receipt: Receipt | None, why: str) -> None:
+        """Give back what `receipt` drew, for an action that did not happen (`why`: refused,
+        failed, not-leader). Never raises: a refund that fails leaves the limits charged, the
+        safe side, as a crash between the reservation and the call does."""
+        if receipt is None:
+            return
+        try:
+            await self.limiter.refund(receipt)
+        except Exception as e:
+            log.warning("rate limits not given back", extra={"error": str(e)[:300]})
+            return
+        self.metrics.workflow.refunds.labels(self.cluster, why).inc()
+
     async def renew_slot(self, slot: Slot) -> bool:
         return await self.limiter.renew_slot(slot)
 
@@ -155,16 +173,28 @@ class Gate:
             return GateResult("dry-run")
         if not self.still_leader():
             return GateResult("not-leader", reason="this replica does not hold the Lease")
+        receipt: Receipt | None = None
         if limited:
+            # reserved before the call (two callers cannot both pass), given back below when the
+            # eviction did not happen: the limits count what was done, not what was tried
             decision = await self.acquire(self.limits.eviction(node, pod.namespace, workload))
             if not decision.allowed:
                 return GateResult(
                     "rate-limited", limit_wait(decision), f"limit {decision.limit} binds"
                 )
+            receipt = decision.receipt
             if not self.still_leader():  # the acquire awaited: check again right before acting
+                await self.refund(receipt, "not-leader")
                 return GateResult("not-leader", reason="lost the Lease")
-        outcome = await self._actuator.try_evict(pod.namespace, pod.name, pod.uid)
+        try:
+            outcome = await self._actuator.try_evict(pod.namespace, pod.name, pod.uid)
+        except ActuatorError:
+            # the API server answered with an error: nothing was evicted. (A failure with no
+            # answer, a timeout, keeps the charge: the eviction may have happened.)
+            await self.refund(receipt, "failed")
+            raise
         if not outcome.allowed:
+            await self.refund(receipt, "refused")
             m.evictions.labels(self.cluster, "refused").inc()
             self.evictions[("refused", reason)] += 1
             wait, why = refusal(outcome, where)

@@ -13,8 +13,22 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 import anyio
 
 from pyctl.metrics import Metrics
+from pyctl.state.store import StoreError
 
 log = logging.getLogger("pyctl.workflows")
+
+
+async def guarded(what: str, call: Callable[[], Awaitable[None]]) -> None:
+    """One round of a loop: whatever it raises is logged and the next round tries again; it
+    never ends the loop nor the process. A store that fails is said in one line (its health,
+    `pyctl.state.health`, which the workflow store and the rate limits report to, makes
+    `/readyz` say why)."""
+    try:
+        await call()
+    except StoreError as e:
+        log.warning("%s tick failed; will retry: %s", what, " ".join(str(e).split())[:300])
+    except Exception:
+        log.exception("%s tick failed; will retry", what)
 
 
 async def run_every(
@@ -23,10 +37,7 @@ async def run_every(
     """Call `tick(is_leader)` every `interval` seconds; a failing tick is logged and retried."""
     while True:
         await anyio.sleep(interval)
-        try:
-            await tick(leader())
-        except Exception:
-            log.exception("%s tick failed; will retry", what)
+        await guarded(what, lambda: tick(leader()))
 
 
 _pause_lock = threading.Lock()

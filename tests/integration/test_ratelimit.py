@@ -17,6 +17,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from pyctl.cluster.records import PodRecord
 from pyctl.state.ratelimit import (
     Bound,
     Bucket,
@@ -234,6 +235,96 @@ async def test_safety_limits(harness: Harness) -> None:
         ("cooldown", "node/gpu-3"),
         ("budget", "disruptions"),  # 2 evictions + 2 disruptions of the reconfiguration
     ]
+
+
+async def test_a_refund_gives_back_what_was_drawn_once(harness: Harness) -> None:
+    """Issue 36: a grant is a reservation; its refund gives back its token and its disruption,
+    once (a refund retried after a lost connection gives nothing more)."""
+    lim = harness.limiter
+    req = Request(buckets=(Bucket("node/gpu-1", 2, SLOW),), budgets=(Budget("disruptions", 2),))
+    first, second = await lim.acquire(req), await lim.acquire(req)
+    assert first.receipt is not None
+    assert second.receipt is not None
+    assert first.receipt.id != second.receipt.id
+    assert not (await lim.acquire(req)).allowed
+    assert await lim.refund(first.receipt)
+    assert not await lim.refund(first.receipt)
+    assert (await lim.acquire(req)).allowed  # one token and one unit back, not two
+    denied = await lim.acquire(req)
+    assert [(b.limit, b.name) for b in denied.bound] == [
+        ("bucket", "node/gpu-1"),
+        ("budget", "disruptions"),
+    ]
+
+
+async def test_a_refund_never_fills_a_bucket_above_its_capacity(harness: Harness) -> None:
+    lim = harness.limiter
+    req = Request(buckets=(Bucket("global", 2, 20.0),))
+    drawn = await lim.acquire(req)
+    assert drawn.receipt is not None
+    await harness.wait(0.2)  # full again
+    assert await lim.refund(drawn.receipt)
+    assert (await lim.acquire(req)).allowed
+    assert (await lim.acquire(req)).allowed
+    assert not (await lim.acquire(req)).allowed
+
+
+async def test_a_refund_takes_back_its_own_budget_units(harness: Harness) -> None:
+    """The units given back are the refunded grant's, not the oldest nor the newest: the
+    window frees up when the units that remain leave it."""
+    lim = harness.limiter
+
+    def spend() -> Request:
+        return Request(budgets=(Budget("disruptions", limit=2, window_seconds=1.0),))
+
+    early = await lim.acquire(spend())  # t0
+    await harness.wait(0.5)
+    late = await lim.acquire(spend())  # t0.5
+    assert early.receipt is not None
+    assert late.receipt is not None
+    assert await lim.refund(late.receipt)
+    assert (await lim.acquire(spend())).allowed  # t0.5: the units of t0 and t0.5
+    denied = await lim.acquire(spend())
+    assert between(denied.retry_after, 0.3, 0.5, harness.exact)  # when t0's unit leaves
+
+
+async def test_an_eviction_in_flight_holds_its_limits_and_a_failed_one_gives_them_back(
+    harness: Harness,
+) -> None:
+    """The gate on this limiter: two evictions at once off one node with one token, the first
+    answered 500 after the second asked; the second is held back while the first is in flight
+    (reserved, not checked), then made; afterwards the node's token and the disruption are
+    spent once, by the eviction that was made."""
+    from pyctl.cluster.source import ActuatorError
+    from pyctl.metrics import Metrics
+    from pyctl.workflows.gate import Gate
+    from tests.unit.test_workflows import ONE_PER_NODE, FakeCluster
+
+    cluster = FakeCluster(
+        {f"ns/p{i}": PodRecord("ns", f"p{i}", uid=f"u{i}", node="n1") for i in range(3)}
+    )
+    gate = Gate("enforce", lambda: True, harness.limiter, ONE_PER_NODE, cluster, Metrics(), "c")
+    cluster.hold, cluster.fail["ns/p0"] = anyio.Event(), 500
+    failed: list[ActuatorError] = []
+
+    async def first() -> None:
+        try:
+            await gate.evict(cluster.pods["ns/p0"], "n1")
+        except ActuatorError as e:
+            failed.append(e)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(first)
+        with anyio.fail_after(10):
+            await cluster.asked.wait()
+        assert (await gate.evict(cluster.pods["ns/p1"], "n1")).outcome == "rate-limited"
+        cluster.hold.set()
+    assert len(failed) == 1
+    cluster.hold = None
+    assert (await gate.evict(cluster.pods["ns/p1"], "n1")).done
+    r = await gate.evict(cluster.pods["ns/p2"], "n1")
+    assert (r.outcome, r.reason) == ("rate-limited", "limit bucket binds")
+    assert cluster.evictions == ["ns/p1"]
 
 
 async def test_bad_limits_are_value_errors() -> None:

@@ -269,8 +269,11 @@ async def test_acl_user_with_only_pyctl_keys(
         assert set(await st.get_members()) >= {cluster_name}
         assert await admin.zscore(members_key(), f"{cluster_name}-ghost") is None
         limiter = RedisRateLimiter(st.client, config, cluster_name)
-        assert (await limiter.acquire(every_kind_of_limit())).allowed
+        granted = await limiter.acquire(every_kind_of_limit())
+        assert granted.receipt is not None
         assert not (await limiter.acquire(every_kind_of_limit())).allowed
+        assert await limiter.refund(granted.receipt)
+        assert not await limiter.refund(granted.receipt)
         await limiter.start_cooldown("node/x", 10)
         assert await limiter.cooldown_remaining("node/x") > 0
         assert await limiter.renew_slot(every_kind_of_limit().slot)  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ from pyctl.controller.reconcile import SchedulingWindow
 from pyctl.controller.workqueue import WorkQueue
 from pyctl.serve.health import HealthServer
 from pyctl.state.memory import MemoryStore
-from pyctl.state.store import StoreError
+from pyctl.state.store import StoreUnreachable
 
 
 @pytest.fixture
@@ -142,12 +142,12 @@ class FlakyStore(MemoryStore):
 
     async def apply(self, events: Any, resource_versions: Any) -> None:
         if self.down:
-            raise StoreError("connection refused")
+            raise StoreUnreachable("connection refused")
         await super().apply(events, resource_versions)
 
     async def replace(self, kind: Any, records: Any, resource_version: str) -> None:
         if self.down:
-            raise StoreError("connection refused")
+            raise StoreUnreachable("connection refused")
         await super().replace(kind, records, resource_version)
 
 
@@ -167,7 +167,7 @@ async def test_store_outage_keeps_serving_then_catches_up() -> None:
     store.down = True
     await ctl.apply([Event("ADDED", PodRecord("ns", "p", node="n1", gpus=1))], {"Pod": "2"})
     await ctl._flush()
-    assert ctl.ready() == (False, "state store unavailable")
+    assert ctl.ready() == (False, "state store unavailable (mirror): connection refused")
     assert ctl.cache.pods_on("n1")  # memory keeps serving
     await ctl.apply([Event("ADDED", PodRecord("ns", "q", node="n1", gpus=1))], {"Pod": "3"})
     await ctl._flush()

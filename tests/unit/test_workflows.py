@@ -11,9 +11,9 @@ import msgspec
 import pytest
 
 from pyctl.cluster.records import PodRecord
-from pyctl.cluster.source import EvictionOutcome
+from pyctl.cluster.source import ActuatorError, EvictionOutcome
 from pyctl.metrics import Metrics
-from pyctl.state.ratelimit import MemoryRateLimiter, SafetyLimits
+from pyctl.state.ratelimit import BucketLimit, MemoryRateLimiter, SafetyLimits
 from pyctl.state.workflows import MemoryWorkflowStore
 from pyctl.workflows.engine import Context, Engine, Workflow
 from pyctl.workflows.gate import Gate
@@ -38,10 +38,28 @@ class FakeCluster:
     retry_after: float | None = None
     events: list[tuple[str, str]] = field(default_factory=list)
     device_rules: dict[str, dict[str, object]] = field(default_factory=dict)
+    #: "namespace/pod" -> the error status its evictions are answered with
+    fail: dict[str, int] = field(default_factory=dict)
+    #: "namespace/pod" -> an exception its evictions raise without an answer (a timeout)
+    lost: dict[str, Exception] = field(default_factory=dict)
+    #: when set, an eviction waits for it before it is answered
+    hold: anyio.Event | None = None
+    tried: list[str] = field(default_factory=list)
+    #: set once an eviction has been asked for
+    asked: anyio.Event = field(default_factory=anyio.Event)
 
     async def cordon(self, node: str, on: bool) -> None: ...
 
     async def try_evict(self, namespace: str, pod: str, uid: str = "") -> EvictionOutcome:
+        key = f"{namespace}/{pod}"
+        self.tried.append(key)
+        self.asked.set()
+        if self.hold is not None:
+            await self.hold.wait()
+        if key in self.fail:
+            raise ActuatorError(self.fail[key], f"{self.fail[key]} InternalError")
+        if key in self.lost:
+            raise self.lost[key]
         if self.refuse:
             return EvictionOutcome(False, 429, "TooManyRequests", "no", self.retry_after, "pdb")
         self.evictions.append(f"{namespace}/{pod}")
@@ -265,3 +283,104 @@ async def test_enforce_on_the_simulated_cluster_evicts_through_the_gate() -> Non
     evicted = [args for name, args in calls if name == "evict"]
     assert src.evicted > 0
     assert len(evicted) == len(set(evicted)), "a pod was evicted twice"
+
+
+# ---- issue 36: failed evictions spent the limits --------------------------------------------
+
+#: one eviction per node and one disruption in all, nothing refilling within a test
+ONE_PER_NODE = SafetyLimits(
+    global_bucket=BucketLimit(10, 1e-6),
+    node_bucket=BucketLimit(1, 1e-6),
+    namespace_bucket=None,
+    workload_bucket=None,
+    node_cooldown_seconds=0,
+    disruptions_per_hour=1,
+)
+
+
+def one_node_gate(cluster: FakeCluster, leader: list[bool] | None = None) -> Gate:
+    """The gate on `cluster` under `ONE_PER_NODE`; `leader`: the Lease's answers, in turn."""
+    answers = iter(leader or [])
+
+    def still_leader() -> bool:
+        return next(answers, True)
+
+    limiter = MemoryRateLimiter()
+    return Gate("enforce", still_leader, limiter, ONE_PER_NODE, cluster, Metrics(), "c")
+
+
+def three_pods() -> FakeCluster:
+    return FakeCluster(
+        {f"ns/p{i}": PodRecord("ns", f"p{i}", uid=f"u{i}", node="n1") for i in range(3)}
+    )
+
+
+async def bound(gate: Gate) -> list[tuple[str, str]]:
+    """The limits an eviction off n1 meets now (what a grant drew is given back)."""
+    d = await gate.limiter.acquire(ONE_PER_NODE.eviction("n1", "ns", ""))
+    if d.receipt is not None:
+        assert await gate.limiter.refund(d.receipt)
+    return [(b.limit, b.name) for b in d.bound]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("fault", ["500", "503", "429", "lost-the-lease"])
+async def test_failed_evictions_spend_no_limits(fault: str) -> None:
+    """An eviction that did not happen gives back its node token and its disruption: the
+    next eviction on the node is made, and it alone spends them."""
+    cluster = three_pods()
+    gate = one_node_gate(cluster, leader=[True, False] if fault == "lost-the-lease" else None)
+    first = cluster.pods["ns/p0"]
+    if fault.isdigit() and fault != "429":
+        cluster.fail["ns/p0"] = int(fault)  # the API server answered with an error
+        with pytest.raises(ActuatorError):
+            await gate.evict(first, "n1")
+    else:
+        cluster.refuse = fault == "429"  # a PodDisruptionBudget
+        r = await gate.evict(first, "n1")
+        assert r.outcome == ("refused" if cluster.refuse else "not-leader")
+        cluster.refuse = False
+    assert await bound(gate) == []
+    assert (await gate.evict(cluster.pods["ns/p1"], "n1")).done
+    assert cluster.evictions == ["ns/p1"]
+    assert await bound(gate) == [("bucket", "node/n1"), ("budget", "disruptions")]
+    r = await gate.evict(cluster.pods["ns/p2"], "n1")
+    assert (r.outcome, r.reason) == ("rate-limited", "limit bucket binds")
+
+
+@pytest.mark.anyio
+async def test_an_eviction_with_no_answer_keeps_its_charge() -> None:
+    """A timeout says nothing about whether the pod was evicted: the limits stay spent."""
+    cluster = three_pods()
+    gate = one_node_gate(cluster)
+    cluster.lost["ns/p0"] = TimeoutError("no answer")
+    with pytest.raises(TimeoutError):
+        await gate.evict(cluster.pods["ns/p0"], "n1")
+    assert await bound(gate) == [("bucket", "node/n1"), ("budget", "disruptions")]
+
+
+@pytest.mark.anyio
+async def test_an_eviction_in_flight_holds_its_limits() -> None:
+    """Reserved before the call: while one eviction waits for its answer, another on the same
+    node does not pass; when the first fails, the second is made."""
+    cluster = three_pods()
+    gate = one_node_gate(cluster)
+    cluster.hold = anyio.Event()
+    cluster.fail["ns/p0"] = 500
+    failed: list[BaseException] = []
+
+    async def first() -> None:
+        try:
+            await gate.evict(cluster.pods["ns/p0"], "n1")
+        except ActuatorError as e:
+            failed.append(e)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(first)
+        await cluster.asked.wait()
+        r = await gate.evict(cluster.pods["ns/p1"], "n1")
+        assert r.outcome == "rate-limited"
+        cluster.hold.set()
+    assert len(failed) == 1
+    cluster.hold = None
+    assert (await gate.evict(cluster.pods["ns/p1"], "n1")).done

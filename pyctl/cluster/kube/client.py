@@ -23,6 +23,7 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 
 from pyctl.cluster.bounds import MAX_INPUT_BYTES
+from pyctl.cluster.source import ActuatorError
 
 #: What a request, or a stream being read, can fail with when the connection is the problem.
 CONNECTION_ERRORS: Final = (aiohttp.ClientError, TimeoutError, OSError)
@@ -69,13 +70,12 @@ class _TimeoutApiClient(k8s.ApiClient):
         return super().request(*args, **kw)
 
 
-class KubeApiError(Exception):
+class KubeApiError(ActuatorError):
     """A request the API server answered with an error status; `reason` and `message` come from
     its `Status` body when it has one (`NotFound`, `Conflict`, `TooManyRequests`, ...)."""
 
     def __init__(self, status: int, reason: str, message: str, details: Mapping[str, Any]) -> None:
-        super().__init__(f"{status} {reason}: {message}")
-        self.status = status
+        super().__init__(status, f"{status} {reason}: {message}")
         self.reason = reason
         self.message = message
         self.details = details

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from pyctl.cluster.sim.source import SimClusterSource
-from pyctl.cluster.source import EvictionOutcome
+from pyctl.cluster.source import ActuatorError, EvictionOutcome
 from pyctl.core.mig import MIG_CONFIG_LABEL, parse_mig_parted, to_yaml
 
 #: the mig-parted config file of the simulated GPU Operator (MigOptions' default location)
@@ -31,9 +31,17 @@ class SimActuator:
         self.calls.append(("cordon", (node, on)))
         await self.source.isolate(node, cordon=on)
 
+    #: injected faults: "namespace/pod" -> the error status the simulated API server answers
+    #: that pod's evictions with (`ActuatorError`), as a real one does when it fails
+    fail_evictions: dict[str, int] = field(default_factory=dict)
+
     async def try_evict(self, namespace: str, pod: str, uid: str = "") -> EvictionOutcome:
-        """The simulated cluster has no PodDisruptionBudgets: every eviction is accepted."""
+        """The simulated cluster has no PodDisruptionBudgets: every eviction is accepted, but
+        those of the pods in `fail_evictions`."""
         self.calls.append(("evict", (namespace, pod)))
+        status = self.fail_evictions.get(f"{namespace}/{pod}")
+        if status is not None:
+            raise ActuatorError(status, f"{status} InternalError: eviction of {namespace}/{pod}")
         ok = await self.source.evict(namespace, pod)
         return EvictionOutcome(ok, 201 if ok else 429)
 
