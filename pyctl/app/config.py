@@ -43,6 +43,9 @@ POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
 CLUSTER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$")
 #: the largest config file read (a config is a few KiB)
 MAX_FILE_BYTES = 1 << 20
+#: `PYCTL_*` variables that are not settings: the build's cache directory (the Makefile), and
+#: tracebacks of pyctl's own failures (`pyctl.cli.errors.debug_requested`)
+NOT_SETTINGS = frozenset({"PYCTL_CACHE", "PYCTL_DEBUG"})
 
 
 class ConfigError(ValueError):
@@ -397,7 +400,7 @@ def load_config(
         for name, v in _flatten(_read_file(file), file).items():
             put(name, v, f"file {file}")
     for k, v in (env if env is not None else os.environ).items():
-        if k.startswith("PYCTL_") and k != "PYCTL_CACHE":
+        if k.startswith("PYCTL_") and k not in NOT_SETTINGS:
             put(k[len("PYCTL_") :].lower(), v, f"environment {k}")
     for k, v in (flags or {}).items():
         if v is not None:

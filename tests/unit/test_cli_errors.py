@@ -147,3 +147,50 @@ def test_output_to_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
         code = p.wait(timeout=120)
         assert err == b"", (argv, err.decode()[-2000:])
         assert code == errors.EXIT_BROKEN_PIPE, (argv, code)
+
+
+UNREACHABLE_REDIS = "redis://127.0.0.1:1/0"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "--kubeconfig", "/nonexistent/kubeconfig"],
+        ["status", "--redis", UNREACHABLE_REDIS],
+        ["explain", "default/p", "--redis", UNREACHABLE_REDIS],
+        ["federation", "status", "--redis", UNREACHABLE_REDIS],
+        ["federation", "place", "gpus=1", "--redis", UNREACHABLE_REDIS],
+    ],
+)
+def test_pyctl_debug_is_not_a_setting(
+    argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every internal-error message tells users to set PYCTL_DEBUG=1: every command that reads
+    the configuration accepts it, and it changes nothing but that traceback."""
+    monkeypatch.delenv("PYCTL_DEBUG", raising=False)
+    without = one_line_exit_2(argv, capsys)
+    monkeypatch.setenv("PYCTL_DEBUG", "1")
+    with_debug = one_line_exit_2(argv, capsys)
+    assert "unknown setting" not in with_debug
+    assert with_debug == without
+
+
+def test_pyctl_debug_shows_the_traceback_of_an_internal_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pyctl.cli import status
+
+    def bug(*_: object, **__: object) -> None:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(status, "read", bug)  # a failure of pyctl's own, after the config
+    argv = ["status", "--redis", UNREACHABLE_REDIS]
+    for off in ("", "0"):
+        monkeypatch.setenv("PYCTL_DEBUG", off)
+        assert main(argv) == errors.EXIT_INTERNAL
+        err = capsys.readouterr().err
+        assert err.startswith("pyctl: error: internal error (a bug in pyctl; PYCTL_DEBUG=1")
+        assert len(err.splitlines()) == 1
+    monkeypatch.setenv("PYCTL_DEBUG", "1")
+    with pytest.raises(KeyError, match="a bug"):
+        main(argv)
