@@ -75,6 +75,13 @@ INT32: Final = (-(1 << 31), (1 << 31) - 1)
 #: normalises weights, so a sum that overflows to inf would silently weigh every shape 0
 MAX_WEIGHT: Final = 1e9
 
+#: a federation member's summary: how long it is published to stay fresh (a controller
+#: publishes 3 x its interval, at least 30 s), and how far its publication time may be ahead of
+#: the reader's clock (both are the Redis TIME of the node holding it: ahead only after a
+#: failover to a replica whose clock is). Beyond them a member would look fresh for ever.
+MAX_SUMMARY_TTL_SECONDS: Final = 7 * 86400
+MAX_SUMMARY_CLOCK_SKEW_SECONDS: Final = 60.0
+
 
 #: Limits of the objects pyctl decodes: those of k8s.io/api/resource/v1 (validation), so that
 #: nothing the API server accepts is refused.

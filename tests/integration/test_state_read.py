@@ -123,7 +123,7 @@ async def test_hostile_records_are_skipped_one_at_a_time(
     flows = RedisWorkflowStore(redis_conn.client, redis_conn.config, cluster_name)
     view = await read_stored(cfg, reader, flows, "redis under test")
     st = status_of(view)
-    assert "published time or ttl that is not a number" in view.summary_error
+    assert "is invalid: published time 'yesterday' is not a time" in view.summary_error
     assert st.heartbeat.published is False
     assert st.workflows_undecodable.keys() == {"wf-1"}
     assert st.summary is not None
