@@ -167,3 +167,42 @@ def test_stored_summary_fields_through_federation(
         assert math.isfinite(m.age_seconds)
         assert m.age_seconds >= 0
         assert 1 <= m.ttl_seconds <= MAX_SUMMARY_TTL_SECONDS
+
+
+def _string_paths(v: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    if isinstance(v, str):
+        return [path]
+    items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()
+    return [p for k, x in items for p in _string_paths(x, (*path, k))]
+
+
+@st.composite
+def long_strings(draw: st.DrawFn) -> tuple[Kind, bytes, int]:
+    """A stored record of any kind with one of its strings made 64 characters to 1 MiB long."""
+    kind = draw(st.sampled_from(KINDS))
+    doc = json.loads(encode_record(RECORDS[kind]))
+    *where, last = draw(st.sampled_from(_string_paths(doc)))
+    n = draw(st.sampled_from([64, 129, 254, 318, 1025, 10 * 1024 + 1, 1 << 20]))
+    parent = doc
+    for k in where:
+        parent = parent[k]
+    parent[last] = "x" * n
+    return kind, json.dumps(doc).encode(), n
+
+
+@FUZZ
+@given(case=long_strings())
+def test_no_string_beyond_every_bound_survives_a_stored_record(
+    case: tuple[Kind, bytes, int],
+) -> None:
+    """Whatever string of a stored record is made long, the record is refused once the string
+    is longer than the longest bound (a CEL selector's 10 KiB); shorter, it is refused or read,
+    never anything else."""
+    CASES["long strings"] += 1
+    kind, data, n = case
+    try:
+        rec = decode_record(kind, data)
+    except ValueError:  # its length, or another reason (a quantity, an enum) named
+        return
+    assert n <= 10 * 1024, (kind, n)
+    check_record(rec)
