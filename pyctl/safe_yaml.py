@@ -1,4 +1,5 @@
-"""YAML from users, read one way: the configuration file (`app/config.py`) and mig-parted configs
+"""YAML from users, read one way: the configuration file (`app/config.py`), the kubeconfig
+(`cluster/kube/client.py`, before the Kubernetes client reads it) and mig-parted configs
 (`core/mig.py`, from a ConfigMap anyone with its RBAC may write).
 
 YAML's aliases let a few hundred bytes stand for a billion values (anchors nested nine deep,

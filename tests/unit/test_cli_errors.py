@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import logging
+import resource
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -194,3 +196,40 @@ def test_pyctl_debug_shows_the_traceback_of_an_internal_error(
     monkeypatch.setenv("PYCTL_DEBUG", "1")
     with pytest.raises(KeyError, match="a bug"):
         main(argv)
+
+
+def kubeconfig_bomb() -> str:
+    """A kubeconfig whose `contexts` is one alias standing for 9**9 entries (under 1 KB)."""
+    levels = ["&l0 [" + ", ".join(["{name: x}"] * 9) + "]"]
+    levels += [f"&l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9)]
+    return (
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"bomb: [{', '.join(levels)}]\ncontexts: [*l8]\nclusters: []\nusers: []\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        (kubeconfig_bomb(), "line 4: YAML aliases (*l0) are not accepted"),
+        ("apiVersion: v1\nkind: Config\nkind: Config\n", "line 3: key 'kind' given twice"),
+    ],
+)
+def test_a_kubeconfig_alias_bomb_or_a_key_given_twice_is_one_line_at_once(
+    text: str, line: str, tmp_path: Path
+) -> None:
+    """Before, the bomb ran past 40 s (the kubeconfig loader walked the expanded entries)."""
+    f = tmp_path / "kubeconfig"
+    f.write_text(text)
+
+    def limit_memory() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "pyctl.cli.main", "run", "--kubeconfig", str(f)],
+        capture_output=True, text=True, timeout=120, preexec_fn=limit_memory, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.splitlines() == [f"pyctl: error: kubeconfig {f}: {line}"]
+    assert time.monotonic() - started < 30
