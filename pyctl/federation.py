@@ -99,6 +99,15 @@ class Member:
 
     def to_json(self) -> dict[str, Any]:
         s = self._s
+        if self.summary is None:  # invalid: no figure of it is known
+            return {
+                "cluster": self.cluster,
+                "stale": self.stale,
+                "age_seconds": round(self.age_seconds, 3),
+                "ttl_seconds": self.ttl_seconds,
+                "error": self.error or "invalid",
+                "placeable": False,
+            }
         return {
             "cluster": self.cluster,
             "stale": self.stale,
@@ -130,6 +139,8 @@ def decode_member(cluster: str, m: MemberSummary, head_only: bool = False) -> Me
     """A member as read; a summary that does not decode (or holds a value out of its bounds)
     leaves `summary` None and says why in `error`. `head_only`: its summary is a `SummaryHead`
     (totals only; its snapshot is not for `place`)."""
+    if m.error:  # the store could not read it as a summary (`MemberSummary.error`)
+        return Member(cluster, m.stale, m.age_seconds, m.ttl_seconds, None, m.error[:500])
     try:
         summary = decode_summary(m.summary, head_only)
         return Member(cluster, m.stale, m.age_seconds, m.ttl_seconds, summary)
@@ -152,7 +163,7 @@ def _count_bad(metrics: Metrics, observer: str, m: Member, data: bytes) -> None:
         _COUNTED.popitem(last=False)
     metrics.workflow.quarantined.labels(observer, "summaries").inc()
     log.warning(
-        "federation summary does not decode; member skipped",
+        "federation summary invalid; member skipped",
         extra={"member": m.cluster, "error": m.error[:300]},
     )
 
@@ -172,7 +183,7 @@ class MemberDecoder:
 
     def __call__(self, cluster: str, m: MemberSummary) -> Member:
         got = self._last.get(cluster)
-        if got is not None and got[0] == m.summary:
+        if got is not None and got[0] == m.summary and not m.error:
             d = got[1]
             return Member(cluster, m.stale, m.age_seconds, m.ttl_seconds, d.summary, d.error)
         member = decode_member(cluster, m, self.head_only)
@@ -205,7 +216,9 @@ async def read_members(
     if metrics is not None:
         for m in out:
             if m.summary is None:
-                _count_bad(metrics, observer or store.cluster, m, members[m.cluster].summary)
+                stored = members[m.cluster]
+                data = stored.summary or stored.error.encode()
+                _count_bad(metrics, observer or store.cluster, m, data)
     return out
 
 

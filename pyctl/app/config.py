@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
-import yaml
-
+from pyctl import safe_yaml
 from pyctl.cluster.bounds import MAX_KEY_CHARS, MAX_LEVELS
 from pyctl.cluster.kube.reflector import ReflectorOptions
 from pyctl.cluster.selectors import SelectorError, parse_selector
@@ -45,6 +44,9 @@ POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
 CLUSTER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$")
 #: the largest config file read (a config is a few KiB)
 MAX_FILE_BYTES = 1 << 20
+#: `PYCTL_*` variables that are not settings: the build's cache directory (the Makefile), and
+#: tracebacks of pyctl's own failures (`pyctl.cli.errors.debug_requested`)
+NOT_SETTINGS = frozenset({"PYCTL_CACHE", "PYCTL_DEBUG"})
 
 
 class ConfigError(ValueError):
@@ -344,13 +346,19 @@ def _type_name(tp: Any) -> str:
 def _flatten(data: Mapping[str, Any], file: str) -> dict[str, Any]:
     """A file's settings by flat name (nested sections or flat names)."""
     out: dict[str, Any] = {}
+
+    def put(name: str, value: Any) -> None:
+        if name in out:  # `mode` and `mode` spelt again, flat and nested, or with a '-'
+            raise ConfigError(f"config file {file}: setting {name!r} given twice")
+        out[name] = value
+
     for k, v in data.items():
         key = str(k).replace("-", "_")
         if key in SECTIONS and isinstance(v, Mapping):
             for kk, vv in v.items():
-                out[f"{key}_{str(kk).replace('-', '_')}"] = vv
+                put(f"{key}_{str(kk).replace('-', '_')}", vv)
         else:
-            out[key] = v
+            put(key, v)
     for name in out:
         if name not in SETTINGS:
             raise ConfigError(f"config file {file}: unknown setting {name!r}")
@@ -362,14 +370,13 @@ def _read_file(file: str) -> Mapping[str, Any]:
         path = Path(file)
         if path.stat().st_size > MAX_FILE_BYTES:
             raise ConfigError(f"config file {file}: larger than {MAX_FILE_BYTES} bytes")
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = safe_yaml.load(path.read_text(encoding="utf-8"), f"config file {file}") or {}
     except OSError as e:
         raise ConfigError(f"config file {file}: {e.strerror or e}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"config file {file}: not UTF-8 text") from None
-    except (yaml.YAMLError, RecursionError) as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ConfigError(f"config file {file}: not valid YAML/JSON: {first}") from None
+    except safe_yaml.YamlInputError as e:
+        raise ConfigError(str(e)) from None
     if not isinstance(data, Mapping):
         raise ConfigError(f"config file {file}: expected a mapping")
     return data
@@ -409,7 +416,7 @@ def load_config(
         for name, v in _flatten(_read_file(file), file).items():
             put(name, v, f"file {file}")
     for k, v in (env if env is not None else os.environ).items():
-        if k.startswith("PYCTL_") and k != "PYCTL_CACHE":
+        if k.startswith("PYCTL_") and k not in NOT_SETTINGS:
             put(k[len("PYCTL_") :].lower(), v, f"environment {k}")
     for k, v in (flags or {}).items():
         if v is not None:

@@ -39,6 +39,7 @@ from pyctl.state.workflows import Quarantined, WorkflowRecord, WorkflowStore
 from pyctl.workflows import rescue
 from pyctl.workflows.compactor import departure_seconds, departures
 from pyctl.workflows.engine import Workflow, decode
+from pyctl.workflows.kinds import builtin_registry
 
 log = logging.getLogger("pyctl.state")
 
@@ -133,13 +134,14 @@ def published_of(m: MemberSummary, cluster: str) -> Published:
 def decode_workflows(
     records: Mapping[str, WorkflowRecord],
 ) -> tuple[list[Workflow], dict[str, str]]:
-    """Every workflow record that decodes (`engine.decode`, the engine's own check), and the
-    others by id with why; one bad record never hides the others."""
+    """Every workflow record that decodes (`engine.decode`, the engine's own check, against the
+    kinds pyctl runs), and the others by id with why; one bad record never hides the others."""
     good: list[Workflow] = []
     bad: dict[str, str] = {}
+    kinds = builtin_registry().kinds
     for wid, rec in sorted(records.items()):
         try:
-            good.append(decode(rec.data))
+            good.append(decode(rec.data, kinds))
         except ValueError as e:
             bad[wid[:200]] = " ".join(str(e).split())[:300]
     return good, bad

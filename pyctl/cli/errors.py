@@ -4,8 +4,10 @@ never a secret (a URL's password is masked in every message)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,13 @@ EXIT_INTERNAL = 70
 MAX_MESSAGE_CHARS = 2000
 
 _URL_PASSWORD = re.compile(r"(://[^:/@\s]*:)[^@/\s]+@")
+
+
+def debug_requested(environ: Mapping[str, str] | None = None) -> bool:
+    """`PYCTL_DEBUG` is set to anything but empty, 0, false, no or off: a failure that is pyctl's
+    own shows its traceback instead of one line."""
+    value = (os.environ if environ is None else environ).get("PYCTL_DEBUG", "")
+    return value.strip().lower() not in ("", "0", "false", "no", "off")
 
 
 class UserError(Exception):

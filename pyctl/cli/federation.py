@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from pyctl.app.config import Config, ConfigError, load_config
@@ -119,9 +120,11 @@ def status(args: argparse.Namespace) -> int:
     for col in ("pending", "blocked", "sched. success"):
         t.add_column(col, justify="right")
     for m in members:
+        if m.summary is None:  # invalid: no figure of it is known
+            why = escape(m.error or "unknown")
+            t.add_row(m.cluster, f"[red]invalid[/] ({why})", *["-"] * 9)
+            continue
         state = "[red]stale[/]" if m.stale else "[green]fresh[/]"
-        if m.error:
-            state = f"[red]invalid[/] ({m.error})"
         t.add_row(
             m.cluster,
             state,

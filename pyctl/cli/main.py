@@ -34,6 +34,7 @@ from pyctl.cli.errors import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERNAL,
     UserError,
+    debug_requested,
     one_line,
 )
 
@@ -104,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _error("out of memory reading the input")
         return EXIT_BAD_INPUT
     except Exception as e:  # pyctl's own failure: one line, the traceback on request
-        if os.environ.get("PYCTL_DEBUG"):
+        if debug_requested():
             raise
         _error(
             f"internal error (a bug in pyctl; PYCTL_DEBUG=1 shows where): {type(e).__name__}: {e}"

@@ -9,9 +9,10 @@ Where they are enforced:
   checks them while decoding, in C), through the `Annotated` types below;
 - `cluster/kube/decode.py`: the object's size, and the amounts parsed from quantities and labels
   (GPU, MIG, CPU, memory, NUMA ids), through `check`;
-- `cluster/records.py` `check_record`: the same amounts and lengths on a record from anywhere
-  (the store, the simulator), used by `cluster/translate.py` before it builds a node and by the
-  state store when it reads records back.
+- `cluster/records.py` `check_record`: the same amounts and lengths, and every string by its
+  field, on a record from anywhere (the store, the simulator), used by `cluster/kube/decode.py`,
+  by `cluster/translate.py` before it builds a node and by the state store when it reads
+  records back.
 
 docs/reliability.md lists them with the reasoning behind each.
 """
@@ -59,6 +60,12 @@ MAX_KEY_CHARS: Final = 317
 #: every other string a record carries (label values, taint values, uids, resourceVersions, a
 #: selector's values, ...): the API server holds most to 63 characters
 MAX_TEXT_CHARS: Final = 1024
+#: what the API server holds these to: a namespace is a DNS label; a uid is a UUID (36) where
+#: the API server makes it, at most 128 where a client names one (an ownerReference); a label's
+#: (and a taint's, a toleration's) value is at most 63 characters
+MAX_NAMESPACE_CHARS: Final = 63
+MAX_UID_CHARS: Final = 128
+MAX_LABEL_VALUE_CHARS: Final = 63
 #: labels on one object (node feature discovery puts a few hundred on a node)
 MAX_LABELS: Final = 4096
 #: entries of every other list an object carries (taints, tolerations, containers, volumes,
@@ -85,6 +92,13 @@ MAX_LEVELS: Final = 16
 #: a workload shape's weight (a workload file may give counts instead of shares); the core
 #: normalises weights, so a sum that overflows to inf would silently weigh every shape 0
 MAX_WEIGHT: Final = 1e9
+
+#: a federation member's summary: how long it is published to stay fresh (a controller
+#: publishes 3 x its interval, at least 30 s), and how far its publication time may be ahead of
+#: the reader's clock (both are the Redis TIME of the node holding it: ahead only after a
+#: failover to a replica whose clock is). Beyond them a member would look fresh for ever.
+MAX_SUMMARY_TTL_SECONDS: Final = 7 * 86400
+MAX_SUMMARY_CLOCK_SKEW_SECONDS: Final = 60.0
 
 
 #: Limits of the objects pyctl decodes: those of k8s.io/api/resource/v1 (validation), so that

@@ -10,7 +10,9 @@ threads and the event loop (docs/scale.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import typing
+from collections.abc import Callable, Iterable
+from operator import attrgetter, itemgetter
 from typing import Any, Literal, TypeAlias
 
 import msgspec
@@ -477,9 +479,139 @@ def _selector(where: str, s: Selector) -> None:
         b.check_len(f"{where} requirement {r.key[:40]}", len(r.values), b.MAX_VALUES)
 
 
+#: the longest string of each field of a record (by field name; a pair's by position; every other
+#: string `bounds.MAX_TEXT_CHARS`): as the API server holds the object's fields it comes from
+_NAME, _NS, _UID, _KEY, _VALUE = (
+    b.MAX_NAME_CHARS,
+    b.MAX_NAMESPACE_CHARS,
+    b.MAX_UID_CHARS,
+    b.MAX_KEY_CHARS,
+    b.MAX_LABEL_VALUE_CHARS,
+)
+_TEXT_BOUNDS: dict[str, int | tuple[int, int]] = {
+    **dict.fromkeys(("namespace",), _NS),
+    **dict.fromkeys(("uid", "owner_uid"), _UID),
+    **dict.fromkeys(
+        (
+            *("name", "node", "allocated_node", "owner_name", "owner_pod", "priority_class"),
+            *("scheduler", "extended_claim", "claim", "template", "generated", "pod_claim_name"),
+            *("class_name", "driver", "pool", "device", "counter_set", "request", "resource"),
+            *("namespaces", "values"),
+        ),
+        _NAME,
+    ),
+    **dict.fromkeys(("key", "topology_key"), _KEY),
+    "value": _VALUE,
+    **dict.fromkeys(("labels", "match_labels", "node_selector"), (_KEY, _VALUE)),
+    "selectors": b.DRA_BOUNDS["selector_length"],
+}
+#: fields whose bound differs in one struct: a device attribute's value (a string attribute of
+#: k8s.io/api/resource/v1 is at most 64 characters; a version 64 too)
+_TEXT_BOUNDS_OF: dict[str, dict[str, int | tuple[int, int]]] = {"Attr": {"value": 64}}
+
+
+class _Plan(msgspec.Struct, frozen=True):
+    """How one record type's strings are checked: its plain string fields grouped by bound (read
+    with one `attrgetter` per group), then the fields that hold tuples or other structs."""
+
+    groups: tuple[tuple[int, Callable[[Any], Any], tuple[str, ...]], ...]
+    #: (field, bound, how: "strs" a tuple of strings, "pair<i>" the strings at <i> of a tuple of
+    #: tuples, "any" else)
+    others: tuple[tuple[str, int | tuple[int, int], str], ...]
+
+
+_PLANS: dict[type, _Plan] = {}
+
+
+def _plan(cls: type[msgspec.Struct]) -> _Plan:
+    got = _PLANS.get(cls)
+    if got is not None:
+        return got
+    own = _TEXT_BOUNDS_OF.get(cls.__name__, {})
+    by_bound: dict[int, list[str]] = {}
+    others: list[tuple[str, int | tuple[int, int], str]] = []
+    for f in msgspec.structs.fields(cls):
+        bound = own.get(f.name, _TEXT_BOUNDS.get(f.name, b.MAX_TEXT_CHARS))
+        t = f.type
+        if t in (int, bool, float):
+            continue
+        if t is str and isinstance(bound, int):
+            by_bound.setdefault(bound, []).append(f.name)
+        elif typing.get_origin(t) is tuple and typing.get_args(t)[0] is str:
+            others.append((f.name, bound, "strs"))
+        elif typing.get_origin(t) is tuple and typing.get_origin(typing.get_args(t)[0]) is tuple:
+            parts = typing.get_args(typing.get_args(t)[0])
+            for i, part in enumerate(parts):
+                if part is str:
+                    high = bound[i] if isinstance(bound, tuple) else bound
+                    others.append((f.name, high, f"pair{i}"))
+        else:
+            others.append((f.name, bound, "any"))
+    groups = tuple(
+        (bound, attrgetter(*names) if len(names) > 1 else _one(attrgetter(names[0])), tuple(names))
+        for bound, names in by_bound.items()
+    )
+    got = _PLANS[cls] = _Plan(groups, tuple(others))
+    return got
+
+
+def _one(get: Callable[[Any], Any]) -> Callable[[Any], tuple[Any, ...]]:
+    return lambda obj: (get(obj),)
+
+
+def _too_long(where: str, field: str, n: int, high: int) -> b.BoundsError:
+    return b.BoundsError(f"{where} {field}: {n} characters, more than {high}")
+
+
+def _texts(where: str, obj: msgspec.Struct) -> None:
+    """Every string in `obj` (its fields, their tuples and pairs, nested structs) within its
+    field's bound (`_TEXT_BOUNDS`); `BoundsError` naming the field and the length otherwise."""
+    plan = _plan(type(obj))
+    for high, get, names in plan.groups:
+        values = get(obj)
+        if max(map(len, values)) > high:
+            field, v = next((n, v) for n, v in zip(names, values, strict=True) if len(v) > high)
+            raise _too_long(where, field, len(v), high)
+    for field, bound, how in plan.others:
+        v = getattr(obj, field)
+        if not v:
+            continue
+        if how == "strs":
+            high = bound if isinstance(bound, int) else b.MAX_TEXT_CHARS
+            longest = max(map(len, v))
+            if longest > high:
+                raise _too_long(where, f"{field} entry", longest, high)
+        elif how.startswith("pair"):
+            assert isinstance(bound, int)
+            longest = max(map(len, map(itemgetter(int(how[4:])), v)))
+            if longest > bound:
+                raise _too_long(where, f"{field} entry", longest, bound)
+        else:
+            _any(where, field, v, bound)
+
+
+def _any(where: str, field: str, v: object, bound: int | tuple[int, int]) -> None:
+    """A field of another type (a struct, a tuple of structs, an attribute's value)."""
+    if isinstance(v, msgspec.Struct):
+        _texts(where, v)
+    elif isinstance(v, str):
+        high = bound if isinstance(bound, int) else b.MAX_TEXT_CHARS
+        if len(v) > high:
+            raise _too_long(where, field, len(v), high)
+    elif isinstance(v, tuple):
+        for item in v:
+            _any(where, field, item, bound)
+
+
+def check_texts(r: Record) -> None:
+    """Every string of `r` within its field's bound (what `check_record` checks of strings)."""
+    _texts(f"{record_kind(r)} {record_key(r)[:300]}:", r)
+
+
 def check_record(r: Record) -> None:
-    """Raise `bounds.BoundsError` (a ValueError naming the field) if a count, amount or list of
-    `r` is beyond `pyctl.cluster.bounds`. Cheap: it compares numbers and list lengths."""
+    """Raise `bounds.BoundsError` (a ValueError naming the field) if a count, amount, list or
+    string of `r` is beyond `pyctl.cluster.bounds`. Cheap: it compares numbers and lengths."""
+    check_texts(r)
     if isinstance(r, PodRecord):
         where = f"pod {r.namespace[:63]}/{r.name[:253]}"
         _name(where, r.namespace, r.name, r.node)

@@ -22,7 +22,7 @@ from typing import Any, Final
 
 import yaml
 
-from pyctl import _core
+from pyctl import _core, safe_yaml
 from pyctl.core.types import MigModelRaw, MigPlanRaw
 from pyctl.model import Node, Shape, Snapshot
 
@@ -415,7 +415,7 @@ def parse_mig_parted(text: str) -> dict[str, list[dict[str, Any]]]:
     (`api/spec/v1/spec.go`): ``version: v1``, a non-empty ``mig-configs`` map, entries with
     ``devices`` (``all`` or GPU indices), optional ``device-filter``, a boolean ``mig-enabled``,
     and ``mig-devices`` (profile → count) that is empty when MIG is off. Returns the configs."""
-    data = yaml.safe_load(text)
+    data = safe_yaml.load(text, "mig-parted config")
     if not isinstance(data, dict) or data.get("version") != "v1":
         raise ValueError("mig-parted config: 'version: v1' is required")
     extra = set(data) - {"version", "mig-configs"}

@@ -132,7 +132,7 @@ class HttpMetrics:
         self.refused = Counter(
             "pyctl_http_refused_total",
             "Connections and requests refused before a handler, by server and reason "
-            "(connections, read-timeout, body-too-large, body-budget, unauthorized, tls, ...)",
+            "(connections, read-timeout, header-too-large, body-too-large, body-budget, ...)",
             ["cluster", "server", "reason"],
             registry=registry,
         )

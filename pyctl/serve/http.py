@@ -460,15 +460,28 @@ class HttpServer:
         started: float | None = opened
         until = opened + lim.read_timeout if opened is not None else 0.0
         seen = False  # a byte of this request
+        # bytes given to h11 for this request, those of it already received (pipelined) included:
+        # h11 bounds only headers still incomplete (`max_incomplete_event_size`), so headers that
+        # arrive whole in one read are measured here, when their event comes
+        fed = len(h.trailing_data[0])
 
         async def event() -> h11.Event | type[h11.PAUSED]:
-            nonlocal started, until, seen
+            nonlocal started, until, seen, fed
             while True:
                 try:
                     ev = h.next_event()
                 except h11.RemoteProtocolError as e:
-                    status = 431 if "too long" in str(e) or "exceeds" in str(e) else 400
-                    raise _Refused(status, "bad-request", f"bad HTTP: {e}") from None
+                    if "too long" in str(e) or "exceeds" in str(e):
+                        raise _Refused(431, "header-too-large", f"bad HTTP: {e}") from None
+                    raise _Refused(400, "bad-request", f"bad HTTP: {e}") from None
+                if isinstance(ev, h11.Request):
+                    head = fed - len(h.trailing_data[0])
+                    if head > lim.max_header_bytes:
+                        raise _Refused(
+                            431,
+                            "header-too-large",
+                            f"request line and headers of {head} bytes over {lim.max_header_bytes}",
+                        )
                 if ev is not h11.NEED_DATA:
                     if started is None:
                         started = time.monotonic()
@@ -496,6 +509,7 @@ class HttpServer:
                 if not data:
                     raise _Gone("closed mid-request" if seen else "")
                 seen = True
+                fed += len(data)
                 h.receive_data(data)
 
         ev = await event()

@@ -96,7 +96,7 @@ class MemoryStore:
         self._summaries[self.cluster] = (summary, self._clock(), ttl_seconds)
 
     async def get_summaries(self) -> dict[str, bytes]:
-        return {c: m.summary for c, m in (await self.get_members()).items() if not m.stale}
+        return {c: m.summary for c, m in (await self.get_members()).items() if m.fresh}
 
     async def get_members(self) -> dict[str, MemberSummary]:
         self._check()

@@ -18,9 +18,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
+from pyctl.cluster.bounds import MAX_SUMMARY_CLOCK_SKEW_SECONDS, MAX_SUMMARY_TTL_SECONDS
 from pyctl.cluster.records import (
     KINDS,
     Event,
@@ -168,12 +170,17 @@ redis.call('EXPIRE', KEYS[1], ARGV[3])
 return now
 """)
 
-# KEYS: summary. Returns {data, published, ttl, now} or false when the summary is gone.
+# KEYS: summary. Returns {data, published, ttl, now, type of the key} or false when the summary
+# is gone (a key of another type is reported with its type, not read; a missing field is '').
 _READ_SUMMARY = Script("""
+local typ = redis.call('TYPE', KEYS[1])['ok']
+if typ == 'none' then return false end
+local t = redis.call('TIME')
+local now = string.format('%d.%06d', t[1], t[2])
+if typ ~= 'hash' then return {'', '', '', now, typ} end
 local v = redis.call('HMGET', KEYS[1], 'data', 'published', 'ttl')
 if not v[1] then return false end
-local t = redis.call('TIME')
-return {v[1], v[2], v[3], string.format('%d.%06d', t[1], t[2])}
+return {v[1], v[2] or '', v[3] or '', now, typ}
 """)
 
 # KEYS: members. ARGV: member, score read before. Removes the member unless it moved on since.
@@ -379,8 +386,9 @@ class RedisStore:
 
     async def put_summary(self, summary: bytes, ttl_seconds: int) -> None:
         client = self._opened()
-        if ttl_seconds < 1:
-            raise ValueError(f"summary ttl_seconds must be >= 1, got {ttl_seconds}")
+        if not 1 <= ttl_seconds <= MAX_SUMMARY_TTL_SECONDS:
+            most = MAX_SUMMARY_TTL_SECONDS
+            raise ValueError(f"summary ttl_seconds must be within 1..{most}, got {ttl_seconds}")
         retention = max(self.config.summary_retention_seconds, ttl_seconds)
         async with redis_errors("put_summary", self.config):
             published = await _PUT_SUMMARY(
@@ -392,7 +400,7 @@ class RedisStore:
             )
 
     async def get_summaries(self) -> dict[str, bytes]:
-        return {c: m.summary for c, m in (await self.get_members()).items() if not m.stale}
+        return {c: m.summary for c, m in (await self.get_members()).items() if m.fresh}
 
     async def get_members(self) -> dict[str, MemberSummary]:
         client = self._opened()
@@ -413,16 +421,11 @@ class RedisStore:
                 batch = names[i : i + _MEMBERS_AT_ONCE]
                 reads += await asyncio.gather(*(_READ_SUMMARY(client, [k], []) for *_, k in batch))
             out: dict[str, MemberSummary] = {}
-            for (name, score, _), got in zip(names, reads, strict=True):
+            for (name, score, key), got in zip(names, reads, strict=True):
                 if not got:  # past its retention: drop it from the index
                     await _FORGET_MEMBER(client, [members_key], [name, repr(score)])
                     continue
-                data, published, ttl, now = got
-                out[name] = MemberSummary(
-                    summary=data,
-                    age_seconds=max(0.0, float(_text(now)) - float(_text(published))),
-                    ttl_seconds=int(_text(ttl)),
-                )
+                out[name] = stored_member(key, got)
         return out
 
     # -- reading back (`StateReader`): no writes, and no `open()` needed -----------------------
@@ -456,15 +459,39 @@ class RedisStore:
             got = await _READ_SUMMARY(client, [self.keys.summary], [])
         if not got:
             return None
-        data, published, ttl, now = got
-        try:
-            age = max(0.0, float(_text(now)) - float(_text(published)))
-            return MemberSummary(bytes(data), age, int(_text(ttl)))
-        except (TypeError, ValueError) as e:
-            raise StoreError(
-                f"the summary of cluster {self.cluster!r} in {self.keys.summary} has a "
-                f"published time or ttl that is not a number ({e})"
-            ) from None
+        member = stored_member(self.keys.summary, got)
+        if member.error:
+            raise StoreError(f"the summary of cluster {self.cluster!r} is invalid: {member.error}")
+        return member
+
+
+_TTL = re.compile(r"[0-9]{1,10}")
+
+
+def stored_member(key: str, got: Sequence[Any]) -> MemberSummary:
+    """A member's summary as `_READ_SUMMARY` read it from `key`; one whose key is not a hash, or
+    whose publication time or TTL is not one (not a number, not finite, in the future, a TTL
+    beyond `MAX_SUMMARY_TTL_SECONDS`: it would look fresh for ever), is invalid (`error`)."""
+    data, published, ttl, now, typ = got
+
+    def invalid(why: str) -> MemberSummary:
+        return MemberSummary(b"", 0.0, 0, error=why)
+
+    if _text(typ) != "hash":
+        return invalid(f"key {key} holds a {_text(typ)}, not a hash")
+    at, clock = _seconds(published), float(_text(now))
+    if at is None or not 0 < at <= clock + MAX_SUMMARY_CLOCK_SKEW_SECONDS:
+        return invalid(f"published time {_shown(published)} is not a time up to now")
+    t = ttl.decode("ascii", "replace") if isinstance(ttl, bytes) else str(ttl)
+    if not _TTL.fullmatch(t) or not 1 <= int(t) <= MAX_SUMMARY_TTL_SECONDS:
+        return invalid(f"ttl {_shown(ttl)} is not a whole number of 1..{MAX_SUMMARY_TTL_SECONDS} s")
+    return MemberSummary(bytes(data), max(0.0, clock - at), int(t))
+
+
+def _shown(value: bytes | str) -> str:
+    """A stored field as shown in a message (at most 40 characters)."""
+    text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+    return repr(text[:40])
 
 
 def _seconds(value: bytes | str) -> float | None:

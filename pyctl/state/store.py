@@ -46,11 +46,20 @@ class MemberSummary:
     age_seconds: float
     #: how long it was published to stay fresh for
     ttl_seconds: int
+    #: why the member's stored summary cannot be used (its key of another type, a publication
+    #: time or TTL that is not one, or out of bounds); then `summary` is empty, the age and TTL
+    #: 0, and the member is never fresh
+    error: str = ""
 
     @property
     def stale(self) -> bool:
         """No heartbeat within the TTL: the member is shown, marked stale."""
         return self.age_seconds > self.ttl_seconds
+
+    @property
+    def fresh(self) -> bool:
+        """Valid and within its TTL: its summary may be used."""
+        return not self.error and not self.stale
 
 
 @runtime_checkable

@@ -30,9 +30,11 @@ import os
 import socket
 import uuid
 from collections import Counter
+from collections.abc import Container
 
 import msgspec
 
+from pyctl.cluster.bounds import MAX_NAME_CHARS, MAX_TEXT_CHARS
 from pyctl.state.workflows import ConflictError, WorkflowRecord, WorkflowStore
 from pyctl.workflows.base import FINISHED, Context, Registry, Workflow
 
@@ -48,8 +50,10 @@ MAX_WAIT = 3600.0
 INSTANCE = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-def decode(data: bytes) -> Workflow:
-    """A stored workflow; raises ValueError when it is not one (or holds a non-finite time)."""
+def decode(data: bytes, kinds: Container[str] | None = None) -> Workflow:
+    """A stored workflow; raises ValueError when it is not one (or holds a non-finite time, a
+    string beyond its bound: a node's name beyond 253 characters, or, given the `kinds` pyctl
+    runs, a kind that is none of them: no engine would ever advance or forget it)."""
     try:
         wf = _DEC.decode(data)
     except msgspec.DecodeError as e:
@@ -59,6 +63,18 @@ def decode(data: bytes) -> Workflow:
             raise ValueError(f"workflow record: {name} is not a finite number")
     if not wf.id or not wf.kind or wf.attempts < 0:
         raise ValueError("workflow record: empty id or kind, or negative attempts")
+    for name, high in (
+        ("node", MAX_NAME_CHARS),
+        ("id", MAX_TEXT_CHARS),
+        ("kind", MAX_TEXT_CHARS),
+        ("step", MAX_TEXT_CHARS),
+        ("claimed_by", MAX_TEXT_CHARS),
+    ):
+        n = len(getattr(wf, name))
+        if n > high:
+            raise ValueError(f"workflow record: {name} of {n} characters, more than {high}")
+    if kinds is not None and wf.kind not in kinds:
+        raise ValueError(f"workflow record: unknown kind {wf.kind[:100]!r}")
     return wf
 
 
@@ -119,7 +135,7 @@ class Engine:
 
     async def _decode(self, wid: str, rec: WorkflowRecord) -> Workflow | None:
         try:
-            wf = decode(rec.data)
+            wf = decode(rec.data, self.registry.kinds)
             if wf.id != wid:
                 raise ValueError(f"record under {wid!r} names the workflow {wf.id!r}")
             return wf

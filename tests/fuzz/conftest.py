@@ -18,7 +18,9 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 DEFAULT_EXAMPLES = 200
-EXAMPLES = int(os.environ.get("PYCTL_FUZZ_EXAMPLES", DEFAULT_EXAMPLES))
+#: taken out of the environment: the commands run here read `PYCTL_*` as settings, and would
+#: refuse it as an unknown one (every config case an exit 2, whatever the file held)
+EXAMPLES = int(os.environ.pop("PYCTL_FUZZ_EXAMPLES", DEFAULT_EXAMPLES))
 #: one case taking longer than this is a failure (a hang, or a loop over an unbounded count);
 #: generous, the machine running CI may be loaded
 CASE_DEADLINE = timedelta(seconds=20)

@@ -111,7 +111,8 @@ FILES = st.sampled_from(range(len(TARGETS))).flatmap(
 )
 
 
-def check(argv: list[str], capsys: pytest.CaptureFixture[str], allowed: tuple[int, ...]) -> None:
+def check(argv: list[str], capsys: pytest.CaptureFixture[str], allowed: tuple[int, ...]) -> str:
+    """Runs the command; its stderr."""
     code = main(argv)
     out = capsys.readouterr()
     assert "Traceback" not in out.err, out.err[-3000:]
@@ -120,6 +121,7 @@ def check(argv: list[str], capsys: pytest.CaptureFixture[str], allowed: tuple[in
         lines = out.err.strip().splitlines()
         assert len(lines) == 1, out.err[-3000:]
         assert lines[0].startswith("pyctl: error: ")
+    return out.err
 
 
 @FUZZ
@@ -133,6 +135,38 @@ def test_files_through_every_command(
     f = tmp_path / "input.json"
     f.write_bytes(data)
     check(argv(str(f)), capsys, (0, 1, 2) if name == "topology conformance" else (0, 2))
+
+
+@st.composite
+def yaml_tricks(draw: st.DrawFn) -> bytes:
+    """The config as YAML with one setting's value an alias bomb (anchors nested up to 9 deep,
+    each repeating the one below up to 9 times), or one of its lines (a key) given twice."""
+    lines = yaml.safe_dump(CONFIG, sort_keys=False).splitlines()
+    keys = [i for i, line in enumerate(lines) if ": " in line and not line.lstrip().startswith("-")]
+    at = draw(st.sampled_from(keys))
+    if draw(st.booleans()):
+        return "\n".join([*lines[: at + 1], lines[at], *lines[at + 1 :]]).encode()
+    depth, fan = draw(st.integers(1, 9)), draw(st.integers(1, 9))
+    levels = [f"&l0 [{', '.join(['x'] * fan)}]"]
+    levels += [f"&l{i} [{', '.join([f'*l{i - 1}'] * fan)}]" for i in range(1, depth)]
+    key = lines[at].split(":")[0]
+    lines[at] = f"{key}: [{', '.join(levels)}, *l{depth - 1}]"
+    return "\n".join(lines).encode()
+
+
+@FUZZ
+@given(data=yaml_tricks(), target=st.sampled_from([0, 1, 2]))
+def test_yaml_aliases_and_duplicate_keys_in_configs(
+    data: bytes, target: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Refused at once, with one line (before: an alias bomb ran 40 s and took 2.6 GB; a key
+    given twice was read as its last value)."""
+    CASES["cli yaml tricks"] += 1
+    f = tmp_path / "config.yaml"
+    f.write_bytes(data)
+    argv = [t for t in TARGETS if t[1] is CONFIG][target][2]
+    err = check(argv(str(f)), capsys, (2,))
+    assert "YAML aliases" in err or "given twice" in err, err
 
 
 @FUZZ

@@ -6,6 +6,7 @@ counted; nothing shown is a bare NaN."""
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import anyio
@@ -13,13 +14,15 @@ import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pyctl.cluster.bounds import MAX_SUMMARY_TTL_SECONDS
 from pyctl.cluster.kube.decode import decode_object
 from pyctl.cluster.records import KINDS, Kind, check_record, decode_record, encode_record
 from pyctl.controller.summary import Summary, federation_summary_bytes
-from pyctl.federation import federation_status, place, read_members
+from pyctl.federation import decode_member, federation_status, place, read_members
 from pyctl.metrics import Metrics
 from pyctl.model import Gpu, Node, Shape, Workload, Zone
 from pyctl.state.memory import MemoryStore
+from pyctl.state.redis_store import stored_member
 from tests.integration.records import node, nrt, pdb, pod
 from tests.unit.test_workflows import move, setup
 
@@ -126,3 +129,80 @@ def test_summaries_through_federation(summaries: list[bytes]) -> None:
         json.dumps([r.delta_gpus for r in ranks], allow_nan=False)
 
     anyio.run(main)
+
+
+STORED_FIELD = st.one_of(
+    st.sampled_from(["", "nan", "inf", "-inf", "-1", "0", "1e308", "abc", "60", "1.5"]),
+    st.floats().map(repr),
+    st.integers(-(10**20), 10**20).map(str),
+    st.text(max_size=12),
+    st.binary(max_size=12),
+)
+
+
+@FUZZ
+@given(
+    published=STORED_FIELD,
+    ttl=STORED_FIELD,
+    typ=st.sampled_from(["hash", "hash", "list", "string", "zset", "stream"]),
+)
+def test_stored_summary_fields_through_federation(
+    published: str | bytes, ttl: str | bytes, typ: str
+) -> None:
+    """A member's stored publication time and TTL as anyone may write them in Redis
+    (`redis_store.stored_member`): a member is either invalid, with its reason, or has a finite
+    age and a TTL within its bound, so that no member looks fresh for ever."""
+    CASES["federation stored fields"] += 1
+    now = 1_800_000_000.25
+    m = stored_member("pyctl:{m}:summary", [b"{}", published, ttl, repr(now).encode(), typ])
+    if m.error:
+        assert m.summary == b""
+        assert not m.fresh
+        decoded = decode_member("m", m)
+        assert decoded.summary is None
+        assert decoded.error == m.error
+        json.dumps(decoded.to_json(), allow_nan=False)
+    else:
+        assert typ == "hash"
+        assert math.isfinite(m.age_seconds)
+        assert m.age_seconds >= 0
+        assert 1 <= m.ttl_seconds <= MAX_SUMMARY_TTL_SECONDS
+
+
+def _string_paths(v: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    if isinstance(v, str):
+        return [path]
+    items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()
+    return [p for k, x in items for p in _string_paths(x, (*path, k))]
+
+
+@st.composite
+def long_strings(draw: st.DrawFn) -> tuple[Kind, bytes, int]:
+    """A stored record of any kind with one of its strings made 64 characters to 1 MiB long."""
+    kind = draw(st.sampled_from(KINDS))
+    doc = json.loads(encode_record(RECORDS[kind]))
+    *where, last = draw(st.sampled_from(_string_paths(doc)))
+    n = draw(st.sampled_from([64, 129, 254, 318, 1025, 10 * 1024 + 1, 1 << 20]))
+    parent = doc
+    for k in where:
+        parent = parent[k]
+    parent[last] = "x" * n
+    return kind, json.dumps(doc).encode(), n
+
+
+@FUZZ
+@given(case=long_strings())
+def test_no_string_beyond_every_bound_survives_a_stored_record(
+    case: tuple[Kind, bytes, int],
+) -> None:
+    """Whatever string of a stored record is made long, the record is refused once the string
+    is longer than the longest bound (a CEL selector's 10 KiB); shorter, it is refused or read,
+    never anything else."""
+    CASES["long strings"] += 1
+    kind, data, n = case
+    try:
+        rec = decode_record(kind, data)
+    except ValueError:  # its length, or another reason (a quantity, an enum) named
+        return
+    assert n <= 10 * 1024, (kind, n)
+    check_record(rec)

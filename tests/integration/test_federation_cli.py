@@ -29,10 +29,11 @@ from pyctl.federation import (
 from pyctl.metrics import Metrics
 from pyctl.model import Gpu, Node, Shape, Snapshot, Workload, Zone
 from pyctl.serve.health import HealthServer
+from pyctl.state.keys import Keys, members_key
 from pyctl.state.redis_client import RedisConfig
 from pyctl.state.redis_store import RedisStore
 
-from .conftest import AUTH_PASSWORD, redis_config
+from .conftest import AUTH_PASSWORD, RedisConn, redis_config
 from .redis_servers import (
     HOST,
     Binaries,
@@ -395,3 +396,106 @@ async def test_cli_over_tls(
     assert r.returncode == 0, r.stderr
     (mine,) = _mine(json.loads(r.stdout)["clusters"], cluster_name)
     assert mine["nodes"][0]["node"] == "a-lone"
+
+
+#: federation members whose stored summary no reader may use, as someone with write access to
+#: the shared Redis (or a broken controller) leaves them: (how it is written, the reason shown)
+HOSTILE: dict[str, tuple[dict[str, str] | None, str]] = {
+    "list": (None, "holds a list, not a hash"),
+    "ttl-inf": ({"ttl": "inf"}, "ttl 'inf' is not a whole number"),
+    "ttl-absurd": ({"ttl": "1000000000000000000"}, "ttl '1000000000000000000' is not"),
+    "ttl-zero": ({"ttl": "0"}, "ttl '0' is not"),
+    "published-abc": ({"published": "abc"}, "published time 'abc' is not a time"),
+    "published-nan": ({"published": "nan"}, "published time 'nan' is not a time"),
+    "published-inf": ({"published": "inf"}, "published time 'inf' is not a time"),
+    "published-future": ({"published": "99999999999"}, "published time '99999999999' is not"),
+}
+
+
+async def test_one_hostile_member_blinds_no_other(redis_conn: RedisConn, cluster_name: str) -> None:
+    """A member whose summary key has another Redis type, or whose publication time or TTL is
+    not one, is shown invalid with its reason and counted once in
+    `pyctl_quarantined_records_total{store="summaries"}`; every other member is listed and
+    placed on, by `read_members`, `GET /federation` and `pyctl federation status|place`. Before,
+    one such member made all of them fail (WRONGTYPE, int('inf')), or showed fresh for ever."""
+    good = RedisStore(redis_conn.config, f"{cluster_name}-good")
+    await good.open()
+    try:
+        nodes = {"g-1": _node("g-1", 1, 7)}
+        summary = federation_summary_bytes(_summary(good.cluster, nodes), nodes, M)
+        await good.put_summary(summary, 60)
+        client = redis_conn.client
+        sec, usec = await client.time()
+        for name, (fields, _) in HOSTILE.items():
+            key = Keys(f"{cluster_name}-{name}").summary
+            if fields is None:
+                await client.rpush(key, "x")
+            else:
+                stored: dict[str | bytes, str | bytes] = {
+                    "data": summary,
+                    "published": f"{sec}.{usec:06d}",
+                    "ttl": "60",
+                }
+                stored.update(fields)
+                await client.hset(key, mapping=stored)  # type: ignore[arg-type]
+            await client.expire(key, 300)
+            await client.zadd(members_key(), {f"{cluster_name}-{name}": float(sec)})
+
+        members = {m.cluster: m for m in _mine(await read_members(good), cluster_name)}
+        assert members[good.cluster].summary is not None
+        assert not members[good.cluster].stale
+        for name, (_, why) in HOSTILE.items():
+            m = members[f"{cluster_name}-{name}"]
+            assert m.summary is None, name
+            assert why in m.error, (name, m.error)
+            assert not m.rich
+
+        metrics = Metrics()
+        server = HealthServer(
+            metrics.registry,
+            lambda: (True, "ok"),
+            federation=lambda: federation_status(good, metrics, good.cluster),
+        )
+        port = await server.start()
+        try:
+            url = f"http://127.0.0.1:{port}/federation"
+            for _ in range(2):  # counted once per summary, however often read
+                body = await anyio.to_thread.run_sync(
+                    lambda: urllib.request.urlopen(url, timeout=10).read()
+                )
+        finally:
+            await server.stop()
+        view = {m["cluster"]: m for m in json.loads(body)["members"]}
+        assert view[good.cluster]["placeable"]
+        assert view[good.cluster]["nodes"] == 1
+        for name, (_, why) in HOSTILE.items():
+            m = view[f"{cluster_name}-{name}"]
+            assert why in m["error"], m
+            assert "scheduling_success" not in m, m
+        invalid_seen = sum(1 for m in view.values() if m["error"])  # others' too
+        counted = metrics.registry.get_sample_value(
+            "pyctl_quarantined_records_total", {"cluster": good.cluster, "store": "summaries"}
+        )
+        assert counted == invalid_seen >= len(HOSTILE)
+
+        config = redis_conn.config
+        r = await anyio.to_thread.run_sync(lambda: _cli(config, "status", password=""))
+        assert r.returncode == 0, r.stderr
+        rows = [line for line in r.stdout.splitlines() if f"{cluster_name}-" in line]
+        assert len(rows) == 1 + len(HOSTILE), r.stdout
+        for row in rows:
+            if f"{cluster_name}-good" in row:
+                assert "fresh" in row
+            else:
+                assert "invalid (" in row, row
+                assert "%" not in row, row
+        r = await anyio.to_thread.run_sync(
+            lambda: _cli(config, "place", "gpus=1,cpu=2", "--json", password="")
+        )
+        assert r.returncode == 0, r.stderr
+        placed = {c["cluster"]: c for c in json.loads(r.stdout)["clusters"]}
+        assert placed[good.cluster]["nodes"][0]["node"] == "g-1"
+        for name in HOSTILE:
+            assert placed[f"{cluster_name}-{name}"]["skipped"], name
+    finally:
+        await good.close()

@@ -5,11 +5,16 @@ instead of failing."""
 
 from __future__ import annotations
 
+import json
+
+import msgspec
 import pytest
 
 from pyctl.app.config import load_config
 from pyctl.app.state import NoStateError, read_stored
 from pyctl.app.status import status_of
+from pyctl.cluster.records import encode_record
+from pyctl.metrics import Metrics
 from pyctl.state.keys import Keys
 from pyctl.state.redis_store import RedisStore
 from pyctl.state.redis_workflows import RedisWorkflowStore
@@ -123,10 +128,49 @@ async def test_hostile_records_are_skipped_one_at_a_time(
     flows = RedisWorkflowStore(redis_conn.client, redis_conn.config, cluster_name)
     view = await read_stored(cfg, reader, flows, "redis under test")
     st = status_of(view)
-    assert "published time or ttl that is not a number" in view.summary_error
+    assert "is invalid: published time 'yesterday' is not a time" in view.summary_error
     assert st.heartbeat.published is False
     assert st.workflows_undecodable.keys() == {"wf-1"}
     assert st.summary is not None
     assert st.summary.nodes == 1
     assert len(st.skipped) == 6
     assert view.workload_source == "derived"
+
+
+async def test_a_record_with_a_string_beyond_its_bound_is_left_out_and_quarantined(
+    redis_conn: RedisConn, cluster_name: str
+) -> None:
+    """A stored pod whose uid is 10 MiB (or a label value beyond 63 characters): skipped by
+    the reader, named, and `pyctl status --json` stays small; moved aside (and counted) when
+    the store loads it. Before, it was read and processed: `status --json` was 10.5 MB."""
+    keys = Keys(cluster_name)
+    metrics = Metrics()
+    writer = RedisStore(redis_conn.config, cluster_name, client=redis_conn.client, metrics=metrics)
+    await writer.open()
+    good = [pod("ml", f"p-{i}", "gpu-1") for i in range(3)]
+    await writer.apply(
+        [ev("ADDED", node("gpu-1")), *(ev("ADDED", p) for p in good)], {"Node": "5", "Pod": "6"}
+    )
+    r = redis_conn.client
+    huge_uid = msgspec.structs.replace(pod("ml", "huge", "gpu-1"), uid="u" * (10 << 20))
+    long_label = msgspec.structs.replace(pod("ml", "label", "gpu-1"), labels=(("app", "v" * 64),))
+    await r.hset(keys.objects("Pod"), "ml/huge", encode_record(huge_uid))
+    await r.hset(keys.objects("Pod"), "ml/label", encode_record(long_label))
+
+    cfg = load_config(None, {}, {"cluster": cluster_name})
+    reader = RedisStore(redis_conn.config, cluster_name, client=redis_conn.client)
+    view = await read_stored(cfg, reader, None, "redis under test")
+    st = status_of(view)
+    skipped = {(kind, key): why for kind, key, why in st.skipped}
+    assert skipped.keys() == {("Pod", "ml/huge"), ("Pod", "ml/label")}
+    assert "uid: 10485760 characters, more than 128" in skipped[("Pod", "ml/huge")]
+    assert "labels entry: 64 characters, more than 63" in skipped[("Pod", "ml/label")]
+    assert len(json.dumps(st.to_json())) < 100_000
+
+    records, _ = await writer.load("Pod")
+    assert records == {p.key: p for p in good}
+    assert set(await writer.quarantined("Pod")) == {"ml/huge", "ml/label"}
+    counted = metrics.registry.get_sample_value(
+        "pyctl_quarantined_records_total", {"cluster": cluster_name, "store": "objects"}
+    )
+    assert counted == 2

@@ -5,6 +5,7 @@ the objects around it are untouched."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
@@ -12,12 +13,28 @@ import msgspec
 import pytest
 
 from pyctl.cluster import bounds
+from pyctl.cluster.dra_records import (
+    Attr,
+    ClaimRecord,
+    Device,
+    DeviceClassRecord,
+    PodClaim,
+    SliceRecord,
+)
 from pyctl.cluster.kube.decode import DecodeError, decode_object, decode_watch_line
 from pyctl.cluster.records import (
+    Constraints,
+    Kind,
     NodeRecord,
+    NodeTerm,
     NrtRecord,
     ObjectRef,
+    PdbRecord,
     PodRecord,
+    Requirement,
+    Spread,
+    Taint,
+    Toleration,
     ZoneRecord,
     check_record,
     decode_record,
@@ -181,3 +198,70 @@ def test_stored_records_are_held_to_the_same_bounds() -> None:
 def test_pod_shape_problem(rec: PodRecord, needle: str | None) -> None:
     why = pod_shape_problem(rec)
     assert (why is None) if needle is None else (why is not None and needle in why)
+
+
+BIG = "a" * (10 << 20)  # 10 MiB
+
+
+@pytest.mark.parametrize(
+    ("kind", "rec", "needle"),
+    [
+        ("Pod", PodRecord("ns", BIG), "name: 10485760 characters, more than 253"),
+        ("Pod", PodRecord("ns", "p", uid=BIG), "uid: 10485760 characters, more than 128"),
+        ("Pod", PodRecord("n" * 64, "p"), "namespace: 64 characters, more than 63"),
+        ("Pod", PodRecord("ns", "p", labels=(("app", "v" * 64),)), "labels entry: 64 char"),
+        ("Pod", PodRecord("ns", "p", labels=(("k" * 318, "v"),)), "labels entry: 318 char"),
+        ("Pod", PodRecord("ns", "p", unschedulable_message=BIG), "unschedulable_message: 10485"),
+        ("Pod", PodRecord("ns", "p", owner_name=BIG), "owner_name: 10485760 characters"),
+        ("Pod", PodRecord("ns", "p", claims=(PodClaim(BIG),)), "name: 10485760 characters"),
+        (
+            "Pod",
+            PodRecord(
+                "ns", "p", constraints=Constraints(tolerations=(Toleration("k", value=BIG),))
+            ),
+            "value: 10485760 characters, more than 63",
+        ),
+        ("Node", NodeRecord("n", gpu_model=BIG), "gpu_model: 10485760 characters, more than 1024"),
+        ("Node", NodeRecord("n", taints=(Taint("k", "v" * 64),)), "value: 64 characters"),
+        ("PodDisruptionBudget", PdbRecord("ns", "p", match_labels=(("a", BIG),)), "match_labels"),
+        ("NodeResourceTopology", NrtRecord("n", policy=BIG), "policy: 10485760 characters"),
+        ("ResourceClaim", ClaimRecord("ns", "c", uid=BIG), "uid: 10485760 characters"),
+        (
+            "ResourceSlice",
+            SliceRecord("s", devices=(Device("d", attributes=(Attr("a", "string", "x" * 65),)),)),
+            "value: 65 characters, more than 64",
+        ),
+        ("DeviceClass", DeviceClassRecord("c", selectors=("x" * 10241,)), "selectors entry"),
+    ],
+)
+def test_every_string_of_a_stored_record_is_bounded(kind: Kind, rec: Any, needle: str) -> None:
+    """As the API server bounds them (names 253, namespaces 63, uids 128, label keys 317 and
+    values 63, a CEL selector 10 KiB, other strings 1,024): before, a 10 MiB pod uid passed
+    `check_record` and was processed (`pyctl status --json` 10.5 MB)."""
+    with pytest.raises(bounds.BoundsError, match=re.escape(needle)):
+        check_record(rec)
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        decode_record(kind, encode_record(rec))
+
+
+def test_strings_at_the_api_servers_bounds_pass() -> None:
+    key = "k" * 253 + "/" + "n" * 63
+    check_record(
+        PodRecord(
+            "n" * 63,
+            "p" * 253,
+            uid="u" * 36,
+            node="x" * 253,
+            labels=((key, "v" * 63),),
+            constraints=Constraints(
+                spread=(Spread(1, key),),
+                node_affinity=(
+                    NodeTerm(match_fields=(Requirement("metadata.name", "In", ("x" * 253,)),)),
+                ),
+            ),
+        )
+    )
+    check_record(NodeRecord("x" * 253, labels=((key, "v" * 63),), taints=(Taint(key, "v" * 63),)))
+    check_record(DeviceClassRecord("c", selectors=("x" * 10240,)))
+    attr = Attr("a", "strings", ("x" * 64, "y" * 64))
+    check_record(SliceRecord("s", devices=(Device("d", attributes=(attr,)),)))

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import logging
+import resource
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -147,3 +149,87 @@ def test_output_to_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
         code = p.wait(timeout=120)
         assert err == b"", (argv, err.decode()[-2000:])
         assert code == errors.EXIT_BROKEN_PIPE, (argv, code)
+
+
+UNREACHABLE_REDIS = "redis://127.0.0.1:1/0"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "--kubeconfig", "/nonexistent/kubeconfig"],
+        ["status", "--redis", UNREACHABLE_REDIS],
+        ["explain", "default/p", "--redis", UNREACHABLE_REDIS],
+        ["federation", "status", "--redis", UNREACHABLE_REDIS],
+        ["federation", "place", "gpus=1", "--redis", UNREACHABLE_REDIS],
+    ],
+)
+def test_pyctl_debug_is_not_a_setting(
+    argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every internal-error message tells users to set PYCTL_DEBUG=1: every command that reads
+    the configuration accepts it, and it changes nothing but that traceback."""
+    monkeypatch.delenv("PYCTL_DEBUG", raising=False)
+    without = one_line_exit_2(argv, capsys)
+    monkeypatch.setenv("PYCTL_DEBUG", "1")
+    with_debug = one_line_exit_2(argv, capsys)
+    assert "unknown setting" not in with_debug
+    assert with_debug == without
+
+
+def test_pyctl_debug_shows_the_traceback_of_an_internal_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pyctl.cli import status
+
+    def bug(*_: object, **__: object) -> None:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(status, "read", bug)  # a failure of pyctl's own, after the config
+    argv = ["status", "--redis", UNREACHABLE_REDIS]
+    for off in ("", "0"):
+        monkeypatch.setenv("PYCTL_DEBUG", off)
+        assert main(argv) == errors.EXIT_INTERNAL
+        err = capsys.readouterr().err
+        assert err.startswith("pyctl: error: internal error (a bug in pyctl; PYCTL_DEBUG=1")
+        assert len(err.splitlines()) == 1
+    monkeypatch.setenv("PYCTL_DEBUG", "1")
+    with pytest.raises(KeyError, match="a bug"):
+        main(argv)
+
+
+def kubeconfig_bomb() -> str:
+    """A kubeconfig whose `contexts` is one alias standing for 9**9 entries (under 1 KB)."""
+    levels = ["&l0 [" + ", ".join(["{name: x}"] * 9) + "]"]
+    levels += [f"&l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9)]
+    return (
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"bomb: [{', '.join(levels)}]\ncontexts: [*l8]\nclusters: []\nusers: []\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        (kubeconfig_bomb(), "line 4: YAML aliases (*l0) are not accepted"),
+        ("apiVersion: v1\nkind: Config\nkind: Config\n", "line 3: key 'kind' given twice"),
+    ],
+)
+def test_a_kubeconfig_alias_bomb_or_a_key_given_twice_is_one_line_at_once(
+    text: str, line: str, tmp_path: Path
+) -> None:
+    """Before, the bomb ran past 40 s (the kubeconfig loader walked the expanded entries)."""
+    f = tmp_path / "kubeconfig"
+    f.write_text(text)
+
+    def limit_memory() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "pyctl.cli.main", "run", "--kubeconfig", str(f)],
+        capture_output=True, text=True, timeout=120, preexec_fn=limit_memory, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.splitlines() == [f"pyctl: error: kubeconfig {f}: {line}"]
+    assert time.monotonic() - started < 30

@@ -3,6 +3,11 @@ bounds, and messages that name the setting and never show a secret."""
 
 from __future__ import annotations
 
+import re
+import resource
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -67,3 +72,62 @@ def test_a_password_never_appears_in_an_error() -> None:
 
 def test_defaults_validate() -> None:
     assert Config().validate() == Config()
+
+
+def alias_bomb(depth: int = 9, fan: int = 9) -> str:
+    """Anchors nested `depth` deep inside `workload.excluded_namespaces`, each level repeating
+    the one below `fan` times: under 1 KB of YAML standing for fan**depth names."""
+    levels = [f"&l0 [{', '.join(['kube-system'] * fan)}]"]
+    for i in range(1, depth):
+        levels.append(f"&l{i} [{', '.join([f'*l{i - 1}'] * fan)}]")
+    return "workload:\n  excluded_namespaces: [" + ", ".join(levels) + "]\n"
+
+
+def test_a_yaml_alias_bomb_is_one_line_and_exit_2_at_once(tmp_path: Path) -> None:
+    """Before: 40 s and 2.6 GB (the error message's repr walked the billion shared names)."""
+    f = tmp_path / "bomb.yaml"
+    f.write_text(alias_bomb())
+    assert f.stat().st_size < 2000
+
+    def limit_memory() -> None:  # a bomb that goes off must fail here, not take the machine
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    for command in (["status"], ["run"], ["federation", "status"]):
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-m", "pyctl.cli.main", *command, "--config", str(f)],
+            capture_output=True, text=True, timeout=120, preexec_fn=limit_memory, check=False,
+        )  # fmt: skip
+        took = time.monotonic() - started
+        assert done.returncode == 2, (command, done.returncode, done.stderr[-2000:])
+        assert done.stderr.splitlines() == [
+            f"pyctl: error: config file {f}: line 2: YAML aliases (*l0) are not accepted"
+        ], command
+        assert took < 30, (command, took)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("mode: observe\nmode: enforce\n", "line 2: key 'mode' given twice"),
+        ("workload:\n  interval: 5\n  interval: 6\n", "line 3: key 'interval' given twice"),
+        ("workload: {interval: 5}\nworkload: {namespaces: a}\n", "key 'workload' given twice"),
+        ("workload_interval: 5\nworkload: {interval: 6}\n", "'workload_interval' given twice"),
+        ("metrics-port: 1\nmetrics_port: 2\n", "'metrics_port' given twice"),
+        ("a: &x 1\nmode: *x\n", "line 2: YAML aliases (*x) are not accepted"),
+        ("<<: {mode: enforce}\nmode: observe\n", "line 1: YAML merge keys (<<) are not accepted"),
+    ],
+)
+def test_duplicate_keys_and_aliases_are_errors(tmp_path: Path, text: str, message: str) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(str(f), {})
+
+
+def test_json_and_plain_yaml_configs_still_read(tmp_path: Path) -> None:
+    f = tmp_path / "c.json"
+    f.write_text('{"mode": "enforce", "workload": {"namespaces": ["a", "b"]}}')
+    cfg = load_config(str(f), {})
+    assert cfg.mode == "enforce"
+    assert cfg.workload.namespaces == ("a", "b")

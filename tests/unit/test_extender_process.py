@@ -430,3 +430,24 @@ async def test_readyz_says_when_the_process_is_not_serving(controller: Controlle
     down = [body for code, body in seen if code == 503]
     assert down, seen  # the restart waits RESTART_SECONDS: a poll every 20 ms sees it
     assert all("extender's process is not serving" in body for body in down)
+
+
+@pytest.mark.anyio
+async def test_its_header_limit_holds_however_the_header_arrives(controller: Controller) -> None:
+    """The extender's 16 KiB of request line and headers (docs/http.md), in its own process:
+    65,000 bytes sent in one write were answered 200 before."""
+    from tests.unit.test_http_servers import REFUSED, header_statuses
+
+    registry = CollectorRegistry()
+    there = ExtenderProcess(
+        Publisher(controller.reconciler, dict, dict),
+        lambda: ExtenderHandler(advisor(controller)),
+        ExtenderOptions(port=0),
+        HttpMetrics(registry, "t"),
+    )
+    port = await there.start()
+    try:
+        got = await header_statuses(port, "POST", "/scheduler/filter", 16 << 10)
+    finally:
+        await there.stop()
+    assert got == {"under": 200, **REFUSED}

@@ -746,3 +746,61 @@ def test_tuned_malloc_gives_freed_blocks_back_from_a_threads_arena() -> None:
 
     assert held("default") > 15.0
     assert held("tuned") < 5.0
+
+
+# ---- header limits, however the header arrives ------------------------------------------------
+
+
+async def header_statuses(port: int, method: str, path: str, limit: int) -> dict[str, int]:
+    """Status of a request whose line and headers are just under `limit`, then 65,000 bytes
+    (sent in one write, then dribbled 1 KiB at a time) and just over `limit` (in one write)."""
+
+    def head(size: int) -> bytes:
+        start = f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nX-Pad: ".encode()
+        return start + b"a" * (size - len(start) - 4) + b"\r\n\r\n"
+
+    async def send(data: bytes, piece: int) -> int:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            for i in range(0, len(data), piece):
+                writer.write(data[i : i + piece])
+                await writer.drain()
+                if piece < len(data):
+                    await asyncio.sleep(0.001)
+            return (await read_response(reader))[0]
+        except (ConnectionResetError, asyncio.IncompleteReadError):
+            return -1  # closed without an answer
+        finally:
+            writer.close()
+
+    assert len(head(limit)) == limit
+    return {
+        "under": await send(head(limit - 16) + b"{}", 1 << 20),
+        "65000 at once": await send(head(65_000) + b"{}", 1 << 20),
+        "65000 dribbled": await send(head(65_000) + b"{}", 1024),
+        "over by 1": await send(head(limit + 1) + b"{}", 1 << 20),
+    }
+
+
+REFUSED = {"65000 at once": 431, "65000 dribbled": 431, "over by 1": 431}
+
+
+async def test_header_limits_are_enforced_however_the_header_arrives(
+    served: Callable[..., Any],
+) -> None:
+    """docs/http.md: 8 KiB on the metrics server, 16 KiB on the extender (request line and
+    headers). Before, 65,000 bytes in one write were answered 200 on both: h11 bounds only
+    headers still incomplete."""
+    s = await served()
+    got = await header_statuses(s.port, "POST", "/scheduler/filter", 16 << 10)
+    assert got == {"under": 200, **REFUSED}
+    assert s.refused("header-too-large") == 3
+
+    registry = CollectorRegistry()
+    health = HealthServer(registry, lambda: (True, "ok"), limits=MetricsOptions().limits())
+    port = await health.start()
+    try:
+        got = await header_statuses(port, "GET", "/healthz", 8 << 10)
+    finally:
+        await health.stop()
+    assert got == {"under": 200, **REFUSED}

@@ -266,6 +266,15 @@ def test_mig_parted_config_round_trips() -> None:
             "must be empty",
         ),
         ("version: v1\nmig-configs: {a: [{devices: all, mig-enabled: true, x: 1}]}", "unexpected"),
+        (  # the same config name twice: not the last one silently
+            "version: v1\nmig-configs:\n  a: [{devices: all, mig-enabled: false}]\n"
+            "  a: [{devices: all, mig-enabled: true, mig-devices: {1g.5gb: 7}}]\n",
+            "mig-parted config: line 4: key 'a' given twice",
+        ),
+        (
+            "version: v1\nmig-configs:\n  a: [&e {devices: all, mig-enabled: false}]\n  b: [*e]\n",
+            "mig-parted config: line 4: YAML aliases (*e) are not accepted",
+        ),
     ],
 )
 def test_parse_mig_parted_checks_the_v1_spec(text: str, message: str) -> None:

@@ -191,7 +191,7 @@ def test_a_member_summary_out_of_bounds_is_skipped_counted_and_never_shown_as_na
         got = {x["cluster"]: x for x in view["members"]}
         assert got["good"]["nodes"] == 2
         assert got["good"]["error"] is None
-        assert got["bad"]["nodes"] == 0
+        assert "nodes" not in got["bad"]  # an invalid member has no figures, not zeros
         assert why in got["bad"]["error"]
         await read_members(store, m, "me")  # the same bad summary again: counted once
         assert quarantined(m, "summaries", "me") == 1
@@ -204,3 +204,32 @@ def test_deep_and_huge_summaries_are_refused() -> None:
         decode_summary(b'{"cluster": "a", "snapshot": ' + b'{"a": ' * 100_000)
     with pytest.raises(ValueError, match="more than"):
         decode_summary(b" " * (64 << 20) + b"{}")
+
+
+@pytest.mark.anyio
+async def test_a_workflow_of_an_unknown_kind_or_beyond_a_bound_is_quarantined() -> None:
+    """Before, a record of a kind no engine runs stayed in the store for ever, never counted:
+    each engine left it to the others."""
+    from pyctl.app.state import decode_workflows
+
+    cluster, engine, store = setup()
+    unknown = msgspec.structs.replace(move(5), id="bogus-1", kind="bogus")
+    long_node = msgspec.structs.replace(move(6), id="long-node", node="n" * 254)
+    await store.put("bogus-1", msgspec.json.encode(unknown), 0)
+    await store.put("long-node", msgspec.json.encode(long_node), 0)
+    await engine.start(move(0))
+    # what `pyctl status` reads lists them with why, as it lists every undecodable record
+    _, bad = decode_workflows(await store.list())
+    assert bad == {
+        "bogus-1": "workflow record: unknown kind 'bogus'",
+        "long-node": "workflow record: node of 254 characters, more than 253",
+    }
+    # an engine of one kind (as pyctl runs them, one per loop) moves them aside all the same
+    only_mig = _Engine(store, engine.ctx, engine.registry, kinds=("mig-reconfigure",))
+    await only_mig.advance_all()
+    q = await store.quarantined()
+    assert set(q) == {"bogus-1", "long-node"}
+    assert "unknown kind 'bogus'" in q["bogus-1"].reason
+    assert quarantined(engine.ctx.gate.metrics, "workflows") == 2
+    assert await engine.advance_all() == {("compaction", "done"): 1}
+    assert cluster.evictions == ["ns/p0"]

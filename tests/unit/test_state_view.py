@@ -75,7 +75,7 @@ def test_decode_member_says_a_field_of_the_wrong_type() -> None:
     m = decode_member("c", MemberSummary(b'{"pending": [], "nodes": 3}', 1.0, 30))
     assert m.error.startswith("summary does not decode:")
     assert m.summary is None
-    assert m.to_json()["nodes"] == 0
+    assert "nodes" not in m.to_json()  # an invalid member has no figures, not zeros
     good = decode_member("c", MemberSummary(b'{"cluster": "c", "pending": 2, "nodes": 3}', 1.0, 30))
     assert good.error == ""
     assert (good.pending, good.nodes) == (2, 3)

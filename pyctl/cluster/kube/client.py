@@ -22,6 +22,7 @@ import anyio
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 
+from pyctl import safe_yaml
 from pyctl.cluster.bounds import MAX_INPUT_BYTES
 from pyctl.cluster.source import ActuatorError
 
@@ -232,6 +233,11 @@ async def connect(
         try:
             if (await anyio.Path(str(kubeconfig)).stat()).st_size > MAX_INPUT_BYTES:
                 raise KubeConfigError(f"{where}: larger than {MAX_INPUT_BYTES} bytes")
+            # read first by pyctl's YAML loader: an alias bomb (1 KB standing for a billion
+            # entries, walked by the loader below and by its messages) or a key given twice is
+            # refused with the line (kubectl's YAML refuses keys given twice too)
+            text = await anyio.Path(str(kubeconfig)).read_text(encoding="utf-8")
+            safe_yaml.load(text, where)
             await k8s_config.load_kube_config(
                 config_file=str(kubeconfig),
                 context=context,
@@ -240,6 +246,10 @@ async def connect(
             )
         except KubeConfigError:
             raise
+        except safe_yaml.YamlInputError as e:
+            raise KubeConfigError(str(e)) from None
+        except UnicodeDecodeError:
+            raise KubeConfigError(f"{where}: not UTF-8 text") from None
         except OSError as e:
             raise KubeConfigError(f"{where}: cannot read: {e.strerror or e}") from None
         except RecursionError:

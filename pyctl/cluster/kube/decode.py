@@ -59,6 +59,7 @@ from pyctl.cluster.records import (
     Toleration,
     ZoneRecord,
     check_record,
+    check_texts,
     tombstone,
 )
 
@@ -591,9 +592,12 @@ def decode_object(kind: Kind, data: bytes | Mapping[str, Any]) -> Record:
         rec: Record = _TO_RECORD[kind](obj)
         if kind in _CHECKED_AFTER:
             # the record's own bounds (a negative count): whatever decodes is what `check_record`
-            # accepts from Redis or a file. A slice's bounds are all applied while it decodes
-            # (the check would add a third to its cost); the fuzz tests check both agree.
+            # accepts from Redis or a file. A slice's counts are all applied while it decodes
+            # (the whole check would add a third to its cost), its strings here; the fuzz tests
+            # check both agree.
             check_record(rec)
+        elif kind == "ResourceSlice":
+            check_texts(rec)
     except dra_decode.DraDecodeError as e:
         # beyond a limit of k8s.io/api/resource/v1 (bounds.DRA_BOUNDS), or a value pyctl cannot read
         reason = "out_of_bounds" if "more than the limit" in str(e) else "malformed"
