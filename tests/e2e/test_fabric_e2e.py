@@ -116,6 +116,7 @@ async def test_pyctl_frees_one_clique_for_a_group_that_must_share_one(
             "PYCTL_WORKFLOW_RESCUE_DEPTH": "4",
             "PYCTL_WORKFLOW_MAX_MOVES": "4",
             "PYCTL_FABRIC_INTERVAL": "1",
+            "PYCTL_WORKLOAD_INTERVAL": "1",
         },
     )
     sched = ExtraScheduler(
@@ -198,7 +199,28 @@ async def test_pyctl_frees_one_clique_for_a_group_that_must_share_one(
         cliques = {clique_of(p.spec.node_name) for p in group}
         assert len(cliques) == 1, [p.spec.node_name for p in group]
         assert len({p.spec.node_name for p in group}) == 4
-        assert split_seen[0] > 0, "pyctl never reported the group's idle GPUs as domain_split"
+        # M holds the group as a gang of four (derived from its pods); no clique has room for
+        # another such gang, so the idle GPUs of the other cliques are domain_split
+
+        async def split_reported() -> bool:
+            v = gauge(
+                pyctl.metrics(),
+                "pyctl_gpu_fragment_by_category_gpus",
+                cluster="e2e",
+                category="domain_split",
+            )
+            return (v or 0.0) > 0 or split_seen[0] > 0
+
+        await wait_until(split_reported, "pyctl to report domain_split", within=60)
+        largest = gauge(
+            pyctl.metrics(),
+            "pyctl_level_largest_gang_pods",
+            cluster="e2e",
+            level=CLIQUE,
+            gpus_per_pod="4",
+        )
+        assert largest is not None
+        assert largest < 4
         assert lowest[0] >= 22, f"the PDB was violated: {lowest[0]} replicas up at one time"
         for n in NODES:
             node = await core.read_node(n)
