@@ -26,7 +26,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY --from=builder /dist /tmp/dist
-RUN pip install /tmp/dist/*.whl \
+# with the extra `agent` (nvidia-ml-py, grpcio, protobuf): the same image runs `pyctl agent`
+RUN pip install "$(ls /tmp/dist/*.whl)[agent]" \
  && rm -rf /tmp/dist \
  && groupadd --system --gid 10001 pyctl \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin pyctl

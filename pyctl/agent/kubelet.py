@@ -24,12 +24,12 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-import grpc
-
-from pyctl.agent.podresources import api_pb2, api_pb2_grpc
 from pyctl.agent.view import Gpu
+
+if TYPE_CHECKING:  # grpcio and protobuf come with the extra `agent`: imported when used
+    from pyctl.agent.podresources import api_pb2
 from pyctl.cluster.bounds import MAX_ITEMS, MAX_NUMA_ID, MAX_TEXT_CHARS, MAX_VALUES
 
 KUBELET_SOCKET: Final = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -201,6 +201,10 @@ async def read_pod_resources(
     `deadline_s` seconds, as gRPC deadlines)."""
     if not await asyncio.to_thread(socket.exists):
         raise PodResourcesError(f"{socket}: no such socket (is the kubelet's directory mounted?)")
+    import grpc
+
+    from pyctl.agent.podresources import api_pb2, api_pb2_grpc
+
     options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
     try:
         async with grpc.aio.insecure_channel(f"unix://{socket}", options=options) as channel:

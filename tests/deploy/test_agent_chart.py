@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from tests.paths import REPO
+
 from .tools import ToolError, one, template
 
 NAME = "pyctl-agent"
@@ -84,3 +86,10 @@ def test_the_schema_refuses_bad_agent_values(values: dict[str, Any], message: st
     with pytest.raises(ToolError) as err:
         template(values)
     assert message in str(err.value)
+
+
+def test_the_image_carries_the_agents_extra() -> None:
+    """The DaemonSet runs the chart's one image: its runtime stage installs pyctl[agent]."""
+    text = (REPO / "Dockerfile").read_text(encoding="utf-8")
+    runtime = text.split("AS runtime", 1)[1]
+    assert 'pip install "$(ls /tmp/dist/*.whl)[agent]"' in runtime

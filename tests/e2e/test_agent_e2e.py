@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -179,3 +181,47 @@ async def test_the_agents_annotation_reaches_the_controller(
         await agent.stop()
         await core.delete_collection_namespaced_pod("default", label_selector="app=agent-e2e")
         await core.delete_node(NODE)
+
+
+def _start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+
+
+@pytest.mark.anyio
+async def test_pyctl_agent_publishes_from_the_command_line(
+    control_plane: ControlPlane, api: client.ApiClient, tmp_path: Path
+) -> None:
+    """`pyctl agent --kubeconfig … --node …` (the loop, as the DaemonSet runs it with
+    --in-cluster) writes the annotation on its node; stopped, it leaves it there."""
+    core = client.CoreV1Api(api)
+    name = "agent-cli-0"
+    await core.create_node(body(node_manifest(GpuNodeSpec(name, labels=LABEL))))
+    board = boards.nvswitch(clique=3)
+    fixture = tmp_path / "nvml.json"
+    fixture.write_text(json.dumps(board))
+    root = boards.sysfs(tmp_path / "sys", board, [0, 0, 0, 0, 1, 1, 1, 1])
+    argv = [
+        sys.executable, "-m", "pyctl.cli.main", "agent",
+        "--kubeconfig", str(control_plane.kubeconfig), "--node", name,
+        "--nvml-fixture", str(fixture), "--sysfs-root", str(root),
+        "--pod-resources-socket", "", "--interval", "0.5", "--metrics-port", "0",
+    ]  # fmt: skip
+    proc = _start(argv, tmp_path / "agent.log")
+    try:
+
+        async def published() -> bool:
+            got = await core.read_node(name)
+            return at.ANNOTATION in (got.metadata.annotations or {})
+
+        await wait_until(published, "the annotation on the agent's node", within=60)
+        got = await core.read_node(name)
+        topo = at.decode(got.metadata.annotations[at.ANNOTATION])
+        assert topo.nvlink == (tuple(range(8)),)
+        assert {g.clique for g in topo.gpus} == {"0123456789abcdef0123456789abcdef.3"}
+        assert topo.pods is None  # the kubelet was not read: the controller keeps its rules
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        await core.delete_node(name)
+    assert b"node topology published" in (tmp_path / "agent.log").read_bytes()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import ctypes.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -131,3 +133,16 @@ def test_the_loop_publishes_metrics(tmp_path: Path) -> None:
     assert "pyctl_agent_reads_total 2.0" in body
     line = 'pyctl_agent_catalog_disagreements{model="H200-141GB",profile_id="9",what="placements"}'
     assert f"{line} 2.0" in body
+
+
+def test_pyctl_starts_without_the_agent_extra() -> None:
+    """nvidia-ml-py, grpcio and protobuf are the extra `agent`'s: the CLI imports none of them
+    until `pyctl agent` reads a node."""
+    code = (
+        "import sys, pyctl.cli.main; "
+        "print(sorted(m for m in ('grpc', 'google.protobuf', 'pynvml') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "[]"

@@ -7,6 +7,7 @@ kubelet put on GPU 0 and GPU 4, the workload one 4-GPU shape."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from pyctl.agent.fixture import FixtureNvml
 from pyctl.agent.publish import annotation
 from pyctl.agent.view import read_node, view_json
+from pyctl.cli.main import main
 from pyctl.cluster import agent_topology as at
 from pyctl.cluster.kube.decode import decode_watch_line
 from pyctl.cluster.records import NodeRecord, PodRecord
@@ -223,3 +225,49 @@ def test_any_json_is_a_topology_or_a_clear_error(value: Any) -> None:
         assert -1 <= g.numa <= 1023
     for _, held in got.pods or ():
         assert all(0 <= i < len(got.gpus) for i in held)
+
+
+def test_pyctl_score_shows_the_source_and_the_catalog_note(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`pyctl score` of a `kubectl get nodes,pods -o json` dump with an annotated node."""
+    value = at.encode(
+        [(u, i // 4, None) for i, u in enumerate(UUIDS)], [], {"ns/a": [0], "ns/b": [4]}, 2
+    )
+    labels = {"nvidia.com/gpu.product": "NVIDIA-H200"}
+    alloc = {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8"}
+    items: list[dict[str, Any]] = [
+        {
+            "kind": "Node",
+            "metadata": {"name": "g1", "labels": labels, "annotations": {at.ANNOTATION: value}},
+            "status": {"capacity": alloc, "allocatable": alloc},
+        },
+        *(
+            {
+                "kind": "Pod",
+                "metadata": {"name": name, "namespace": "ns"},
+                "spec": {
+                    "nodeName": "g1",
+                    "containers": [
+                        {
+                            "name": "c",
+                            "resources": {"requests": {"cpu": "1", "nvidia.com/gpu": "1"}},
+                        }
+                    ],
+                },
+                "status": {"phase": "Running"},
+            }
+            for name in ("a", "b")
+        ),
+    ]
+    f = tmp_path / "dump.json"
+    f.write_text(json.dumps({"kind": "List", "items": items}))
+    assert main(["score", str(f), "--json"]) == 0
+    [n] = json.loads(capsys.readouterr().out)["nodes"]
+    assert n["gpu_source"] == (
+        "agent (exact: the kubelet's PodResources and sysfs NUMA); "
+        "the agent found 2 MIG catalog disagreement(s), the device wins"
+    )
+    assert [z["numa"] for z in n["zones"]] == [0, 1]
+    assert main(["score", str(f)]) == 0
+    assert "g1: GPUs attributed by agent (exact" in capsys.readouterr().out
