@@ -40,9 +40,9 @@ def pod_gang(
 ) -> PodGang | None:
     """The gang a pod's annotations say it belongs to (None: none, or a level that is no label
     key). A size that is no number in 1..MAX_GANG_PODS is unknown (0)."""
-    for required, group_of in (
-        (KUEUE_REQUIRED, lambda: labels.get(KUEUE_GROUP) or annotations.get(KUEUE_GROUP)),
-        (KAI_REQUIRED, lambda: annotations.get(KAI_GROUP) or labels.get(KAI_GROUP)),
+    for required, group_key, by_label in (
+        (KUEUE_REQUIRED, KUEUE_GROUP, True),
+        (KAI_REQUIRED, KAI_GROUP, False),
     ):
         key = annotations.get(required)
         if not key:
@@ -50,7 +50,10 @@ def pod_gang(
         key = key.strip()
         if not key or len(key) > MAX_KEY_CHARS or any(c.isspace() for c in key):
             return None
-        group = group_of() or (f"{owner_kind}/{owner_name}" if owner_name else "")
+        first, second = (labels, annotations) if by_label else (annotations, labels)
+        group = first.get(group_key) or second.get(group_key) or ""
+        if not group and owner_name:
+            group = f"{owner_kind}/{owner_name}"
         if not group:
             return None
         raw = annotations.get(KUEUE_COUNT, "") if required == KUEUE_REQUIRED else ""
@@ -89,9 +92,9 @@ def gangs_of(pods: Iterable[PodRecord]) -> dict[str, Gang]:
         if p.terminated or p.deleting:
             continue
         if p.gang is not None:
-            k = (p.namespace, p.gang.group, p.gang.key)
-            said[k].append(p.key)
-            sizes[k] = max(sizes.get(k, 0), p.gang.size)
+            named = (p.namespace, p.gang.group, p.gang.key)
+            said[named].append(p.key)
+            sizes[named] = max(sizes.get(named, 0), p.gang.size)
             continue
         t = _own_term(p)
         if t is None:
@@ -99,13 +102,13 @@ def gangs_of(pods: Iterable[PodRecord]) -> dict[str, Gang]:
         scope = "*" if t.all_namespaces else ",".join(sorted(t.namespaces or (p.namespace,)))
         groups[(scope, t)].append(p.key)
     out: dict[str, Gang] = {}
-    for k, keys in said.items():
-        n = max(len(keys), sizes[k])
+    for group, members in said.items():
+        n = max(len(members), sizes[group])
         if n < 2:
             continue
-        g = Gang(min(n, MAX_GANG_PODS), k[2])
-        for key in keys:
-            out[key] = g
+        g = Gang(min(n, MAX_GANG_PODS), group[2])
+        for member in members:
+            out[member] = g
     for (_, t), keys in groups.items():
         if len(keys) < 2:
             continue

@@ -274,6 +274,10 @@ def node_from_records(
     hami_ids = [g.id for g in laid]
     use_ids = bool(laid) and min(hami_ids) >= 0 and len(set(hami_ids)) == len(hami_ids)
     use_ids = use_ids and not node.mig and dra is None
+    # the agent's NVLink groups: GPU index -> group (only where the agent's view is used)
+    links: dict[int, int] = {}
+    if exact is not None and node.agent is not None:
+        links = {i: gi for gi, grp in enumerate(node.agent.nvlink) for i in grp}
     zones = []
     gid = 0
     k = 0
@@ -287,10 +291,12 @@ def node_from_records(
                     Gpu(sg.id if use_ids else gid, sg.used, tuple(sorted(sg.holders.items())))
                 )
             elif exact is not None:
-                # the agent's GPU: its NVML index, and the pod the kubelet says holds it
+                # the agent's GPU: its NVML index, the pod the kubelet says holds it, and its
+                # NVLink group (docs/fabric.md: link groups)
                 i = sorted(x for x, numa in numa_of.items() if numa == d.numa)[j]
                 pod = exact[1].get(i)
-                gpus.append(Gpu(i, 1000, ((pod, 1000),)) if pod else Gpu(i))
+                link = links.get(i)
+                gpus.append(Gpu(i, 1000, ((pod, 1000),), link) if pod else Gpu(i, link=link))
             else:
                 gpus.append(Gpu(gid, 1000 if j < d.gpus_used else 0))
             gid += 1

@@ -251,3 +251,30 @@ def test_kueue_and_kai_annotations_say_the_gang() -> None:
     got = gangs_of(pods)
     assert set(got) == {"ns/p0", "ns/p1", "ns/p2"}
     assert got["ns/p0"] == Gang(4, CLIQUE)
+
+
+def test_the_agents_nvlink_groups_are_the_nodes_link_groups() -> None:
+    """The agent says GPUs 0-7 (NUMA 0: 0-3, 1: 4-7) form NVLink pairs (0,1) (2,3) (4,5) (6,7)
+    and the kubelet put one pod on GPU 0 and one on GPU 4: for a 2-GPU shape that needs a pair,
+    GPUs 1 and 5 are link_split (their pair is broken), the other four idle GPUs usable."""
+    from pyctl.cluster import agent_topology as at
+    from pyctl.cluster.translate import node_from_records
+    from pyctl.core.fragmentation import score
+    from tests.unit.test_agent_topology import PODS, UUIDS, _node
+
+    value = at.encode(
+        [(u, n, None) for u, n in zip(UUIDS, [0, 0, 0, 0, 1, 1, 1, 1], strict=True)],
+        [[0, 1], [2, 3], [4, 5], [6, 7]],
+        {"ns/a": [0], "ns/b": [4]},
+        0,
+    )
+    node = node_from_records(_node({at.ANNOTATION: value}), None, PODS, "single-numa-node")
+    assert [g.link for z in node.zones for g in z.gpus] == [0, 0, 1, 1, 2, 2, 3, 3]
+    pair = Workload((Shape(cpu_milli=1000, gpus=2, gpu_milli=1000, link_group=True),))
+    got = score(Snapshot((node,)), pair).nodes[0]
+    assert got.idle_gpu_milli == 6000
+    assert got.categories["link_split"] == pytest.approx(2000.0)
+    assert got.fragment_gpu_milli == pytest.approx(2000.0)
+    # without the agent's view (the rules): no links known, no link_split
+    rules = node_from_records(_node({}), None, PODS, "single-numa-node")
+    assert score(Snapshot((rules,)), pair).nodes[0].categories["link_split"] == 0.0
