@@ -519,7 +519,9 @@ fn link_candidates(
     out: &mut Vec<Assignment>,
 ) {
     let want = shape.gpus as usize;
-    let mut groups: Vec<(u32, Vec<(usize, usize, u32)>)> = Vec::new();
+    // (group, its eligible GPUs as (zone, position, milli))
+    type Slots = Vec<(usize, usize, u32)>;
+    let mut groups: Vec<(u32, Slots)> = Vec::new();
     for &zi in zones {
         for (gi, &(id, f)) in node.zones[zi].gpus.iter().enumerate() {
             if f < shape.gpu_milli || f == 0 {

@@ -205,8 +205,8 @@ pub fn fabric_score(
     }
     for (gi, g) in gangs.iter().enumerate() {
         let w = shapes[g.shape].weight;
-        for n in 0..nodes.len() {
-            let v = w * usable[gi][n];
+        for (n, &u) in usable[gi].iter().enumerate() {
+            let v = w * u;
             if v == 0.0 {
                 continue;
             }
