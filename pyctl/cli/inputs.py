@@ -1,16 +1,64 @@
-"""Reading the cluster files the commands take: pyctl's snapshot format or a kubectl dump."""
+"""Reading the clusters the commands take: pyctl's snapshot format, a kubectl dump, or (for
+`kubectl pyctl`) one list of a live cluster. A dump and a live cluster are read one way, the
+controller's (`pyctl.cluster.kube.dump`, `pyctl.controller.view`): an object the controller
+leaves out is left out here, said in one line on stderr each; only a file that is not a dump
+at all is refused."""
 
 from __future__ import annotations
 
+import argparse
+import sys
 from typing import Any
 
-from pyctl.cluster.kube.dump import is_dump, snapshot_from_dump
-from pyctl.model import Snapshot
+from pyctl.app.config import Config
+from pyctl.app.wiring import workload_scope
+from pyctl.cli.errors import UserError, load_json, one_line
+from pyctl.cluster.kube.dump import DumpError, Listed, is_dump, read_dump
+from pyctl.controller.view import ListedView, left_out_line, view_of
+from pyctl.model import Snapshot, Workload
 from pyctl.snapshot import load_snapshot
 
 
-def load_cluster(data: Any) -> Snapshot:
-    """A snapshot from parsed JSON: a `kubectl get ... -o json` dump, or pyctl's format."""
+def listed_of(raw: Any, name: str) -> Listed:
+    """A parsed dump's objects; `UserError` when it is not a dump."""
+    try:
+        return read_dump(raw, name)
+    except DumpError as e:
+        raise UserError(str(e)) from None
+
+
+def read_listed(args: argparse.Namespace, source_arg: str) -> Listed:
+    """The cluster a command was given: the live listing `kubectl pyctl` put in `args.listed`,
+    or the dump file named by `args.<source_arg>`."""
+    listed = getattr(args, "listed", None)
+    if isinstance(listed, Listed):
+        return listed
+    path = getattr(args, source_arg)
+    return listed_of(load_json(path), path)
+
+
+def cluster_view(listed: Listed, workload: Workload | None = None) -> ListedView:
+    """The controller's view of `listed` (under `workload`, or M derived as the controller
+    derives it), each object left out said on stderr."""
+    cfg = Config()
+    view = view_of(
+        listed,
+        workload=workload,
+        default_policy=cfg.default_topology_policy,
+        scope=workload_scope(cfg),
+    )
+    say_left_out(view)
+    return view
+
+
+def say_left_out(view: ListedView) -> None:
+    for i in view.left_out():
+        print(one_line(f"pyctl: {left_out_line(i)}"), file=sys.stderr)
+
+
+def load_cluster(data: Any, name: str = "snapshot") -> Snapshot:
+    """A snapshot from parsed JSON: a `kubectl get ... -o json` dump (the controller's view of
+    it), or pyctl's format."""
     if is_dump(data):
-        return snapshot_from_dump(data)
+        return cluster_view(listed_of(data, name)).snapshot()
     return load_snapshot(data)
