@@ -38,27 +38,38 @@ def read_listed(args: argparse.Namespace, source_arg: str) -> Listed:
 
 
 def cluster_view(listed: Listed, workload: Workload | None = None) -> ListedView:
-    """The controller's view of `listed` (under `workload`, or M derived as the controller
-    derives it), each object left out said on stderr."""
+    """The controller's view of `listed`, under `workload` or M derived as the controller
+    derives it (with its default `workload` settings); a command says what was left out
+    (`say_left_out`) once it has its result, so that a command that then fails on bad input
+    still says one line."""
     cfg = Config()
-    view = view_of(
+    return view_of(
         listed,
         workload=workload,
         default_policy=cfg.default_topology_policy,
         scope=workload_scope(cfg),
     )
-    say_left_out(view)
-    return view
 
 
-def say_left_out(view: ListedView) -> None:
-    for i in view.left_out():
+def derived_workload(view: ListedView, name: str) -> Workload:
+    """M of the view; `UserError` when there was none to derive (no GPU or MIG pod)."""
+    if view.reconciler.workload_unset:
+        left = view.left_out()
+        why = f" ({len(left)} objects left out)" if left else ""
+        raise UserError(f"{name}: no GPU pods to derive a workload from{why}; give --workload")
+    return view.workload
+
+
+def say_left_out(view: ListedView | None) -> None:
+    """One line on stderr for each object left out."""
+    for i in view.left_out() if view is not None else ():
         print(one_line(f"pyctl: {left_out_line(i)}"), file=sys.stderr)
 
 
-def load_cluster(data: Any, name: str = "snapshot") -> Snapshot:
+def load_cluster(data: Any, name: str = "snapshot") -> tuple[Snapshot, ListedView | None]:
     """A snapshot from parsed JSON: a `kubectl get ... -o json` dump (the controller's view of
-    it), or pyctl's format."""
+    it, returned too, for `say_left_out`), or pyctl's format."""
     if is_dump(data):
-        return cluster_view(listed_of(data, name)).snapshot()
-    return load_snapshot(data)
+        view = cluster_view(listed_of(data, name))
+        return view.snapshot(), view
+    return load_snapshot(data), None

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pyctl.cli.errors import UserError, load_json
-from pyctl.cli.inputs import cluster_view, read_listed
+from pyctl.cli.inputs import cluster_view, derived_workload, read_listed, say_left_out
 from pyctl.cluster.dra import DraModel
 from pyctl.cluster.records import NodeRecord
 from pyctl.controller.ignored import Ignored
@@ -86,10 +86,7 @@ def run(args: argparse.Namespace) -> int:
     # as the controller does: an object that does not decode, a pod the core cannot model and a
     # node that cannot be translated are left out (and said), the rest is planned
     view = cluster_view(listed, fixed)
-    if view.reconciler.workload_unset:
-        name = args.dump or "the cluster"
-        raise UserError(f"{name}: no GPU pods to derive a workload from; give --workload")
-    workload = view.workload
+    workload = derived_workload(view, args.dump or "the cluster")
     rec = view.reconciler
     modelled = view.modelled_pods()
     pending = [p for p in modelled if not p.node and p.unschedulable]
@@ -114,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
     left_out = view.left_out()
     if args.json:
         print(json.dumps(_json(plan, dra_lines, left_out), indent=1))
+        say_left_out(view)
         return 0
     _print(plan, len(pending))
     c = Console()
@@ -121,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
         c.print(f"DRA: {line}" if not line.startswith("  ") else line)
     if left_out:
         c.print(f"left out: {len(left_out)} objects (named on stderr)")
+    say_left_out(view)
     return 0
 
 

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pyctl.cli.errors import UserError, load_json
-from pyctl.cli.inputs import cluster_view, listed_of
+from pyctl.cli.inputs import cluster_view, derived_workload, listed_of, say_left_out
 from pyctl.cluster.kube.dump import Listed, is_dump
 from pyctl.controller.view import left_out_json
 from pyctl.core.fabric import FabricScore, fabric_score
@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     left_out = None
     dra = None
     labels = None
+    view = None
     if listed is None:
         if fixed is None:
             raise UserError("a pyctl snapshot needs --workload WORKLOAD.json")
@@ -59,11 +60,8 @@ def run(args: argparse.Namespace) -> int:
         workload = fixed
     else:
         view = cluster_view(listed, fixed)
-        if view.reconciler.workload_unset:
-            name = args.snapshot or "the cluster"
-            raise UserError(f"{name}: no GPU pods to derive a workload from; give --workload")
+        workload = derived_workload(view, args.snapshot or "the cluster")
         model = FragmentationModel(view.snapshot())
-        workload = view.workload
         # the node records' labels, as the controller passes them
         labels = {n.name: dict(n.labels) for n in view.cache.nodes.values()}
         dra = view.dra_report()
@@ -85,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
             print_dra(dra)
         if left_out:
             Console().print(f"left out: {len(left_out)} objects (named on stderr)")
+    say_left_out(view)
     return 0
 
 

@@ -235,3 +235,19 @@ def test_mig_that_cannot_fit_leaves_the_node_out(
     assert (lo["kind"], lo["name"], lo["reason"]) == ("Node", "m", "untranslatable")
     assert "do not fit on 1" in lo["message"]
     assert "left out: Node m (untranslatable)" in err
+
+
+def test_a_command_that_fails_after_leaving_objects_out_says_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The only GPU pod is hostile: no M can be derived, exit 2, and one line (which counts the
+    objects left out); the objects are named only by a command that has its result."""
+    d = {"kind": "List", "items": [node("a", 8), pod("evil", "a", gpus=0, extra={"cpu": "1e30"})]}
+    f = tmp_path / "dump.json"
+    f.write_text(json.dumps(d))
+    for argv in (["score", str(f)], ["plan", str(f), "--json"]):
+        assert main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == ""
+        (line,) = err.splitlines()
+        assert "no GPU pods to derive a workload from (1 objects left out)" in line
