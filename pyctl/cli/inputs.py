@@ -10,8 +10,6 @@ import argparse
 import sys
 from typing import Any
 
-from pyctl.app.config import Config
-from pyctl.app.wiring import workload_scope
 from pyctl.cli.errors import UserError, load_json, one_line
 from pyctl.cluster.kube.dump import DumpError, Listed, is_dump, read_dump
 from pyctl.controller.view import ListedView, left_out_line, view_of
@@ -42,6 +40,9 @@ def cluster_view(listed: Listed, workload: Workload | None = None) -> ListedView
     derives it (with its default `workload` settings); a command says what was left out
     (`say_left_out`) once it has its result, so that a command that then fails on bad input
     still says one line."""
+    from pyctl.app.config import Config  # the controller's defaults (imported when used)
+    from pyctl.app.wiring import workload_scope
+
     cfg = Config()
     return view_of(
         listed,
