@@ -14,13 +14,14 @@ CARGO_TARGET_DIR ?= $(PYCTL_CACHE)/cargo-target
 export CARGO_TARGET_DIR
 export PYO3_PYTHON := $(abspath $(VPY))
 
-.PHONY: help setup system-deps venv build lint rust-test py-test unit-test test test-fast fuzz demo cluster bench clean
+.PHONY: help setup system-deps venv build lint rust-test unit-test test test-fast fuzz demo cluster bench clean
 
 help:
 	@echo "make demo   install what is needed, then run pyctl's main job on its embedded default"
 	@echo "make test   install what is needed, then run every check and test (what CI runs)"
 	@echo "make cluster  a local Kubernetes cluster with GPU nodes and pyctl acting on it (Ctrl-C stops it)"
 	@echo "make test-fast  lint, types, Rust tests and the Python unit tests (no control plane, no Redis)"
+	@echo "make test-STAGE one stage of make test: $(TEST_STAGES)"
 	@echo "make bench  run the benchmarks in bench/ (ratios measured in one run)"
 	@echo "make fuzz   the fuzz tier with a long budget (FUZZ_EXAMPLES=20000 cases per test)"
 
@@ -67,16 +68,63 @@ lint: venv
 rust-test:
 	cargo test --quiet
 
-py-test: build
-	$(VENV)/bin/pytest -q tests
+# `make test` is a sequence of stages, each a target of its own (`make test-unit`, ...): each prints
+# its result and elapsed time when it ends, the next one runs even when one failed, and the end is
+# one line per stage (scripts/stage); `make test` fails when any stage failed. A pytest stage that
+# collects no tests fails. docs/architecture.md ("Tests") says which stage to run for what.
+#   lint         ruff, formatting, mypy --strict, the import contract, cargo fmt and clippy
+#   rust         cargo test (the pure core, without Python)
+#   unit         tests/unit: unit and property tests (no Redis, no control plane)
+#   conformance  tests/conformance: the kubelet-derived topology corpus
+#   sim          tests/sim: the demo on the simulated cluster
+#   fuzz         tests/fuzz: hostile objects, records, bodies and files (Hypothesis)
+#   integration  tests/integration: real redis-servers (single, Cluster, AUTH, ACL, TLS)
+#   deploy       tests/deploy: the Helm chart with the real helm and kubectl
+#   monitoring   tests/monitoring: alert rules with promtool, Prometheus
+#   e2e          tests/e2e: the real control plane (kwok GPU nodes)
+TEST_STAGES := lint rust unit conformance sim fuzz integration deploy monitoring e2e
+export PYCTL_STAGE_SUMMARY := $(abspath $(VENV))/test-stages.txt
+PYTEST := $(VENV)/bin/pytest -q
 
-test: setup control-plane lint rust-test py-test
+test: setup control-plane
+	@scripts/stage reset
+	@failed=0; for s in $(TEST_STAGES); do \
+	  $(MAKE) --no-print-directory test-$$s || failed=1; done; \
+	scripts/stage summary && ((failed == 0))
 
-# For iterating: what needs neither the control plane nor a redis-server (a couple of minutes).
-unit-test: build
-	$(VENV)/bin/pytest -q tests/unit tests/conformance
+test-lint: venv
+	@scripts/stage lint $(MAKE) --no-print-directory lint
+test-rust:
+	@scripts/stage rust cargo test --quiet
+test-unit: build
+	@scripts/stage unit $(PYTEST) tests/unit
+test-conformance: build
+	@scripts/stage conformance $(PYTEST) tests/conformance
+test-sim: build
+	@scripts/stage sim $(PYTEST) tests/sim
+test-fuzz: build
+	@scripts/stage fuzz $(PYTEST) tests/fuzz
+test-integration: build
+	@scripts/stage integration $(PYTEST) tests/integration
+test-deploy: build control-plane
+	@scripts/stage deploy $(PYTEST) tests/deploy
+test-monitoring: build
+	@scripts/stage monitoring $(PYTEST) tests/monitoring
+test-e2e: build control-plane
+	@scripts/stage e2e $(PYTEST) tests/e2e
 
-test-fast: lint rust-test unit-test
+.PHONY: $(addprefix test-,$(TEST_STAGES))
+
+# For iterating: the stages that need neither the control plane nor a redis-server (a couple of
+# minutes), with the same per-stage lines.
+TEST_FAST_STAGES := lint rust unit conformance
+test-fast:
+	@scripts/stage reset
+	@failed=0; for s in $(TEST_FAST_STAGES); do \
+	  $(MAKE) --no-print-directory test-$$s || failed=1; done; \
+	scripts/stage summary && ((failed == 0))
+
+unit-test: test-unit test-conformance
 
 # The fuzz tier with a longer budget than the one `make test` runs it with (tests/fuzz/conftest.py).
 FUZZ_EXAMPLES ?= 20000

@@ -37,7 +37,7 @@ from pyctl.cluster.records import KINDS, Event, EventType, Kind
 from pyctl.controller.controller import Controller
 from pyctl.state.redis_client import RedisConfig
 from pyctl.state.redis_store import RedisStore
-from tests.integration.redis_servers import RedisServer, find_binaries
+from tests.redis_servers import RedisServer, find_binaries
 
 NODES = 500
 PODS = 50_000

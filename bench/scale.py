@@ -109,7 +109,7 @@ from pyctl.dev.gpu_nodes import (
     nrt_crd_manifest,
     nrt_manifest,
 )
-from tests.integration.redis_servers import RedisServer, find_binaries
+from tests.redis_servers import RedisServer, find_binaries
 
 NS = "bench"
 SYSTEM_NS = "bench-system"

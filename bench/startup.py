@@ -63,7 +63,7 @@ from pyctl.serve.extender_process import ExtenderProcess
 from pyctl.serve.extender_server import ExtenderOptions
 from pyctl.serve.health import MetricsOptions
 from pyctl.serve.http import tune_malloc
-from tests.integration.redis_servers import RedisServer, find_binaries, free_port
+from tests.redis_servers import RedisServer, find_binaries, free_port
 
 STAMP = "2026-12-01T00:00:00Z"
 

@@ -90,6 +90,26 @@ class NodeLine:
     categories: dict[str, float]
     idle_mig_slices: float
     fragment_mig_slices: float
+    #: per NUMA zone: (NUMA id, idle GPU milli, fragment GPU milli)
+    zones: tuple[tuple[int, float, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    """The objects the controller leaves out, as its published summary names them."""
+
+    #: how many it remembers (the summary names the most recent, at most `MAX_LEFT_OUT`)
+    count: int
+    #: (kind, name, reason, message)
+    objects: tuple[tuple[str, str, str, str], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "count": self.count,
+            "objects": [
+                {"kind": k, "name": n, "reason": r, "message": m} for k, n, r, m in self.objects
+            ],
+        }
 
 
 @dataclass(frozen=True)
@@ -136,6 +156,8 @@ class Status:
     quarantined: dict[str, str]
     #: stored records that do not decode: (kind, key, why)
     skipped: list[tuple[str, str, str]]
+    #: the objects the controller leaves out, from its published summary (None: none published)
+    left_out: LeftOut | None = None
 
     def to_json(self) -> dict[str, Any]:
         s = self.summary
@@ -196,6 +218,10 @@ class Status:
                     "categories": n.categories,
                     "idle_mig_slices": n.idle_mig_slices,
                     "fragment_mig_slices": n.fragment_mig_slices,
+                    "zones": [
+                        {"numa": z, "idle_gpu_milli": i, "fragment_gpu_milli": f}
+                        for z, i, f in n.zones
+                    ],
                 }
                 for n in self.nodes
             ],
@@ -210,6 +236,7 @@ class Status:
                 "error": self.workflow_error or None,
             },
             "skipped": [{"kind": k, "key": key, "why": why} for k, key, why in self.skipped],
+            "left_out": None if self.left_out is None else self.left_out.to_json(),
         }
 
     def worst(self, limit: int | None = None) -> list[NodeLine]:
@@ -270,9 +297,16 @@ def status_of(view: StoredView) -> Status:
             {c: s.categories[c] for c in CATEGORIES},
             s.idle_mig_slices,
             s.fragment_mig_slices,
+            tuple((z.numa, z.idle_gpu_milli, z.fragment_gpu_milli) for z in s.zones),
         )
         for name, s in sorted(r.scores.items())
     ]
+    left_out = None
+    if pub is not None and pub.member.summary is not None:
+        ps = pub.member.summary
+        left_out = LeftOut(
+            ps.left_out_count, tuple((x.kind, x.name, x.reason, x.message) for x in ps.left_out)
+        )
     lines = [workflow_line(wf) for wf in view.workflows]
     active = sorted((w for w in lines if not w.finished), key=lambda w: (w.created, w.id))
     recent = sorted((w for w in lines if w.finished), key=lambda w: (-w.updated, w.id))
@@ -299,7 +333,17 @@ def status_of(view: StoredView) -> Status:
         workflows_undecodable=view.bad_workflows,
         quarantined={wid: q.reason for wid, q in view.quarantined.items()},
         skipped=[(str(k), key, why) for k, key, why in state.skipped],
+        left_out=left_out,
     )
 
 
-__all__ = ["GPU", "WORST", "Heartbeat", "KindFreshness", "NodeLine", "Status", "status_of"]
+__all__ = [
+    "GPU",
+    "WORST",
+    "Heartbeat",
+    "KindFreshness",
+    "LeftOut",
+    "NodeLine",
+    "Status",
+    "status_of",
+]

@@ -6,10 +6,13 @@ context (kubectl finds the `kubectl-pyctl` console script on PATH).
     kubectl pyctl status  --redis URL [--cluster NAME]
     kubectl pyctl explain POD --redis URL [--cluster NAME]
 
-It lists the objects live (Nodes, Pods, PodDisruptionBudgets, and NodeResourceTopology objects when
-their CRD is served) the way `kubectl get nodes,pods,poddisruptionbudgets,noderesourcetopologies -o
-json` dumps them, and runs `pyctl score` / `pyctl plan` on that dump: the same output. Nothing in
-the cluster is changed; it needs list on those kinds. `--kubeconfig` and `--context` (after the
+It lists every kind the controller watches by the controller's own reflectors (Nodes, Pods,
+PodDisruptionBudgets, and where their APIs are served NodeResourceTopology objects and the
+`resource.k8s.io` kinds of Dynamic Resource Allocation), decodes them as the controller does, and
+runs `pyctl score` / `pyctl plan` on them: the same output as for a `kubectl get ... -A -o json`
+dump of those kinds, and each object the controller would leave out left out here, named on
+stderr (`pyctl.cluster.kube.dump`). Nothing in the cluster is changed; it needs list on those
+kinds. `--kubeconfig` and `--context` (after the
 command) choose another kubeconfig or context; otherwise $KUBECONFIG or ~/.kube/config and its
 current context, as kubectl. `status` and `explain` are `pyctl status` / `pyctl explain`: they
 read a running controller's state from Redis, not the API server.
@@ -18,30 +21,16 @@ read a running controller's state from Redis, not the API server.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import anyio
 
 from pyctl.cli.errors import EXIT_BAD_INPUT, UserError
-
-#: what is listed: (path, kind, apiVersion, optional: absent when its API is not served)
-LISTS = (
-    ("/api/v1/nodes", "Node", "v1", False),
-    ("/api/v1/pods", "Pod", "v1", False),
-    ("/apis/policy/v1/poddisruptionbudgets", "PodDisruptionBudget", "policy/v1", False),
-    (
-        "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies",
-        "NodeResourceTopology",
-        "topology.node.k8s.io/v1alpha2",
-        True,
-    ),
-)
+from pyctl.cluster.kube.client import CONNECTION_ERRORS, KubeApiError
+from pyctl.cluster.kube.dump import Listed, list_cluster
 
 
 def default_kubeconfig() -> str:
@@ -51,23 +40,15 @@ def default_kubeconfig() -> str:
     return first or str(Path.home() / ".kube" / "config")
 
 
-async def dump(kubeconfig: str, context: str | None) -> dict[str, Any]:
-    """The cluster's objects as a `kubectl get ... -o json` List (each item with its kind)."""
+async def listing(kubeconfig: str, context: str | None) -> Listed:
+    """One list of the cluster, by the controller's reflectors (`dump.list_cluster`)."""
     from pyctl.cluster.kube.client import connect
 
     kube = await connect(kubeconfig=kubeconfig, context=context)
-    items: list[dict[str, Any]] = []
     try:
-        for path, kind, api_version, optional in LISTS:
-            resp = await kube.request("GET", path)
-            if resp.status == 404 and optional:
-                continue
-            body = resp.check().json()
-            for obj in body.get("items") or []:
-                items.append({"apiVersion": api_version, "kind": kind, **obj})
+        return await list_cluster(kube)
     finally:
         await kube.close()
-    return {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""}, "items": items}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -110,15 +91,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         from kubernetes_asyncio.config import ConfigException
 
         try:
-            data = anyio.run(dump, kubeconfig, args.context)
-        except (OSError, ValueError, ConfigException) as e:
+            listed = anyio.run(listing, kubeconfig, args.context)
+        except (*CONNECTION_ERRORS, KubeApiError, ValueError, ConfigException) as e:
             raise UserError(f"cannot list the cluster's objects: {e}") from e
-        with tempfile.TemporaryDirectory(prefix="kubectl-pyctl-") as tmp:
-            path = Path(tmp) / "cluster.json"
-            path.write_text(json.dumps(data), encoding="utf-8")
-            setattr(args, args.source_arg, str(path))
-            out: int = args.handler(args)
-            return out
+        args.listed = listed
+        setattr(args, args.source_arg, None)
+        out: int = args.handler(args)
+        return out
     except (UserError, ValueError) as e:
         print(f"kubectl pyctl: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pyctl.cli.errors import UserError, load_json
-from pyctl.cli.inputs import load_cluster
+from pyctl.cli.inputs import load_cluster, say_left_out
 from pyctl.core import mig
 from pyctl.snapshot import load_demand
 
@@ -150,7 +150,7 @@ def _layouts(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    snapshot = load_cluster(load_json(args.snapshot))
+    snapshot, view = load_cluster(load_json(args.snapshot), args.snapshot)
     demand = load_demand(load_json(args.demand))
     plans = mig.plan_snapshot(snapshot, demand)
     if not plans:
@@ -181,6 +181,7 @@ def _plan(args: argparse.Namespace) -> int:
             _print_node(p, names[p.node])
         if not args.mig_parted:
             print("(write the mig-parted config with --mig-parted OUT.yaml)")
+    say_left_out(view)
     return 0
 
 

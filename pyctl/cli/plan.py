@@ -15,16 +15,11 @@ from rich.console import Console
 from rich.table import Table
 
 from pyctl.cli.errors import UserError, load_json
-from pyctl.cluster.dra import DraContext, DraModel
-from pyctl.cluster.kube.dump import dra_context, is_dump, records
-from pyctl.cluster.records import NodeRecord, NrtRecord, PodRecord
-from pyctl.cluster.translate import (
-    DraPositions,
-    model_of,
-    pod_shape_problem,
-    shape_of,
-)
-from pyctl.core.fragmentation import derive_workload
+from pyctl.cli.inputs import cluster_view, derived_workload, read_listed, say_left_out
+from pyctl.cluster.dra import DraModel
+from pyctl.cluster.records import NodeRecord
+from pyctl.controller.ignored import Ignored
+from pyctl.controller.view import left_out_json
 from pyctl.core.policy import PlanLimits
 from pyctl.model import Node, Workload
 from pyctl.snapshot import load_workload
@@ -52,7 +47,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _json(plan: CompactionPlan, dra_lines: list[str], ignored: dict[str, str]) -> dict[str, Any]:
+def _json(plan: CompactionPlan, dra_lines: list[str], left_out: list[Ignored]) -> dict[str, Any]:
     def move(m: Any) -> dict[str, Any]:
         return {
             "pod": m.pod,
@@ -79,97 +74,53 @@ def _json(plan: CompactionPlan, dra_lines: list[str], ignored: dict[str, str]) -
         "refused": dict(plan.refused),
         "unrescued": dict(plan.unrescued),
         "dra": dra_lines,
-        "ignored": ignored,
+        "left_out": left_out_json(left_out),
     }
 
 
 def run(args: argparse.Namespace) -> int:
-    raw = load_json(args.dump)
-    if not is_dump(raw):
-        raise UserError(f"{args.dump}: expected a kubectl -o json dump (kind: List)")
     if not (0 <= args.max_moves <= 1000 and 0 <= args.rescue_depth <= 8):
         raise UserError("--max-moves must be 0..1000 and --rescue-depth 0..8")
-    nodes, pods, nrts, pdbs = records(raw)
-    dra = dra_context(raw)
-    by_name = {n.name: n for n in nodes}
-    live = [p for p in pods if not p.terminated]
-    # as the controller does: a pod the core cannot model and a node that cannot be translated
-    # are left out (and said), the rest is planned
-    ignored: dict[str, str] = {}
-    modelled = []
-    for p in live:
-        s = shape_of(p, dra, by_name.get(p.node))
-        why = pod_shape_problem(p, s) if s is not None and (p.gpus or p.mig or p.claims) else None
-        if why is None:
-            modelled.append(p)
-        else:
-            ignored[f"pod {p.key}"] = why
-    if args.workload:
-        workload = load_workload(load_json(args.workload))
-    else:
-        got = [shape_of(p, dra, by_name.get(p.node)) for p in modelled]
-        shapes = [s for s in got if s is not None and not s.is_cpu_only]
-        if not shapes:
-            raise UserError(f"{args.dump}: no GPU pods to derive a workload from; give --workload")
-        workload = derive_workload(shapes)
-    models, dra_models, positions = _models(nodes, nrts, live, dra, ignored)
+    listed = read_listed(args, "dump")
+    fixed = load_workload(load_json(args.workload)) if args.workload else None
+    # as the controller does: an object that does not decode, a pod the core cannot model and a
+    # node that cannot be translated are left out (and said), the rest is planned
+    view = cluster_view(listed, fixed)
+    workload = derived_workload(view, args.dump or "the cluster")
+    rec = view.reconciler
+    modelled = view.modelled_pods()
     pending = [p for p in modelled if not p.node and p.unschedulable]
+    dra = view.cache.dra if view.has_dra else None
     plan = plan_compaction(
-        models,
-        {n.name: n for n in nodes},
-        live,
-        pdbs,
+        rec.models,
+        view.cache.nodes,
+        view.live_pods(),
+        list(view.cache.pdbs.values()),
         workload,
         pending=pending,
         limits=PlanLimits(max_moves=args.max_moves, rescue_depth=args.rescue_depth),
         dra=dra,
-        dra_positions=positions,
+        dra_positions=rec.dra_positions,
     )
     dra_lines: list[str] = []
     if dra is not None:
-        dra_lines = _dra_lines(nodes, models, dra_models, workload, not args.no_device_taint_rules)
+        nodes = list(view.cache.nodes.values())
+        dra_lines = _dra_lines(
+            nodes, rec.models, rec.dra_models, workload, not args.no_device_taint_rules
+        )
+    left_out = view.left_out()
     if args.json:
-        print(json.dumps(_json(plan, dra_lines, ignored), indent=1))
+        print(json.dumps(_json(plan, dra_lines, left_out), indent=1))
+        say_left_out(view)
         return 0
     _print(plan, len(pending))
     c = Console()
     for line in dra_lines:
         c.print(f"DRA: {line}" if not line.startswith("  ") else line)
-    for what, why in ignored.items():
-        c.print(f"left out: {what}: {why}")
+    if left_out:
+        c.print(f"left out: {len(left_out)} objects (named on stderr)")
+    say_left_out(view)
     return 0
-
-
-def _models(
-    nodes: list[NodeRecord],
-    nrts: list[NrtRecord],
-    live: list[PodRecord],
-    dra: DraContext | None,
-    ignored: dict[str, str],
-) -> tuple[dict[str, Node], dict[str, DraModel], dict[str, DraPositions]]:
-    """Each node's model, its DRA part and where its pods' DRA devices sit; a node that cannot
-    be modelled is left out and said in `ignored` (as the controller leaves it out)."""
-    nrt = {t.name: t for t in nrts}
-    by_node: dict[str, list[PodRecord]] = {}
-    for p in live:
-        if p.node:
-            by_node.setdefault(p.node, []).append(p)
-    models: dict[str, Node] = {}
-    dra_models: dict[str, DraModel] = {}
-    positions: dict[str, DraPositions] = {}
-    for n in nodes:
-        where: DraPositions = {}
-        try:
-            models[n.name], dm = model_of(
-                n, nrt.get(n.name), by_node.get(n.name, []), dra=dra, positions=where
-            )
-        except ValueError as e:  # TranslateError, or the core refusing the node
-            ignored[f"node {n.name}"] = str(e)
-            continue
-        if dm is not None:
-            dra_models[n.name] = dm
-            positions[n.name] = where
-    return models, dra_models, positions
 
 
 def _dra_lines(

@@ -16,16 +16,18 @@ from rich.table import Table
 
 from pyctl.cli.errors import UserError, load_json
 from pyctl.cluster.kube.dump import is_dump
-from pyctl.recommend.inventory import Inventory, from_objects, parse_selector
+from pyctl.cluster.kube.reflector import RESOURCES
+from pyctl.cluster.selectors import parse_selector
+from pyctl.recommend.inventory import Inventory, from_objects
 from pyctl.recommend.prometheus import PrometheusClient, PrometheusError, parse_duration, read_usage
 from pyctl.recommend.report import Options, PoolReport, Report, recommend
 
-#: What the live listing reads: (path, kind of its items, optional: a CRD that may be absent).
+#: What the live listing reads: (path, kind of its items, optional: a CRD that may be absent);
+#: the controller's kinds where the controller's reflectors find them, and the ReplicaSets
 LIVE: tuple[tuple[str, str, bool], ...] = (
-    ("/api/v1/nodes", "Node", False),
-    ("/api/v1/pods", "Pod", False),
+    *((RESOURCES[k].path(), k, RESOURCES[k].optional) for k in ("Node", "Pod")),
     ("/apis/apps/v1/replicasets", "ReplicaSet", False),
-    ("/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies", "NodeResourceTopology", True),
+    *((RESOURCES[k].path(), k, RESOURCES[k].optional) for k in ("NodeResourceTopology",)),
 )
 
 
@@ -57,7 +59,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--namespace", action="append", default=[], help="only these namespaces (repeatable)"
     )
-    p.add_argument("--node-selector", help="only the nodes with these labels (key=value,...)")
+    p.add_argument(
+        "--node-selector",
+        help="only the nodes these labels select (kubectl -l syntax: key=value,key in (a,b),...)",
+    )
     p.add_argument(
         "--class-selector",
         action="store_true",

@@ -1,6 +1,8 @@
 """`pyctl score SNAPSHOT.json --workload WORKLOAD.json [--json]`: how much idle GPU is stranded,
-where, and why. SNAPSHOT may be pyctl's format or a `kubectl get nodes,pods -o json` dump; with a
-dump and no --workload, the workload is derived from the dump's pods as FGD does."""
+where, and why. SNAPSHOT may be pyctl's format or a `kubectl get nodes,pods -o json` dump, read
+as the controller reads the cluster (`pyctl.cli.inputs`): objects it leaves out are named on
+stderr and under `left_out` in `--json`; with a dump and no --workload, M is derived from the
+dump's GPU and MIG pods as the controller derives it."""
 
 from __future__ import annotations
 
@@ -11,18 +13,17 @@ from rich.console import Console
 from rich.table import Table
 
 from pyctl.cli.errors import UserError, load_json
-from pyctl.cli.inputs import load_cluster
-from pyctl.cluster.kube.dump import dra_report, is_dump, pod_shapes
+from pyctl.cli.inputs import cluster_view, derived_workload, listed_of, say_left_out
+from pyctl.cluster.kube.dump import Listed, is_dump
+from pyctl.controller.view import left_out_json
 from pyctl.core.fabric import FabricScore, fabric_score
 from pyctl.core.fragmentation import (
     CATEGORIES,
     ClusterScore,
     FragmentationModel,
-    derive_workload,
     worst_nodes,
 )
-from pyctl.model import Workload
-from pyctl.snapshot import load_workload
+from pyctl.snapshot import load_snapshot, load_workload
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -41,55 +42,49 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top", type=int, default=20, help="nodes to show in the table (default 20)")
 
 
-def _workload(args: argparse.Namespace, raw: object) -> Workload:
-    if args.workload:
-        return load_workload(load_json(args.workload))
-    if is_dump(raw):
-        shapes = pod_shapes(raw)  # type: ignore[arg-type]
-        if not shapes:
-            raise UserError(f"{args.snapshot}: no pods to derive a workload from; give --workload")
-        return derive_workload(shapes)
-    raise UserError("a pyctl snapshot needs --workload WORKLOAD.json")
-
-
 def run(args: argparse.Namespace) -> int:
-    raw = load_json(args.snapshot)
-    snapshot = load_cluster(raw)
-    workload = _workload(args, raw)
-    model = FragmentationModel(snapshot)
+    listed = getattr(args, "listed", None)
+    raw = None
+    if not isinstance(listed, Listed):
+        raw = load_json(args.snapshot)
+        listed = listed_of(raw, args.snapshot) if is_dump(raw) else None
+    fixed = load_workload(load_json(args.workload)) if args.workload else None
+    left_out = None
+    dra = None
+    labels = None
+    view = None
+    if listed is None:
+        if fixed is None:
+            raise UserError("a pyctl snapshot needs --workload WORKLOAD.json")
+        model = FragmentationModel(load_snapshot(raw))
+        workload = fixed
+    else:
+        view = cluster_view(listed, fixed)
+        workload = derived_workload(view, args.snapshot or "the cluster")
+        model = FragmentationModel(view.snapshot())
+        # the node records' labels, as the controller passes them
+        labels = {n.name: dict(n.labels) for n in view.cache.nodes.values()}
+        dra = view.dra_report()
+        left_out = view.left_out()
     result = model.score(workload)
-    fabric = fabric_score(model, workload, labels=dump_labels(raw) if is_dump(raw) else None)
-    dra = dra_report(raw) if is_dump(raw) else None
+    fabric = fabric_score(model, workload, labels=labels)
     if args.json:
         out = result.to_json()
         out["fabric"] = fabric_json(fabric)
         if dra is not None:
             out["dra"] = dra
+        if left_out is not None:
+            out["left_out"] = left_out_json(left_out)
         print(json.dumps(out, indent=1))
     else:
         print_table(result, args.top)
         print_fabric(fabric, args.top)
         if dra is not None:
             print_dra(dra)
+        if left_out:
+            Console().print(f"left out: {len(left_out)} objects (named on stderr)")
+    say_left_out(view)
     return 0
-
-
-def dump_labels(raw: object) -> dict[str, dict[str, str]]:
-    """Node name -> its labels, from a kubectl dump's Node items (strings only)."""
-    out: dict[str, dict[str, str]] = {}
-    items = raw.get("items") if isinstance(raw, dict) else None
-    for it in items if isinstance(items, list) else []:
-        if not isinstance(it, dict) or it.get("kind") != "Node":
-            continue
-        meta = it.get("metadata")
-        if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
-            continue
-        labels = meta.get("labels")
-        if isinstance(labels, dict):
-            out[meta["name"]] = {
-                k: v for k, v in labels.items() if isinstance(k, str) and isinstance(v, str)
-            }
-    return out
 
 
 def fabric_json(f: FabricScore) -> dict[str, object]:

@@ -195,6 +195,15 @@ def show(console: Console, st: Status) -> None:
         console.print(f"[yellow]Skipped {len(st.skipped)} stored record(s)[/] (left in place):")
         for kind, key, why in st.skipped:
             console.print(f"  {kind} {escape(key)}: {escape(why)}")
+    if st.left_out is not None and st.left_out.count:
+        lo = st.left_out
+        console.print(
+            f"[yellow]Left out by the controller: {lo.count} object(s)[/]"
+            + (f" (the {len(lo.objects)} most recent named)" if len(lo.objects) < lo.count else "")
+            + ":"
+        )
+        for kind, name, reason, _ in lo.objects:
+            console.print(f"  {kind} {escape(name) or '(unnamed)'}: {reason}")
 
 
 def _workflows(console: Console, st: Status) -> None:

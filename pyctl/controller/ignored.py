@@ -57,8 +57,11 @@ class IgnoredObjects:
         remember: int = 10_000,
         events_per_second: float = 1.0,
         burst: int = 10,
+        logged: bool = True,
     ) -> None:
         self.metrics = metrics
+        #: whether each new object is logged (a command that prints them itself says no)
+        self.logged = logged
         self.cluster = cluster
         self.remember = remember
         #: (kind, key or message) -> reason -> what was reported; least recently reported first
@@ -86,10 +89,11 @@ class IgnoredObjects:
                 return False
         item = reasons[reason] = Ignored(ref, kind, reason, message[:1000])
         self.metrics.ignored_objects.labels(self.cluster, kind, reason).inc()
-        log.warning(
-            "object ignored",
-            extra={"kind": kind, "object": ident, "reason": reason, "error": message[:500]},
-        )
+        if self.logged:
+            log.warning(
+                "object ignored",
+                extra={"kind": kind, "object": ident, "reason": reason, "error": message[:500]},
+            )
         if kind == "Pod" and ref is not None and ref.uid and ref.uid not in self._told:
             self._told[ref.uid] = None
             while len(self._told) > self.remember:

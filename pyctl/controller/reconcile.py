@@ -28,7 +28,7 @@ from pyctl.cluster.translate import (
 )
 from pyctl.controller.cache import ClusterCache
 from pyctl.controller.ignored import IgnoredObjects
-from pyctl.controller.summary import Summary
+from pyctl.controller.summary import MAX_LEFT_OUT, Summary
 from pyctl.controller.workload import WorkloadScope, capped_workload
 from pyctl.core.fabric import DEFAULT_LEVELS, FabricScore, fabric_score, levels_for
 from pyctl.core.fragmentation import (
@@ -499,6 +499,7 @@ class Reconciler:
             shared_gpus=len(shared),
             shared_used_milli=float(sum(g.used_milli for g in shared)),
             shared_pods=len({pod for g in shared for pod, _ in g.holders}),
+            **self._left_out(),
         )
         self._export(summ)
         return summ
@@ -570,6 +571,18 @@ class Reconciler:
         for k, n in gangs.items():
             m.level_largest_gang.labels(c, *k).set(n)
         self._gang_labels = set(gangs)
+
+    def _left_out(self) -> dict[str, Any]:
+        """What the summary says of the objects left out: how many are remembered, and the
+        most recently reported `MAX_LEFT_OUT` of them."""
+        items = self.ignored.current()
+        return {
+            "left_out_count": len(items),
+            "left_out": tuple(
+                (i.kind, i.ref.key if i.ref is not None else "", i.reason, i.message)
+                for i in items[-MAX_LEFT_OUT:]
+            ),
+        }
 
     def _dra_summary(self) -> None:
         """Unknown DRA requests and pods whose devices span NUMA nodes, as metrics."""

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from pyctl.cluster.bounds import MAX_ITEMS, Key, Name
+from pyctl.cluster.bounds import MAX_ITEMS, Key, Name, Text
 from pyctl.core.fragmentation import shape_dict
 from pyctl.model import Node, Snapshot, Workload
 from pyctl.snapshot import node_to_json, snapshot_to_json
@@ -42,6 +42,11 @@ class Summary:
     shared_gpus: int = 0
     shared_used_milli: float = 0.0
     shared_pods: int = 0
+    #: objects the controller leaves out (`controller/ignored.py`): how many it remembers, and
+    #: the most recently reported of them (at most `MAX_LEFT_OUT`): (kind, name, reason,
+    #: message), the name "" when the object could not be named
+    left_out_count: int = 0
+    left_out: tuple[tuple[str, str, str, str], ...] = ()
 
     @property
     def fragmentation_rate(self) -> float:
@@ -49,6 +54,9 @@ class Summary:
 
 
 # -- the wire format: a typed record, validated when it is read ------------------------------------
+
+#: objects left out that a summary names (the most recently reported; the count is of all)
+MAX_LEFT_OUT = 100
 
 #: the largest summary read from the store (a rich summary of 10,000 nodes is a few MiB)
 MAX_SUMMARY_BYTES = 64 << 20
@@ -59,6 +67,15 @@ Amount = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_AMOUNT)]
 Count = Annotated[int, msgspec.Meta(ge=0, le=(1 << 31) - 1)]
 Ratio = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 Cats = Annotated[dict[Key, Amount], msgspec.Meta(max_length=64)]
+
+
+class LeftOutRecord(msgspec.Struct, frozen=True):
+    """An object the controller leaves out, as a summary names it."""
+
+    kind: Key
+    name: Text = ""
+    reason: Key = ""
+    message: Text = ""
 
 
 class ModelTotals(msgspec.Struct, forbid_unknown_fields=False):
@@ -89,6 +106,9 @@ class SummaryRecord(msgspec.Struct, omit_defaults=True):
     shared_gpus: Count = 0
     shared_used_milli: Amount = 0.0
     shared_pods: Count = 0
+    #: objects the controller leaves out: how many, and the most recent (`Summary.left_out`)
+    left_out_count: Count = 0
+    left_out: Annotated[list[LeftOutRecord], msgspec.Meta(max_length=MAX_LEFT_OUT)] = []
     #: wall-clock seconds of the publisher (Redis TIME decides ages)
     heartbeat: Annotated[float, msgspec.Meta(ge=0.0, le=1e11)] = 0.0
     #: RICH_FORMAT when `workload` and `snapshot` are there
@@ -148,6 +168,8 @@ def _record(s: Summary, now: float | None) -> SummaryRecord:
         shared_gpus=s.shared_gpus,
         shared_used_milli=float(s.shared_used_milli),
         shared_pods=s.shared_pods,
+        left_out_count=s.left_out_count,
+        left_out=[LeftOutRecord(*x) for x in s.left_out[-MAX_LEFT_OUT:]],
         heartbeat=time.time() if now is None else now,
     )
 

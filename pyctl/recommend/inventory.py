@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Final
 
-from pyctl.cluster.records import NodeRecord, NrtRecord, PodRecord
+from pyctl.cluster.kube.dump import read_dump
+from pyctl.cluster.records import NodeRecord, NrtRecord, PodRecord, Selector
+from pyctl.cluster.selectors import matches
 from pyctl.cluster.translate import TranslateError, node_from_records, pod_shape
 from pyctl.core import mig
 from pyctl.model import Node, Shape, Snapshot
@@ -272,78 +274,54 @@ def raw_containers(pod: Mapping[str, Any]) -> tuple[Container, ...]:
     return tuple(out)
 
 
-def parse_selector(text: str) -> dict[str, str]:
-    """``key=value[,key=value]`` (equality only)."""
-    out: dict[str, str] = {}
-    for part in (p.strip() for p in text.split(",")):
-        k, eq, v = part.partition("=")
-        if not part or not eq or not k.strip():
-            raise ValueError(f"node selector {text!r}: expected key=value[,key=value]")
-        out[k.strip()] = v.strip()
-    return out
-
-
 def from_objects(
     items: Sequence[Any],
     *,
     namespaces: Sequence[str] | None = None,
-    node_selector: Mapping[str, str] | None = None,
+    node_selector: Selector | None = None,
     default_policy: str = "none",
 ) -> Inventory:
-    """The inventory of Kubernetes objects (Nodes, Pods, NodeResourceTopologies, ReplicaSets;
-    others are ignored); only the nodes whose labels match ``node_selector``. An object that
-    does not decode is left out and named in ``problems``."""
-    from pyctl.cluster.kube.decode import DecodeError, decode_object
-
-    nodes: list[NodeRecord] = []
-    pods: list[PodRecord] = []
-    nrts: list[NrtRecord] = []
-    containers: dict[str, tuple[Container, ...]] = {}
-    gpu_memory: dict[str, int] = {}
+    """The inventory of Kubernetes objects (a dump's items, or what the live listing returns):
+    the kinds the controller watches are read as the controller reads them
+    (`pyctl.cluster.kube.dump.read_dump`: its decoding, bounds and isolation), ReplicaSets and
+    the containers' GPU requests from the raw objects; only the nodes whose labels match
+    ``node_selector`` (a `pyctl.cluster.selectors` selector). An object that does not decode is
+    left out and named in ``problems``."""
+    listed = read_dump({"kind": "List", "items": list(items)}, "objects")
+    problems = [f"left out: {lo.message}" for lo in listed.left_out]
+    raw_pods: dict[str, Mapping[str, Any]] = {}
     rs_owner: dict[tuple[str, str], Owner] = {}
-    problems: list[str] = []
     bad = Counter[str]()
-    for i, o in enumerate(items):
+    for o in items:
         if not isinstance(o, Mapping):
             bad["not an object"] += 1
             continue
         kind = o.get("kind")
         meta = o.get("metadata") if isinstance(o.get("metadata"), Mapping) else {}
         assert isinstance(meta, Mapping)
+        ns, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
         if kind == "ReplicaSet":
             for ref in meta.get("ownerReferences") or []:
                 if isinstance(ref, Mapping) and ref.get("controller"):
-                    ns, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
                     rs_owner[(ns, name)] = Owner(
                         str(ref.get("kind", "")), ns, str(ref.get("name", ""))
                     )
-            continue
-        if kind not in ("Node", "Pod", "NodeResourceTopology"):
-            continue
-        try:
-            r = decode_object(kind, o)
-        except DecodeError as e:
-            problems.append(f"items[{i}]: left out: {e}")
-            continue
-        if isinstance(r, NodeRecord):
-            labels = meta.get("labels") if isinstance(meta.get("labels"), Mapping) else {}
-            assert isinstance(labels, Mapping)
-            if node_selector and any(labels.get(k) != v for k, v in node_selector.items()):
-                continue
-            nodes.append(r)
-            v = str(labels.get(GPU_MEMORY_LABEL, ""))
-            if v.isdigit() and int(v) > 0:
-                gpu_memory[r.name] = int(v)
-        elif isinstance(r, PodRecord):
-            pods.append(r)
-            containers[r.key] = raw_containers(o)
-        elif isinstance(r, NrtRecord):
-            nrts.append(r)
+        elif kind == "Pod":
+            raw_pods[f"{ns}/{name}"] = o
+    nodes = [
+        r for r in listed.nodes if node_selector is None or matches(node_selector, dict(r.labels))
+    ]
+    gpu_memory: dict[str, int] = {}
+    for r in nodes:
+        v = dict(r.labels).get(GPU_MEMORY_LABEL, "")
+        if v.isdigit() and int(v) > 0:
+            gpu_memory[r.name] = int(v)
+    containers = {p.key: raw_containers(raw_pods[p.key]) for p in listed.pods if p.key in raw_pods}
     problems += [f"{n} item(s) left out: {why}" for why, n in bad.items()]
     return from_records(
         nodes,
-        pods,
-        nrts,
+        listed.pods,
+        listed.nrts,
         containers=containers,
         gpu_memory=gpu_memory,
         rs_owner=rs_owner,

@@ -29,7 +29,7 @@ from pyctl.state.redis_workflows import RedisWorkflowStore
 from pyctl.state.store import StoreError
 from tests.integration.ratelimits import every_kind_of_limit
 from tests.integration.records import ev, node, pod
-from tests.integration.redis_servers import (
+from tests.redis_servers import (
     RedisServer,
     find_binaries,
     free_port,

@@ -20,7 +20,7 @@ from pyctl.dev.control_plane import (
     ExtraApiserver,
     ensure_binaries,
 )
-from tests.integration.redis_servers import RedisServer, RedisServerError, find_binaries
+from tests.redis_servers import RedisServer, RedisServerError, find_binaries
 
 _started: list[ControlPlane] = []
 

@@ -28,7 +28,7 @@ from pyctl.dev.gpu_nodes import (
 from pyctl.state.redis_client import RedisConfig
 from pyctl.state.redis_store import RedisStore
 from tests.e2e.conftest import wait_until
-from tests.integration.redis_servers import RedisServer, find_binaries
+from tests.redis_servers import RedisServer, find_binaries
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis]
 

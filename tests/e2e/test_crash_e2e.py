@@ -53,7 +53,7 @@ from tests.e2e.test_placement_e2e import (
     gpu_deployment,
     gpu_pod,
 )
-from tests.integration.redis_servers import RedisServer
+from tests.redis_servers import RedisServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis]
 

@@ -46,7 +46,7 @@ from tests.e2e.test_crash_e2e import (
     workflows,
 )
 from tests.e2e.test_placement_e2e import delete_nodes
-from tests.integration.redis_servers import RedisServer
+from tests.redis_servers import RedisServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis]
 

@@ -48,7 +48,7 @@ from pyctl.serve.extender_server import ExtenderOptions
 from tests.e2e.conftest import wait_until
 from tests.e2e.test_crash_e2e import ControllerProcess
 from tests.e2e.test_placement_e2e import create_nodes, delete_nodes, gpu_pod
-from tests.integration.redis_servers import RedisServer
+from tests.redis_servers import RedisServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis]
 

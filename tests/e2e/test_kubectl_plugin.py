@@ -1,7 +1,8 @@
 """`kubectl pyctl score|plan`: the real kubectl finds the `kubectl-pyctl` console script on PATH and
-runs it on the current kubeconfig context; it lists the cluster live and prints exactly what
-`pyctl score` / `pyctl plan` print for a `kubectl get nodes,pods,poddisruptionbudgets,
-noderesourcetopologies -A -o json` dump of the same cluster (made by the same real kubectl)."""
+runs it on the current kubeconfig context; it lists the cluster live (every kind the controller
+watches) and prints exactly what `pyctl score` / `pyctl plan` print for a `kubectl get
+nodes,pods,poddisruptionbudgets,noderesourcetopologies,<the resource.k8s.io kinds> -A -o json` dump
+of the same cluster (made by the same real kubectl)."""
 
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ async def test_kubectl_pyctl_prints_what_pyctl_prints_for_a_dump(
                 env,
                 kubectl,
                 "get",
-                "nodes,pods,poddisruptionbudgets,noderesourcetopologies",
+                "nodes,pods,poddisruptionbudgets,noderesourcetopologies,"
+                "deviceclasses,resourceslices,resourceclaims,resourceclaimtemplates",
                 "-A",
                 "-o",
                 "json",

@@ -30,7 +30,7 @@ from pyctl.dev.gpu_nodes import GpuNodeSpec, body, node_manifest, wait_nodes_rea
 from tests.e2e.conftest import wait_until
 from tests.e2e.test_crash_e2e import ControllerProcess
 from tests.e2e.test_placement_e2e import gpu_deployment
-from tests.integration.redis_servers import RedisServer
+from tests.redis_servers import RedisServer
 
 pytestmark = [pytest.mark.e2e]
 

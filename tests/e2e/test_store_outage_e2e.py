@@ -28,7 +28,7 @@ from pyctl.dev.gpu_nodes import (
 from pyctl.state.keys import Keys
 from tests.e2e.conftest import wait_until
 from tests.e2e.test_crash_e2e import ControllerProcess
-from tests.integration.redis_servers import HOST, RedisServer, free_port
+from tests.redis_servers import HOST, RedisServer, free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.anyio]
 

@@ -1,4 +1,4 @@
-"""Fixtures of the integration tier: real Redis servers on loopback (see redis_servers.py).
+"""Fixtures of the integration tier: real Redis servers on loopback (see tests/redis_servers.py).
 
 Each server is started once per session, only when a test asks for it, and stopped at the end
 even on failure. A missing redis-server fails the tests that need it (it never skips them).
@@ -17,8 +17,7 @@ import pytest
 from pyctl.state.memory import MemoryStore
 from pyctl.state.redis_client import RedisClient, RedisConfig, close_client, connect
 from pyctl.state.redis_store import RedisStore
-
-from .redis_servers import (
+from tests.redis_servers import (
     Binaries,
     RedisClusterServers,
     RedisServer,

@@ -32,9 +32,7 @@ from pyctl.serve.health import HealthServer
 from pyctl.state.keys import Keys, members_key
 from pyctl.state.redis_client import RedisConfig
 from pyctl.state.redis_store import RedisStore
-
-from .conftest import AUTH_PASSWORD, RedisConn, redis_config
-from .redis_servers import (
+from tests.redis_servers import (
     HOST,
     Binaries,
     RedisClusterServers,
@@ -43,6 +41,8 @@ from .redis_servers import (
     cluster_args,
     free_port,
 )
+
+from .conftest import AUTH_PASSWORD, RedisConn, redis_config
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 

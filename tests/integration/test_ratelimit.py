@@ -32,9 +32,9 @@ from pyctl.state.ratelimit import (
 )
 from pyctl.state.redis_client import close_client, connect
 from pyctl.state.redis_ratelimit import RedisRateLimiter
+from tests.redis_servers import RedisClusterServers
 
 from .conftest import REDIS_MODES, STORE_MODES, config_for, redis_config
-from .redis_servers import RedisClusterServers
 
 pytestmark = pytest.mark.anyio
 

@@ -19,11 +19,11 @@ from pyctl.state.redis_ratelimit import RedisRateLimiter
 from pyctl.state.redis_store import RedisStore
 from pyctl.state.redis_workflows import RedisWorkflowStore
 from pyctl.state.store import SCHEMA_VERSION, SchemaError, StateLostError, StoreError
+from tests.redis_servers import RedisClusterServers, RedisServer, Tls
 
 from .conftest import AUTH_PASSWORD, RedisConn, redis_config
 from .ratelimits import every_kind_of_limit
 from .records import ev, node, pod
-from .redis_servers import RedisClusterServers, RedisServer, Tls
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 
@@ -378,7 +378,7 @@ async def test_redis_not_answering(disposable_redis: RedisServer) -> None:
 
 
 async def test_unreachable_address_is_a_store_error(cluster_name: str) -> None:
-    from .redis_servers import free_port
+    from tests.redis_servers import free_port
 
     config = RedisConfig(url=f"redis://127.0.0.1:{free_port()}/0", connect_timeout=0.5, retries=0)
     st = RedisStore(config, cluster_name)

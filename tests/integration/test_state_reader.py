@@ -41,8 +41,7 @@ from pyctl.model import Node, Workload
 from pyctl.state.keys import Keys
 from pyctl.workflows.compaction import CompactionPlan
 from pyctl.workflows.engine import Workflow
-
-from .redis_servers import RedisServer
+from tests.redis_servers import RedisServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 

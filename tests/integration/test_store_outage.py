@@ -26,9 +26,9 @@ from pyctl.cluster.source import EventSink
 from pyctl.controller.controller import Controller
 from pyctl.state.keys import Keys
 from pyctl.state.redis_store import RedisStore
+from tests.redis_servers import HOST, Binaries, RedisServer, free_port
 
 from .conftest import redis_config
-from .redis_servers import HOST, Binaries, RedisServer, free_port
 
 pytestmark = pytest.mark.redis
 

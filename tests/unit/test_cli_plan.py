@@ -115,5 +115,10 @@ def test_plan_leaves_out_what_the_controller_leaves_out(
     assert main(["plan", str(f), "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["moves"] == want["moves"]
-    assert "requests both nvidia.com/gpu and a MIG profile" in got["ignored"]["pod serving/both"]
-    assert "unknown Topology Manager policy" in got["ignored"]["node c"]
+    left = {(o["kind"], o["name"]): o for o in got["left_out"]["objects"]}
+    assert got["left_out"]["count"] == len(left)
+    both = left["Pod", "serving/both"]
+    assert "requests both nvidia.com/gpu and a MIG profile" in both["message"]
+    assert both["reason"] == "shape_rejected"
+    assert "unknown Topology Manager policy" in left["Node", "c"]["message"]
+    assert left["Node", "c"]["reason"] == "untranslatable"

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from pyctl.cli.main import main
-from pyctl.cluster.kube.dump import dra_context, records
 from pyctl.cluster.translate import model_of
 from pyctl.model import Shape, Workload
 from pyctl.workflows.dra_taints import STEER_KEY, steering_rules
+from tests.dumps import dra_context, records
 from tests.e2e.dra_driver_sim import SimGpu, SimNode, device_classes, slices_for
 from tests.unit.test_dra import ALIGNED, claim_json, gpus, mig_request
 

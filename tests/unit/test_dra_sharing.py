@@ -21,11 +21,11 @@ from pyctl.cluster import dra_capacity as dc
 from pyctl.cluster.dra import allocate, pod_claim_specs
 from pyctl.cluster.dra_records import CapacityPolicy, ClaimRecord, Device, SliceRecord
 from pyctl.cluster.kube.decode import DecodeError, decode_object
-from pyctl.cluster.kube.dump import dra_context, pod_shapes, records
 from pyctl.cluster.records import PodRecord, check_record
 from pyctl.cluster.translate import attribute_pods, model_of, shape_of
 from pyctl.controller.placement import PlacementAdvisor
 from pyctl.model import Shape, Workload
+from tests.dumps import dra_context, pod_shapes, records
 from tests.paths import REPO
 
 DATA = REPO / "tests" / "data" / "sharing"

@@ -1,4 +1,6 @@
-"""Scoring a live cluster from `kubectl get nodes,pods -o json` (with NodeResourceTopology)."""
+"""Scoring a live cluster from `kubectl get nodes,pods -o json` (with NodeResourceTopology), read
+the controller's way: a hostile object is left out with the controller's reason, the rest is
+scored."""
 
 from __future__ import annotations
 
@@ -10,9 +12,10 @@ from typing import Any
 import pytest
 
 from pyctl.cli.main import main
-from pyctl.cluster.kube.dump import DumpError, snapshot_from_dump
+from pyctl.cluster.kube.dump import DumpError, read_dump
+from pyctl.controller.view import view_of
 from pyctl.core.fragmentation import score
-from pyctl.model import Shape, Workload
+from pyctl.model import Shape, Snapshot, Workload
 
 
 def node(
@@ -104,6 +107,10 @@ def dump() -> dict[str, Any]:
     }
 
 
+def snapshot_from_dump(data: dict[str, Any]) -> Snapshot:
+    return view_of(read_dump(data)).snapshot()
+
+
 def test_dump_becomes_a_snapshot() -> None:
     s = snapshot_from_dump(dump())
     a, b, m = s.nodes
@@ -141,17 +148,106 @@ def test_cli_scores_a_dump_and_derives_the_workload(
     assert [n["name"] for n in out["nodes"]] == ["a", "b", "m"]
 
 
-def test_malformed_quantity_names_the_pod() -> None:
+def _score(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], data: dict[str, Any]
+) -> tuple[int, dict[str, Any], str]:
+    f = tmp_path / "dump.json"
+    f.write_text(json.dumps(data))
+    code = main(["score", str(f), "--json"])
+    out, err = capsys.readouterr()
+    return code, json.loads(out) if code == 0 else {}, err
+
+
+def test_malformed_quantity_leaves_the_pod_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     d = dump()
     d["items"].append(pod("bad", "a", cpu="two"))
-    with pytest.raises(
-        DumpError, match=r"pod serving/bad: container c: cpu: malformed quantity .two."
-    ):
-        snapshot_from_dump(d)
+    code, out, err = _score(tmp_path, capsys, d)
+    assert code == 0
+    assert [n["name"] for n in out["nodes"]] == ["a", "b", "m"]
+    assert out["left_out"]["count"] == 1
+    (lo,) = out["left_out"]["objects"]
+    assert (lo["kind"], lo["name"], lo["reason"]) == ("Pod", "serving/bad", "bad_quantity")
+    assert "cpu: malformed quantity 'two'" in lo["message"]
+    assert err.count("\n") == 1
+    assert "left out: Pod serving/bad (bad_quantity)" in err
 
 
-def test_mig_that_cannot_fit_is_an_error() -> None:
+@pytest.mark.parametrize(
+    ("resource", "value"),
+    [("nvidia.com/gpu", "4294967296"), ("nvidia.com/gpu", "-3"), ("cpu", "1e30")],
+)
+def test_one_hostile_pod_is_left_out_and_every_node_scored(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], resource: str, value: str
+) -> None:
+    """The issue's case: a tenant's pod the API server accepts, with an absurd request, on node
+    a. It is left out (named, with the controller's reason); every node is scored, and node a
+    as if the pod did not exist."""
+    clean = _score(tmp_path, capsys, dump())[1]
+    d = dump()
+    evil = pod("evil", "a", extra={resource: value})
+    evil["metadata"]["namespace"] = "tenant-x"
+    d["items"].insert(5, evil)
+    code, out, err = _score(tmp_path, capsys, d)
+    assert code == 0, err
+    assert [n["name"] for n in out["nodes"]] == ["a", "b", "m"]
+    assert out["nodes"] == clean["nodes"]
+    assert out["left_out"]["count"] == 1
+    (lo,) = out["left_out"]["objects"]
+    assert (lo["kind"], lo["name"], lo["reason"]) == ("Pod", "tenant-x/evil", "out_of_bounds")
+    assert lo["message"].startswith("items[5]: ")
+    assert resource in lo["message"]
+    (line,) = err.splitlines()
+    assert line.startswith("pyctl: left out: Pod tenant-x/evil (out_of_bounds): items[5]: ")
+    # the table view says the same on stderr, and the count on stdout
+    f = tmp_path / "dump.json"
+    assert main(["score", str(f)]) == 0
+    out_text, err_text = capsys.readouterr()
+    assert err_text == err
+    assert "left out: 1 objects" in out_text
+
+
+def test_a_file_that_is_not_a_dump_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    f = tmp_path / "dump.json"
+    for body in ('{"kind": "List", "items": {"a": 1}}', "[1, 2]", "{not json"):
+        f.write_text(body)
+        assert main(["score", str(f), "--json"]) == 2
+        out, err = capsys.readouterr()
+        assert out == "", body
+        assert err.count("\n") == 1, (body, err)
+    with pytest.raises(DumpError, match="'items' must be a list"):
+        read_dump({"kind": "List", "items": {"a": 1}})
+
+
+def test_mig_that_cannot_fit_leaves_the_node_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     d = dump()
     d["items"][3] = node("m", 0, {"nvidia.com/gpu.count": "1"}, **{"nvidia.com/mig-7g.40gb": "2"})
-    with pytest.raises(DumpError, match=r"node m: .*do not fit on 1"):
-        snapshot_from_dump(d)
+    assert [n.name for n in snapshot_from_dump(d).nodes] == ["a", "b"]
+    code, out, err = _score(tmp_path, capsys, d)
+    assert code == 0
+    assert [n["name"] for n in out["nodes"]] == ["a", "b"]
+    (lo,) = out["left_out"]["objects"]
+    assert (lo["kind"], lo["name"], lo["reason"]) == ("Node", "m", "untranslatable")
+    assert "do not fit on 1" in lo["message"]
+    assert "left out: Node m (untranslatable)" in err
+
+
+def test_a_command_that_fails_after_leaving_objects_out_says_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The only GPU pod is hostile: no M can be derived, exit 2, and one line (which counts the
+    objects left out); the objects are named only by a command that has its result."""
+    d = {"kind": "List", "items": [node("a", 8), pod("evil", "a", gpus=0, extra={"cpu": "1e30"})]}
+    f = tmp_path / "dump.json"
+    f.write_text(json.dumps(d))
+    for argv in (["score", str(f)], ["plan", str(f), "--json"]):
+        assert main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == ""
+        (line,) = err.splitlines()
+        assert "no GPU pods to derive a workload from (1 objects left out)" in line

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from pyctl.cluster.selectors import parse_selector
 from pyctl.core import mig
 from pyctl.recommend.inventory import Owner, from_objects, mig_gpus_needed, pools
 from pyctl.recommend.prometheus import ContainerUsage, UsageReport
@@ -303,3 +304,23 @@ def test_a_request_the_model_does_not_have_is_isolated() -> None:
     assert "odd" not in by_name(r)
     good = recommend(from_objects(cluster()["items"]), None, Options())
     assert [p.to_json() for p in r.pools] == [p.to_json() for p in good.pools]
+
+
+def test_objects_are_read_the_controllers_way() -> None:
+    """recommend reads the controller's kinds through the cluster layer (`read_dump`): a pod
+    whose request no machine has is left out with the controller's reason, not taken; and its
+    node selector is the cluster layer's (`kubectl -l` syntax, set-based included)."""
+    hostile = pod("serving", "bert", 98, "a100-a", "nvidia.com/gpu")
+    hostile["spec"]["containers"][-1]["resources"]["limits"]["nvidia.com/gpu"] = "4294967296"
+    inv = from_objects([*cluster()["items"], hostile])
+    (problem,) = inv.problems
+    assert problem.startswith("left out: items[")
+    assert "bert-7c9f-00098 nvidia.com/gpu is 4294967296, outside 0..1024" in problem
+    good = from_objects(cluster()["items"])
+    assert inv.replicas == good.replicas
+    sel = parse_selector("nvidia.com/gpu.product in (NVIDIA-L40S),kubernetes.io/hostname")
+    picked = from_objects(cluster()["items"], node_selector=sel)
+    assert {n.name for n in picked.nodes} == {
+        n.name for n in good.nodes if n.gpu_model == "NVIDIA-L40S"
+    }
+    assert picked.nodes

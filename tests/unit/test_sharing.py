@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ import pytest
 from pyctl.cli.main import main
 from pyctl.cluster import sharing
 from pyctl.cluster.kube.decode import DecodeError, decode_object
-from pyctl.cluster.kube.dump import DumpError, pod_shapes, records, snapshot_from_dump
+from pyctl.cluster.kube.dump import read_dump
 from pyctl.cluster.kube.sharing import hami_allocation, hami_devices
 from pyctl.cluster.records import (
     HamiDevice,
@@ -30,6 +31,7 @@ from pyctl.core.fragmentation import FragmentationModel
 from pyctl.core.policy import PlanLimits
 from pyctl.model import Shape, Snapshot, Workload
 from pyctl.workflows.compaction import plan_compaction
+from tests.dumps import pod_shapes, records, snapshot_from_dump
 from tests.paths import REPO
 
 DATA = REPO / "tests" / "data" / "sharing"
@@ -496,14 +498,18 @@ def test_bad_hami_allocation_is_a_one_line_decode_error(annotation: str, message
     assert message in str(e.value)
 
 
-def test_a_bad_object_in_a_dump_names_its_item() -> None:
+def test_a_bad_object_in_a_dump_is_left_out_naming_its_item() -> None:
     bad = copy.deepcopy(load("hami.json"))
     bad["items"][0]["metadata"]["annotations"]["hami.io/node-nvidia-register"] = "[{]"
-    with pytest.raises(
-        DumpError,
-        match=r"^items\[0\]: node hami-a100-0: annotation hami.io/node-nvidia-register: broken",
-    ):
-        snapshot_from_dump(bad)
+    listed = read_dump(bad)
+    (lo,) = listed.left_out
+    assert (lo.kind, lo.reason, lo.ref and lo.ref.key) == ("Node", "malformed", "hami-a100-0")
+    assert re.match(
+        r"^items\[0\]: node hami-a100-0: annotation hami.io/node-nvidia-register: broken",
+        lo.message,
+    )
+    good = {n.name for n in snapshot_from_dump(load("hami.json")).nodes}
+    assert {n.name for n in snapshot_from_dump(bad).nodes} == good - {"hami-a100-0"}
 
 
 def test_replicas_beyond_the_core_limit_are_refused_by_the_reader() -> None:

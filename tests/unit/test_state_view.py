@@ -13,8 +13,12 @@ from pyctl.app.config import load_config
 from pyctl.app.state import build_view
 from pyctl.app.status import status_of
 from pyctl.cli.status import show
-from pyctl.cluster.records import KINDS, NodeRecord
+from pyctl.cluster.records import KINDS, NodeRecord, ObjectRef
+from pyctl.controller.cache import ClusterCache
+from pyctl.controller.reconcile import Reconciler
+from pyctl.controller.summary import MAX_LEFT_OUT, summary_bytes
 from pyctl.federation import decode_member
+from pyctl.metrics import Metrics
 from pyctl.state.store import MemberSummary, StoredKind, StoredState
 
 HOSTILE = [
@@ -79,3 +83,44 @@ def test_decode_member_says_a_field_of_the_wrong_type() -> None:
     good = decode_member("c", MemberSummary(b'{"cluster": "c", "pending": 2, "nodes": 3}', 1.0, 30))
     assert good.error == ""
     assert (good.pending, good.nodes) == (2, 3)
+
+
+def test_the_objects_the_controller_leaves_out_reach_status() -> None:
+    """The controller's summary names what it leaves out (a hostile pod never reaches the store,
+    so `pyctl status` learns of it only from the published summary); status shows it, and a
+    summary naming more than the bound does not decode."""
+    rec = Reconciler(ClusterCache(), Metrics(), "c")
+    why = "items[3]: pod tenant-x/evil nvidia.com/gpu is 4294967296, outside 0..1024"
+    rec.ignored.report("Pod", "out_of_bounds", why, ObjectRef("Pod", "tenant-x", "evil", "u1"))
+    data = summary_bytes(rec.summary(0.0), now=999.0)
+    cfg = load_config(None, {}, {"cluster": "c"})
+    st = status_of(build_view(cfg, "test", _state(), MemberSummary(data, 1.0, 30)))
+    assert st.left_out is not None
+    out = st.to_json()["left_out"]
+    assert out == {
+        "count": 1,
+        "objects": [
+            {"kind": "Pod", "name": "tenant-x/evil", "reason": "out_of_bounds", "message": why}
+        ],
+    }
+    buf = io.StringIO()
+    show(Console(file=buf, width=200), st)
+    assert "Left out by the controller: 1 object(s)" in buf.getvalue()
+    assert "Pod tenant-x/evil: out_of_bounds" in buf.getvalue()
+    for i in range(MAX_LEFT_OUT + 5):
+        rec.ignored.report("Pod", "bad_quantity", f"p{i}", ObjectRef("Pod", "ns", f"p{i}", ""))
+    s = rec.summary(0.0)
+    assert s.left_out_count == MAX_LEFT_OUT + 6
+    assert len(s.left_out) == MAX_LEFT_OUT
+    assert s.left_out[-1][1] == f"ns/p{MAX_LEFT_OUT + 4}"
+    st = status_of(build_view(cfg, "test", _state(), MemberSummary(summary_bytes(s), 1.0, 30)))
+    assert st.left_out is not None
+    assert st.left_out.count == MAX_LEFT_OUT + 6
+    too_many = (
+        b'{"cluster": "c", "left_out": ['
+        + b",".join([b'{"kind": "Pod"}'] * (MAX_LEFT_OUT + 1))
+        + b"]}"
+    )
+    hostile = status_of(build_view(cfg, "test", _state(), MemberSummary(too_many, 1.0, 30)))
+    assert hostile.left_out is None
+    assert "summary does not decode" in hostile.heartbeat.error

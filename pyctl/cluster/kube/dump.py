@@ -1,13 +1,23 @@
-"""Import of `kubectl get nodes,pods -o json` dumps (with NodeResourceTopology objects when
-present, and the `resource.k8s.io` objects of Dynamic Resource Allocation:
-`kubectl get nodes,pods,deviceclasses,resourceslices,resourceclaims,resourceclaimtemplates -A -o
-json`): the objects are decoded into records exactly as watch events are, then translated into
-the model (`pyctl.cluster.translate`), so a user can score a live cluster without installing
-anything in it."""
+"""One way to read a cluster outside the controller's loop: a `kubectl get ... -o json` dump, or
+one list of a live cluster, into the records the controller's watches produce.
+
+Both go through the controller's own source: the kinds it watches (`records.KINDS`: Nodes, Pods,
+PodDisruptionBudgets, NodeResourceTopology objects and the `resource.k8s.io` kinds of Dynamic
+Resource Allocation, the optional ones only where their API is served), the same decoding and
+bounds (`decode.decode_object`, `pyctl.cluster.bounds`), and the same isolation: an object that
+does not decode is left out with the reason the controller gives it (`DecodeError.reason`), the
+rest is read. A live cluster is listed by the controller's reflectors (`Reflector.list_once`);
+a dump's items are decoded as the reflector decodes a list's. Only a file that is not a List
+is refused (`DumpError`).
+
+`Listed` is what was read; `pyctl.controller.view` turns it into the controller's view (models,
+the objects it leaves out, M).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyctl.cluster.dra import DraContext
@@ -17,22 +27,24 @@ from pyctl.cluster.dra_records import (
     DeviceClassRecord,
     SliceRecord,
 )
+from pyctl.cluster.kube.client import KubeClient
 from pyctl.cluster.kube.decode import DecodeError, decode_object
+from pyctl.cluster.kube.reflector import Reflector
 from pyctl.cluster.records import (
-    DRA_KINDS,
     KINDS,
+    Event,
     Kind,
     NodeRecord,
     NrtRecord,
+    ObjectRef,
     PdbRecord,
     PodRecord,
+    Record,
 )
-from pyctl.cluster.translate import TranslateError, models_of, pod_shape_problem, shape_of
-from pyctl.model import Shape, Snapshot
 
 
 class DumpError(ValueError):
-    """A dump pyctl cannot understand; the message names the object."""
+    """A file pyctl cannot read as a dump (not a List); the message says why."""
 
 
 def is_dump(data: Any) -> bool:
@@ -40,140 +52,96 @@ def is_dump(data: Any) -> bool:
     return isinstance(data, Mapping) and data.get("kind") == "List" and "items" in data
 
 
-def records(
-    data: Mapping[str, Any],
-) -> tuple[list[NodeRecord], list[PodRecord], list[NrtRecord], list[PdbRecord]]:
-    """Every Node, Pod, NodeResourceTopology and PodDisruptionBudget of a dump, as records."""
-    nodes, pods, nrts = _records(data)
-    pdbs = []
-    for i, o in enumerate(data.get("items") or []):
-        if isinstance(o, Mapping) and o.get("kind") == "PodDisruptionBudget":
-            try:
-                r = decode_object("PodDisruptionBudget", o)
-            except DecodeError as e:
-                raise DumpError(f"items[{i}]: {e}") from None
-            if isinstance(r, PdbRecord):
-                pdbs.append(r)
-    return nodes, pods, nrts, pdbs
+@dataclass(frozen=True)
+class LeftOut:
+    """An object that did not decode: its kind, the reason in one word (a metric label of the
+    controller's), the message naming it, and the object when its metadata could be read."""
+
+    kind: Kind
+    reason: str
+    message: str
+    ref: ObjectRef | None = None
 
 
-def _records(data: Mapping[str, Any]) -> tuple[list[NodeRecord], list[PodRecord], list[NrtRecord]]:
-    items = data.get("items")
+@dataclass
+class Listed:
+    """Every object of the controller's kinds that was read, as records, and the objects left
+    out. It is an `EventSink`: the controller's reflectors list into it."""
+
+    records: dict[Kind, list[Record]] = field(default_factory=dict)
+    left_out: list[LeftOut] = field(default_factory=list)
+
+    async def replace(self, kind: Kind, records: Sequence[Record], resource_version: str) -> None:
+        self.records[kind] = list(records)
+
+    async def apply(self, events: Sequence[Event], resource_versions: Mapping[Kind, str]) -> None:
+        raise NotImplementedError("a listing is not watched")
+
+    def decode_error(
+        self, kind: Kind, message: str, *, reason: str = "malformed", ref: ObjectRef | None = None
+    ) -> None:
+        self.left_out.append(LeftOut(kind, reason, message, ref))
+
+    def of(self, kind: Kind) -> list[Record]:
+        return self.records.get(kind, [])
+
+    @property
+    def nodes(self) -> list[NodeRecord]:
+        return [r for r in self.of("Node") if isinstance(r, NodeRecord)]
+
+    @property
+    def pods(self) -> list[PodRecord]:
+        return [r for r in self.of("Pod") if isinstance(r, PodRecord)]
+
+    @property
+    def nrts(self) -> list[NrtRecord]:
+        return [r for r in self.of("NodeResourceTopology") if isinstance(r, NrtRecord)]
+
+    @property
+    def pdbs(self) -> list[PdbRecord]:
+        return [r for r in self.of("PodDisruptionBudget") if isinstance(r, PdbRecord)]
+
+    def dra(self) -> DraContext | None:
+        """The DRA objects read (None if there are none)."""
+        classes = [r for r in self.of("DeviceClass") if isinstance(r, DeviceClassRecord)]
+        slices = [r for r in self.of("ResourceSlice") if isinstance(r, SliceRecord)]
+        claims = [r for r in self.of("ResourceClaim") if isinstance(r, ClaimRecord)]
+        templates = [
+            r for r in self.of("ResourceClaimTemplate") if isinstance(r, ClaimTemplateRecord)
+        ]
+        if not (classes or slices or claims or templates):
+            return None
+        return DraContext.of(classes, slices, claims, templates)
+
+
+def read_dump(data: Any, name: str = "kubectl dump") -> Listed:
+    """The objects of a dump whose kind the controller watches, decoded as a list's items are;
+    an item that does not decode is left out with its reason. Items of other kinds are skipped.
+    `DumpError` only when `data` is not a List."""
+    if not is_dump(data):
+        raise DumpError(f"{name}: expected a kubectl -o json dump (kind: List)")
+    items = data["items"]
     if not isinstance(items, list):
-        raise DumpError("kubectl dump: 'items' must be a list")
-    nodes: list[NodeRecord] = []
-    pods: list[PodRecord] = []
-    nrts: list[NrtRecord] = []
+        raise DumpError(f"{name}: 'items' must be a list")
+    listed = Listed({k: [] for k in KINDS})
     for i, o in enumerate(items):
         if not isinstance(o, Mapping) or o.get("kind") not in KINDS:
             continue
         kind: Kind = o["kind"]
         try:
-            r = decode_object(kind, o)
+            listed.records[kind].append(decode_object(kind, o))
         except DecodeError as e:
-            raise DumpError(f"items[{i}]: {e}") from None
-        if isinstance(r, NodeRecord):
-            nodes.append(r)
-        elif isinstance(r, PodRecord):
-            pods.append(r)
-        elif isinstance(r, NrtRecord):
-            nrts.append(r)
-    return nodes, pods, nrts
+            listed.decode_error(kind, f"items[{i}]: {e}", reason=e.reason, ref=e.ref)
+        except ValueError as e:  # any other ValueError of one object (as the reflector takes it)
+            listed.decode_error(kind, f"items[{i}]: {kind}: {e}")
+    return listed
 
 
-def dra_context(data: Mapping[str, Any]) -> DraContext | None:
-    """The dump's DRA objects (None if it has none)."""
-    classes: list[DeviceClassRecord] = []
-    slices: list[SliceRecord] = []
-    claims: list[ClaimRecord] = []
-    templates: list[ClaimTemplateRecord] = []
-    for i, o in enumerate(data.get("items") or []):
-        if not isinstance(o, Mapping) or o.get("kind") not in DRA_KINDS:
-            continue
-        try:
-            r = decode_object(o["kind"], o)
-        except DecodeError as e:
-            raise DumpError(f"items[{i}]: {e}") from None
-        if isinstance(r, DeviceClassRecord):
-            classes.append(r)
-        elif isinstance(r, SliceRecord):
-            slices.append(r)
-        elif isinstance(r, ClaimRecord):
-            claims.append(r)
-        elif isinstance(r, ClaimTemplateRecord):
-            templates.append(r)
-    if not (classes or slices or claims or templates):
-        return None
-    return DraContext.of(classes, slices, claims, templates)
-
-
-def snapshot_from_dump(data: Mapping[str, Any]) -> Snapshot:
-    nodes, pods, nrts = _records(data)
-    try:
-        return Snapshot(tuple(models_of(nodes, nrts, pods, dra=dra_context(data)).values()))
-    except TranslateError as e:
-        raise DumpError(str(e)) from None
-
-
-def pod_shapes(data: Mapping[str, Any]) -> list[Shape]:
-    """The task shapes of every pod in a dump that has not terminated (for deriving M), as the
-    controller takes them: pods whose claims pyctl cannot tell (`dra_report` shows them) and
-    pods whose shape the core cannot model are left out."""
-    nodes, pods, _ = _records(data)
-    dra = dra_context(data)
-    by_name = {n.name: n for n in nodes}
-    out = []
-    for p in pods:
-        if p.terminated:
-            continue
-        s = shape_of(p, dra, by_name.get(p.node))
-        if s is not None and pod_shape_problem(p, s) is None:
-            out.append(s)
-    return out
-
-
-def dra_report(data: Mapping[str, Any]) -> dict[str, Any] | None:
-    """What the dump's DRA objects say besides the score (None without DRA objects): per node,
-    how its zones were found and what pyctl could not use; the pods whose claims pyctl cannot
-    tell, with why; the running pods whose allocated devices span NUMA nodes."""
-    from pyctl.cluster.dra import misaligned_pods, model_gpus
-
-    dra = dra_context(data)
-    if dra is None:
-        return None
-    nodes, pods, _ = _records(data)
-    out_nodes = {}
-    for n in nodes:
-        nd = dra.node(n.name)
-        if nd is None:
-            continue
-        dm = model_gpus(nd, n.gpu_model)
-        out_nodes[n.name] = {
-            "zones_by": dm.basis,
-            "gpus": sum(1 for g in dm.gpus if g.whole),
-            "dynamic_mig_gpus": sum(1 for g in dm.gpus if g.dynamic),
-            "static_mig_gpus": sum(1 for g in dm.gpus if not g.whole and not g.dynamic),
-            "both_ways": bool(dm.gpus and (n.gpus or n.mig)),
-            "notes": dm.notes,
-        }
-    unknown = {}
-    for p in pods:
-        if p.claims and not p.terminated:
-            need = dra.need(p.namespace, p.claims)
-            if need.unknown:
-                unknown[p.key] = need.unknown
-    running = {p.key for p in pods if p.node and p.phase == "Running"}
-    return {
-        "nodes": out_nodes,
-        "unknown_requests": unknown,
-        "pods_spanning_numa_nodes": [
-            {
-                "pod": x.pod,
-                "node": x.node,
-                "devices": list(x.devices),
-                "numa": [list(v) for v in x.numa],
-            }
-            for x in misaligned_pods(dra)
-            if x.pod in running
-        ],
-    }
+async def list_cluster(kube: KubeClient, kinds: Sequence[Kind] = KINDS) -> Listed:
+    """One list of each kind by the controller's reflectors (an optional kind not served is
+    read as none). Raises what the API server's errors raise (`KubeApiError`, connection
+    errors)."""
+    listed = Listed()
+    for kind in kinds:
+        await Reflector(kube, kind).list_once(listed)
+    return listed

@@ -263,6 +263,26 @@ class Reflector:
             if self._clock() - listed < 1.0:
                 await self._backoff.sleep()  # 410 right after a list: do not relist in a loop
 
+    async def list_once(self, sink: EventSink) -> bool:
+        """One list of the kind into `sink`, as the loop's first (for a command that reads the
+        cluster once): False when the kind is optional and not served (the sink is told it
+        holds none). Raises `KubeApiError` or a connection error when the API server fails."""
+        if self.resource.optional:
+            present = await self._present(sink)
+            if present is None:
+                raise KubeApiError(0, "Unavailable", f"{self.kind}: {self.stats.last_error}", {})
+            if not present:
+                return False
+        try:
+            await self._list(sink)
+        except _Absent:
+            await self._absent(sink, wait=False)
+            return False
+        except _SinkFailed as e:
+            raise e.__cause__ or e from None
+        self.stats.synced = True
+        return True
+
     async def _watch_until_gone(self, sink: EventSink, rv: str) -> None:
         """Watch (again and again) from `rv`; returns when the kind must be listed again."""
         while True:

@@ -1,4 +1,5 @@
-"""Real Redis servers for the integration tests: a single ``redis-server``, one with a password
+"""Real Redis servers for the tests and benchmarks (the integration tier, the e2e tier and bench/
+import it from here): a single ``redis-server``, one with a password
 (AUTH), one with TLS only, and a three-master Redis Cluster (``redis-server --cluster-enabled
 yes`` x3 joined by ``redis-cli --cluster create``), each on free 127.0.0.1 ports, in a temporary
 directory, without persistence (``--save '' --appendonly no``).
