@@ -115,6 +115,9 @@ FAULT_KINDS = (
 #: profiles the MIG demand alternates between (the nodes start as all-1g.5gb)
 MIG_DEMANDS = (("3g.20gb", 2), ("2g.10gb", 3))
 TAINT_PREFIX = "pyctl.io/"
+#: the label and taint of the rescue pool: nodes only the PDB-covered `svc-*` replicas and the
+#: 4-GPU pods run on, so that a 4-GPU pod waits for pyctl to free one
+POOL_KEY = "soak.pyctl.io/pool"
 MIG_TAINT = "pyctl.io/mig-reconfiguration"
 
 #: pyctl's configuration in the soak (environment of both replicas); the limits are what the
@@ -243,10 +246,12 @@ class Replica:
                 os.killpg(self.proc.pid, sig)
 
     def kill(self) -> None:
+        """SIGKILL, as a crash: the harness starts it again (`start`)."""
         self.signal(signal.SIGKILL)
         if self.proc is not None:
             self.proc.wait(timeout=10)
             self.lives[-1].ended = time.time()
+        self.proc = None  # not an exit of its own (`exited`)
 
     def exited(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
@@ -583,7 +588,10 @@ def pod(
     labels: dict[str, str] | None = None,
     resources: dict[str, str] | None = None,
     node_selector: dict[str, str] | None = None,
+    pool: bool = False,
 ) -> dict[str, Any]:
+    """A pod of the soak; `pool`: it runs on the rescue pool's nodes only (their selector and
+    a toleration of their taint)."""
     res = dict(resources or {})
     if gpus:
         res[GPU] = str(gpus)
@@ -599,6 +607,9 @@ def pod(
     }
     if node_selector:
         spec["nodeSelector"] = node_selector
+    if pool:
+        spec["nodeSelector"] = {POOL_KEY: "rescue"}
+        spec["tolerations"] = [{"key": POOL_KEY, "value": "rescue", "effect": "NoSchedule"}]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -649,6 +660,7 @@ class Soak:
         self.rec_before: dict[float, float] = {}
         self.lag_all: list[tuple[dict[float, float], dict[float, float]]] = []
         self.deployments: list[str] = []
+        self.pool: list[str] = []
         self.churners: list[str] = []
         self.seq = 0
 
@@ -752,7 +764,13 @@ class Soak:
             )
             for n in self.gpu_nodes
         ]
-        await api.many("POST", (("/api/v1/nodes", node_manifest(s)) for s in specs))
+        self.pool = self.gpu_nodes[: max(3, len(self.gpu_nodes) // 6)]
+        manifests = [node_manifest(s) for s in specs]
+        for m in manifests:
+            if m["metadata"]["name"] in self.pool:
+                m["metadata"]["labels"][POOL_KEY] = "rescue"
+                m["spec"]["taints"] = [{"key": POOL_KEY, "value": "rescue", "effect": "NoSchedule"}]
+        await api.many("POST", (("/api/v1/nodes", m) for m in manifests))
         mig_specs = [a100_all_1g(n) for n in self.mig_nodes]
         kapi = await kconfig.new_client_from_config(
             config_file=str(self.plane.kubeconfig), persist_config=False
@@ -773,9 +791,9 @@ class Soak:
         # Deployments under PDBs, and those of the churn (no PDB)
         self.deployments = [f"svc-{i}" for i in range(max(2, self.args.nodes // 12))]
         self.churners = [f"churn-{i}" for i in range(max(3, len(self.gpu_nodes) // 5))]
-        start = round(1.6 * len(self.gpu_nodes) / len(self.churners))
+        start = round(2.4 * len(self.gpu_nodes) / len(self.churners))
         for d in self.deployments + self.churners:
-            tmpl = pod("x", gpus=1, app=d)
+            tmpl = pod("x", gpus=1, app=d, pool=d in self.deployments)
             await api.call(
                 "POST",
                 f"/apis/apps/v1/namespaces/{NS}/deployments",
@@ -819,10 +837,10 @@ class Soak:
 
     async def churn(self, api: Api) -> None:
         """1-GPU pods of the `churn-*` Deployments (owned by their ReplicaSets, as the pods pyctl
-        may move are): about 1.6 per GPU node, each Deployment rescaled at random so that about
+        may move are): about 2.4 per GPU node, each Deployment rescaled at random so that about
         one pod in `--pod-life` s is replaced per pod, with a burst (ten times as many changes
         for 10 s) every few minutes."""
-        target = 1.6 * len(self.gpu_nodes)
+        target = 2.4 * len(self.gpu_nodes)
         mean = target / len(self.churners)
         # a rescale changes about mean / 4 pods; creations and deletions per second ~ rate
         changes = (target / self.args.pod_life) / max(1.0, mean / 4)
@@ -853,7 +871,7 @@ class Soak:
         """The Deployments under PDBs, scaled up and down every 15-30 s."""
         while not self.stopping:
             await asyncio.sleep(self.rng.uniform(15, 30))
-            await self._scale(api, self.rng.choice(self.deployments), self.rng.randint(1, 6))
+            await self._scale(api, self.rng.choice(self.deployments), self.rng.randint(1, 4))
 
     async def demand(self, api: Api) -> None:
         """4-GPU pods no node has room for (pyctl rescues them) and MIG pods for a profile the
@@ -879,11 +897,13 @@ class Soak:
                     if done or now - t > limit or (name not in pods and now - t > 30):
                         await self._delete(api, name)
                         group.pop(name)
-            want_big = max(1, len(self.gpu_nodes) // 25)
+            want_big = max(1, len(self.pool) // 4)
             while len(big) < want_big:
                 name = self._name("big")
                 big[name] = now
-                await self._create(api, pod(name, gpus=4, app="big", labels={"demand": "big"}))
+                await self._create(
+                    api, pod(name, gpus=4, app="big", labels={"demand": "big"}, pool=True)
+                )
             live_mig = [n for n in self.mig_nodes if n not in self.deleted_nodes]
             if not mig and live_mig and now >= next_mig:
                 profile, count = MIG_DEMANDS[cycle % len(MIG_DEMANDS)]
