@@ -653,6 +653,7 @@ class Soak:
         self.pdb_deficit: dict[str, float] = {}
         self.taint_orphan: dict[str, float] = {}
         self.violations: dict[str, list[str]] = defaultdict(list)
+        self.violated: set[str] = set()
         self.mig_tainted_max = 0
         self.users: dict[str, str] = {}
         self.lag_before: dict[float, float] = {}
@@ -667,8 +668,11 @@ class Soak:
     def now(self) -> float:
         return time.time() - self.t0
 
-    def violate(self, invariant: str, what: str) -> None:
-        if what not in self.violations[invariant]:
+    def violate(self, invariant: str, what: str, key: str = "") -> None:
+        """Record a violation once per `key` (the object it is about; default: the message)."""
+        key = f"{invariant}: {key or what}"
+        if key not in self.violated:
+            self.violated.add(key)
             self.violations[invariant].append(what)
             print(
                 f"[soak {self.now():7.1f}s] VIOLATION {invariant}: {what}",
@@ -789,7 +793,8 @@ class Soak:
         if missing:
             raise RuntimeError(f"{missing} nodes not Ready after 120 s")
         # Deployments under PDBs, and those of the churn (no PDB)
-        self.deployments = [f"svc-{i}" for i in range(max(2, self.args.nodes // 12))]
+        # about 2 replicas per pool node (3.5 per Deployment on average): no pool node free
+        self.deployments = [f"svc-{i}" for i in range(max(2, round(0.6 * len(self.pool))))]
         self.churners = [f"churn-{i}" for i in range(max(3, len(self.gpu_nodes) // 5))]
         start = round(2.4 * len(self.gpu_nodes) / len(self.churners))
         for d in self.deployments + self.churners:
@@ -868,10 +873,10 @@ class Soak:
             self.deploy_scaled[deployment] = time.time()
 
     async def scale_deployments(self, api: Api) -> None:
-        """The Deployments under PDBs, scaled up and down every 15-30 s."""
+        """The Deployments under PDBs, scaled up and down (2 to 5 replicas) every 15-30 s."""
         while not self.stopping:
             await asyncio.sleep(self.rng.uniform(15, 30))
-            await self._scale(api, self.rng.choice(self.deployments), self.rng.randint(1, 4))
+            await self._scale(api, self.rng.choice(self.deployments), self.rng.randint(2, 5))
 
     async def demand(self, api: Api) -> None:
         """4-GPU pods no node has room for (pyctl rescues them) and MIG pods for a profile the
@@ -1144,7 +1149,8 @@ class Soak:
             w = self.workflows.get(wid)
             if w is None:
                 w = self.workflows[wid] = WorkflowSeen(wid, wf.kind, wf.node, wf.created)
-            w.step, w.updated, w.lost_with_redis = wf.step, wf.updated, False
+            # a record lost with Redis and started again (the same id) is a new workflow
+            w.step, w.updated, w.created, w.lost_with_redis = wf.step, wf.updated, wf.created, False
         if self.redis_emptied_at and self.redis_up:
             for w in self.open_workflows():
                 if w.id not in seen and w.created < self.redis_emptied_at[-1]:
@@ -1225,12 +1231,15 @@ class Soak:
                     self.violate(
                         "taint left behind",
                         f"{name} carries {ours} {now - since:.0f} s with no open workflow",
+                        key=name,
                     )
             else:
                 self.taint_orphan.pop(name, None)
         self.mig_tainted_max = max(self.mig_tainted_max, mig_tainted)
         if mig_tainted > MIG_CONCURRENCY:
-            self.violate("rate limit", f"{mig_tainted} nodes re-partitioning at once")
+            self.violate(
+                "rate limit", f"{mig_tainted} nodes re-partitioning at once", key="MIG concurrency"
+            )
         for pdb in pdbs:
             name = pdb["metadata"]["name"]
             st = pdb.get("status") or {}
@@ -1243,6 +1252,7 @@ class Soak:
                         "PDB",
                         f"{name}: {st.get('currentHealthy')} healthy, desired "
                         f"{st.get('desiredHealthy')} (Deployment steady)",
+                        key=name,
                     )
             else:
                 self.pdb_deficit.pop(name, None)
@@ -1252,6 +1262,7 @@ class Soak:
                     "deadline",
                     f"workflow {w.id} ({w.kind} on {w.node}) open "
                     f"{now - w.created:.0f} s, step {w.step or '?'}",
+                    key=w.id,
                 )
 
     async def sample_series(self) -> None:
@@ -1389,12 +1400,14 @@ class Soak:
             else:
                 outcome["open"] += 1
                 if now - wf.created > deadline_of(wf.kind):
-                    self.violate("deadline", f"workflow {wf.id} ({wf.kind}) never ended")
+                    self.violate("deadline", f"workflow {wf.id} ({wf.kind}) never ended", key=wf.id)
             if wf.step in ("done", "failed", "abandoned") and wf.updated - wf.created > deadline_of(
                 wf.kind
             ):
                 self.violate(
-                    "deadline", f"workflow {wf.id} ({wf.kind}) took {wf.updated - wf.created:.0f} s"
+                    "deadline",
+                    f"workflow {wf.id} ({wf.kind}) took {wf.updated - wf.created:.0f} s",
+                    key=wf.id,
                 )
         rep.workflows = dict(outcome)
         # resources flat: replicas that lived through the run
