@@ -1,0 +1,76 @@
+"""The invariant checks of bench/soak.py on hand-made histories: each catches what it is for
+(a write after another replica took the Lease, a write after the replica's own Lease ran out, a
+burst beyond a token bucket, too many evictions in an hour) and passes a history that keeps
+them."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def soak() -> ModuleType:
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        spec = importlib.util.spec_from_file_location("soak", REPO / "bench" / "soak.py")
+        assert spec is not None
+        assert spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["soak"] = module  # its dataclasses look their module up there
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+
+
+def write(soak: ModuleType, t: float, user: str) -> object:
+    return soak.Write(t, user, "patch", "nodes", "", "gpu-0001", 200)
+
+
+def test_a_write_by_the_holder_within_its_lease_passes(soak: ModuleType) -> None:
+    leases = [(0.0, "a"), (1.0, "a"), (2.0, "a")]
+    assert soak.lease_violations(leases, [write(soak, 2.5, "a"), write(soak, 7.9, "a")], 6.0) == []
+
+
+def test_a_write_after_another_replica_took_the_lease_is_caught(soak: ModuleType) -> None:
+    leases = [(0.0, "a"), (1.0, "a"), (8.0, "b"), (9.0, "b")]
+    got = soak.lease_violations(leases, [write(soak, 8.5, "a"), write(soak, 8.6, "b")], 6.0)
+    assert len(got) == 1
+    assert got[0].startswith("a patch nodes /gpu-0001")
+    assert "last written by b" in got[0]
+
+
+def test_a_write_after_the_replicas_own_lease_ran_out_is_caught(soak: ModuleType) -> None:
+    # paused past its Lease, nobody else took it: the write is still made without a Lease
+    got = soak.lease_violations([(0.0, "a")], [write(soak, 6.5, "a")], 6.0)
+    assert len(got) == 1
+    assert "6.5 s before" in got[0]
+
+
+def test_a_write_before_any_lease_write_is_caught(soak: ModuleType) -> None:
+    assert len(soak.lease_violations([(5.0, "a")], [write(soak, 4.0, "a")], 6.0)) == 1
+
+
+def test_a_token_bucket_is_kept_or_exceeded(soak: ModuleType) -> None:
+    # burst 2, 6 per minute (one every 10 s), with the 2 s of slack
+    kept = [0.0, 0.1, 12.0, 22.0, 32.0]
+    assert soak.bucket_violations(kept, 2, 6.0, "node n") == []
+    over = [0.0, 0.1, 0.2]
+    got = soak.bucket_violations(over, 2, 6.0, "node n")
+    assert len(got) == 1
+    assert got[0].startswith("rate limit node n: 3 evictions in 0.2 s")
+    slow_over = [0.0, 0.1, 5.0, 9.0]
+    assert len(soak.bucket_violations(slow_over, 2, 6.0, "node n")) == 1
+
+
+def test_disruptions_per_hour_are_counted_in_a_sliding_hour(soak: ModuleType) -> None:
+    assert soak.window_violations([0.0, 1800.0, 3600.0], 2, 3600, "per hour") == []
+    got = soak.window_violations([0.0, 1800.0, 3599.0], 2, 3600, "per hour")
+    assert got == ["per hour: 3 evictions within 3600 s (limit 2)"]
