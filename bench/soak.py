@@ -90,7 +90,7 @@ from pyctl.state.redis_client import RedisConfig, close_client, connect
 from pyctl.state.redis_workflows import RedisWorkflowStore
 from pyctl.workflows.base import FINISHED
 from pyctl.workflows.engine import decode
-from tests.integration.redis_servers import RedisServer, find_binaries
+from tests.redis_servers import RedisServer, find_binaries
 
 NS = "soak"
 SYSTEM_NS = "pyctl-system"
