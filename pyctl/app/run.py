@@ -76,7 +76,9 @@ async def run_kube(cfg: Config, workload: Workload | None) -> int:
     ctl.reconciler.fabric_levels = cfg.fabric.levels
     ctl.reconciler.fabric_interval = cfg.fabric.interval
     actuator: Actuator = (
-        KubeActuator(kube, instance=identity) if cfg.mode == "enforce" else NullActuator()
+        KubeActuator(kube, instance=identity, still_leader=elector.still_leader)
+        if cfg.mode == "enforce"
+        else NullActuator()
     )
     flows = attach_workflows(ctl, cfg, actuator=actuator)
     attach_recommender(ctl, cfg)

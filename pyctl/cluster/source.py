@@ -36,6 +36,11 @@ class ClusterSource(Protocol):
         """List, then watch, until cancelled (or, for a finite scenario, until it ends)."""
 
 
+class LeaseLost(Exception):
+    """A mutation not sent: this replica no longer holds the Lease (the actuator's last check,
+    right before the request, failed)."""
+
+
 class ActuatorError(Exception):
     """The cluster answered a mutation with an error status (a 500, a 503...): the mutation did
     not happen. A failure with no answer (a timeout, a connection lost) raises anything else:

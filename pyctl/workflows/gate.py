@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pyctl.cluster.records import PodRecord
-from pyctl.cluster.source import Actuator, ActuatorError, EvictionOutcome
+from pyctl.cluster.source import Actuator, ActuatorError, EvictionOutcome, LeaseLost
 from pyctl.metrics import Metrics
 from pyctl.state.ratelimit import Decision, RateLimiter, Receipt, Request, SafetyLimits, Slot
 
@@ -188,6 +188,9 @@ class Gate:
                 return GateResult("not-leader", reason="lost the Lease")
         try:
             outcome = await self._actuator.try_evict(pod.namespace, pod.name, pod.uid)
+        except LeaseLost as e:  # the actuator's last check: nothing was sent
+            await self.refund(receipt, "not-leader")
+            return GateResult("not-leader", reason=str(e))
         except ActuatorError:
             # the API server answered with an error: nothing was evicted. (A failure with no
             # answer, a timeout, keeps the charge: the eviction may have happened.)
@@ -218,7 +221,10 @@ class Gate:
             return GateResult("dry-run")
         if not self.still_leader():
             return GateResult("not-leader", reason="this replica does not hold the Lease")
-        await call()
+        try:
+            await call()
+        except LeaseLost as e:  # the actuator's last check, right before the request
+            return GateResult("not-leader", reason=str(e))
         return GateResult("done")
 
     async def taint(self, node: str, key: str, *, on: bool, value: str = "") -> GateResult:

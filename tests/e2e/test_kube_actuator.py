@@ -15,6 +15,9 @@ from pyctl.cluster.kube.actuator import KubeActuator
 from pyctl.cluster.kube.client import KubeClient, connect
 from pyctl.dev.control_plane import ControlPlane
 from pyctl.dev.gpu_nodes import GpuNodeSpec, body, node_manifest, wait_nodes_ready
+from pyctl.metrics import Metrics
+from pyctl.state.ratelimit import MemoryRateLimiter, SafetyLimits
+from pyctl.workflows.gate import Gate
 
 from .conftest import wait_until
 
@@ -175,3 +178,35 @@ async def test_eviction_respects_a_pdb_and_events_are_recorded(
         node_events.items[0].involved_object.uid == (await node_json(kube, node))["metadata"]["uid"]
     )
     await core.delete_namespace(ns)
+
+
+async def test_a_paused_leader_does_not_write_after_losing_the_lease(
+    kube: KubeClient, node: str
+) -> None:
+    """The soak's fault (docs/soak.md): a leader passes the gate's Lease check, is paused past its
+    Lease (SIGSTOP, a noisy neighbour), and on waking sends the write it was about to send. Here
+    the Lease holds at the gate's check and is gone after it: the actuator checks it again right
+    before each mutation, so nothing reaches the API server (read back from it)."""
+    checks: list[bool] = []
+
+    def held() -> bool:
+        # true at the gate's check, expired from then on (the pause fell in between)
+        checks.append(not checks)
+        return checks[-1]
+
+    act = KubeActuator(kube, still_leader=held)
+    gate = Gate("enforce", held, MemoryRateLimiter(), SafetyLimits(), act, Metrics(), "e2e")
+    got = await gate.taint(node, "pyctl.io/rescue", on=True, value="x")
+    assert got.outcome == "not-leader", got
+    checks.clear()
+    got = await gate.label(node, {"pyctl.io/mig-demand": "1"})
+    assert got.outcome == "not-leader", got
+    n = await node_json(kube, node)
+    assert not n["spec"].get("taints")
+    assert "pyctl.io/mig-demand" not in n["metadata"]["labels"]
+    # holding the Lease all along, the same calls write
+    act.still_leader = lambda: True
+    gate.still_leader = lambda: True
+    assert (await gate.taint(node, "pyctl.io/rescue", on=True, value="x")).outcome == "done"
+    n = await node_json(kube, node)
+    assert [t["key"] for t in n["spec"]["taints"]] == ["pyctl.io/rescue"]

@@ -16,12 +16,12 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
 from pyctl.cluster.kube.client import KubeApiError, KubeClient, Response, path_part
-from pyctl.cluster.source import EvictionOutcome
+from pyctl.cluster.source import EvictionOutcome, LeaseLost
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +42,30 @@ class KubeActuator:
         component: str = "pyctl",
         instance: str = "",
         grace_period_seconds: int | None = None,
+        still_leader: Callable[[], bool] | None = None,
     ) -> None:
         self.kube = kube
         self.component = component
         self.instance = instance
+        #: the Lease, checked right before every mutation is sent (None: not checked here). The
+        #: gate checks it before it acts, but a replica paused past its Lease between that check
+        #: and the request (a GET first, a slow rate-limit call) would otherwise write on a stale
+        #: view: the soak found one doing so (docs/soak.md)
+        self.still_leader = still_leader
         #: passed in the Eviction's deleteOptions (None: the pod's own)
         self.grace_period_seconds = grace_period_seconds
+
+    async def _request(self, method: str, path: str, **kw: Any) -> Response:
+        """`kube.request`, a mutation sent only while this replica holds the Lease (Events, which
+        change nothing, go out regardless)."""
+        if (
+            method != "GET"
+            and self.still_leader is not None
+            and not path.endswith("/events")
+            and not self.still_leader()
+        ):
+            raise LeaseLost(f"{method} {path[:200]}: this replica no longer holds the Lease")
+        return await self.kube.request(method, path, **kw)
 
     # -- nodes -------------------------------------------------------------------------------------
 
@@ -56,7 +74,7 @@ class KubeActuator:
         return f"/api/v1/nodes/{path_part(node)}"
 
     async def _patch_node(self, node: str, patch: Mapping[str, Any]) -> Response:
-        resp = await self.kube.request(
+        resp = await self._request(
             "PATCH", self._node_path(node), body=patch, content_type=MERGE_PATCH
         )
         return resp.check()
@@ -81,7 +99,7 @@ class KubeActuator:
         if effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
             raise ValueError(f"taint: unknown effect {effect!r}")
         for _ in range(_CONFLICT_RETRIES):
-            got = (await self.kube.request("GET", self._node_path(node))).check().json()
+            got = (await self._request("GET", self._node_path(node))).check().json()
             taints: list[dict[str, Any]] = list((got.get("spec") or {}).get("taints") or [])
             same = [t for t in taints if t.get("key") == key and t.get("effect") == effect]
             others = [t for t in taints if t not in same]
@@ -100,7 +118,7 @@ class KubeActuator:
                 "metadata": {"resourceVersion": got["metadata"]["resourceVersion"]},
                 "spec": {"taints": new or None},
             }
-            resp = await self.kube.request(
+            resp = await self._request(
                 "PATCH", self._node_path(node), body=patch, content_type=MERGE_PATCH
             )
             if resp.status != 409:
@@ -117,7 +135,7 @@ class KubeActuator:
 
     async def read_configmap(self, namespace: str, name: str) -> dict[str, str] | None:
         """The ConfigMap's `data`; None when it does not exist."""
-        resp = await self.kube.request("GET", self._configmap_path(namespace, name))
+        resp = await self._request("GET", self._configmap_path(namespace, name))
         if resp.status == 404:
             return None
         data = resp.check().json().get("data") or {}
@@ -126,7 +144,7 @@ class KubeActuator:
     async def apply_configmap(self, namespace: str, name: str, data: Mapping[str, str]) -> None:
         """Create the ConfigMap with `data`, or merge-patch these keys into its `data`."""
         patch = {"data": dict(data)}
-        resp = await self.kube.request(
+        resp = await self._request(
             "PATCH", self._configmap_path(namespace, name), body=patch, content_type=MERGE_PATCH
         )
         if resp.status != 404:
@@ -138,9 +156,9 @@ class KubeActuator:
             "metadata": {"name": name, "namespace": namespace},
             "data": dict(data),
         }
-        resp = await self.kube.request("POST", self._configmap_path(namespace), body=body)
+        resp = await self._request("POST", self._configmap_path(namespace), body=body)
         if resp.status == 409:  # created meanwhile: patch it
-            resp = await self.kube.request(
+            resp = await self._request(
                 "PATCH",
                 self._configmap_path(namespace, name),
                 body=patch,
@@ -155,13 +173,13 @@ class KubeActuator:
     async def device_taint_rules(self) -> dict[str, dict[str, object]] | None:
         """pyctl's DeviceTaintRules by name; None where the API server does not serve them
         (discovery of resource.k8s.io/v1)."""
-        disc = await self.kube.request("GET", "/apis/resource.k8s.io/v1")
+        disc = await self._request("GET", "/apis/resource.k8s.io/v1")
         if disc.status == 404:
             return None
         served = disc.check().json().get("resources") or []
         if not any(r.get("name") == "devicetaintrules" for r in served):
             return None
-        resp = await self.kube.request(
+        resp = await self._request(
             "GET", self._DTR, query=[("labelSelector", "app.kubernetes.io/managed-by=pyctl")]
         )
         items = resp.check().json().get("items") or []
@@ -173,11 +191,11 @@ class KubeActuator:
         if not isinstance(name, str) or not name:
             raise ValueError("DeviceTaintRule without metadata.name")
         if on:
-            resp = await self.kube.request("POST", self._DTR, body=dict(manifest))
+            resp = await self._request("POST", self._DTR, body=dict(manifest))
             if resp.status != 409:  # 409: it exists already
                 resp.check()
             return
-        resp = await self.kube.request("DELETE", f"{self._DTR}/{path_part(name)}")
+        resp = await self._request("DELETE", f"{self._DTR}/{path_part(name)}")
         if resp.status != 404:
             resp.check()
 
@@ -197,7 +215,7 @@ class KubeActuator:
         if options:
             body["deleteOptions"] = options
         path = f"/api/v1/namespaces/{path_part(namespace)}/pods/{path_part(pod)}/eviction"
-        resp = await self.kube.request("POST", path, body=body)
+        resp = await self._request("POST", path, body=body)
         if resp.ok:
             return EvictionOutcome(True, resp.status)
         err = resp.error()
@@ -272,7 +290,7 @@ class KubeActuator:
             "reportingInstance": self.instance or self.component,
         }
         path = f"/api/v1/namespaces/{path_part(ev_ns)}/events"
-        (await self.kube.request("POST", path, body=body)).check()
+        (await self._request("POST", path, body=body)).check()
 
     async def _uid(self, kind: str, namespace: str, name: str) -> str:
         if kind == "Node":
@@ -281,7 +299,7 @@ class KubeActuator:
             path = f"/api/v1/namespaces/{path_part(namespace)}/pods/{path_part(name)}"
         else:
             return ""
-        resp = await self.kube.request("GET", path)
+        resp = await self._request("GET", path)
         if not resp.ok:
             return ""  # gone already: the event is still worth recording
         uid = (resp.json().get("metadata") or {}).get("uid", "")
