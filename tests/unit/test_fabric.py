@@ -3,10 +3,14 @@ against hand-worked cases and the pure-Python twin (tests/reference/fabric.py)."
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pyctl.cli.main import main
 from pyctl.cluster.bounds import MAX_DOMAINS_PER_LEVEL
 from pyctl.cluster.gangs import gangs_of
 from pyctl.cluster.records import (
@@ -278,3 +282,53 @@ def test_the_agents_nvlink_groups_are_the_nodes_link_groups() -> None:
     # without the agent's view (the rules): no links known, no link_split
     rules = node_from_records(_node({}), None, PODS, "single-numa-node")
     assert score(Snapshot((rules,)), pair).nodes[0].categories["link_split"] == 0.0
+
+
+def test_pyctl_score_on_a_dump_shows_each_clique(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A kubectl dump of the three-clique case: twelve 4-GPU nodes, two full per clique, a gang
+    of four 4-GPU pods with required pod affinity on the clique key (two running in clique 0,
+    two pending), one node with a malformed clique value and one with none."""
+    from tests.unit.test_kube_dump import node, pod
+
+    items = [
+        node(f"n{i:02}", 4, {CLIQUE: f"3f1c2a.{i // 4}", "kubernetes.io/hostname": f"n{i:02}"})
+        for i in range(12)
+    ]
+    items += [node("odd", 4, {CLIQUE: "-bad-"}), node("bare", 4)]
+    for n in ("n00", "n01", "n04", "n05", "n08", "n09"):
+        items += [pod(f"s-{n}-{j}", n, gpus=1) for j in range(4)]
+    affinity = {
+        "podAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": {"gang": "tp"}}, "topologyKey": CLIQUE}
+            ]
+        }
+    }
+    for j, n in enumerate(["n02", "n03", None, None]):
+        g = pod(f"g{j}", n, gpus=4)
+        g["metadata"]["labels"] = {"gang": "tp"}
+        g["spec"]["affinity"] = affinity
+        items.append(g)
+    f = tmp_path / "dump.json"
+    f.write_text(json.dumps({"kind": "List", "items": items}))
+    assert main(["score", str(f), "--json"]) == 0
+    fab = json.loads(capsys.readouterr().out)["fabric"]
+    (level,) = fab["levels"]
+    assert level["level"] == CLIQUE
+    assert (level["domains"], level["whole"], level["malformed"]) == (3, 0, 1)
+    assert level["no_domain_nodes"] == 2
+    (gang,) = fab["gangs"]
+    assert (gang["pods"], gang["level"], gang["gpus_per_pod"]) == (4, CLIQUE, 4)
+    by_name = {d["domain"]: d for d in fab["domains"]}
+    # cliques 1 and 2 each have two empty nodes: room for two of the four pods, so their 8
+    # idle GPUs are domain_split (weighted by the gang's share of M); clique 0 has none idle
+    assert by_name["3f1c2a.0"]["idle_gpu_milli"] == 0
+    assert by_name["3f1c2a.1"]["capacity"] == [2]
+    assert by_name["3f1c2a.1"]["fragment_gpu_milli"] > 0
+    assert fab["domain_split_gpu_milli"] == pytest.approx(
+        by_name["3f1c2a.1"]["fragment_gpu_milli"] + by_name["3f1c2a.2"]["fragment_gpu_milli"]
+    )
+    # the two nodes in no clique: their idle GPUs are no_domain for the gang
+    assert set(fab["node_no_domain"]) == {"odd", "bare"}
