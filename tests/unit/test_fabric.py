@@ -306,8 +306,8 @@ def test_pyctl_score_on_a_dump_shows_each_clique(
             ]
         }
     }
-    for j, n in enumerate(["n02", "n03", None, None]):
-        g = pod(f"g{j}", n, gpus=4)
+    for j, where in enumerate(["n02", "n03", None, None]):
+        g = pod(f"g{j}", where, gpus=4)
         g["metadata"]["labels"] = {"gang": "tp"}
         g["spec"]["affinity"] = affinity
         items.append(g)
