@@ -83,7 +83,8 @@ rust-test:
 #   monitoring   tests/monitoring: alert rules with promtool, Prometheus
 #   e2e          tests/e2e: the real control plane (kwok GPU nodes)
 TEST_STAGES := lint rust unit conformance sim fuzz integration deploy monitoring e2e
-export PYCTL_STAGE_SUMMARY := $(abspath $(VENV))/test-stages.txt
+# (not PYCTL_*: pyctl reads every PYCTL_* variable as a setting and refuses unknown ones)
+export STAGE_SUMMARY_FILE := $(abspath $(VENV))/test-stages.txt
 PYTEST := $(VENV)/bin/pytest -q
 
 test: setup control-plane

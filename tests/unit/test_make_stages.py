@@ -34,7 +34,7 @@ def test_every_test_directory_is_a_stage() -> None:
 
 
 def _stage(tmp_path: Path, *argv: str) -> tuple[int, str]:
-    env = {**os.environ, "PYCTL_STAGE_SUMMARY": str(tmp_path / "summary.txt")}
+    env = {**os.environ, "STAGE_SUMMARY_FILE": str(tmp_path / "summary.txt")}
     p = subprocess.run(
         [str(ROOT / "scripts/stage"), *argv], env=env, capture_output=True, text=True, check=False
     )
