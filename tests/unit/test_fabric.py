@@ -332,3 +332,15 @@ def test_pyctl_score_on_a_dump_shows_each_clique(
     )
     # the two nodes in no clique: their idle GPUs are no_domain for the gang
     assert set(fab["node_no_domain"]) == {"odd", "bare"}
+
+
+def test_the_levels_and_the_interval_are_settings() -> None:
+    from pyctl.app.config import ConfigError, load_config
+
+    c = load_config(env={"PYCTL_FABRIC_LEVELS": "example.com/rack, " + CLIQUE})
+    assert c.fabric.levels == ("example.com/rack", CLIQUE)
+    assert load_config(env={}).fabric.levels[0] == CLIQUE
+    with pytest.raises(ConfigError, match="fabric_interval"):
+        load_config(env={"PYCTL_FABRIC_INTERVAL": "0"})
+    with pytest.raises(ConfigError, match="fabric_levels"):
+        load_config(env={"PYCTL_FABRIC_LEVELS": ",".join(f"k{i}" for i in range(17))})
