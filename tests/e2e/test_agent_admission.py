@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 import yaml
 from kubernetes_asyncio import client
@@ -116,8 +117,9 @@ async def test_the_agent_may_write_only_its_own_nodes_annotation(
         who = json.loads(kubectl(cfg, "auth", "whoami", "-o", "json").stdout)
         assert who["status"]["userInfo"]["username"] == USER
         assert who["status"]["userInfo"]["extra"]["authentication.kubernetes.io/node-name"] == [OWN]
-        # the policy is in force once the API server has it: wait for the first refusal
-        start = control_plane.audit_log.stat().st_size
+        # the policy is in force once the API server has it: wait for the first refusal (the
+        # probes before it succeed, so the audit window starts after it, and once the log has
+        # had time to take the probes' events)
         async with await connect(kubeconfig=cfg) as kube:
 
             async def other_refused() -> bool:
@@ -128,6 +130,10 @@ async def test_the_agent_may_write_only_its_own_nodes_annotation(
                 return False
 
             await wait_until(other_refused, "the policy refusing another Node", within=30)
+            await anyio.sleep(1.0)
+            start = control_plane.audit_log.stat().st_size
+            with pytest.raises(KubeApiError, match="only its own Node"):
+                await NodeAnnotationPublisher(kube, OTHER)(DOC)
             await NodeAnnotationPublisher(kube, OWN)(DOC)
             own = await core.read_node(OWN)
             assert at.decode(own.metadata.annotations[at.ANNOTATION]).gpus[0].uuid == "GPU-0"
