@@ -17,7 +17,6 @@ never were fewer than 22 replicas up; no pyctl taint is left.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from pyctl.dev.gpu_nodes import GpuNodeSpec, body, node_manifest, wait_nodes_rea
 from tests.e2e.conftest import wait_until
 from tests.e2e.test_crash_e2e import ControllerProcess
 from tests.e2e.test_placement_e2e import gpu_deployment
+from tests.e2e.test_state_e2e import samples
 from tests.redis_servers import RedisServer
 
 pytestmark = [pytest.mark.e2e]
@@ -77,12 +77,8 @@ def running(pods: list[Any]) -> list[Any]:
 
 
 def gauge(text: str, name: str, **labels: str) -> float | None:
-    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    for line in text.splitlines():
-        m = re.match(rf"^{re.escape(name)}\{{(.*)\}} (\S+)$", line)
-        if m and ",".join(sorted(m.group(1).split(","))) == want:
-            return float(m.group(2))
-    return None
+    """One sample of pyctl's /metrics (parsed by prometheus_client, `test_state_e2e.samples`)."""
+    return samples(text, name).get(tuple(sorted(labels.items())))
 
 
 @pytest.mark.anyio
