@@ -166,14 +166,11 @@ def fabric_score(
         (labels.get(n.name, empty) if labels is not None else dict(n.labels)) for n in nodes
     ]
     rows, names, malformed, overflow = _domains(node_labels, lv)
+    total = sum(s.weight for s in workload.shapes)  # the core's weights sum to 1
     gangs = tuple(
-        GangDemand(i, s.gang.pods, s.gang.key, s.gpus, s.weight)
+        GangDemand(i, s.gang.pods, s.gang.key, s.gpus, s.weight / total)
         for i, s in enumerate(workload.shapes)
         if s.gang is not None and s.gang.key in lv and not s.is_cpu_only
-    )
-    total = sum(s.weight for s in workload.shapes)
-    gangs = tuple(
-        GangDemand(g.shape, g.pods, g.level, g.gpus_per_pod, g.weight / total) for g in gangs
     )
     raw = model.core.fabric(
         workload_dicts(workload),
