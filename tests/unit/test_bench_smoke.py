@@ -54,6 +54,18 @@ def test_the_loop_stalls_bench_runs() -> None:
     ), lines[-1]
 
 
+def test_the_fabric_pass_bench_runs() -> None:
+    lines = _run("bench/fabric_pass.py", "--nodes", "60")
+    assert len(lines) == 2
+    # 60 nodes, 18 per clique: 4 domains (the last of 6 nodes)
+    assert lines[0] == "domains 4, levels ['nvidia.com/gpu.clique']", lines[0]
+    assert re.fullmatch(
+        r"fabric_pass: 60 nodes, \d+\.\d ms per pass \(model \d+\.\d \+ fabric \d+\.\d\), "
+        r"\d+\.\d\d% of the 10 s interval",
+        lines[-1],
+    ), lines[-1]
+
+
 def test_the_scale_bench_reads_quantiles_from_histogram_buckets_as_prometheus_does() -> None:
     sys.path.insert(0, str(REPO / "bench"))
     try:
