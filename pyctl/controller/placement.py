@@ -43,6 +43,7 @@ import anyio.lowlevel
 
 from pyctl.cluster.records import PodRecord
 from pyctl.cluster.translate import pod_shape
+from pyctl.controller.domains import DomainIdle
 from pyctl.controller.reconcile import Reconciler
 from pyctl.core import policy
 from pyctl.core.fragmentation import FragmentationModel
@@ -302,8 +303,11 @@ class PlacementAdvisor:
         departures: Callable[[], Mapping[str, str]] = no_reservations,
         shape_of: Callable[[PodRecord], Shape | None] = pod_shape,
         ranks: RankTable | None = None,
+        domains: Callable[[], DomainIdle] | None = None,
     ) -> None:
         self._models = models
+        #: each topology domain's idle GPU: the order ties are broken in (`_in_order`)
+        self._domains = domains
         self.reservations = reservations
         #: workload ("namespace/kind/name") -> the node compaction just moved one of its pods off
         self.departures = departures
@@ -329,6 +333,7 @@ class PlacementAdvisor:
             departures,
             reconciler.shape_of,
             ranks,
+            reconciler.domain_idle,
         )
 
     def rank(
@@ -412,7 +417,7 @@ class PlacementAdvisor:
             return failed, None
         # the nodes `prioritize` would score highest, without scoring the others: the policy's
         # choice among the candidates left, and the node a rescue freed for this pod
-        ordered, known = _in_order((n for n in names if n not in failed), ranks)
+        ordered, known = self._in_order((n for n in names if n not in failed), ranks, shape)
         choice = policy.extender_choice(known)
         if choice is None:
             return failed, None
@@ -437,11 +442,24 @@ class PlacementAdvisor:
         """The scores of `names`, from `ranks` (of `shape` on each of them)."""
         if shape is None:  # claims pyctl cannot tell: no preference
             return dict.fromkeys(names, 0)
-        ordered, known = _in_order(names, ranks)
+        ordered, known = self._in_order(names, ranks, shape)
         scores = dict(zip(ordered, policy.extender_scores(known), strict=True))
         for node in self._freed_for(pod, ranks, ()):
             scores[node] = policy.MAX_EXTENDER_PRIORITY
         return {n: scores.get(n, 0) for n in names}
+
+    def _in_order(
+        self, names: Iterable[str], ranks: Mapping[str, policy.Ranked | str | None], shape: Shape
+    ) -> tuple[list[str], list[policy.Ranked | None]]:
+        """`names` in the order the policy breaks ties in, and their ranks in that order (None:
+        the node does not admit the pod, or pyctl does not model it). The order: the topology
+        domains' tightest fit for `shape` (`DomainIdle.key`: domains already broken first, a
+        gang's pod into the tightest domain that holds its gang), then by name."""
+        domains = self._domains
+        ordered = sorted(names) if domains is None else domains().order(names, shape)
+        return ordered, [
+            r if isinstance(r, policy.Ranked) else None for r in map(ranks.__getitem__, ordered)
+        ]
 
     def _freed_for(
         self,
@@ -456,17 +474,6 @@ class PlacementAdvisor:
             for n, holder in self.reservations().items()
             if holder == pod.key and n not in excluded and isinstance(ranks.get(n), policy.Ranked)
         ]
-
-
-def _in_order(
-    names: Iterable[str], ranks: Mapping[str, policy.Ranked | str | None]
-) -> tuple[list[str], list[policy.Ranked | None]]:
-    """`names` in the order the policy breaks ties in (by name: the first wins) and their ranks
-    in that order (None: the node does not admit the pod, or pyctl does not model it)."""
-    ordered = sorted(names)
-    return ordered, [
-        r if isinstance(r, policy.Ranked) else None for r in map(ranks.__getitem__, ordered)
-    ]
 
 
 def _filtered(shape: Shape) -> bool:

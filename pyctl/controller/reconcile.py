@@ -27,6 +27,7 @@ from pyctl.cluster.translate import (
     shape_of,
 )
 from pyctl.controller.cache import ClusterCache
+from pyctl.controller.domains import DomainIdle
 from pyctl.controller.ignored import IgnoredObjects
 from pyctl.controller.summary import MAX_LEFT_OUT, Summary
 from pyctl.controller.workload import WorkloadScope, capped_workload
@@ -202,6 +203,9 @@ class Reconciler:
         self._domain_labels: set[tuple[str, str]] = set()
         self._level_labels: set[str] = set()
         self._gang_labels: set[tuple[str, str]] = set()
+        #: each domain's idle GPU, node by node: the placement advice's tie order (domains.py)
+        self._domain_idle = DomainIdle()
+        self._domain_idle_for: tuple[Workload, tuple[str, ...]] | None = None
         self.bad_nodes: dict[str, str] = {}
         #: node -> pyctl taint keys exported as pyctl_node_taint
         self._taints: dict[str, set[str]] = {}
@@ -332,6 +336,7 @@ class Reconciler:
         self._export_taints(name, rec)
         if rec is None:
             self.models.pop(name, None)
+            self._domain_idle.update(name, None, 0)
             self.dra_models.pop(name, None)
             self.dra_positions.pop(name, None)
             old = self.scores.pop(name, None)
@@ -367,6 +372,7 @@ class Reconciler:
             self.ignored.report("Node", "untranslatable", str(e), ObjectRef("Node", "", name))
             self.bad_nodes[name] = str(e)
             self.models.pop(name, None)
+            self._domain_idle.update(name, None, 0)
             self.dra_models.pop(name, None)
             self.dra_positions.pop(name, None)
             old = self.scores.pop(name, None)
@@ -388,6 +394,7 @@ class Reconciler:
             node = previous
         self.models[name] = node
         self.scores[name] = score
+        self._domain_idle.update(name, dict(rec.labels), round(score.idle_gpu_milli))
         self._rows[name] = _row(node, score)
         if dm is not None:
             self.dra_models[name] = dm
@@ -503,6 +510,27 @@ class Reconciler:
         )
         self._export(summ)
         return summ
+
+    def domain_idle(self) -> DomainIdle:
+        """Each topology domain's idle GPU, at the fabric pass's levels (the configured ones and
+        the gangs' keys), kept node by node as nodes are re-scored: the placement advice's tie
+        order (`pyctl.controller.domains`). Built again when the levels change."""
+        key = (self.workload, self.fabric_levels)
+        if self._domain_idle_for is None or (
+            self._domain_idle_for[0] is not key[0] or self._domain_idle_for[1] != key[1]
+        ):
+            levels = levels_for(self.workload, self.fabric_levels)
+            if levels != self._domain_idle.levels:
+                self._domain_idle.relevel(
+                    levels,
+                    (
+                        (n, dict(rec.labels), round(self.scores[n].idle_gpu_milli))
+                        for n in self.models
+                        if (rec := self.cache.nodes.get(n)) is not None and n in self.scores
+                    ),
+                )
+            self._domain_idle_for = key
+        return self._domain_idle
 
     def fabric(self, now: float) -> FabricScore | None:
         """The fabric pass over every scored node (docs/fabric.md), at most every

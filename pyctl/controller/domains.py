@@ -1,0 +1,128 @@
+"""The placement advice's view of the fabric: each topology domain's idle GPU, kept node by node,
+and the order in which the advice breaks ties between nodes of equal rank (docs/fabric.md).
+
+The rule is a hierarchical tightest fit (the rule Kueue #10406 proposed for pods without a
+topology request): among nodes the policy ranks alike, the one whose domain has the least idle GPU
+comes first, level by level from the narrowest (an NVLink clique) to the widest (a zone); a node
+in no domain of a level comes before every domain of it (using it breaks none). So small and
+unconstrained pods fill domains already broken and leave whole ones whole. A gang's pod
+(`Shape.gang`: `pods` pods in one domain of its level) is steered into the tightest domain of its
+level whose idle GPU can hold the whole gang (a necessary condition: the fabric pass knows
+whether its nodes can); domains that cannot come after every one that can, and nodes in no
+domain of the gang's level after those.
+
+The rank itself (FGD's score, then CPU, then the share left: `rust/src/placement`) is computed per
+node, kept per node model (`RankTable`), and never depends on other nodes; the domain order is
+applied when candidates are compared, from this index, so a neighbour's change never makes a kept
+rank stale.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Final
+
+from pyctl.core.fabric import valid_domain
+from pyctl.model import GPU_MILLI, Shape
+
+#: a node in no domain of a level: before every domain (using it breaks none)
+NO_DOMAIN: Final = -1
+
+
+class DomainIdle:
+    """Per level (label keys, narrowest first), each domain's idle GPU (milli), updated one node
+    at a time (`update`) as the reconciler re-scores it. A label value that is not a valid label
+    value is no domain (as in the fabric pass). Written by the reconciler, read by the
+    extender's threads: a lock keeps each read whole."""
+
+    def __init__(self, levels: Iterable[str] = ()) -> None:
+        self._lock = threading.Lock()
+        self.levels: tuple[str, ...] = tuple(levels)
+        #: node -> (its domain per level, its idle GPU milli)
+        self._nodes: dict[str, tuple[tuple[str | None, ...], int]] = {}
+        #: per level: domain -> [idle GPU milli, nodes] of its nodes
+        self._idle: list[dict[str, list[int]]] = [{} for _ in self.levels]
+
+    def relevel(
+        self, levels: Iterable[str], nodes: Iterable[tuple[str, Mapping[str, str], int]]
+    ) -> None:
+        """Start again with `levels`, from `nodes` (name, labels, idle GPU milli)."""
+        fresh = DomainIdle(levels)
+        for name, labels, idle in nodes:
+            fresh._update(name, labels, idle)
+        with self._lock:
+            self.levels, self._nodes, self._idle = fresh.levels, fresh._nodes, fresh._idle
+
+    def update(self, name: str, labels: Mapping[str, str] | None, idle_milli: int) -> None:
+        """Node `name` now has `labels` and `idle_milli` idle GPU; `labels` None: it is gone."""
+        with self._lock:
+            self._update(name, labels, idle_milli)
+
+    def _update(self, name: str, labels: Mapping[str, str] | None, idle_milli: int) -> None:
+        old = self._nodes.pop(name, None)
+        if old is not None:
+            for level, domain in zip(self._idle, old[0], strict=True):
+                if domain is not None:
+                    total = level[domain]
+                    total[0] -= old[1]
+                    total[1] -= 1
+                    if total[1] == 0:
+                        del level[domain]
+        if labels is None:
+            return
+        domains = tuple(
+            v if (v := labels.get(key)) is not None and valid_domain(v) else None
+            for key in self.levels
+        )
+        idle = max(idle_milli, 0)
+        self._nodes[name] = (domains, idle)
+        for level, domain in zip(self._idle, domains, strict=True):
+            if domain is not None:
+                total = level.setdefault(domain, [0, 0])
+                total[0] += idle
+                total[1] += 1
+
+    def idle(self, level: str, domain: str) -> int:
+        """The idle GPU (milli) of `domain` at `level` (0 if unknown)."""
+        with self._lock:
+            if level not in self.levels:
+                return 0
+            total = self._idle[self.levels.index(level)].get(domain)
+            return total[0] if total is not None else 0
+
+    def domains(self, level: str) -> list[str]:
+        """The domains of `level` that have a node, by name."""
+        with self._lock:
+            return sorted(self._idle[self.levels.index(level)]) if level in self.levels else []
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def order(self, names: Iterable[str], shape: Shape | None = None) -> list[str]:
+        """`names` in the tie order for a pod of `shape` (`key`, then by name)."""
+        with self._lock:
+            return sorted(names, key=lambda n: (self._key(n, shape), n))
+
+    def key(self, name: str, shape: Shape | None = None) -> tuple[int, ...]:
+        """Node `name`'s place in the tie order for a pod of `shape`: smaller first (a node not
+        known here first: it is not modelled, so the policy ranks it nowhere)."""
+        with self._lock:
+            return self._key(name, shape)
+
+    def _key(self, name: str, shape: Shape | None) -> tuple[int, ...]:
+        node = self._nodes.get(name)
+        if node is None:
+            return ()
+        gang = shape.gang if shape is not None else None
+        need = gang.pods * shape.gpus * GPU_MILLI if gang is not None and shape is not None else 0
+        out: list[int] = []
+        for key, level, domain in zip(self.levels, self._idle, node[0], strict=True):
+            mine = gang is not None and gang.key == key
+            if domain is None:
+                # no domain: costs no domain anything, but holds no gang of this level
+                out += (2 if mine else 0, NO_DOMAIN)
+                continue
+            idle = level[domain][0]
+            out += (int(mine and idle < need), idle)
+        return tuple(out)
