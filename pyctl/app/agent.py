@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pyctl.agent.events import DisagreementEvents
 from pyctl.agent.fixture import FixtureNvml
 from pyctl.agent.kubelet import (
     PodResourcesError,
@@ -33,6 +34,8 @@ from pyctl.serve.health import HealthServer
 log = logging.getLogger("pyctl.agent")
 
 Publish = Callable[[dict[str, Any]], Awaitable[None]]
+#: told each view (the catalog's disagreements as Events on the Node: `pyctl.agent.events`)
+Announce = Callable[[NodeView], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,9 +92,12 @@ async def read_once(opts: AgentOptions) -> dict[str, Any]:
 
 
 class Agent:
-    def __init__(self, opts: AgentOptions, publish: Publish | None = None) -> None:
+    def __init__(
+        self, opts: AgentOptions, publish: Publish | None = None, announce: Announce | None = None
+    ) -> None:
         self.opts = opts
         self.publish = publish
+        self.announce = announce
         self.metrics = AgentMetrics()
         self.last: dict[str, Any] | None = None
         self._nv: Nvml | None = None
@@ -147,6 +153,11 @@ class Agent:
                 await self.publish(doc)
             except Exception as e:  # a failed publication is logged; the next read retries
                 log.warning("publishing failed", extra={"error": f"{type(e).__name__}: {e}"})
+        if self.announce is not None:
+            try:
+                await self.announce(view)
+            except Exception as e:  # logged; the next read retries
+                log.warning("posting the Event failed", extra={"error": f"{type(e).__name__}: {e}"})
         return doc
 
     async def run(self, iterations: int | None = None) -> None:
@@ -163,13 +174,16 @@ async def run_agent(
     opts: AgentOptions, kubeconfig: str | None = None, in_cluster: bool = False
 ) -> None:
     """The agent's loop; with a kubeconfig or in the cluster, publishing the node's topology
-    annotation on its own node (`pyctl.agent.publish`)."""
+    annotation on its own node (`pyctl.agent.publish`) and an Event on it when the MIG catalog
+    disagrees with the device (`pyctl.agent.events`)."""
     kube = None
     publish = None
+    announce = None
     if kubeconfig or in_cluster:
         kube = await connect(kubeconfig=kubeconfig, in_cluster=in_cluster)
         publish = NodeAnnotationPublisher(kube, opts.node or "")
-    agent = Agent(opts, publish)
+        announce = DisagreementEvents(kube, opts.node or "")
+    agent = Agent(opts, publish, announce)
     await agent.start()
     try:
         await agent.run()

@@ -34,12 +34,25 @@ def test_agent_renders_least_privilege() -> None:
         ("ClusterRole", NAME),
         ("ClusterRoleBinding", NAME),
         ("DaemonSet", NAME),
+        ("Role", f"{NAME}-node-events"),
+        ("RoleBinding", f"{NAME}-node-events"),
         ("ServiceAccount", NAME),
         ("ValidatingAdmissionPolicy", f"{NAME}-own-node"),
+        ("ValidatingAdmissionPolicy", f"{NAME}-own-node-events"),
         ("ValidatingAdmissionPolicyBinding", f"{NAME}-own-node"),
+        ("ValidatingAdmissionPolicyBinding", f"{NAME}-own-node-events"),
     ]
     role = one(objs, "ClusterRole", NAME)
     assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    # Events about a Node live in the namespace default: create there, and only that
+    events = one(objs, "Role", f"{NAME}-node-events")
+    assert events["metadata"]["namespace"] == "default"
+    assert events["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+    ev_policy = one(objs, "ValidatingAdmissionPolicy", f"{NAME}-own-node-events")
+    [rule] = ev_policy["spec"]["matchConstraints"]["resourceRules"]
+    assert (rule["resources"], rule["operations"]) == (["events"], ["CREATE"])
+    [check] = ev_policy["spec"]["validations"]
+    assert "involvedObject.?name.orValue('') == variables.nodeClaim[0]" in check["expression"]
     ds = one(objs, "DaemonSet", NAME)
     pod = ds["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == NAME

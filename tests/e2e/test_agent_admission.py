@@ -17,7 +17,10 @@ import pytest
 import yaml
 from kubernetes_asyncio import client
 
+from pyctl.agent.events import DisagreementEvents
+from pyctl.agent.fixture import FixtureNvml
 from pyctl.agent.publish import NodeAnnotationPublisher
+from pyctl.agent.view import NodeView, read_node
 from pyctl.cluster import agent_topology as at
 from pyctl.cluster.kube.client import KubeApiError, connect
 from pyctl.dev.control_plane import ControlPlane
@@ -26,6 +29,7 @@ from tests.deploy import audit
 from tests.deploy.tools import kubectl, template
 from tests.e2e.conftest import wait_until
 from tests.e2e.test_least_privilege import rbac
+from tests.unit import agent_boards as boards
 
 pytestmark = [pytest.mark.e2e]
 
@@ -39,6 +43,14 @@ DOC: dict[str, Any] = {
     "nvlink_groups": [],
     "catalog_disagreements": 0,
 }
+
+
+def _disagreeing_view(tmp_path: Path) -> NodeView:
+    """The captured H200 with the catalog disagreeing on one profile's count."""
+    cap = boards.capture()
+    profiles = cap["devices"][0]["gpu_instance_profiles"]
+    next(p for p in profiles if p.get("id") == 9)["instanceCount"] = 1
+    return read_node(FixtureNvml(cap), boards.sysfs(tmp_path / "sys", cap, [-1]))
 
 
 def _kubeconfig(admin: Path, token: str, path: Path) -> Path:
@@ -137,6 +149,16 @@ async def test_the_agent_may_write_only_its_own_nodes_annotation(
             await NodeAnnotationPublisher(kube, OWN)(DOC)
             own = await core.read_node(OWN)
             assert at.decode(own.metadata.annotations[at.ANNOTATION]).gpus[0].uuid == "GPU-0"
+            view = _disagreeing_view(tmp_path)
+            with pytest.raises(KubeApiError, match="Events only about its own Node"):
+                await DisagreementEvents(kube, OTHER)(view)
+            await DisagreementEvents(kube, OWN)(view)
+            posted = await core.list_namespaced_event(
+                "default", field_selector=f"involvedObject.name={OWN}"
+            )
+            [event] = [e for e in posted.items if e.reason == "MigCatalogDisagrees"]
+            assert (event.type, event.involved_object.kind) == ("Warning", "Node")
+            assert "max_count device 1, catalog 2" in event.message
             path = f"/api/v1/nodes/{OWN}"
             ct = "application/merge-patch+json"
             for patch, message in (
@@ -155,8 +177,12 @@ async def test_the_agent_may_write_only_its_own_nodes_annotation(
             print(audit.table(found, granted, {}))
         assert found
         assert all(any(g.covers(c) for g in granted) for c in found if not c.non_resource)
-        assert {(c.verb, c.resource) for c in found if not c.non_resource} == {("patch", "nodes")}
-        assert {c.name for c in found if c.code == 200} == {OWN}
+        assert {(c.verb, c.resource) for c in found if not c.non_resource} == {
+            ("patch", "nodes"),
+            ("create", "events"),
+        }
+        assert {c.name for c in found if c.code == 200 and c.resource == "nodes"} == {OWN}
+        assert {c.namespace for c in found if c.resource == "events"} == {"default"}
     finally:
         kubectl(admin, "delete", "-f", str(manifest), "--ignore-not-found", check=False)
         kubectl(admin, "delete", "namespace", NS, "--wait=false", check=False)
