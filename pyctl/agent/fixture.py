@@ -27,6 +27,7 @@ from pyctl.agent.nvml import (
     Fabric,
     GiProfile,
     Instance,
+    MigDevice,
     NvmlError,
     Pci,
 )
@@ -182,6 +183,17 @@ class FixtureNvml:
             if g.get("id") == gpu_instance_id:
                 return [_instance(c) for c in _answer(g.get("compute_instances", []))]
         raise NvmlError(NOT_FOUND)
+
+    def mig_devices(self, h: object) -> list[MigDevice]:
+        d = self._dev(h)
+        mode = _answer(d.get("mig_mode", {"current": 0}))
+        if not _int(mode.get("current", 0)):
+            return []  # no MIG device on a GPU whose MIG mode is disabled
+        return [
+            MigDevice(str(m["uuid"]), _int(m["gpu_instance_id"]), _int(m["compute_instance_id"]))
+            for m in _answer(d.get("mig_devices", []))
+            if isinstance(m, dict)
+        ]
 
 
 def _instance(raw: dict[str, Any]) -> Instance:

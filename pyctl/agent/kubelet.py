@@ -94,6 +94,10 @@ class _Resolver:
         self.by_uuid = {g.uuid.lower(): g for g in gpus}
         self.by_index = {g.index: g for g in gpus}
         self.by_minor = {g.minor: g for g in gpus}
+        #: MIG device UUID -> its GPU and GPU instance
+        self.by_mig = {
+            u.lower(): (g, gi) for g in gpus for gi in g.gpu_instances for u in gi.mig_devices
+        }
         self.dropped = 0
 
     def numa(self, topology: api_pb2.TopologyInfo) -> list[int]:
@@ -113,10 +117,14 @@ class _Resolver:
         g = self.by_uuid.get(base.lower())
         if g is None and base.isdecimal() and len(base) <= 4:
             g = self.by_index.get(int(base))
+        profile = start = None
+        if g is None and (mig := self.by_mig.get(base.lower())) is not None:
+            g, gi = mig
+            profile, start = gi.profile_id, gi.start
         why = None
         if g is None:
             why = (
-                "a MIG device UUID (not read by the agent yet)"
+                "a MIG device UUID that no live MIG device of this node has"
                 if base.startswith("MIG-")
                 else "no GPU of this node has this UUID or index"
             )
@@ -127,6 +135,8 @@ class _Resolver:
             numa,
             g.index if g else None,
             g.uuid if g else None,
+            mig_profile_id=profile,
+            mig_start=start,
             unresolved=why,
         )
 

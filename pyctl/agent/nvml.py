@@ -108,6 +108,16 @@ class Instance:
     size: int
 
 
+@dataclass(frozen=True, slots=True)
+class MigDevice:
+    """A MIG device (what the device plugin hands out under `nvidia.com/mig-*`): its UUID
+    (`MIG-...`) and the GPU and compute instance it is."""
+
+    uuid: str
+    gpu_instance_id: int
+    compute_instance_id: int
+
+
 class Nvml(Protocol):
     """What the agent reads from NVML. `Handle` is whatever the implementation uses."""
 
@@ -130,6 +140,7 @@ class Nvml(Protocol):
     def gi_placements(self, h: object, profile_id: int) -> list[tuple[int, int]]: ...
     def gpu_instances(self, h: object, profile_id: int) -> list[Instance]: ...
     def compute_instances(self, h: object, gpu_instance_id: int) -> list[Instance]: ...
+    def mig_devices(self, h: object) -> list[MigDevice]: ...
     def close(self) -> None: ...
 
 
@@ -308,4 +319,24 @@ class PynvmlBackend:
                         size=int(info.placement.size),
                     )
                 )
+        return out
+
+    def mig_devices(self, h: object) -> list[MigDevice]:
+        nv = self.nv
+        count = int(self._guard(nv.nvmlDeviceGetMaxMigDeviceCount, h))
+        out = []
+        for i in range(min(count, MAX_INSTANCES)):
+            try:
+                mh = self._guard(nv.nvmlDeviceGetMigDeviceHandleByIndex, h, i)
+            except NvmlError as e:
+                if e.code in (NOT_FOUND, INVALID_ARGUMENT):
+                    continue  # no MIG device at this index
+                raise
+            out.append(
+                MigDevice(
+                    uuid=_text(self._guard(nv.nvmlDeviceGetUUID, mh)),
+                    gpu_instance_id=int(self._guard(nv.nvmlDeviceGetGpuInstanceId, mh)),
+                    compute_instance_id=int(self._guard(nv.nvmlDeviceGetComputeInstanceId, mh)),
+                )
+            )
         return out

@@ -50,6 +50,9 @@ class GpuInstance:
     start: int
     size: int
     compute_instances: list[n.Instance]
+    #: the UUIDs (`MIG-...`) of its MIG devices, one per compute instance: the device ids the
+    #: device plugin hands out for it
+    mig_devices: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +181,16 @@ def _instances(nv: n.Nvml, h: object, gpu: Gpu) -> None:
                 )
             )
     gpu.gpu_instances.sort(key=lambda g: (g.start, g.id))
+    devices = _maybe(gpu, "nvmlDeviceGetMigDeviceHandleByIndex", partial(nv.mig_devices, h))
+    by_id = {g.id: g for g in gpu.gpu_instances}
+    for d in devices or []:
+        owner = by_id.get(d.gpu_instance_id)
+        if owner is not None:
+            owner.mig_devices.append(d.uuid[:MAX_TEXT_CHARS])
+        else:
+            gpu.notes.append(
+                f"MIG device {d.uuid[:64]} is on GPU instance {d.gpu_instance_id}, not listed"
+            )
 
 
 def catalog_check(gpu: Gpu, m: mig.GpuModel) -> list[Disagreement]:

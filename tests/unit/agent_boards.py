@@ -69,6 +69,11 @@ def nvlink_pairs() -> dict[str, Any]:
     return b
 
 
+def mig_uuid(gpu_instance: int) -> str:
+    """The MIG device UUID of GPU 0's GPU instance `gpu_instance` on `mig_board`."""
+    return f"MIG-0a0b0c0d-0000-4000-8000-0000000000{gpu_instance:02d}"
+
+
 def mig_board() -> dict[str, Any]:
     """GPU 0 in MIG mode with live instances; GPU 1 with MIG enabling pending (a reset away)."""
     b = board()
@@ -89,6 +94,11 @@ def mig_board() -> dict[str, Any]:
         gi(1, 9, 4, 4, 3),  # 3g.71gb at slices 4-7
         gi(5, 14, 0, 2, 2),  # 2g.35gb at 0-1
         gi(13, 19, 3, 1, 1),  # 1g.18gb at 3
+    ]
+    # one MIG device per compute instance, as nvmlDeviceGetMigDeviceHandleByIndex lists them
+    g0["mig_devices"] = [
+        {"uuid": mig_uuid(gid), "gpu_instance_id": gid, "compute_instance_id": 0}
+        for gid in (1, 5, 13)
     ]
     b["devices"][1]["mig_mode"] = {"current": 0, "pending": 1}
     return b

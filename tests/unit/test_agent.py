@@ -145,6 +145,12 @@ def test_mig_board_lists_live_instances_with_their_placements(tmp_path: Path) ->
     got = [(i["id"], i["profile"], i["start"], i["size"]) for i in g0["gpu_instances"]]
     assert got == [(5, "2g.35gb", 0, 2), (13, "1g.18gb", 3, 1), (1, "3g.71gb", 4, 4)]
     assert [c["size"] for i in g0["gpu_instances"] for c in i["compute_instances"]] == [2, 1, 3]
+    # each GPU instance's MIG devices (the device plugin's device ids for it)
+    assert [i["mig_devices"] for i in g0["gpu_instances"]] == [
+        [boards.mig_uuid(5)],
+        [boards.mig_uuid(13)],
+        [boards.mig_uuid(1)],
+    ]
     assert (g1["mig_current"], g1["mig_pending"]) == (False, True)
     assert g1["gpu_instances"] == []
     assert view["catalog_disagreements"] == 0

@@ -192,7 +192,7 @@ def test_attribution_over_a_real_grpc_server(tmp_path: Path, socket_dir: Path) -
         ("serve", "small", "main"): [
             ("device-plugin", UUID.format(2) + "::3", 2, [0], None, None, None),
             ("device-plugin", "MIG-1234", None, [0], None, None,
-             "a MIG device UUID (not read by the agent yet)"),
+             "a MIG device UUID that no live MIG device of this node has"),
             ("device-plugin", "GPU-unknown", None, [0], None, None,
              "no GPU of this node has this UUID or index"),
             ("dra", "gpu-3-mig-3g71gb-9-4", 3, [], 9, 4, None),
@@ -206,6 +206,42 @@ def test_attribution_over_a_real_grpc_server(tmp_path: Path, socket_dir: Path) -
     assert [(d.gpu_index, d.numa) for d in view.allocatable] == [(i, [i // 4]) for i in range(8)]
     dra = [d for c in view.containers for d in c.devices if d.source == "dra"]
     assert {d.claim for d in dra} == {"serve/mig"}
+
+
+def test_device_plugin_mig_devices_are_attributed_to_their_gpu_instance(tmp_path: Path) -> None:
+    """The device plugin hands out MIG devices by their UUID (`nvidia.com/mig-3g.71gb`): the
+    agent reads each GPU instance's MIG devices from NVML and gives the GPU, the profile and the
+    placement; a UUID of a MIG device the node does not have stays unresolved."""
+    b = boards.mig_board()
+    gpus = read_node(FixtureNvml(b), boards.sysfs(tmp_path / "sys", b, [0] * 8)).gpus
+    listed = api_pb2.ListPodResourcesResponse(
+        pod_resources=[
+            api_pb2.PodResources(
+                name="llm",
+                namespace="serve",
+                containers=[
+                    api_pb2.ContainerResources(
+                        name="main",
+                        devices=[
+                            api_pb2.ContainerDevices(
+                                resource_name="nvidia.com/mig-3g.71gb",
+                                device_ids=[boards.mig_uuid(1), boards.mig_uuid(99)],
+                                topology=_numa(0),
+                            )
+                        ],
+                    )
+                ],
+            )
+        ]
+    )
+    view = attribute(listed, api_pb2.AllocatableResourcesResponse(), gpus)
+    [c] = view.containers
+    got = [(d.id, d.gpu_index, d.mig_profile_id, d.mig_start, d.unresolved) for d in c.devices]
+    assert got == [
+        (boards.mig_uuid(1), 0, 9, 4, None),  # 3g.71gb at slices 4-7 of GPU 0
+        (boards.mig_uuid(99), None, None, None,
+         "a MIG device UUID that no live MIG device of this node has"),
+    ]  # fmt: skip
 
 
 def test_no_socket_is_a_clear_error(socket_dir: Path) -> None:
