@@ -7,11 +7,15 @@ catalog it says so and trusts the published slices.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pyctl.cluster.dra.devices import MEMORY_SLICE_COUNTER, gpu_model_name, placement_start
 from pyctl.cluster.dra.node import NodeDevices, PhysicalGpu
+
+if TYPE_CHECKING:
+    from pyctl.core.mig import GpuModel, MigProfile
 
 
 @dataclass
@@ -46,7 +50,7 @@ class DraModel:
     product: str = ""
 
 
-def _full_profile(m: Any) -> str | None:
+def _full_profile(m: GpuModel) -> str | None:
     for p in m.profiles:
         if p.memory_slices == m.memory_slices and p.compute_slices == m.compute_slices:
             return str(p.name)
@@ -104,59 +108,13 @@ def model_gpus(nd: NodeDevices, gpu_model: str = "") -> DraModel:
     return DraModel(basis, out, zones, roots if basis == "pcieRoot" else {}, notes, product)
 
 
-def _mig_gpu(nd: NodeDevices, g: PhysicalGpu, zone: int, m: Any, notes: list[str]) -> ModelGpu:
-    full_mask = (1 << m.memory_slices) - 1
+def _mig_gpu(nd: NodeDevices, g: PhysicalGpu, zone: int, m: GpuModel, notes: list[str]) -> ModelGpu:
+    """A MIG GPU: dynamic (its placements allocated on demand), or with static MIG devices,
+    each a placement of the catalog or left out (said in `notes`)."""
+    if g.dynamic:
+        return _dynamic_mig_gpu(nd, g, zone, m, notes)
     profiles = {p.name: p for p in m.profiles}
     instances: list[tuple[str, int, bool, str | None]] = []
-    dynamic = g.dynamic
-    if dynamic:
-        published = sorted(
-            int(mm.group(1)) for c in g.counters if (mm := MEMORY_SLICE_COUNTER.match(c))
-        )
-        if len(published) != m.memory_slices:
-            notes.append(
-                f"{g.key}: {len(published)} memory-slice counters, pyctl's catalog says "
-                f"{m.memory_slices} for {m.name} (pyctl trusts the published slices)"
-            )
-        free = 0
-        for i in published:
-            if i < m.memory_slices:
-                free |= 1 << i
-        bad = 0
-        for d in g.parts:
-            p = profiles.get(d.profile)
-            start = placement_start(d)
-            slices = d.memory_slices
-            if p is None or start is None:
-                bad += 1
-                continue
-            want = next((s for s, z in p.placements if s == start), None)
-            size = next((z for s, z in p.placements if s == start), 0)
-            if want is None or tuple(range(start, start + size)) != slices:
-                bad += 1
-        if bad:
-            notes.append(
-                f"{g.key}: {bad} MIG device(s) whose memory slices disagree with pyctl's catalog "
-                f"for {m.name} (pyctl trusts the published slices)"
-            )
-        for d in g.devices:
-            if not nd.in_use(d):
-                continue
-            for i in d.memory_slices:
-                free &= ~(1 << i)
-            if d is g.whole:
-                full = _full_profile(m)
-                if full is not None:
-                    instances.append((full, 0, True, nd.holder(d)))
-                free = 0
-                continue
-            start = placement_start(d)
-            p = profiles.get(d.profile)
-            if p is not None and start is not None and any(s == start for s, _ in p.placements):
-                instances.append((d.profile, start, True, nd.holder(d)))
-        return ModelGpu(
-            zone, g, False, dynamic=True, instances=instances, free_slices=free & full_mask
-        )
     for d in g.parts:
         start = placement_start(d)
         p = profiles.get(d.profile)
@@ -168,3 +126,65 @@ def _mig_gpu(nd: NodeDevices, g: PhysicalGpu, zone: int, m: Any, notes: list[str
             continue
         instances.append((d.profile, start, nd.in_use(d), nd.holder(d)))
     return ModelGpu(zone, g, False, instances=instances)
+
+
+def _dynamic_mig_gpu(
+    nd: NodeDevices, g: PhysicalGpu, zone: int, m: GpuModel, notes: list[str]
+) -> ModelGpu:
+    """A dynamic MIG GPU: its allocated placements, and the memory slices its counters publish
+    that no allocated device consumes (none while the whole GPU is allocated)."""
+    full_mask = (1 << m.memory_slices) - 1
+    profiles = {p.name: p for p in m.profiles}
+    instances: list[tuple[str, int, bool, str | None]] = []
+    published = sorted(
+        int(mm.group(1)) for c in g.counters if (mm := MEMORY_SLICE_COUNTER.match(c))
+    )
+    if len(published) != m.memory_slices:
+        notes.append(
+            f"{g.key}: {len(published)} memory-slice counters, pyctl's catalog says "
+            f"{m.memory_slices} for {m.name} (pyctl trusts the published slices)"
+        )
+    free = 0
+    for i in published:
+        if i < m.memory_slices:
+            free |= 1 << i
+    bad = _off_catalog(g, profiles)
+    if bad:
+        notes.append(
+            f"{g.key}: {bad} MIG device(s) whose memory slices disagree with pyctl's catalog "
+            f"for {m.name} (pyctl trusts the published slices)"
+        )
+    for d in g.devices:
+        if not nd.in_use(d):
+            continue
+        for i in d.memory_slices:
+            free &= ~(1 << i)
+        if d is g.whole:
+            full = _full_profile(m)
+            if full is not None:
+                instances.append((full, 0, True, nd.holder(d)))
+            free = 0
+            continue
+        start = placement_start(d)
+        p = profiles.get(d.profile)
+        if p is not None and start is not None and any(s == start for s, _ in p.placements):
+            instances.append((d.profile, start, True, nd.holder(d)))
+    return ModelGpu(zone, g, False, dynamic=True, instances=instances, free_slices=free & full_mask)
+
+
+def _off_catalog(g: PhysicalGpu, profiles: Mapping[str, MigProfile]) -> int:
+    """How many of a dynamic GPU's MIG devices consume memory slices other than the catalog's
+    placement at their start (or have no known profile or start)."""
+    bad = 0
+    for d in g.parts:
+        p = profiles.get(d.profile)
+        start = placement_start(d)
+        slices = d.memory_slices
+        if p is None or start is None:
+            bad += 1
+            continue
+        want = next((s for s, z in p.placements if s == start), None)
+        size = next((z for s, z in p.placements if s == start), 0)
+        if want is None or tuple(range(start, start + size)) != slices:
+            bad += 1
+    return bad
