@@ -11,11 +11,12 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import TypeAlias
 
 from pyctl.cluster.dra import cel
 from pyctl.cluster.dra.devices import GPU_DRIVERS, DeviceView, device_view
 from pyctl.cluster.dra_records import (
+    CapacityPolicy,
     ClaimRecord,
     ClaimSpec,
     ClaimTemplateRecord,
@@ -102,13 +103,19 @@ def kind_of(d: DeviceView) -> tuple[str, str]:
     return ("other", d.id.driver)
 
 
+#: (driver, kind, profile, product, and a shared device's capacities and their policies)
+_GroupKey: TypeAlias = tuple[
+    str, str, str, str, tuple[tuple[tuple[str, str], ...], tuple[CapacityPolicy, ...]] | None
+]
+
+
 class KindIndex:
     """The cluster's devices grouped by (driver, kind, profile, product), to tell which kinds of
     device a request can get without evaluating its selectors on every device of the cluster:
     each group is tried up to `per_group` devices."""
 
     def __init__(self, devices: Iterable[DeviceView], per_group: int = 64) -> None:
-        groups: dict[tuple[Any, ...], list[DeviceView]] = defaultdict(list)
+        groups: dict[_GroupKey, list[DeviceView]] = defaultdict(list)
         for d in devices:
             # shared devices also by their capacities (what a share of them is depends on it)
             shared = (d.device.capacity, d.device.policies) if d.shared else None

@@ -17,10 +17,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import cached_property, lru_cache
-from typing import Any, Final
+from typing import Final
 
 from pyctl.cluster import quantity as q
 from pyctl.cluster.dra import capacity as dc
+from pyctl.cluster.dra.cel import CelAttribute, CelCapacity, CelDevice
 from pyctl.cluster.dra_records import Attr, Device
 
 NVIDIA_DRIVER: Final = "gpu.nvidia.com"
@@ -50,7 +51,7 @@ def qualified(name: str, driver: str) -> tuple[str, str]:
     return (domain, ident) if sep else (driver, name)
 
 
-def _cel_value(a: Attr) -> Any:
+def _cel_value(a: Attr) -> CelAttribute:
     return list(a.value) if isinstance(a.value, tuple) else a.value
 
 
@@ -67,7 +68,7 @@ class DeviceView:
     id: DeviceId
     device: Device
     #: domain -> id -> value (the CEL input's shape)
-    attributes: dict[str, dict[str, Any]]
+    attributes: dict[str, dict[str, CelAttribute]]
     #: index of the device in its pool's slices (the order the scheduler tries devices in)
     order: int
     kind: str = "other"  # gpu, mig, other
@@ -90,12 +91,12 @@ class DeviceView:
         """Several claims may share it (allowMultipleAllocations)."""
         return self.device.multiple
 
-    def attribute(self, qualified_name: str) -> Any:
+    def attribute(self, qualified_name: str) -> CelAttribute | None:
         domain, ident = qualified(qualified_name, self.id.driver)
         return self.attributes.get(domain, {}).get(ident)
 
-    def cel_input(self) -> dict[str, Any]:
-        caps: dict[str, dict[str, Any]] = defaultdict(dict)
+    def cel_input(self) -> CelDevice:
+        caps: dict[str, dict[str, CelCapacity]] = defaultdict(dict)
         for name, v in self.device.capacity:
             domain, ident = qualified(name, self.id.driver)
             caps[domain][ident] = _quantity_int(v)
@@ -118,7 +119,7 @@ class DeviceView:
         )
 
 
-def _int_list(v: Any) -> tuple[int, ...]:
+def _int_list(v: CelAttribute | None) -> tuple[int, ...]:
     if isinstance(v, bool):
         return ()
     if isinstance(v, int):
@@ -129,7 +130,7 @@ def _int_list(v: Any) -> tuple[int, ...]:
 
 
 def device_view(driver: str, pool: str, d: Device, order: int) -> DeviceView:
-    attrs: dict[str, dict[str, Any]] = defaultdict(dict)
+    attrs: dict[str, dict[str, CelAttribute]] = defaultdict(dict)
     for a in d.attributes:
         domain, ident = qualified(a.name, driver)
         attrs[domain][ident] = _cel_value(a)
@@ -143,7 +144,7 @@ def device_view(driver: str, pool: str, d: Device, order: int) -> DeviceView:
     if driver in GPU_DRIVERS:
         own = attrs.get(driver, {})
         t = own.get("type")
-        view.kind = t if t in ("gpu", "mig") else "other"
+        view.kind = t if isinstance(t, str) and t in ("gpu", "mig") else "other"
         view.product = str(own.get("productName", ""))
         view.uuid = str(own.get("uuid", ""))
         view.parent_uuid = str(own.get("parentUUID", ""))

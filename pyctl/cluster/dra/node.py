@@ -19,7 +19,6 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
 
 from pyctl.cluster import quantity as q
 from pyctl.cluster.dra import capacity as dc
@@ -288,6 +287,6 @@ def _physical_gpus(nd: NodeDevices) -> list[PhysicalGpu]:
     return sorted(gpus.values(), key=_gpu_order)
 
 
-def _gpu_order(g: PhysicalGpu) -> tuple[Any, ...]:
+def _gpu_order(g: PhysicalGpu) -> tuple[str, int, str]:
     m = re.search(r"gpu-(\d+)$", g.key)
     return (g.key.rsplit("/", 1)[0], int(m.group(1)) if m else 1 << 30, g.key)

@@ -10,7 +10,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Final, TypeAlias
+from typing import Final, TypeAlias
 
 from pyctl.cluster.dra import capacity as dc
 from pyctl.cluster.dra.claims import Catalogue, Unknown, effective, request_matches
@@ -28,8 +28,8 @@ Slot: TypeAlias = tuple[int, Request, list[DeviceView]]
 #: a claim's matchAttribute/distinctAttribute: the requests it covers (None: all of the
 #: claim's), the attribute, whether the values must match (else be distinct)
 Constraint: TypeAlias = tuple[set[str] | None, str, bool]
-#: an attribute's values as a set (a list attribute is the set of its items), typed
-AttrValues: TypeAlias = frozenset[tuple[str, Any]]
+#: an attribute's values as a set (a list attribute is the set of its items), each with its type
+AttrValues: TypeAlias = frozenset[tuple[str, int | bool | str]]
 
 
 def _tolerates(t: DeviceToleration, key: str, value: str, effect: str) -> bool:
