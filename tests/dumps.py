@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyctl.cluster.dra import DraContext
+from pyctl.cluster.dra.context import DraContext
 from pyctl.cluster.kube.dump import read_dump
 from pyctl.cluster.records import NodeRecord, NrtRecord, PdbRecord, PodRecord
 from pyctl.controller.view import view_of

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from pyctl.cli.errors import UserError, load_json
 from pyctl.cli.inputs import cluster_view, derived_workload, read_listed, say_left_out
-from pyctl.cluster.dra import DraModel
+from pyctl.cluster.dra.zones import DraModel
 from pyctl.cluster.records import NodeRecord
 from pyctl.controller.ignored import Ignored
 from pyctl.controller.view import left_out_json

@@ -34,7 +34,10 @@ from functools import lru_cache
 from typing import cast
 
 from pyctl.cluster import bounds, sharing
-from pyctl.cluster.dra import DraContext, DraModel, DraNeed, gpu_model_name, model_gpus
+from pyctl.cluster.dra.context import DraContext
+from pyctl.cluster.dra.devices import gpu_model_name
+from pyctl.cluster.dra.shapes import DraNeed
+from pyctl.cluster.dra.zones import DraModel, model_gpus
 from pyctl.cluster.records import NodeRecord, NrtRecord, PodRecord, check_record
 from pyctl.core import mig
 from pyctl.core.fragmentation import check_shape
@@ -163,7 +166,7 @@ def node_from_records(
     positions: DraPositions | None = None,
     previous: Node | None = None,
 ) -> Node:
-    """The node's model. `dra`: its DRA GPUs (`pyctl.cluster.dra.model_gpus`); `positions`, if
+    """The node's model. `dra`: its DRA GPUs (`pyctl.cluster.dra.zones.model_gpus`); `positions`, if
     given, is filled with where each pod's DRA devices sit; `previous`, its last model: replicas
     of shared GPUs already attributed stay where they were (docs/sharing.md)."""
     where = f"node {node.name[:253]}"

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
-from pyctl.cluster.dra import DraContext, slice_nodes
+from pyctl.cluster.dra.context import DraContext, slice_nodes
 from pyctl.cluster.dra_records import (
     ClaimRecord,
     ClaimTemplateRecord,

@@ -16,7 +16,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
-from pyctl.cluster.dra import DraModel, Misaligned, misaligned_pods, unknown_kind
+from pyctl.cluster.dra.claims import unknown_kind
+from pyctl.cluster.dra.context import Misaligned, misaligned_pods
+from pyctl.cluster.dra.zones import DraModel
 from pyctl.cluster.gangs import gangs_of
 from pyctl.cluster.records import NodeRecord, ObjectRef, PodRecord
 from pyctl.cluster.translate import (

@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pyctl.cluster.dra import misaligned_pods, model_gpus
+from pyctl.cluster.dra.context import misaligned_pods
+from pyctl.cluster.dra.zones import model_gpus
 from pyctl.cluster.kube.dump import Listed
 from pyctl.cluster.records import KINDS, PodRecord
 from pyctl.controller.cache import ClusterCache

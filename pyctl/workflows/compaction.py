@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from pyctl.cluster.dra import DraContext
+from pyctl.cluster.dra.context import DraContext
 from pyctl.cluster.nodefit import Fit, grouped, node_labels
 from pyctl.cluster.records import NodeRecord, PdbRecord, PodRecord
 from pyctl.cluster.translate import (

@@ -13,7 +13,7 @@ from typing import Any
 
 import anyio
 
-from pyctl.cluster.dra import DraContext
+from pyctl.cluster.dra.context import DraContext
 from pyctl.cluster.records import PodRecord
 from pyctl.controller.cache import ClusterCache
 from pyctl.controller.reconcile import Reconciler

@@ -24,7 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from pyctl.cluster.dra import DraModel, ModelGpu, placement_start
+from pyctl.cluster.dra.devices import placement_start
+from pyctl.cluster.dra.zones import DraModel, ModelGpu
 from pyctl.core.fragmentation import FragmentationModel
 from pyctl.model import Node, Snapshot, Workload
 

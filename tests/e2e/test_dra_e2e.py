@@ -27,7 +27,8 @@ import anyio
 import pytest
 from kubernetes_asyncio import client
 
-from pyctl.cluster.dra import NUMA_ATTRIBUTE, allocate
+from pyctl.cluster.dra.devices import NUMA_ATTRIBUTE
+from pyctl.cluster.dra.search import allocate
 from pyctl.cluster.kube.actuator import KubeActuator
 from pyctl.cluster.kube.lease import LeaderElector, LeaseConfig
 from pyctl.cluster.kube.source import KubeClusterSource

@@ -15,16 +15,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pyctl.cluster import dra_cel
-from pyctl.cluster.dra import (
-    Catalogue,
-    DraContext,
-    allocate,
-    claim_pods,
-    misaligned_pods,
-    model_gpus,
-    node_devices,
-)
+from pyctl.cluster.dra import cel
+from pyctl.cluster.dra.claims import Catalogue
+from pyctl.cluster.dra.context import DraContext, misaligned_pods
+from pyctl.cluster.dra.node import claim_pods, node_devices
+from pyctl.cluster.dra.search import allocate
+from pyctl.cluster.dra.zones import model_gpus
 from pyctl.cluster.dra_records import ClaimRecord, SliceRecord
 from pyctl.cluster.kube.decode import DecodeError, decode_object
 from pyctl.cluster.records import NodeRecord, PodRecord, check_record
@@ -276,7 +272,7 @@ def test_cel_selectors_on_the_driver_attribute_forms(
     node = SimNode("m", [SimGpu(0, 0, dynamic_mig=True), SimGpu(1, 1)])
     nd = node_devices("m", slices(node), [])
     (d,) = [d for d in nd.devices if d.id.device == device]
-    assert dra_cel.evaluate(expression, d.cel_input()) is want
+    assert cel.evaluate(expression, d.cel_input()) is want
 
 
 @pytest.mark.parametrize(
@@ -291,8 +287,8 @@ def test_cel_selectors_on_the_driver_attribute_forms(
 )
 def test_what_pyctl_cannot_evaluate_is_unknown(expression: str, why: str) -> None:
     nd = node_devices("n", slices(EIGHT), [])
-    with pytest.raises(dra_cel.SelectorUnknown, match=why):
-        dra_cel.evaluate(expression, nd.devices[0].cel_input())
+    with pytest.raises(cel.SelectorUnknown, match=why):
+        cel.evaluate(expression, nd.devices[0].cel_input())
 
 
 def test_an_unevaluable_selector_makes_the_pod_unknown_never_guessed() -> None:

@@ -1,6 +1,6 @@
 """DRA consumable capacity (docs/sharing.md, "DRA consumable capacity"): `pyctl score` on a kubectl
 dump of GPUs several claims share by capacity (tests/data/sharing/dra-consumable.json), against
-values worked out by hand; the allocator's arithmetic (`pyctl.cluster.dra_capacity`) against the
+values worked out by hand; the allocator's arithmetic (`pyctl.cluster.dra.capacity`) against the
 rules of k8s.io/dynamic-resource-allocation's consumable_capacity.go; the admission check and the
 claims' shapes; hostile request policies."""
 
@@ -17,8 +17,9 @@ import msgspec
 import pytest
 
 from pyctl.cli.main import main
-from pyctl.cluster import dra_capacity as dc
-from pyctl.cluster.dra import allocate, pod_claim_specs
+from pyctl.cluster.dra import capacity as dc
+from pyctl.cluster.dra.claims import pod_claim_specs
+from pyctl.cluster.dra.search import allocate
 from pyctl.cluster.dra_records import CapacityPolicy, ClaimRecord, Device, SliceRecord
 from pyctl.cluster.kube.decode import DecodeError, decode_object
 from pyctl.cluster.records import PodRecord, check_record

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyctl.cluster.dra import DraContext
+from pyctl.cluster.dra.context import DraContext
 from pyctl.cluster.dra_records import (
     ClaimRecord,
     ClaimTemplateRecord,

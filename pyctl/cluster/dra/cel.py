@@ -23,11 +23,25 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeAlias, TypedDict
 
 import cel
 
 from pyctl.cluster import quantity as q
+
+#: an attribute's value in the CEL input (a list attribute is a list of its values)
+CelAttribute: TypeAlias = int | bool | str | list[int | bool | str]
+#: a capacity's value in the CEL input (an integer where the quantity is whole)
+CelCapacity: TypeAlias = int | float
+
+
+class CelDevice(TypedDict):
+    """What an expression sees as `device`: attributes and capacities by domain, then id."""
+
+    driver: str
+    attributes: dict[str, dict[str, CelAttribute]]
+    capacity: dict[str, dict[str, CelCapacity]]
+    allowMultipleAllocations: bool
 
 
 class SelectorUnknown(Exception):
@@ -144,17 +158,15 @@ def _context() -> cel.Context:
 _CTX: cel.Context | None = None
 
 
-def evaluate(expression: str, device: Mapping[str, Any]) -> bool:
-    """Whether `device` (`{"driver", "attributes": {domain: {id: value}}, "capacity": {domain:
-    {id: int}}, "allowMultipleAllocations"}`) satisfies `expression`; `SelectorUnknown` if pyctl
-    cannot tell."""
+def evaluate(expression: str, device: CelDevice) -> bool:
+    """Whether `device` satisfies `expression`; `SelectorUnknown` if pyctl cannot tell."""
     global _CTX
     program, why, attr_domains, cap_domains = _compiled(expression)
     if program is None:
         raise SelectorUnknown(why)
-    dev = dict(device)
-    attrs = dev.get("attributes") or {}
-    caps = dev.get("capacity") or {}
+    dev: dict[str, object] = dict(device)
+    attrs = device["attributes"]
+    caps = device["capacity"]
     if any(d not in attrs for d in attr_domains):
         dev["attributes"] = {**{d: {} for d in attr_domains}, **attrs}
     if any(d not in caps for d in cap_domains):
