@@ -21,8 +21,14 @@ from pyctl.core.policy import PlanLimits
 from pyctl.metrics import Metrics
 from pyctl.state.store import StoreError
 from pyctl.workflows import rescue
-from pyctl.workflows.compaction import KIND, CompactionPlan, RoundCache, plan_compaction
-from pyctl.workflows.engine import Engine, Workflow
+from pyctl.workflows.compaction import (
+    KIND,
+    CompactionData,
+    CompactionPlan,
+    RoundCache,
+    plan_compaction,
+)
+from pyctl.workflows.engine import Engine, Workflow, WorkflowData
 from pyctl.workflows.evictor import EvictorOptions
 from pyctl.workflows.gate import Gate
 from pyctl.workflows.loop import WorkflowGauge, collector_paused, run_every
@@ -30,7 +36,9 @@ from pyctl.workflows.loop import WorkflowGauge, collector_paused, run_every
 log = logging.getLogger("pyctl.compaction")
 
 
-def departures(workflows: list[Workflow], now: float, seconds: float) -> dict[str, str]:
+def departures(
+    workflows: list[Workflow[WorkflowData]], now: float, seconds: float
+) -> dict[str, str]:
     """Workload -> the node a compaction move (or a rescue) took one of its pods off, for moves
     in progress or done less than `seconds` ago: the scheduler extender keeps the workload's
     replacement pods off that node."""
@@ -38,11 +46,12 @@ def departures(workflows: list[Workflow], now: float, seconds: float) -> dict[st
     for wf in workflows:
         if wf.finished and (wf.step != "done" or now - wf.updated > seconds):
             continue
-        if wf.kind == KIND:
-            out[f"{wf.data['namespace']}/{wf.data.get('workload', '')}"] = wf.node
-        elif wf.kind == rescue.KIND:
-            for ns, _name, _uid, workload, _to in rescue.planned_pods(wf):
-                out[f"{ns}/{workload}"] = wf.node
+        d = wf.data
+        if isinstance(d, CompactionData):
+            out[f"{d.namespace}/{d.workload}"] = wf.node
+        elif isinstance(d, rescue.RescueData):
+            for m in d.pods:
+                out[f"{m.namespace}/{m.workload}"] = wf.node
     return out
 
 
@@ -119,7 +128,7 @@ def plan_round(
     )
 
 
-def abandoned(workflows: list[Workflow]) -> dict[str, str]:
+def abandoned(workflows: list[Workflow[WorkflowData]]) -> dict[str, str]:
     """The pods whose move was abandoned (until the engine forgets the record), with why: a
     compaction move given up, or the pod whose eviction a rescue could not make (protected, or
     denied by admission). The next plans leave them where they are, so the other moves (and
@@ -128,11 +137,11 @@ def abandoned(workflows: list[Workflow]) -> dict[str, str]:
     for wf in workflows:
         if wf.step != "abandoned":
             continue
-        if wf.kind == KIND:
-            key = f"{wf.data.get('namespace', '')}/{wf.data.get('pod', '')}"
-            out[key] = f"its last move was abandoned: {wf.result}"[:300]
-        elif wf.kind == rescue.KIND and wf.data.get("refused"):
-            out[wf.data["refused"]] = f"a rescue could not evict it: {wf.result}"[:300]
+        d = wf.data
+        if isinstance(d, CompactionData):
+            out[f"{d.namespace}/{d.pod}"] = f"its last move was abandoned: {wf.result}"[:300]
+        elif isinstance(d, rescue.RescueData) and d.refused:
+            out[d.refused] = f"a rescue could not evict it: {wf.result}"[:300]
     return out
 
 
@@ -256,14 +265,14 @@ class Compactor:
                     step="evicting",
                     created=now,
                     updated=now,
-                    data={
-                        "namespace": p.namespace,
-                        "pod": p.name,
-                        "uid": p.uid,
-                        "workload": f"{p.owner_kind}/{p.owner_name}",
-                        "to": mv.to_node,
-                        "gain_gpu_milli": f"{mv.gain_gpu_milli:.1f}",
-                    },
+                    data=CompactionData(
+                        namespace=p.namespace,
+                        pod=p.name,
+                        uid=p.uid,
+                        workload=f"{p.owner_kind}/{p.owner_name}",
+                        to=mv.to_node,
+                        gain_gpu_milli=round(mv.gain_gpu_milli, 1),
+                    ),
                 )
             )
 
@@ -277,7 +286,7 @@ class Compactor:
                 log.warning("removing an orphaned rescue taint", extra={"node": n.name})
                 await self.gate.taint(n.name, rescue.TAINT_KEY, on=False)
 
-    def _track(self, workflows: list[Workflow], now: float) -> None:
+    def _track(self, workflows: list[Workflow[WorkflowData]], now: float) -> None:
         self.reservations = rescue.reservations(workflows)
         self.departures = departures(workflows, now, self.departure_seconds)
         self.exclude = abandoned(workflows)
