@@ -9,16 +9,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TypedDict
 
 import anyio
 
 from pyctl.cluster.dra import DraContext
-from pyctl.cluster.records import PodRecord
+from pyctl.cluster.records import NodeRecord, PdbRecord, PodRecord
+from pyctl.cluster.translate import DraPositions
 from pyctl.controller.cache import ClusterCache
 from pyctl.controller.reconcile import Reconciler
 from pyctl.core.policy import PlanLimits
 from pyctl.metrics import Metrics
+from pyctl.model import Node, Workload
 from pyctl.state.store import StoreError
 from pyctl.workflows import rescue
 from pyctl.workflows.compaction import (
@@ -61,12 +63,27 @@ def departure_seconds(interval: float) -> float:
     return max(60.0, 4 * interval)
 
 
+class RoundInputs(TypedDict):
+    """What one compaction round plans on (`plan_compaction`'s arguments of the same names)."""
+
+    models: dict[str, Node]
+    nodes: dict[str, NodeRecord]
+    pods: list[PodRecord]
+    pdbs: list[PdbRecord]
+    workload: Workload
+    pending: list[PodRecord]
+    reserved: set[str]
+    dra: DraContext
+    dra_positions: dict[str, DraPositions]
+    exclude: dict[str, str]
+
+
 def round_inputs(
     cache: ClusterCache,
     reconciler: Reconciler,
     reservations: Mapping[str, str],
     exclude: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
+) -> RoundInputs:
     """What one compaction round reads from the controller's view (`cache`, `reconciler`), taken
     at one moment: copies of the live tables (records and models are immutable, so copying the
     containers is enough; the DRA view is made anew over copies of its indexes), so the round can
@@ -187,13 +204,12 @@ class Compactor:
 
     def pending(self) -> list[PodRecord]:
         """The unschedulable pods a round makes room for (`round_inputs`)."""
-        pending: list[PodRecord] = self._inputs()["pending"]
-        return pending
+        return self._inputs()["pending"]
 
-    def _inputs(self) -> dict[str, Any]:
+    def _inputs(self) -> RoundInputs:
         return round_inputs(self.cache, self.reconciler, self.reservations, self.exclude)
 
-    def _plan(self, inputs: Mapping[str, Any]) -> CompactionPlan:
+    def _plan(self, inputs: RoundInputs) -> CompactionPlan:
         t0, c0 = time.perf_counter(), time.thread_time()
         with collector_paused():
             plan = plan_compaction(

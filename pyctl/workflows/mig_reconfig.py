@@ -56,6 +56,7 @@ from pyctl.core.mig import (
     to_yaml,
 )
 from pyctl.jsontypes import JsonObject
+from pyctl.metrics import WorkflowMetrics
 from pyctl.state.ratelimit import Slot
 from pyctl.workflows.base import (
     Context,
@@ -309,7 +310,7 @@ def _not_done(r: GateResult) -> str | None:
     return None if r.done else (r.reason or r.outcome)
 
 
-def _metrics(ctx: MigContext) -> Any:
+def _metrics(ctx: MigContext) -> WorkflowMetrics:
     return ctx.gate.metrics.workflow
 
 
@@ -424,7 +425,7 @@ async def _evicting(ctx: MigContext, wf: MigWorkflow) -> MigWorkflow:
     return _later(wf, ctx, opt.poll, f"waiting for {len(remaining)} pod(s) to go")
 
 
-def _configs(data: Mapping[str, str] | None, opt: MigOptions) -> dict[str, Any]:
+def _configs(data: Mapping[str, str] | None, opt: MigOptions) -> dict[str, list[JsonObject]]:
     text = (data or {}).get(opt.configmap_key)
     return dict(parse_mig_parted(text)) if text else {}
 
