@@ -90,6 +90,7 @@ from pyctl.state.redis_client import RedisConfig, close_client, connect
 from pyctl.state.redis_workflows import RedisWorkflowStore
 from pyctl.workflows.base import FINISHED
 from pyctl.workflows.engine import decode
+from pyctl.workflows.kinds import builtin_registry
 from tests.redis_servers import RedisServer, find_binaries
 
 NS = "soak"
@@ -97,6 +98,8 @@ SYSTEM_NS = "pyctl-system"
 GPU_NS = "gpu-operator"
 CONFIGMAP = "pyctl-mig-parted-config"
 CLUSTER = "soak"
+#: the workflow kinds pyctl runs (their records are read as the engine reads them)
+REGISTRY = builtin_registry()
 LEASE = "pyctl-leader"
 REPLICAS = ("pyctl-a", "pyctl-b")
 #: the replica that reaches the API server through the fault-injecting proxy
@@ -1142,7 +1145,7 @@ class Soak:
         seen = set()
         for wid, rec in recs.items():
             try:
-                wf = decode(rec.data)
+                wf = decode(rec.data, REGISTRY)
             except ValueError:
                 continue
             seen.add(wid)

@@ -18,10 +18,8 @@ controller stored (`pyctl.app.state`), answered by the product's own decisions:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from pyctl.app.config import Config
 from pyctl.app.state import StoredView
@@ -31,10 +29,11 @@ from pyctl.cluster.translate import attribute_pods
 from pyctl.controller.placement import PlacementAdvisor
 from pyctl.core import policy
 from pyctl.core.fragmentation import FragmentationModel, blocked_by, shape_dict
+from pyctl.jsontypes import JsonObject
 from pyctl.model import Shape, Snapshot
 from pyctl.workflows.compaction import CompactionPlan
 from pyctl.workflows.compactor import abandoned, plan_round
-from pyctl.workflows.engine import Workflow
+from pyctl.workflows.engine import Workflow, WorkflowData
 from pyctl.workflows.evictor import Evictor
 
 
@@ -61,7 +60,7 @@ class NodeAnswer:
     def candidate(self) -> bool:
         return self.fit is None and self.filtered is None and bool(self.admits)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "node": self.node,
             "fit": self.fit,
@@ -71,6 +70,75 @@ class NodeAnswer:
             "rank": list(self.rank) if self.rank is not None else None,
             "inc_gpu_milli": self.inc_gpu_milli,
             "score": self.score,
+        }
+
+
+@dataclass(frozen=True)
+class RescueMove:
+    pod: str
+    from_node: str
+    to_node: str
+
+    def to_json(self) -> JsonObject:
+        return {"pod": self.pod, "from": self.from_node, "to": self.to_node}
+
+
+@dataclass(frozen=True)
+class RescueAnswer:
+    """The rescue the plan makes for a pending pod: the node it frees, by which moves."""
+
+    node: str
+    moves: tuple[RescueMove, ...]
+    #: evictions that wait for an earlier one's replacement (PodDisruptionBudgets)
+    waits: int
+    delta_gpu_milli: float
+
+    def to_json(self) -> JsonObject:
+        return {
+            "node": self.node,
+            "moves": [m.to_json() for m in self.moves],
+            "waits": self.waits,
+            "delta_gpu_milli": self.delta_gpu_milli,
+        }
+
+
+@dataclass(frozen=True)
+class MoveAnswer:
+    """The planned move of a running pod."""
+
+    to: str
+    gain_gpu_milli: float
+    #: the pending pod whose rescue it is part of
+    rescue_of: str | None
+
+    def to_json(self) -> JsonObject:
+        return {"to": self.to, "gain_gpu_milli": self.gain_gpu_milli, "rescue_of": self.rescue_of}
+
+
+@dataclass(frozen=True)
+class WorkflowAbout:
+    """A stored workflow about the pod: one that names it, or one that moves it."""
+
+    id: str
+    kind: str
+    node: str
+    step: str
+    finished: bool
+    updated: float
+    result: str
+    #: "named" or "moves"
+    role: str
+
+    def to_json(self) -> JsonObject:
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "node": self.node,
+            "step": self.step,
+            "finished": self.finished,
+            "updated": self.updated,
+            "result": self.result,
+            "role": self.role,
         }
 
 
@@ -86,7 +154,7 @@ class Explanation:
     unschedulable: bool = False
     scheduler_message: str = ""
     scheduler: str = ""
-    shape: dict[str, Any] | None = None
+    shape: JsonObject | None = None
     #: why its shape cannot be told (DRA claims pyctl does not understand)
     shape_unknown: str = ""
     workload_source: str = ""
@@ -96,19 +164,19 @@ class Explanation:
     #: the category of fragmentation that blocks it (`blocked_by`), None: not blocked
     blocked: str | None = None
     blocked_note: str = ""
-    #: a rescue planned for it: {"node", "moves": [{"pod", "from", "to"}], "waits"}
-    rescue: dict[str, Any] | None = None
-    #: a running pod: the planned move of it ({"to", "gain_gpu_milli", "rescue_of"})
-    move: dict[str, Any] | None = None
+    #: a rescue planned for it
+    rescue: RescueAnswer | None = None
+    #: a running pod: the planned move of it
+    move: MoveAnswer | None = None
     #: why the plan has no rescue or move for it ("" when it has one)
     plan_note: str = ""
     #: a running pod: why the evictor's rules keep it (None: it may be moved)
     evictor: str | None = None
     pdb_headroom: int | None = None
-    workflows: list[dict[str, Any]] = field(default_factory=list)
+    workflows: list[WorkflowAbout] = field(default_factory=list)
     verdict: str = ""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "pod": self.pod,
             "found": self.found,
@@ -122,16 +190,16 @@ class Explanation:
             "shape_unknown": self.shape_unknown or None,
             "workload_source": self.workload_source,
             "verdict": self.verdict,
-            "choice": self.choice,
+            "choice": list(self.choice),
             "blocked": self.blocked,
             "blocked_note": self.blocked_note,
-            "rescue": self.rescue,
-            "move": self.move,
+            "rescue": self.rescue.to_json() if self.rescue is not None else None,
+            "move": self.move.to_json() if self.move is not None else None,
             "plan_note": self.plan_note,
             "evictor": self.evictor,
             "pdb_headroom": self.pdb_headroom,
             "nodes": [n.to_json() for n in self.nodes],
-            "workflows": self.workflows,
+            "workflows": [w.to_json() for w in self.workflows],
         }
 
 
@@ -153,41 +221,28 @@ def describe(s: Shape) -> str:
     return ", ".join(parts)
 
 
-def _pods_named(wf: Workflow) -> set[str]:
+def _pods_named(wf: Workflow[WorkflowData]) -> set[str]:
     """The pods a workflow is about: the one it names, and those it moves (rescue, MIG)."""
-    out: set[str] = set()
-    ns, pod = wf.data.get("namespace", ""), wf.data.get("pod", "")
-    if ns and pod:
-        out.add(f"{ns}/{pod}")
-    try:
-        listed = json.loads(wf.data.get("pods", "[]"))
-    except ValueError:
-        return out
-    if isinstance(listed, list):
-        for x in listed:
-            if isinstance(x, list) and len(x) >= 2:
-                out.add(f"{x[0]}/{x[1]}")
-    return out
+    named = wf.data.named()
+    return {named, *wf.data.moves()} if named else set(wf.data.moves())
 
 
-def _workflows_about(view: StoredView, key: str) -> list[dict[str, Any]]:
-    out = []
-    for wf in view.workflows:
-        if key in _pods_named(wf):
-            role = "named" if f"{wf.data.get('namespace')}/{wf.data.get('pod')}" == key else "moves"
-            out.append(
-                {
-                    "id": wf.id,
-                    "kind": wf.kind,
-                    "node": wf.node,
-                    "step": wf.step,
-                    "finished": wf.finished,
-                    "updated": wf.updated,
-                    "result": wf.result,
-                    "role": role,
-                }
-            )
-    return sorted(out, key=lambda w: (w["updated"], w["id"]))
+def _workflows_about(view: StoredView, key: str) -> list[WorkflowAbout]:
+    out = [
+        WorkflowAbout(
+            wf.id,
+            wf.kind,
+            wf.node,
+            wf.step,
+            wf.finished,
+            wf.updated,
+            wf.result,
+            "named" if wf.data.named() == key else "moves",
+        )
+        for wf in view.workflows
+        if key in _pods_named(wf)
+    ]
+    return sorted(out, key=lambda w: (w.updated, w.id))
 
 
 def _ranked(
@@ -351,7 +406,7 @@ def _explain_pending(
     choice = [a.node for a in nodes if a.score == policy.MAX_EXTENDER_PRIORITY]
     blocked, note = _blocked(view, shape)
     held = [n for n, holder in view.reservations().items() if holder == p.key]
-    rescue: dict[str, Any] | None = None
+    rescue: RescueAnswer | None = None
     plan_note = ""
     if held:
         plan_note = f"a rescue in progress keeps node {', '.join(sorted(held))} for it"
@@ -359,12 +414,12 @@ def _explain_pending(
         plan = _plan(view, cfg)
         got = next((x for x in plan.rescues if x.pending == p.key), None)
         if got is not None:
-            rescue = {
-                "node": got.node,
-                "moves": [{"pod": m.pod, "from": m.from_node, "to": m.to_node} for m in got.moves],
-                "waits": got.waits,
-                "delta_gpu_milli": got.delta_gpu_milli,
-            }
+            rescue = RescueAnswer(
+                got.node,
+                tuple(RescueMove(m.pod, m.from_node, m.to_node) for m in got.moves),
+                got.waits,
+                got.delta_gpu_milli,
+            )
         elif p.key in plan.unrescued:
             plan_note = f"no rescue: {plan.unrescued[p.key]}"
         elif not p.unschedulable:
@@ -412,14 +467,14 @@ def _explain_running(
     why_not = evictor.why_not(p)
     plan = _plan(view, cfg)
     mv = next((m for m in plan.moves if m.pod == p.key), None)
-    move: dict[str, Any] | None = None
+    move: MoveAnswer | None = None
     plan_note = ""
     if mv is not None:
-        move = {
-            "to": mv.to_node,
-            "gain_gpu_milli": mv.gain_gpu_milli,
-            "rescue_of": plan.rescues[mv.rescue].pending if mv.rescue is not None else None,
-        }
+        move = MoveAnswer(
+            mv.to_node,
+            mv.gain_gpu_milli,
+            plan.rescues[mv.rescue].pending if mv.rescue is not None else None,
+        )
     elif p.key in plan.refused:
         plan_note = f"not moved: {plan.refused[p.key]}"
     else:
@@ -470,4 +525,13 @@ def _explain_running(
     )
 
 
-__all__ = ["Explanation", "NodeAnswer", "describe", "explain"]
+__all__ = [
+    "Explanation",
+    "MoveAnswer",
+    "NodeAnswer",
+    "RescueAnswer",
+    "RescueMove",
+    "WorkflowAbout",
+    "describe",
+    "explain",
+]

@@ -38,7 +38,7 @@ from pyctl.state.store import (
 from pyctl.state.workflows import Quarantined, WorkflowRecord, WorkflowStore
 from pyctl.workflows import rescue
 from pyctl.workflows.compactor import departure_seconds, departures
-from pyctl.workflows.engine import Workflow, decode
+from pyctl.workflows.engine import Workflow, WorkflowData, decode
 from pyctl.workflows.kinds import builtin_registry
 
 log = logging.getLogger("pyctl.state")
@@ -82,7 +82,7 @@ class StoredView:
     published: Published | None
     #: why the summary could not be read ("" if it could, or there is none)
     summary_error: str
-    workflows: list[Workflow]
+    workflows: list[Workflow[WorkflowData]]
     #: workflow records that do not decode: id -> why (left in place)
     bad_workflows: dict[str, str]
     #: workflow records the engine moved aside: id -> (reason, as stored)
@@ -133,15 +133,15 @@ def published_of(m: MemberSummary, cluster: str) -> Published:
 
 def decode_workflows(
     records: Mapping[str, WorkflowRecord],
-) -> tuple[list[Workflow], dict[str, str]]:
+) -> tuple[list[Workflow[WorkflowData]], dict[str, str]]:
     """Every workflow record that decodes (`engine.decode`, the engine's own check, against the
     kinds pyctl runs), and the others by id with why; one bad record never hides the others."""
-    good: list[Workflow] = []
+    good: list[Workflow[WorkflowData]] = []
     bad: dict[str, str] = {}
-    kinds = builtin_registry().kinds
+    registry = builtin_registry()
     for wid, rec in sorted(records.items()):
         try:
-            good.append(decode(rec.data, kinds))
+            good.append(decode(rec.data, registry))
         except ValueError as e:
             bad[wid[:200]] = " ".join(str(e).split())[:300]
     return good, bad

@@ -12,7 +12,7 @@ from pyctl.app.state import StoredView, summarize
 from pyctl.cluster.records import Record
 from pyctl.controller.summary import Summary
 from pyctl.core.fragmentation import CATEGORIES, shape_dict
-from pyctl.workflows.engine import Workflow
+from pyctl.workflows.engine import Workflow, WorkflowData
 
 GPU = 1000.0
 #: finished workflows shown (the most recent first); every one in progress is shown
@@ -65,8 +65,7 @@ class WorkflowLine:
         }
 
 
-def workflow_line(wf: Workflow) -> WorkflowLine:
-    ns, pod = wf.data.get("namespace", ""), wf.data.get("pod", "")
+def workflow_line(wf: Workflow[WorkflowData]) -> WorkflowLine:
     return WorkflowLine(
         wf.id,
         wf.kind,
@@ -75,7 +74,7 @@ def workflow_line(wf: Workflow) -> WorkflowLine:
         wf.attempts,
         wf.created,
         wf.updated,
-        f"{ns}/{pod}" if ns and pod else "",
+        wf.data.named(),
         wf.result,
         wf.finished,
     )

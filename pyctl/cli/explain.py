@@ -98,13 +98,13 @@ def show(console: Console, e: Explanation) -> None:
             )
         console.print(t)
     if e.rescue is not None:
-        moves = "; ".join(f"{m['pod']} {m['from']} -> {m['to']}" for m in e.rescue["moves"])
-        console.print(f"Rescue planned: frees {e.rescue['node']} by moving {escape(moves)}")
+        moves = "; ".join(f"{m.pod} {m.from_node} -> {m.to_node}" for m in e.rescue.moves)
+        console.print(f"Rescue planned: frees {e.rescue.node} by moving {escape(moves)}")
     if e.move is not None:
-        why = f" (rescue of {e.move['rescue_of']})" if e.move.get("rescue_of") else ""
+        why = f" (rescue of {e.move.rescue_of})" if e.move.rescue_of else ""
         console.print(
-            f"Compaction plans to move it to {e.move['to']}, "
-            f"{e.move['gain_gpu_milli'] / 1000:.2f} GPU less stranded{why}"
+            f"Compaction plans to move it to {e.move.to}, "
+            f"{e.move.gain_gpu_milli / 1000:.2f} GPU less stranded{why}"
         )
     if e.plan_note:
         console.print(escape(e.plan_note))
@@ -114,6 +114,6 @@ def show(console: Console, e: Explanation) -> None:
         console.print(f"Evictor: {escape(rule)}{pdb}")
     for w in e.workflows:
         console.print(
-            f"Workflow {escape(w['id'])} ({w['kind']}, node {escape(w['node'])}): step "
-            f"{w['step']}" + (f", {escape(w['result'])}" if w["result"] else "")
+            f"Workflow {escape(w.id)} ({w.kind}, node {escape(w.node)}): step "
+            f"{w.step}" + (f", {escape(w.result)}" if w.result else "")
         )

@@ -22,6 +22,10 @@ a child process (`front_main`), with its own GIL, and the controller feeds it:
   collections) are sent back every
   `FLUSH_SECONDS` and added to the controller's metrics, so `/metrics` reads as with the
   extender in the controller's process.
+- Every message on the two pipes is one of the typed messages below (`Hello`, `Update`, `Call`,
+  `Answer`, `Ready`, `Failed`, `Counts`), each with the version of the messages (`VERSION`). A
+  message of another version, of another type, or that does not unpickle is refused, logged and
+  counted (`pyctl_extender_messages_refused_total{side,reason}`); the side that read it goes on.
 - The child ends when the controller's end of its pipes closes (the controller exited, however).
   A child that exits while the controller runs is started again (after `RESTART_SECONDS`, on the
   same port; counted in `pyctl_extender_process_restarts_total`, logged) and sent the whole view.
@@ -45,7 +49,9 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Final, TypeAlias
+
+import msgspec
 
 from pyctl.cluster.records import PodRecord
 from pyctl.cluster.translate import pod_shape
@@ -76,6 +82,124 @@ START_SECONDS = 60.0
 CHUNK = 256
 
 
+#: the version of the messages between the controller and the extender's process
+VERSION: Final = 1
+
+
+class Hello(msgspec.Struct, frozen=True, kw_only=True):
+    """The controller's first message to a new child: its options and how it logs."""
+
+    options: ExtenderOptions
+    log_format: str
+    log_level: str
+    v: int = VERSION
+
+
+class Update(msgspec.Struct, kw_only=True):
+    """The controller's view, or what changed in it (a field left None, or empty, did not):
+    models by node, nodes gone, M, the rescues' nodes, the departures, the pending pods' shapes.
+    `more`: a part of a whole view whose next part follows (`chunks`)."""
+
+    nodes: dict[str, Node] = msgspec.field(default_factory=dict)
+    gone: tuple[str, ...] = ()
+    workload: Workload | None = None
+    reservations: Mapping[str, str] | None = None
+    departures: Mapping[str, str] | None = None
+    pending: tuple[Shape, ...] | None = None
+    more: bool = False
+    v: int = VERSION
+
+
+class Call(msgspec.Struct, frozen=True, kw_only=True):
+    """A request the child forwards to the controller."""
+
+    key: int
+    verb: str
+    body: bytes
+    v: int = VERSION
+
+
+class Answer(msgspec.Struct, frozen=True, kw_only=True):
+    """The controller's answer to a `Call`."""
+
+    key: int
+    answer: bytes
+    outcome: str
+    v: int = VERSION
+
+
+class Ready(msgspec.Struct, frozen=True, kw_only=True):
+    """The child serves, on `port`."""
+
+    port: int
+    v: int = VERSION
+
+
+class Failed(msgspec.Struct, frozen=True, kw_only=True):
+    """The child could not serve, and why."""
+
+    why: str
+    v: int = VERSION
+
+
+# -- the child's counts, added to the controller's metrics ------------------------------------
+class Request(msgspec.Struct, frozen=True):
+    verb: str
+    outcome: str
+    seconds: float | None
+
+
+class Work(msgspec.Struct, frozen=True):
+    verb: str
+    seconds: float
+    thread: str
+
+
+class Refused(msgspec.Struct, frozen=True):
+    """A connection or request the child's server refused before a handler."""
+
+    server: str
+    reason: str
+
+
+class Collection(msgspec.Struct, frozen=True):
+    generation: int
+    seconds: float
+
+
+class Ranks(msgspec.Struct, frozen=True):
+    request: int
+    ahead: int
+
+
+class MessageRefused(msgspec.Struct, frozen=True):
+    """A message of the controller's the child refused (`refusal`)."""
+
+    reason: str
+
+
+Event: TypeAlias = Request | Work | Refused | Collection | Ranks | MessageRefused
+
+
+class Counts(msgspec.Struct, frozen=True, kw_only=True):
+    events: tuple[Event, ...]
+    v: int = VERSION
+
+
+def refusal(msg: object, *types: type[msgspec.Struct]) -> tuple[str, str] | None:
+    """Why `msg` is refused where one of `types` is expected: ("version" | "unexpected", the
+    detail), None if it is taken."""
+    if not isinstance(msg, types):
+        return (
+            "unexpected",
+            f"a {type(msg).__name__}, not a {' or '.join(t.__name__ for t in types)}",
+        )
+    v = getattr(msg, "v", None)
+    if v != VERSION:
+        return "version", f"a {type(msg).__name__} of version {v!r}, not {VERSION}"
+    return None
+
+
 class Forward(NotKept):
     """The child cannot answer this request alone: the controller answers it."""
 
@@ -102,20 +226,20 @@ class Replica:
     departures: Mapping[str, str] = field(default_factory=dict)
     pending: tuple[Shape, ...] = ()
 
-    def apply(self, msg: Mapping[str, Any], ranks: RankTable | None = None) -> None:
+    def apply(self, msg: Update, ranks: RankTable | None = None) -> None:
         """One message of the controller's (`Publisher`): its nodes replace the kept ones, and
         each one's kept ranks of the hot shapes are computed again (`RankTable.refreshed`)."""
-        if "workload" in msg:
-            self.workload = msg["workload"]
-        for name in msg.get("gone", ()):
+        if msg.workload is not None:
+            self.workload = msg.workload
+        for name in msg.gone:
             self.models.pop(name, None)
-        if "reservations" in msg:
-            self.reservations = msg["reservations"]
-        if "departures" in msg:
-            self.departures = msg["departures"]
-        if "pending" in msg:
-            self.pending = msg["pending"]
-        nodes: Mapping[str, Node] = msg.get("nodes", {})
+        if msg.reservations is not None:
+            self.reservations = msg.reservations
+        if msg.departures is not None:
+            self.departures = msg.departures
+        if msg.pending is not None:
+            self.pending = msg.pending
+        nodes = msg.nodes
         for name, node in nodes.items():
             self.models[name] = node
         if ranks is not None and nodes and ranks.hot():
@@ -139,27 +263,30 @@ class Recorder:
     allocation, also one made while another count is being added or taken."""
 
     def __init__(self) -> None:
-        self._events: deque[tuple[Any, ...]] = deque()
+        self._events: deque[Event] = deque()
 
     def request(self, verb: str, outcome: str, seconds: float | None = None) -> None:
-        self._events.append(("request", verb, outcome, seconds))
+        self._events.append(Request(verb, outcome, seconds))
 
     def work(self, verb: str, seconds: float, thread: str = "worker") -> None:
-        self._events.append(("work", verb, seconds, thread))
+        self._events.append(Work(verb, seconds, thread))
 
     def on_reject(self, server: str) -> Callable[[str], None]:
         def count(reason: str) -> None:
-            self._events.append(("refused", server, reason))
+            self._events.append(Refused(server, reason))
 
         return count
+
+    def refused_message(self, reason: str) -> None:
+        self._events.append(MessageRefused(reason))
 
     def collections(self) -> Callable[[], None]:
         """Time this process's cycle collections (`pyctl_gc_pause_seconds` in the controller);
         returns the function that stops it."""
-        return time_collections(lambda g, seconds: self._events.append(("gc", g, seconds)))
+        return time_collections(lambda g, seconds: self._events.append(Collection(g, seconds)))
 
-    def take(self) -> list[tuple[Any, ...]]:
-        out = []
+    def take(self) -> list[Event]:
+        out: list[Event] = []
         with contextlib.suppress(IndexError):  # empty: taken
             while True:
                 out.append(self._events.popleft())
@@ -196,9 +323,33 @@ class _Child:
         self._inbox = 0  # messages read and not yet applied (keep_warm waits for them)
         self.done = threading.Event()
 
-    def send(self, msg: tuple[Any, ...]) -> None:
+    def send(self, msg: Call | Ready | Failed | Counts) -> None:
         with self._send_lock:
             self.calls.send(msg)
+
+    def refuse(self, reason: str, detail: str) -> None:
+        """A message of the controller's not taken: logged, counted (sent with the counts)."""
+        log.error(
+            "the extender's process refused a message of the controller's",
+            extra={"reason": reason, "error": detail[:300]},
+        )
+        self.recorder.refused_message(reason)
+
+    def receive(self, conn: Connection, *types: type[msgspec.Struct]) -> object | None:
+        """The next message on `conn` if it is one of `types` (else refused: None). Raises
+        EOFError or OSError when the pipe is closed."""
+        try:
+            msg: object = conn.recv()
+        except (EOFError, OSError):
+            raise
+        except Exception as e:  # did not unpickle
+            self.refuse("malformed", f"{type(e).__name__}: {e}")
+            return None
+        why = refusal(msg, *types)
+        if why is not None:
+            self.refuse(*why)
+            return None
+        return msg
 
     def forward(self, verb: str, body: bytes) -> tuple[bytes, str]:
         """The controller's answer to a request (on a worker thread), or "no advice" past the
@@ -207,7 +358,7 @@ class _Child:
         fut: Future[tuple[bytes, str]] = Future()
         self._waiting[key] = fut
         try:
-            self.send(("call", key, verb, body))
+            self.send(Call(key=key, verb=verb, body=body))
             return fut.result(timeout=self.options.deadline)
         except FutureTimeout:
             return no_advice(verb, "the controller did not answer in time"), "deadline"
@@ -219,7 +370,9 @@ class _Child:
     def read_updates(self) -> None:
         try:
             while True:
-                msg = self.updates.recv()
+                msg = self.receive(self.updates, Update)
+                if not isinstance(msg, Update):
+                    continue
                 self._inbox += 1
                 try:
                     self.replica.apply(msg, self.ranks)
@@ -235,10 +388,12 @@ class _Child:
     def read_answers(self) -> None:
         try:
             while True:
-                _, key, answer, outcome = self.calls.recv()
-                fut = self._waiting.get(key)
+                msg = self.receive(self.calls, Answer)
+                if not isinstance(msg, Answer):
+                    continue
+                fut = self._waiting.get(msg.key)
                 if fut is not None and not fut.done():
-                    fut.set_result((answer, outcome))
+                    fut.set_result((msg.answer, msg.outcome))
         except (EOFError, OSError):
             pass
         finally:
@@ -250,17 +405,19 @@ class _Child:
             computed, ahead = self.ranks.computed, self.ranks.ahead
             events = self.recorder.take()
             if computed != sent[0] or ahead != sent[1]:
-                events.append(("ranks", computed - sent[0], ahead - sent[1]))
+                events.append(Ranks(computed - sent[0], ahead - sent[1]))
                 sent = (computed, ahead)
             if events:
                 with contextlib.suppress(OSError, ValueError):
-                    self.send(("metrics", events))
+                    self.send(Counts(events=tuple(events)))
 
     async def main(self) -> None:
         while True:  # the whole view, before the first request is answered
-            msg = self.updates.recv()
+            msg = self.receive(self.updates, Update)
+            if not isinstance(msg, Update):
+                continue
             self.replica.apply(msg)
-            if not msg.get("more"):
+            if not msg.more:
                 break
         server = ExtenderServer(
             lambda: FrontHandler(self.replica.advisor(self.ranks), self.forward),
@@ -270,13 +427,13 @@ class _Child:
         try:
             port = await server.start()
         except Exception as e:
-            self.send(("failed", f"{type(e).__name__}: {e}"))
+            self.send(Failed(why=f"{type(e).__name__}: {e}"))
             return
         for target in (self.read_updates, self.read_answers, self.flush):
             threading.Thread(
                 target=target, daemon=True, name=f"pyctl-front-{target.__name__}"
             ).start()
-        self.send(("ready", port))
+        self.send(Ready(port=port))
         warm = asyncio.ensure_future(
             self.ranks.keep_warm(lambda: self.replica.pending, lambda: self._inbox > 0)
         )
@@ -290,8 +447,18 @@ class _Child:
 def front_main(updates: Connection, calls: Connection) -> None:
     """The child's entry point: takes its options, then serves the extender until the
     controller's pipes close."""
-    options, log_format, log_level = updates.recv()
-    setup_logging(log_format, log_level)
+    try:
+        hello: object = updates.recv()
+    except (EOFError, OSError):
+        return
+    except Exception as e:  # did not unpickle
+        hello = f"{type(e).__name__}: {e}"
+    why = refusal(hello, Hello)
+    if why is not None or not isinstance(hello, Hello):  # it cannot serve: the controller says
+        calls.send(Failed(why=f"its first message was refused ({why})"))
+        return
+    options = hello.options
+    setup_logging(hello.log_format, hello.log_level)
     tune_malloc()  # the request bodies are read here: as in `pyctl run` (docs/http.md)
     # as in the controller (pyctl/app/collector.py): no automatic full collections, which walk
     # every node model while a request waits; the server runs one after each burst of requests
@@ -342,7 +509,7 @@ class Publisher:
         """How many nodes' current models the child has been sent."""
         return len(self._sent)
 
-    def full(self, now: float) -> dict[str, Any]:
+    def full(self, now: float) -> Update:
         """The whole view (a new child's first message), at `now` (`time.monotonic`)."""
         r = self.reconciler
         with self._lock:
@@ -353,29 +520,35 @@ class Publisher:
         self._reserved = dict(self.reservations())
         self._departed = dict(self.departures())
         self._slow = now
-        return {
-            "nodes": models,
-            "workload": r.workload,
-            "reservations": self._reserved,
-            "departures": self._departed,
-            "pending": self.pending,
-        }
+        return Update(
+            nodes=models,
+            workload=r.workload,
+            reservations=self._reserved,
+            departures=self._departed,
+            pending=self.pending,
+        )
 
-    def changes(self, now: float) -> dict[str, Any] | None:
+    def changes(self, now: float) -> Update | None:
         """What changed since the last message, None if nothing did."""
         r = self.reconciler
-        msg: dict[str, Any] = {}
+        msg = Update()
+        changed = False
         with self._lock:
             dirty, self._dirty = self._dirty, {}
         nodes = {n: node for n, node in dirty.items() if self._sent.get(n) is not node}
         if r.workload is not self._workload:
-            self._workload = msg["workload"] = r.workload
+            self._workload = msg.workload = r.workload
+            changed = True
         reserved = self.reservations()
         if reserved != self._reserved:
-            self._reserved = msg["reservations"] = dict(reserved)
+            self._reserved = dict(reserved)
+            msg.reservations = self._reserved
+            changed = True
         departed = self.departures()
         if departed != self._departed:
-            self._departed = msg["departures"] = dict(departed)
+            self._departed = dict(departed)
+            msg.departures = self._departed
+            changed = True
         if now - self._slow >= 1.0:
             self._slow = now
             models = dict(r.models)
@@ -383,27 +556,28 @@ class Publisher:
             for n in gone:
                 del self._sent[n]
                 nodes.pop(n, None)  # scored, then gone before this message: gone
-            if gone:
-                msg["gone"] = gone
+            msg.gone = tuple(gone)
             for n, node in models.items():  # a model replaced without a score (none today)
                 if self._sent.get(n) is not node:
                     nodes[n] = node
-            msg["pending"] = self.pending
+            msg.pending = self.pending
+            changed = True
         if nodes:
-            msg["nodes"] = nodes
+            msg.nodes = nodes
             self._sent.update(nodes)
-        return msg or None
+            changed = True
+        return msg if changed else None
 
 
-def chunks(msg: dict[str, Any]) -> list[dict[str, Any]]:
+def chunks(msg: Update) -> list[Update]:
     """`msg` as messages of at most `CHUNK` nodes each, all but the last marked ``more`` (the
     rest of `msg` goes with the first)."""
-    nodes = list(msg.get("nodes", {}).items())
+    nodes = list(msg.nodes.items())
     if len(nodes) <= CHUNK:
         return [msg]
-    out = [{"nodes": dict(nodes[i : i + CHUNK]), "more": True} for i in range(0, len(nodes), CHUNK)]
-    out[0].update((k, v) for k, v in msg.items() if k != "nodes")
-    del out[-1]["more"]
+    out = [Update(nodes=dict(nodes[i : i + CHUNK]), more=True) for i in range(0, len(nodes), CHUNK)]
+    out[0] = msgspec.structs.replace(msg, nodes=out[0].nodes, more=True)
+    out[-1].more = False
     return out
 
 
@@ -480,7 +654,11 @@ class ExtenderProcess:
         )
         level = logging.getLevelName(root.getEffectiveLevel()).lower()
         try:
-            up_here.send((replace(self.options, port=self.port), fmt, level))
+            up_here.send(
+                Hello(
+                    options=replace(self.options, port=self.port), log_format=fmt, log_level=level
+                )
+            )
             with self._publishing:  # the whole view; what changes after it is published to it
                 for part in chunks(self.publisher.full(time.monotonic())):
                     up_here.send(part)
@@ -489,20 +667,25 @@ class ExtenderProcess:
                 raise RuntimeError("the extender's process did not start in time")
             got = calls_here.recv()
         except (EOFError, OSError):
-            got = ("failed", f"it exited (code {proc.poll()}) before it served")
+            got = Failed(why=f"it exited (code {proc.poll()}) before it served")
         except BaseException:
             proc.kill()
             raise
-        if got[0] != "ready":
+        why = refusal(got, Ready, Failed)
+        if why is not None:
+            self._refuse(*why)
+            got = Failed(why=f"its first message was refused ({why[1]})")
+        if not isinstance(got, Ready):
             proc.kill()
             proc.wait(5)
             with self._publishing:
                 self._updates = None
             up_here.close()
             calls_here.close()
-            raise RuntimeError(f"the extender's process could not serve: {got[1]}")
+            why_not = got.why if isinstance(got, Failed) else "no answer"
+            raise RuntimeError(f"the extender's process could not serve: {why_not}")
         self._proc, self._calls = proc, calls_here
-        return int(got[1])
+        return got.port
 
     async def start(self) -> int:
         """Start the child; returns the bound port. Raises what the child's server raised."""
@@ -589,6 +772,9 @@ class ExtenderProcess:
                     return
                 self._restart()
                 continue
+            except Exception as e:  # did not unpickle: the pipe goes on
+                self._refuse("malformed", f"{type(e).__name__}: {e}")
+                continue
             try:
                 self._take(conn, msg)
             except (OSError, ValueError):
@@ -596,32 +782,45 @@ class ExtenderProcess:
             except Exception:
                 log.exception("a message of the extender's process failed")
 
-    def _take(self, conn: Connection, msg: tuple[Any, ...]) -> None:
-        if msg[0] == "call":
-            _, key, verb, body = msg
+    def _refuse(self, reason: str, detail: str, side: str = "controller") -> None:
+        """A message not taken (by the controller, or by the child: `side`): logged there,
+        counted here."""
+        if side == "controller":
+            log.error(
+                "the controller refused a message of the extender's process",
+                extra={"reason": reason, "error": detail[:300]},
+            )
+        self.metrics.messages_refused.labels(self.metrics.cluster, side, reason).inc()
+
+    def _take(self, conn: Connection, msg: object) -> None:
+        why = refusal(msg, Call, Counts)
+        if why is not None:
+            self._refuse(*why)
+        elif isinstance(msg, Call):
             assert self._handler is not None
             self.forwarded += 1
-            answer, outcome = self._handler.answer(verb, body)
-            conn.send(("answer", key, answer, outcome))
-        elif msg[0] == "metrics":
-            for event in msg[1]:
+            answer, outcome = self._handler.answer(msg.verb, msg.body)
+            conn.send(Answer(key=msg.key, answer=answer, outcome=outcome))
+        elif isinstance(msg, Counts):
+            for event in msg.events:
                 self._count(event)
 
-    def _count(self, event: tuple[Any, ...]) -> None:
-        kind = event[0]
-        if kind == "request":
-            self.metrics.request(event[1], event[2], event[3])
-        elif kind == "work":
-            self.metrics.work(event[1], event[2], event[3])
-        elif kind == "refused":
-            self.metrics.on_reject(event[1])(event[2])
-        elif kind == "gc" and self._gc is not None:
-            self._gc[min(max(int(event[1]), 0), 2)].observe(event[2])
-        elif kind == "ranks" and self._ranks is not None:
-            if event[1]:
-                self._ranks[0].inc(event[1])
-            if event[2]:
-                self._ranks[1].inc(event[2])
+    def _count(self, event: Event) -> None:
+        if isinstance(event, Request):
+            self.metrics.request(event.verb, event.outcome, event.seconds)
+        elif isinstance(event, Work):
+            self.metrics.work(event.verb, event.seconds, event.thread)
+        elif isinstance(event, Refused):
+            self.metrics.on_reject(event.server)(event.reason)
+        elif isinstance(event, MessageRefused):
+            self._refuse(event.reason[:30], "", side="process")
+        elif isinstance(event, Collection) and self._gc is not None:
+            self._gc[min(max(int(event.generation), 0), 2)].observe(event.seconds)
+        elif isinstance(event, Ranks) and self._ranks is not None:
+            if event.request:
+                self._ranks[0].inc(event.request)
+            if event.ahead:
+                self._ranks[1].inc(event.ahead)
 
     def _restart(self) -> None:
         proc = self._proc
@@ -658,4 +857,7 @@ def _main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    _main(sys.argv[1:])
+    # the module by its name, not as __main__: its messages pickle as the controller's classes
+    from pyctl.serve import extender_process
+
+    extender_process._main(sys.argv[1:])

@@ -161,6 +161,14 @@ class HttpMetrics:
             ["cluster"],
             registry=registry,
         )
+        self.messages_refused = Counter(
+            "pyctl_extender_messages_refused_total",
+            "Messages between the controller and the extender's own process refused by the side "
+            "that read them (`controller`, `process`), by reason (version: another version of "
+            "the messages; unexpected: another type; malformed: did not unpickle)",
+            ["cluster", "side", "reason"],
+            registry=registry,
+        )
         self.restarts.labels(cluster)
         for verb in VERBS:
             self.extender_seconds.labels(cluster, verb)

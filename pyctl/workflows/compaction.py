@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from pyctl.cluster.bounds import Name, Text
 from pyctl.cluster.dra.context import DraContext
 from pyctl.cluster.nodefit import Fit, grouped, node_labels
 from pyctl.cluster.records import NodeRecord, PdbRecord, PodRecord
@@ -28,12 +29,31 @@ from pyctl.cluster.translate import (
 from pyctl.core import policy
 from pyctl.core.fragmentation import FragmentationModel
 from pyctl.model import Node, Shape, Snapshot, Workload
-from pyctl.workflows.base import Context, Workflow, WorkflowKind
+from pyctl.workflows.base import Context, Namespace, Uid, Workflow, WorkflowData, WorkflowKind
 from pyctl.workflows.evictor import Evictor, EvictorOptions
 
 KIND = "compaction"
 #: the Event reason of a compaction's eviction
 REASON = "PyctlCompaction"
+
+
+class CompactionData(WorkflowData, frozen=True, tag=f"{KIND}/1"):
+    """A compaction workflow's data: the pod it evicts off the workflow's node."""
+
+    namespace: Namespace
+    pod: Name
+    #: the pod's uid when the move was planned (a pod recreated under its name is not evicted)
+    uid: Uid = ""
+    #: "kind/name" of the pod's owner
+    workload: Text = ""
+    #: where the plan expects its replacement to land
+    to: Name = ""
+    gain_gpu_milli: float = 0.0
+    #: evictions tried (refused by a budget, say) before the move is abandoned
+    max_attempts: int = 20
+
+    def named(self) -> str:
+        return f"{self.namespace}/{self.pod}" if self.namespace and self.pod else ""
 
 
 @dataclass(frozen=True)
@@ -530,13 +550,14 @@ def _verified(
 # ---- the workflow: one planned move, evicted through the gate -----------------------------------
 
 
-async def _evicting(ctx: Context, wf: Workflow) -> Workflow:
-    ns, name, uid = wf.data["namespace"], wf.data["pod"], wf.data["uid"]
+async def _evicting(ctx: Context, wf: Workflow[CompactionData]) -> Workflow[CompactionData]:
+    d = wf.data
+    ns, name, uid = d.namespace, d.pod, d.uid
     pod = ctx.pod(ns, name)
     if pod is None or pod.uid != uid or pod.deleting or pod.node != wf.node:
         # the eviction already happened (or the pod moved on by itself): never evict twice
         return msgspec.structs.replace(wf, step="done", result="pod already gone")
-    r = await ctx.gate.evict(pod, wf.node, workload=wf.data.get("workload", ""), reason=REASON)
+    r = await ctx.gate.evict(pod, wf.node, workload=d.workload, reason=REASON)
     if r.outcome == "done":
         return msgspec.structs.replace(wf, step="done", result="evicted")
     if r.outcome == "dry-run":
@@ -545,14 +566,14 @@ async def _evicting(ctx: Context, wf: Workflow) -> Workflow:
         # protected by the evictor's rules, or denied by admission: this move is not made
         return msgspec.structs.replace(wf, step="abandoned", result=r.reason)
     attempts = wf.attempts + 1
-    if attempts >= int(wf.data.get("max_attempts", "20")):
+    if attempts >= d.max_attempts:
         return msgspec.structs.replace(wf, step="abandoned", attempts=attempts, result=r.reason)
     return msgspec.structs.replace(
         wf, attempts=attempts, not_before=ctx.clock() + max(r.retry_after, 1.0), result=r.reason
     )
 
 
-def workflow_kind() -> WorkflowKind:
+def workflow_kind() -> WorkflowKind[CompactionData]:
     """Compaction: one step, `evicting` (evict the planned pod; its controller recreates it and
     the scheduler, with pyctl's extender, places the replacement)."""
-    return WorkflowKind(KIND, {"evicting": _evicting})
+    return WorkflowKind(KIND, CompactionData, {"evicting": _evicting})

@@ -9,20 +9,28 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TypedDict
 
 import anyio
 
 from pyctl.cluster.dra.context import DraContext
-from pyctl.cluster.records import PodRecord
+from pyctl.cluster.records import NodeRecord, PdbRecord, PodRecord
+from pyctl.cluster.translate import DraPositions
 from pyctl.controller.cache import ClusterCache
 from pyctl.controller.reconcile import Reconciler
 from pyctl.core.policy import PlanLimits
 from pyctl.metrics import Metrics
+from pyctl.model import Node, Workload
 from pyctl.state.store import StoreError
 from pyctl.workflows import rescue
-from pyctl.workflows.compaction import KIND, CompactionPlan, RoundCache, plan_compaction
-from pyctl.workflows.engine import Engine, Workflow
+from pyctl.workflows.compaction import (
+    KIND,
+    CompactionData,
+    CompactionPlan,
+    RoundCache,
+    plan_compaction,
+)
+from pyctl.workflows.engine import Engine, Workflow, WorkflowData
 from pyctl.workflows.evictor import EvictorOptions
 from pyctl.workflows.gate import Gate
 from pyctl.workflows.loop import WorkflowGauge, collector_paused, run_every
@@ -30,7 +38,9 @@ from pyctl.workflows.loop import WorkflowGauge, collector_paused, run_every
 log = logging.getLogger("pyctl.compaction")
 
 
-def departures(workflows: list[Workflow], now: float, seconds: float) -> dict[str, str]:
+def departures(
+    workflows: list[Workflow[WorkflowData]], now: float, seconds: float
+) -> dict[str, str]:
     """Workload -> the node a compaction move (or a rescue) took one of its pods off, for moves
     in progress or done less than `seconds` ago: the scheduler extender keeps the workload's
     replacement pods off that node."""
@@ -38,11 +48,12 @@ def departures(workflows: list[Workflow], now: float, seconds: float) -> dict[st
     for wf in workflows:
         if wf.finished and (wf.step != "done" or now - wf.updated > seconds):
             continue
-        if wf.kind == KIND:
-            out[f"{wf.data['namespace']}/{wf.data.get('workload', '')}"] = wf.node
-        elif wf.kind == rescue.KIND:
-            for ns, _name, _uid, workload, _to in rescue.planned_pods(wf):
-                out[f"{ns}/{workload}"] = wf.node
+        d = wf.data
+        if isinstance(d, CompactionData):
+            out[f"{d.namespace}/{d.workload}"] = wf.node
+        elif isinstance(d, rescue.RescueData):
+            for m in d.pods:
+                out[f"{m.namespace}/{m.workload}"] = wf.node
     return out
 
 
@@ -52,12 +63,27 @@ def departure_seconds(interval: float) -> float:
     return max(60.0, 4 * interval)
 
 
+class RoundInputs(TypedDict):
+    """What one compaction round plans on (`plan_compaction`'s arguments of the same names)."""
+
+    models: dict[str, Node]
+    nodes: dict[str, NodeRecord]
+    pods: list[PodRecord]
+    pdbs: list[PdbRecord]
+    workload: Workload
+    pending: list[PodRecord]
+    reserved: set[str]
+    dra: DraContext
+    dra_positions: dict[str, DraPositions]
+    exclude: dict[str, str]
+
+
 def round_inputs(
     cache: ClusterCache,
     reconciler: Reconciler,
     reservations: Mapping[str, str],
     exclude: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
+) -> RoundInputs:
     """What one compaction round reads from the controller's view (`cache`, `reconciler`), taken
     at one moment: copies of the live tables (records and models are immutable, so copying the
     containers is enough; the DRA view is made anew over copies of its indexes), so the round can
@@ -119,7 +145,7 @@ def plan_round(
     )
 
 
-def abandoned(workflows: list[Workflow]) -> dict[str, str]:
+def abandoned(workflows: list[Workflow[WorkflowData]]) -> dict[str, str]:
     """The pods whose move was abandoned (until the engine forgets the record), with why: a
     compaction move given up, or the pod whose eviction a rescue could not make (protected, or
     denied by admission). The next plans leave them where they are, so the other moves (and
@@ -128,11 +154,11 @@ def abandoned(workflows: list[Workflow]) -> dict[str, str]:
     for wf in workflows:
         if wf.step != "abandoned":
             continue
-        if wf.kind == KIND:
-            key = f"{wf.data.get('namespace', '')}/{wf.data.get('pod', '')}"
-            out[key] = f"its last move was abandoned: {wf.result}"[:300]
-        elif wf.kind == rescue.KIND and wf.data.get("refused"):
-            out[wf.data["refused"]] = f"a rescue could not evict it: {wf.result}"[:300]
+        d = wf.data
+        if isinstance(d, CompactionData):
+            out[f"{d.namespace}/{d.pod}"] = f"its last move was abandoned: {wf.result}"[:300]
+        elif isinstance(d, rescue.RescueData) and d.refused:
+            out[d.refused] = f"a rescue could not evict it: {wf.result}"[:300]
     return out
 
 
@@ -178,13 +204,12 @@ class Compactor:
 
     def pending(self) -> list[PodRecord]:
         """The unschedulable pods a round makes room for (`round_inputs`)."""
-        pending: list[PodRecord] = self._inputs()["pending"]
-        return pending
+        return self._inputs()["pending"]
 
-    def _inputs(self) -> dict[str, Any]:
+    def _inputs(self) -> RoundInputs:
         return round_inputs(self.cache, self.reconciler, self.reservations, self.exclude)
 
-    def _plan(self, inputs: Mapping[str, Any]) -> CompactionPlan:
+    def _plan(self, inputs: RoundInputs) -> CompactionPlan:
         t0, c0 = time.perf_counter(), time.thread_time()
         with collector_paused():
             plan = plan_compaction(
@@ -256,14 +281,14 @@ class Compactor:
                     step="evicting",
                     created=now,
                     updated=now,
-                    data={
-                        "namespace": p.namespace,
-                        "pod": p.name,
-                        "uid": p.uid,
-                        "workload": f"{p.owner_kind}/{p.owner_name}",
-                        "to": mv.to_node,
-                        "gain_gpu_milli": f"{mv.gain_gpu_milli:.1f}",
-                    },
+                    data=CompactionData(
+                        namespace=p.namespace,
+                        pod=p.name,
+                        uid=p.uid,
+                        workload=f"{p.owner_kind}/{p.owner_name}",
+                        to=mv.to_node,
+                        gain_gpu_milli=round(mv.gain_gpu_milli, 1),
+                    ),
                 )
             )
 
@@ -277,7 +302,7 @@ class Compactor:
                 log.warning("removing an orphaned rescue taint", extra={"node": n.name})
                 await self.gate.taint(n.name, rescue.TAINT_KEY, on=False)
 
-    def _track(self, workflows: list[Workflow], now: float) -> None:
+    def _track(self, workflows: list[Workflow[WorkflowData]], now: float) -> None:
         self.reservations = rescue.reservations(workflows)
         self.departures = departures(workflows, now, self.departure_seconds)
         self.exclude = abandoned(workflows)

@@ -30,34 +30,103 @@ import os
 import socket
 import uuid
 from collections import Counter
-from collections.abc import Container
 
 import msgspec
 
 from pyctl.cluster.bounds import MAX_NAME_CHARS, MAX_TEXT_CHARS
 from pyctl.state.workflows import ConflictError, WorkflowRecord, WorkflowStore
-from pyctl.workflows.base import FINISHED, Context, Registry, Workflow
+from pyctl.workflows.base import (
+    FINISHED,
+    Context,
+    Registry,
+    Workflow,
+    WorkflowData,
+    legacy_data,
+    tag_of,
+)
 
 log = logging.getLogger("pyctl.workflows")
 
-__all__ = ["FINISHED", "Context", "Engine", "Workflow"]
+__all__ = ["FINISHED", "Context", "Engine", "Workflow", "WorkflowData"]
 
 _ENC = msgspec.json.Encoder()
-_DEC = msgspec.json.Decoder(Workflow)
-#: a step's `not_before` is never further away than this (a rate limit's wait is capped there)
-MAX_WAIT = 3600.0
 #: this process, as it signs its claims (a restarted controller is another process)
 INSTANCE = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+#: a step's `not_before` is never further away than this (a rate limit's wait is capped there)
+MAX_WAIT = 3600.0
 
 
-def decode(data: bytes, kinds: Container[str] | None = None) -> Workflow:
-    """A stored workflow; raises ValueError when it is not one (or holds a non-finite time, a
-    string beyond its bound: a node's name beyond 253 characters, or, given the `kinds` pyctl
-    runs, a kind that is none of them: no engine would ever advance or forget it)."""
+class _Legacy(msgspec.Struct):
+    """A record as written before each kind's data was typed: the data an object of strings."""
+
+    id: str
+    kind: str
+    node: str
+    step: str
+    created: float
+    updated: float = 0.0
+    attempts: int = 0
+    not_before: float = 0.0
+    data: dict[str, str] = {}
+    result: str = ""
+    claimed_until: float = 0.0
+    claimed_by: str = ""
+
+
+class _Schema(msgspec.Struct):
+    schema: str | None = None
+
+
+class _Tagged(msgspec.Struct):
+    data: _Schema | None = None
+
+
+_LEGACY = msgspec.json.Decoder(_Legacy)
+_TAGGED = msgspec.json.Decoder(_Tagged)
+
+
+def _read(data: bytes, registry: Registry) -> Workflow[WorkflowData]:
+    """The record as the registry's kinds read it; one in the shape written before the data was
+    typed (no ``schema`` in its data) through `legacy_data`."""
     try:
-        wf = _DEC.decode(data)
+        return registry.decoder.decode(data)
     except msgspec.DecodeError as e:
-        raise ValueError(f"not a workflow record: {e}") from None
+        error = e
+    try:
+        tagged = _TAGGED.decode(data)
+    except msgspec.DecodeError:
+        tagged = None
+    if tagged is not None and tagged.data is not None and tagged.data.schema is not None:
+        tag = tagged.data.schema
+        if tag not in registry.tags():
+            raise ValueError(
+                f"workflow record: data version {tag[:100]!r} is not one pyctl reads "
+                f"({', '.join(registry.tags())})"
+            ) from None
+        raise ValueError(f"not a workflow record: {error}") from None
+    try:
+        old = _LEGACY.decode(data)
+    except msgspec.DecodeError:
+        raise ValueError(f"not a workflow record: {error}") from None
+    kind = registry.get(old.kind)
+    if kind is None:
+        raise ValueError(f"workflow record: unknown kind {old.kind[:100]!r}")
+    try:
+        typed = legacy_data(kind.data, old.data)
+    except ValueError as e:
+        raise ValueError(f"workflow record in the untyped shape: {e}") from None
+    fields = msgspec.structs.asdict(old)
+    fields["data"] = typed
+    return Workflow(**fields)
+
+
+def decode(data: bytes, registry: Registry) -> Workflow[WorkflowData]:
+    """A stored workflow of one of the `registry`'s kinds; raises ValueError when it is not one
+    (or holds a non-finite time, a string beyond its bound: a node's name beyond 253
+    characters, a kind that is none of the registry's: no engine would ever advance or forget
+    it, data of another kind's type or of a version pyctl does not read). A record written
+    before each kind's data was typed is read through `base.legacy_data`."""
+    wf = _read(data, registry)
     for name in ("created", "updated", "not_before", "claimed_until"):
         if not math.isfinite(getattr(wf, name)):
             raise ValueError(f"workflow record: {name} is not a finite number")
@@ -73,12 +142,17 @@ def decode(data: bytes, kinds: Container[str] | None = None) -> Workflow:
         n = len(getattr(wf, name))
         if n > high:
             raise ValueError(f"workflow record: {name} of {n} characters, more than {high}")
-    if kinds is not None and wf.kind not in kinds:
+    kind = registry.get(wf.kind)
+    if kind is None:
         raise ValueError(f"workflow record: unknown kind {wf.kind[:100]!r}")
+    if type(wf.data) is not kind.data:
+        raise ValueError(
+            f"workflow record: kind {wf.kind[:100]!r} holds the data of {tag_of(type(wf.data))}"
+        )
     return wf
 
 
-def _finite(wf: Workflow, now: float) -> Workflow:
+def _finite(wf: Workflow[WorkflowData], now: float) -> Workflow[WorkflowData]:
     """Every time written is finite, and a wait is at most `MAX_WAIT`."""
     nb = wf.not_before
     if not math.isfinite(nb) or nb > now + MAX_WAIT:
@@ -115,7 +189,7 @@ class Engine:
         """The engine's clock (wall-clock seconds)."""
         return self.ctx.clock()
 
-    async def start(self, wf: Workflow) -> bool:
+    async def start(self, wf: Workflow[WorkflowData]) -> bool:
         """Create the workflow unless one with its id exists (then False: idempotent)."""
         try:
             await self.store.put(wf.id, _ENC.encode(_finite(wf, self.ctx.clock())), 0)
@@ -124,7 +198,7 @@ class Engine:
         log.info("workflow started", extra={"workflow": wf.id, "kind": wf.kind, "node": wf.node})
         return True
 
-    async def workflows(self) -> list[Workflow]:
+    async def workflows(self) -> list[Workflow[WorkflowData]]:
         """Every stored workflow that decodes (of every kind); the others are quarantined."""
         out = []
         for wid, rec in sorted((await self.store.list()).items()):
@@ -133,9 +207,9 @@ class Engine:
                 out.append(wf)
         return out
 
-    async def _decode(self, wid: str, rec: WorkflowRecord) -> Workflow | None:
+    async def _decode(self, wid: str, rec: WorkflowRecord) -> Workflow[WorkflowData] | None:
         try:
-            wf = decode(rec.data, self.registry.kinds)
+            wf = decode(rec.data, self.registry)
             if wf.id != wid:
                 raise ValueError(f"record under {wid!r} names the workflow {wf.id!r}")
             return wf
@@ -173,13 +247,15 @@ class Engine:
             counts[(wf.kind, wf.step)] += 1
         return counts
 
-    def _claimed(self, wf: Workflow, now: float) -> bool:
+    def _claimed(self, wf: Workflow[WorkflowData], now: float) -> bool:
         """Whether the step is left alone now: claimed by this process, until its deadline. (A
         claim of another process is taken over: see the module's doc; the engine is advanced
         by the leader only.)"""
         return wf.claimed_until > now and wf.claimed_by == self.instance
 
-    async def _advance(self, wf: Workflow, version: int, now: float) -> Workflow:
+    async def _advance(
+        self, wf: Workflow[WorkflowData], version: int, now: float
+    ) -> Workflow[WorkflowData]:
         # claim the step first (compare-and-set): only the replica whose claim is written acts,
         # so two replicas never both run a step
         if wf.claimed_until > now:
@@ -211,7 +287,7 @@ class Engine:
                 await self._announce_abandoned(new)
         return new
 
-    async def _run_step(self, wf: Workflow) -> Workflow:
+    async def _run_step(self, wf: Workflow[WorkflowData]) -> Workflow[WorkflowData]:
         kind = self.registry.get(wf.kind)
         handler = kind.steps.get(wf.step) if kind is not None else None
         if kind is None or handler is None:
@@ -239,7 +315,7 @@ class Engine:
                 new = kind.give_up(new, error)
             return new
 
-    async def _announce_abandoned(self, wf: Workflow) -> None:
+    async def _announce_abandoned(self, wf: Workflow[WorkflowData]) -> None:
         gate = self.ctx.gate
         gate.metrics.workflow.abandoned.labels(gate.cluster, wf.kind).inc()
         await gate.event(
@@ -251,7 +327,7 @@ class Engine:
             warning=True,
         )
 
-    async def get(self, wid: str) -> Workflow | None:
+    async def get(self, wid: str) -> Workflow[WorkflowData] | None:
         rec = await self.store.get(wid)
         if rec is None:
             return None

@@ -30,14 +30,22 @@ the last persisted step and restores the node. Only the Lease holder acts: every
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Annotated, Any, Final, TypeAlias
 
 import msgspec
 
+from pyctl.cluster.bounds import (
+    MAX_ITEMS,
+    MAX_MIG_PER_NODE,
+    MAX_MIG_PROFILES,
+    MAX_TEXT_CHARS,
+    Key,
+    Name,
+    Text,
+)
 from pyctl.cluster.records import NodeRecord, PodRecord
 from pyctl.core.mig import (
     MIG_CONFIG_LABEL,
@@ -47,8 +55,19 @@ from pyctl.core.mig import (
     parse_mig_parted,
     to_yaml,
 )
+from pyctl.jsontypes import JsonObject
+from pyctl.metrics import WorkflowMetrics
 from pyctl.state.ratelimit import Slot
-from pyctl.workflows.base import Context, Handler, Workflow, WorkflowKind
+from pyctl.workflows.base import (
+    Context,
+    Handler,
+    Namespace,
+    PodKey,
+    Uid,
+    Workflow,
+    WorkflowData,
+    WorkflowKind,
+)
 from pyctl.workflows.gate import GateResult, limit_wait
 
 log = logging.getLogger("pyctl.mig_reconfig")
@@ -69,6 +88,83 @@ ISOLATED_STEPS: Final = (
     "rolling-back",
     "confirming-rollback",
 )
+
+
+#: `nvidia.com/mig-<profile>` counts of a node (profile -> instances)
+MigCounts: TypeAlias = Annotated[
+    dict[Key, Annotated[int, msgspec.Meta(ge=0, le=MAX_MIG_PER_NODE)]],
+    msgspec.Meta(max_length=MAX_MIG_PROFILES),
+]
+
+
+class MigEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One mig-parted v1 entry of a config pyctl publishes (`core.mig.mig_parted_entries`): the
+    GPUs it applies to, and their profile counts (its fields in the order of the JSON sorted by
+    key, as mig-parted's file shows them)."""
+
+    devices: Annotated[tuple[int, ...], msgspec.Meta(max_length=MAX_ITEMS)]
+    mig_devices: MigCounts = msgspec.field(name="mig-devices", default_factory=dict)
+    mig_enabled: bool = msgspec.field(name="mig-enabled", default=False)
+
+    def to_config(self) -> JsonObject:
+        """The entry as mig-parted's file holds it."""
+        return {
+            "devices": list(self.devices),
+            "mig-devices": dict(self.mig_devices),
+            "mig-enabled": self.mig_enabled,
+        }
+
+
+class MigPod(msgspec.Struct, frozen=True, array_like=True):
+    """A pod on a GPU that changes (stored as an array)."""
+
+    namespace: Namespace
+    name: Name
+    #: its uid when the plan was made ("" if unknown: then any pod of that name)
+    uid: Uid
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class MigData(WorkflowData, frozen=True, tag=f"{KIND}/1"):
+    """A MIG reconfiguration's data: the config to apply, the pods to move first, and what each
+    step found (times in wall-clock seconds; a value set once stays on a retried step)."""
+
+    #: the config's name (`nvidia.com/mig.config`) and its entries
+    config: Text
+    entries: Annotated[tuple[MigEntry, ...], msgspec.Meta(max_length=MAX_ITEMS)]
+    #: the node's `nvidia.com/mig-*` capacity once applied
+    expected: MigCounts
+    pods: Annotated[tuple[MigPod, ...], msgspec.Meta(max_length=MAX_ITEMS)] = ()
+    #: the pods asked to leave ("namespace/name"; never asked twice)
+    evicted: Annotated[tuple[PodKey, ...], msgspec.Meta(max_length=MAX_ITEMS)] = ()
+    gpu_model: Text = ""
+    #: acquiring: the config to roll back to, whether the node was cordoned, its capacity
+    previous: Text = ""
+    was_unschedulable: bool = False
+    capacity_before: MigCounts = msgspec.field(default_factory=dict)
+    #: isolating: when the pods must be gone
+    drain_deadline: float = 0.0
+    #: publishing: mig-manager's state before the label changed, and the deadline of waiting
+    state_before: Text | None = None
+    deadline: float | None = None
+    #: waiting: mig-manager was seen `pending` for this config
+    seen_pending: bool = False
+    #: rolling back: the same for the previous config
+    rollback_state_before: Text | None = None
+    rollback_deadline: float | None = None
+    rollback_seen_pending: bool = False
+    #: the result once restoring (succeeded, failed, rolled_back; "": failed) and why
+    outcome: Text = ""
+    reason: Text = ""
+
+    def moves(self) -> tuple[str, ...]:
+        return tuple(p.key for p in self.pods)
+
+
+MigWorkflow: TypeAlias = Workflow[MigData]
 
 
 @dataclass(frozen=True)
@@ -135,19 +231,19 @@ def expected_capacity(entries: Iterable[Mapping[str, Any]], gpus: int = 1) -> di
 
 def workflow_for(
     plan: NodePlan, pods: Mapping[str, PodRecord], now: float, *, workflow_id: str = ""
-) -> Workflow:
+) -> MigWorkflow:
     """The workflow that applies one node's plan. `pods`: the controller's pods by key (for the
     uids of the pods to move: a recreated pod with the same name is never evicted)."""
     entries = mig_parted_entries(plan.plan)
     name = config_name(entries)
-    move: list[list[str]] = []
+    move: list[MigPod] = []
     for g in plan.plan["gpus"]:
         if not g.get("changed"):
             continue
         for key in g.get("pods_to_move") or []:
             ns, _, pod = str(key).partition("/")
             rec = pods.get(key)
-            move.append([ns, pod, rec.uid if rec is not None else ""])
+            move.append(MigPod(ns, pod, rec.uid if rec is not None else ""))
     return Workflow(
         id=workflow_id or f"{KIND}-{plan.node}-{name}",
         kind=KIND,
@@ -155,34 +251,44 @@ def workflow_for(
         step="acquiring",
         created=now,
         updated=now,
-        data={
-            "config": name,
-            "entries": json.dumps(entries, sort_keys=True),
-            "expected": json.dumps(expected_capacity(entries), sort_keys=True),
-            "pods": json.dumps(move),
-            "evicted": "[]",
-            "gpu_model": plan.gpu_model,
-        },
+        data=MigData(
+            config=name,
+            entries=msgspec.convert(entries, tuple[MigEntry, ...]),
+            expected=expected_capacity(entries),
+            pods=tuple(move),
+            gpu_model=plan.gpu_model,
+        ),
     )
 
 
 # ---- helpers -------------------------------------------------------------------------------------
 
 
-def _set(wf: Workflow, step: str | None = None, **data: str) -> Workflow:
-    new_data = {**wf.data, **data}
+def _set(wf: MigWorkflow, step: str | None = None, **data: object) -> MigWorkflow:
+    """The workflow at `step` (None: the same), its data's fields `data` changed (a reason cut
+    to its bound)."""
+    if isinstance(reason := data.get("reason"), str):
+        data["reason"] = reason[:MAX_TEXT_CHARS]
     return msgspec.structs.replace(
-        wf, step=step or wf.step, data=new_data, attempts=0 if step else wf.attempts
+        wf,
+        step=step or wf.step,
+        data=msgspec.structs.replace(wf.data, **data),
+        attempts=0 if step else wf.attempts,
     )
 
 
-def _later(wf: Workflow, ctx: Context, seconds: float, why: str = "") -> Workflow:
+def _later(wf: MigWorkflow, ctx: Context, seconds: float, why: str = "") -> MigWorkflow:
     return msgspec.structs.replace(wf, not_before=ctx.clock() + seconds, result=why or wf.result)
 
 
-def _finish_to(wf: Workflow, outcome: str, reason: str) -> Workflow:
+def _finish_to(wf: MigWorkflow, outcome: str, reason: str) -> MigWorkflow:
     """Go to `restoring`, to end with `outcome`."""
     return _set(wf, "restoring", outcome=outcome, reason=reason)
+
+
+def _deadline(at: float | None) -> float:
+    """A deadline a step set (one not set, in a record no step wrote it to: passed)."""
+    return 0.0 if at is None else at
 
 
 def _mig(node: NodeRecord) -> dict[str, int]:
@@ -193,7 +299,7 @@ def _pod_present(p: PodRecord | None, uid: str, node: str) -> bool:
     return p is not None and (not uid or p.uid == uid) and p.node == node and not p.terminated
 
 
-async def _event(ctx: MigContext, wf: Workflow, message: str, warning: bool = False) -> None:
+async def _event(ctx: MigContext, wf: MigWorkflow, message: str, warning: bool = False) -> None:
     """A Node Event (type Warning for failures)."""
     reason = f"{REASON}Failed" if warning else REASON
     await ctx.gate.event("Node", "", wf.node, reason, message, warning=warning)
@@ -204,11 +310,11 @@ def _not_done(r: GateResult) -> str | None:
     return None if r.done else (r.reason or r.outcome)
 
 
-def _metrics(ctx: MigContext) -> Any:
+def _metrics(ctx: MigContext) -> WorkflowMetrics:
     return ctx.gate.metrics.workflow
 
 
-def _slot(ctx: MigContext, wf: Workflow) -> Slot:
+def _slot(ctx: MigContext, wf: MigWorkflow) -> Slot:
     lim = ctx.gate.limits
     return Slot(SLOT, wf.id, lim.mig_concurrency, lim.mig_slot_ttl_seconds)
 
@@ -216,7 +322,7 @@ def _slot(ctx: MigContext, wf: Workflow) -> Slot:
 # ---- steps ---------------------------------------------------------------------------------------
 
 
-async def _acquiring(ctx: MigContext, wf: Workflow) -> Workflow:
+async def _acquiring(ctx: MigContext, wf: MigWorkflow) -> MigWorkflow:
     gate, opt = ctx.gate, ctx.options
     node = ctx.node(wf.node)
     if node is None:
@@ -224,14 +330,14 @@ async def _acquiring(ctx: MigContext, wf: Workflow) -> Workflow:
     if gate.mode != "enforce":
         log.info(
             "would reconfigure MIG (observe mode)",
-            extra={"node": wf.node, "config": wf.data["config"]},
+            extra={"node": wf.node, "config": wf.data.config},
         )
         return msgspec.structs.replace(wf, step="dry-run", result="observe mode")
     previous = node.mig_config
     if not previous:
         # deleting the label makes the GPU Operator set all-disabled: never a rollback target
         return _set(wf, "abandoned", reason="node has no nvidia.com/mig.config to roll back to")
-    if previous == wf.data["config"]:
+    if previous == wf.data.config:
         return _set(wf, "abandoned", reason="config already selected")
     if node.mig_config_state == "pending":
         return _later(wf, ctx, opt.poll, "mig-manager busy (state pending)")
@@ -248,7 +354,7 @@ async def _acquiring(ctx: MigContext, wf: Workflow) -> Workflow:
         return _set(wf, "abandoned", reason=f"rollback target {previous!r} not published")
     if not gate.still_leader():
         return _later(wf, ctx, opt.poll, "not the leader")
-    evictions = len(json.loads(wf.data["pods"]))
+    evictions = len(wf.data.pods)
     decision = await gate.acquire(gate.limits.mig_reconfiguration(wf.node, wf.id, evictions))
     if not decision.allowed:
         return _later(wf, ctx, max(limit_wait(decision), 1.0), f"limit {decision.limit} binds")
@@ -257,43 +363,43 @@ async def _acquiring(ctx: MigContext, wf: Workflow) -> Workflow:
         wf,
         "isolating",
         previous=previous,
-        was_unschedulable="1" if node.unschedulable else "",
-        capacity_before=json.dumps(_mig(node), sort_keys=True),
+        was_unschedulable=node.unschedulable,
+        capacity_before=_mig(node),
     )
 
 
-async def _isolating(ctx: MigContext, wf: Workflow) -> Workflow:
+async def _isolating(ctx: MigContext, wf: MigWorkflow) -> MigWorkflow:
     gate, opt = ctx.gate, ctx.options
     if opt.isolate == "cordon":
-        r = await gate.cordon(wf.node, True) if not wf.data.get("was_unschedulable") else None
+        r = await gate.cordon(wf.node, True) if not wf.data.was_unschedulable else None
     else:
         r = await gate.taint(wf.node, TAINT_KEY, on=True)
     if r is not None and (why := _not_done(r)):
         return _later(wf, ctx, opt.poll, why)
-    n = len(json.loads(wf.data["pods"]))
+    n = len(wf.data.pods)
     await _event(
         ctx,
         wf,
-        f"re-partitioning MIG GPUs: nvidia.com/mig.config {wf.data['previous']} -> "
-        f"{wf.data['config']}; {n} pod(s) to evict",
+        f"re-partitioning MIG GPUs: nvidia.com/mig.config {wf.data.previous} -> "
+        f"{wf.data.config}; {n} pod(s) to evict",
     )
-    return _set(wf, "evicting", drain_deadline=str(ctx.clock() + opt.drain_timeout))
+    return _set(wf, "evicting", drain_deadline=ctx.clock() + opt.drain_timeout)
 
 
-async def _evicting(ctx: MigContext, wf: Workflow) -> Workflow:
+async def _evicting(ctx: MigContext, wf: MigWorkflow) -> MigWorkflow:
     gate, opt = ctx.gate, ctx.options
     now = ctx.clock()
-    evicted: list[str] = json.loads(wf.data.get("evicted", "[]"))
+    evicted = wf.data.evicted
     remaining = []
-    for ns, name, uid in json.loads(wf.data["pods"]):
-        key = f"{ns}/{name}"
-        p = ctx.pod(ns, name)
-        if not _pod_present(p, uid, wf.node):
+    for pod in wf.data.pods:
+        key = pod.key
+        p = ctx.pod(pod.namespace, pod.name)
+        if not _pod_present(p, pod.uid, wf.node):
             continue
         remaining.append(key)
         if key in evicted or (p is not None and p.deleting):
             continue  # asked once: never again; wait for it to go
-        if now > float(wf.data["drain_deadline"]):
+        if now > wf.data.drain_deadline:
             break
         assert p is not None  # _pod_present
         # the workflow took its eviction limits up front (acquiring)
@@ -311,28 +417,28 @@ async def _evicting(ctx: MigContext, wf: Workflow) -> Workflow:
                 return _finish_to(wf, FAILED, f"cannot evict: {r.reason}")
             return _later(wf, ctx, r.retry_after, f"{r.reason}: waiting")
         # one eviction per advance, persisted before the next
-        return _set(wf, evicted=json.dumps([*evicted, key]))
+        return _set(wf, evicted=(*evicted, key))
     if not remaining:
         return _set(wf, "publishing")
-    if now > float(wf.data["drain_deadline"]):
+    if now > wf.data.drain_deadline:
         return _finish_to(wf, FAILED, f"drain timed out: {', '.join(sorted(remaining))} remain")
     return _later(wf, ctx, opt.poll, f"waiting for {len(remaining)} pod(s) to go")
 
 
-def _configs(data: Mapping[str, str] | None, opt: MigOptions) -> dict[str, Any]:
+def _configs(data: Mapping[str, str] | None, opt: MigOptions) -> dict[str, list[JsonObject]]:
     text = (data or {}).get(opt.configmap_key)
     return dict(parse_mig_parted(text)) if text else {}
 
 
-async def _publishing(ctx: MigContext, wf: Workflow) -> Workflow:
+async def _publishing(ctx: MigContext, wf: MigWorkflow) -> MigWorkflow:
     gate, opt = ctx.gate, ctx.options
     if not gate.still_leader():
         return _later(wf, ctx, opt.poll, "not the leader")
-    name, entries = wf.data["config"], json.loads(wf.data["entries"])
+    name, entries = wf.data.config, [e.to_config() for e in wf.data.entries]
     data = await gate.read_configmap(opt.configmap_namespace, opt.configmap_name)
     configs = _configs(data, opt)
-    if wf.data["previous"] not in configs:
-        return _finish_to(wf, FAILED, f"rollback target {wf.data['previous']!r} not published")
+    if wf.data.previous not in configs:
+        return _finish_to(wf, FAILED, f"rollback target {wf.data.previous!r} not published")
     if configs.get(name) != entries:
         configs[name] = entries
         text = to_yaml({"version": "v1", "mig-configs": configs})
@@ -351,116 +457,120 @@ async def _publishing(ctx: MigContext, wf: Workflow) -> Workflow:
     return _set(
         wf,
         "waiting",
-        state_before=wf.data.get("state_before", state_before),
-        deadline=wf.data.get("deadline", str(ctx.clock() + opt.apply_timeout)),
+        state_before=state_before if wf.data.state_before is None else wf.data.state_before,
+        deadline=ctx.clock() + opt.apply_timeout if wf.data.deadline is None else wf.data.deadline,
     )
 
 
-async def _waiting(ctx: MigContext, wf: Workflow) -> Workflow:
+async def _waiting(ctx: MigContext, wf: MigWorkflow) -> MigWorkflow:
     gate, opt = ctx.gate, ctx.options
     node = ctx.node(wf.node)
     if node is None:
         return _finish_to(wf, FAILED, "node gone")
     await gate.renew_slot(_slot(ctx, wf))
-    name = wf.data["config"]
+    name = wf.data.config
     if node.mig_config == name:
         state = node.mig_config_state
-        seen = wf.data.get("seen_pending") == "1"
+        seen = wf.data.seen_pending
         if state == "pending" and not seen:
-            return _later(_set(wf, seen_pending="1"), ctx, opt.poll, "mig-manager pending")
-        expected = json.loads(wf.data["expected"])
+            return _later(_set(wf, seen_pending=True), ctx, opt.poll, "mig-manager pending")
+        expected = wf.data.expected
         # a stale `success` of the previous config shows the previous capacity
-        fresh = seen or json.loads(wf.data.get("capacity_before", "{}")) != expected
+        fresh = seen or wf.data.capacity_before != expected
         if state == "success" and _mig(node) == expected and fresh:
             return _finish_to(wf, SUCCEEDED, f"config {name} applied")
-        if state == "failed" and (seen or wf.data.get("state_before") != "failed"):
+        if state == "failed" and (seen or wf.data.state_before != "failed"):
             return _set(wf, "rolling-back", outcome=ROLLED_BACK, reason="mig-manager: failed")
-    if ctx.clock() > float(wf.data["deadline"]):
+    if ctx.clock() > _deadline(wf.data.deadline):
         why = f"no success within {opt.apply_timeout:.0f} s (state {node.mig_config_state!r})"
         return _set(wf, "rolling-back", outcome=ROLLED_BACK, reason=why)
     return _later(wf, ctx, opt.poll, f"waiting for mig-manager ({node.mig_config_state})")
 
 
-async def _rolling_back(ctx: MigContext, wf: Workflow) -> Workflow:
+async def _rolling_back(ctx: MigContext, wf: MigWorkflow) -> MigWorkflow:
     gate, opt = ctx.gate, ctx.options
     if ctx.node(wf.node) is not None:
-        r = await gate.label(wf.node, {MIG_CONFIG_LABEL: wf.data["previous"]})
+        r = await gate.label(wf.node, {MIG_CONFIG_LABEL: wf.data.previous})
         if why := _not_done(r):
             return _later(wf, ctx, opt.poll, why)
         await _event(
             ctx,
             wf,
-            f"MIG reconfiguration to {wf.data['config']} failed ({wf.data.get('reason', '')}); "
-            f"nvidia.com/mig.config rolled back to {wf.data['previous']}",
+            f"MIG reconfiguration to {wf.data.config} failed ({wf.data.reason}); "
+            f"nvidia.com/mig.config rolled back to {wf.data.previous}",
             warning=True,
         )
         node = ctx.node(wf.node)
         return _set(
             wf,
             "confirming-rollback",
-            rollback_state_before=wf.data.get(
-                "rollback_state_before", node.mig_config_state if node is not None else ""
+            rollback_state_before=(
+                (node.mig_config_state if node is not None else "")
+                if wf.data.rollback_state_before is None
+                else wf.data.rollback_state_before
             ),
-            rollback_deadline=wf.data.get(
-                "rollback_deadline", str(ctx.clock() + opt.apply_timeout)
+            rollback_deadline=(
+                ctx.clock() + opt.apply_timeout
+                if wf.data.rollback_deadline is None
+                else wf.data.rollback_deadline
             ),
         )
     return _set(wf, "restoring")
 
 
-async def _confirming_rollback(ctx: MigContext, wf: Workflow) -> Workflow:
+async def _confirming_rollback(ctx: MigContext, wf: MigWorkflow) -> MigWorkflow:
     opt = ctx.options
     node = ctx.node(wf.node)
     if node is None:
         return _set(wf, "restoring")
     await ctx.gate.renew_slot(_slot(ctx, wf))
-    previous = wf.data["previous"]
+    previous = wf.data.previous
     if node.mig_config == previous:
         state = node.mig_config_state
-        seen = wf.data.get("rollback_seen_pending") == "1"
+        seen = wf.data.rollback_seen_pending
         if state == "pending" and not seen:
-            wf = _set(wf, rollback_seen_pending="1")
+            wf = _set(wf, rollback_seen_pending=True)
             return _later(wf, ctx, opt.poll, "mig-manager re-applying the previous config")
         # the capacity the node had before: the previous layout is back (or never left)
-        if state == "success" and _mig(node) == json.loads(wf.data.get("capacity_before", "{}")):
+        if state == "success" and _mig(node) == wf.data.capacity_before:
             return _set(wf, "restoring")
         # a `failed` left over from the forward attempt is not the rollback's
-        if state == "failed" and (seen or wf.data.get("rollback_state_before") != "failed"):
-            why = f"{wf.data.get('reason', '')}; rollback to {previous} failed too (mig-manager)"
+        if state == "failed" and (seen or wf.data.rollback_state_before != "failed"):
+            why = f"{wf.data.reason}; rollback to {previous} failed too (mig-manager)"
             return _set(wf, "restoring", outcome=FAILED, reason=why)
-    if ctx.clock() > float(wf.data["rollback_deadline"]):
+    if ctx.clock() > _deadline(wf.data.rollback_deadline):
         why = (
-            f"{wf.data.get('reason', '')}; rollback to {previous} not confirmed within "
+            f"{wf.data.reason}; rollback to {previous} not confirmed within "
             f"{opt.apply_timeout:.0f} s (state {node.mig_config_state!r})"
         )
         return _set(wf, "restoring", outcome=FAILED, reason=why)
     return _later(wf, ctx, opt.poll, f"waiting for the rollback ({node.mig_config_state})")
 
 
-async def _restoring(ctx: MigContext, wf: Workflow) -> Workflow:
+async def _restoring(ctx: MigContext, wf: MigWorkflow) -> MigWorkflow:
     gate, opt = ctx.gate, ctx.options
     if ctx.node(wf.node) is not None:
         if opt.isolate == "cordon":
-            r = await gate.cordon(wf.node, False) if not wf.data.get("was_unschedulable") else None
+            r = await gate.cordon(wf.node, False) if not wf.data.was_unschedulable else None
         else:
             r = await gate.taint(wf.node, TAINT_KEY, on=False)
         if r is not None and (why := _not_done(r)):
             return _later(wf, ctx, opt.poll, why)
     await gate.release_slot(SLOT, wf.id)
-    outcome = wf.data.get("outcome", FAILED)
-    reason = wf.data.get("reason", "")
+    outcome = wf.data.outcome or FAILED
+    reason = wf.data.reason
     m = _metrics(ctx)
     m.mig_reconfigurations.labels(gate.cluster, wf.node, outcome).inc()
     m.mig_in_progress.labels(gate.cluster, wf.node).set(0)
     if outcome == SUCCEEDED:
-        await _event(ctx, wf, f"MIG re-partitioned ({wf.data['config']}); node schedulable again")
+        await _event(ctx, wf, f"MIG re-partitioned ({wf.data.config}); node schedulable again")
     else:
         await _event(ctx, wf, f"MIG reconfiguration {outcome}: {reason}", warning=True)
     step = "done" if outcome == SUCCEEDED else "failed"
     return msgspec.structs.replace(_set(wf, step), result=f"{outcome}: {reason}")
 
 
-_STEPS: dict[str, Callable[[MigContext, Workflow], Awaitable[Workflow]]] = {
+_STEPS: dict[str, Callable[[MigContext, MigWorkflow], Awaitable[MigWorkflow]]] = {
     "acquiring": _acquiring,
     "isolating": _isolating,
     "evicting": _evicting,
@@ -475,7 +585,7 @@ _STEPS: dict[str, Callable[[MigContext, Workflow], Awaitable[Workflow]]] = {
 STEPS: Final = tuple(_STEPS)
 
 
-def _give_up(wf: Workflow, error: str) -> Workflow:
+def _give_up(wf: MigWorkflow, error: str) -> MigWorkflow:
     """Where a step goes after too many errors: never past restoring, never leaving the node
     tainted."""
     if wf.step == "acquiring":
@@ -489,10 +599,10 @@ def _give_up(wf: Workflow, error: str) -> Workflow:
     return wf  # restoring: keep trying (PyctlMigReconfigurationStuck fires)
 
 
-def _handler(step: str) -> Handler:
+def _handler(step: str) -> Handler[MigData]:
     fn = _STEPS[step]
 
-    async def run(ctx: Context, wf: Workflow) -> Workflow:
+    async def run(ctx: Context, wf: MigWorkflow) -> MigWorkflow:
         if not isinstance(ctx, MigContext):
             if step in ISOLATED_STEPS or step == "restoring":
                 # keep it for an engine that can restore the node
@@ -505,9 +615,13 @@ def _handler(step: str) -> Handler:
     return run
 
 
-def workflow_kind(max_errors: int = 10) -> WorkflowKind:
+def workflow_kind(max_errors: int = 10) -> WorkflowKind[MigData]:
     """MIG reconfiguration: its steps; a step that keeps failing goes where `_give_up` says
     (never past restoring, never leaving the node tainted)."""
     return WorkflowKind(
-        KIND, {step: _handler(step) for step in _STEPS}, give_up=_give_up, max_errors=max_errors
+        KIND,
+        MigData,
+        {step: _handler(step) for step in _STEPS},
+        give_up=_give_up,
+        max_errors=max_errors,
     )

@@ -29,12 +29,21 @@ import json
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Annotated, Final, TypeAlias
 
 import msgspec
 
+from pyctl.cluster.bounds import MAX_ITEMS, MAX_TEXT_CHARS, Name, Text
 from pyctl.cluster.records import PodRecord
-from pyctl.workflows.base import Context, Workflow, WorkflowKind
+from pyctl.workflows.base import (
+    Context,
+    Namespace,
+    PodKey,
+    Uid,
+    Workflow,
+    WorkflowData,
+    WorkflowKind,
+)
 
 log = logging.getLogger("pyctl.rescue")
 
@@ -44,6 +53,49 @@ REASON: Final = "PyctlRescue"
 STEPS: Final = ("isolating", "evicting", "waiting", "releasing")
 #: steps that may leave the node tainted (releasing is owed)
 ISOLATED: Final = ("isolating", "evicting", "waiting")
+
+
+class PlannedEviction(msgspec.Struct, frozen=True, array_like=True):
+    """One pod a rescue evicts (stored as an array)."""
+
+    namespace: Namespace
+    name: Name
+    uid: Uid
+    #: "kind/name" of its owner
+    workload: Text
+    #: where the plan expects its replacement to land
+    to: Name
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class RescueData(WorkflowData, frozen=True, tag=f"{KIND}/1"):
+    """A rescue's data: the pending pod it makes room for, the pods it evicts, and how far it
+    got."""
+
+    namespace: Namespace
+    pod: Name
+    uid: Uid
+    pods: Annotated[tuple[PlannedEviction, ...], msgspec.Meta(max_length=MAX_ITEMS)]
+    #: from the start to the pending pod bound (wall-clock seconds)
+    deadline: float
+    #: the pods asked to leave ("namespace/name"; never asked twice)
+    evicted: Annotated[tuple[PodKey, ...], msgspec.Meta(max_length=MAX_ITEMS)] = ()
+    #: the taint is removed (the waiting step removes it once)
+    untainted: bool = False
+    #: "done" or "abandoned", and why, once it is releasing
+    outcome: Text = ""
+    reason: Text = ""
+    #: the pod whose eviction was refused for good (the next plans leave it where it is)
+    refused: PodKey = ""
+
+    def named(self) -> str:
+        return f"{self.namespace}/{self.pod}" if self.namespace and self.pod else ""
+
+    def moves(self) -> tuple[str, ...]:
+        return tuple(p.key for p in self.pods)
 
 
 @dataclass(frozen=True)
@@ -67,7 +119,7 @@ def workflow_for(
     moves: Iterable[tuple[PodRecord, str]],
     now: float,
     options: RescueOptions | None = None,
-) -> Workflow:
+) -> Workflow[RescueData]:
     """The workflow that frees `node` for `pending` by evicting `moves` (pod, expected
     destination) in order."""
     opt = options or RescueOptions()
@@ -85,40 +137,44 @@ def workflow_for(
         step="isolating",
         created=now,
         updated=now,
-        data={
-            "namespace": pending.namespace,
-            "pod": pending.name,
-            "uid": pending.uid,
-            "pods": json.dumps(
-                [
-                    [p.namespace, p.name, p.uid, f"{p.owner_kind}/{p.owner_name}", to]
-                    for p, to in moves
-                ]
+        data=RescueData(
+            namespace=pending.namespace,
+            pod=pending.name,
+            uid=pending.uid,
+            pods=tuple(
+                PlannedEviction(p.namespace, p.name, p.uid, f"{p.owner_kind}/{p.owner_name}", to)
+                for p, to in moves
             ),
-            "evicted": "[]",
-            "deadline": str(now + opt.deadline),
-        },
+            deadline=now + opt.deadline,
+        ),
     )
 
 
-def _set(wf: Workflow, step: str | None = None, **data: str) -> Workflow:
+RescueWorkflow: TypeAlias = Workflow[RescueData]
+
+
+def _set(wf: RescueWorkflow, step: str | None = None, **data: object) -> RescueWorkflow:
+    """The workflow at `step` (None: the same), its data's fields `data` changed."""
     return msgspec.structs.replace(
-        wf, step=step or wf.step, data={**wf.data, **data}, attempts=0 if step else wf.attempts
+        wf,
+        step=step or wf.step,
+        data=msgspec.structs.replace(wf.data, **data),
+        attempts=0 if step else wf.attempts,
     )
 
 
-def _later(wf: Workflow, ctx: Context, seconds: float, why: str) -> Workflow:
+def _later(wf: RescueWorkflow, ctx: Context, seconds: float, why: str) -> RescueWorkflow:
     return msgspec.structs.replace(wf, not_before=ctx.clock() + seconds, result=why)
 
 
-def _release(wf: Workflow, outcome: str, why: str) -> Workflow:
-    return _set(wf, "releasing", outcome=outcome, reason=why)
+def _release(wf: RescueWorkflow, outcome: str, why: str) -> RescueWorkflow:
+    return _set(wf, "releasing", outcome=outcome, reason=why[:MAX_TEXT_CHARS])
 
 
-def _pending(ctx: Context, wf: Workflow) -> tuple[PodRecord | None, str]:
+def _pending(ctx: Context, wf: RescueWorkflow) -> tuple[PodRecord | None, str]:
     """The pending pod, or why the rescue no longer makes sense."""
-    p = ctx.pod(wf.data["namespace"], wf.data["pod"])
-    uid = wf.data.get("uid", "")
+    p = ctx.pod(wf.data.namespace, wf.data.pod)
+    uid = wf.data.uid
     if p is None or (uid and p.uid != uid) or p.terminated or p.deleting:
         return None, "the pending pod is gone"
     if p.node and p.node != wf.node:
@@ -130,40 +186,40 @@ def _options(ctx: Context) -> RescueOptions:
     return ctx.rescue if isinstance(ctx, CompactionContext) else RescueOptions()
 
 
-async def _isolating(ctx: Context, wf: Workflow) -> Workflow:
+async def _isolating(ctx: Context, wf: RescueWorkflow) -> RescueWorkflow:
     p, why = _pending(ctx, wf)
     if p is None:
         return _release(wf, "abandoned", why)
     if p.node == wf.node:
         return _release(wf, "done", "the pending pod is already there")
-    r = await ctx.gate.taint(wf.node, TAINT_KEY, on=True, value=wf.data.get("uid", ""))
+    r = await ctx.gate.taint(wf.node, TAINT_KEY, on=True, value=wf.data.uid)
     if r.outcome == "dry-run":
         return msgspec.structs.replace(wf, step="dry-run", result="observe mode")
     if not r.done:
         return _later(wf, ctx, _options(ctx).poll, r.reason or r.outcome)
-    n = len(json.loads(wf.data["pods"]))
+    n = len(wf.data.pods)
     await ctx.gate.event(
         "Pod",
-        wf.data["namespace"],
-        wf.data["pod"],
+        wf.data.namespace,
+        wf.data.pod,
         REASON,
         f"pyctl is making room for this pod on {wf.node}: {n} eviction(s)",
-        uid=wf.data.get("uid", ""),
+        uid=wf.data.uid,
     )
     return _set(wf, "evicting")
 
 
-async def _evicting(ctx: Context, wf: Workflow) -> Workflow:
+async def _evicting(ctx: Context, wf: RescueWorkflow) -> RescueWorkflow:
     p, why = _pending(ctx, wf)
     if p is None:
         return _release(wf, "abandoned", why)
-    if ctx.clock() > float(wf.data["deadline"]):
+    if ctx.clock() > wf.data.deadline:
         return _release(wf, "abandoned", "deadline passed while evicting")
-    evicted: list[str] = json.loads(wf.data.get("evicted", "[]"))
+    evicted = wf.data.evicted
     remaining = 0
-    for ns, name, uid, workload, to in planned_pods(wf):
-        key = f"{ns}/{name}"
-        pod = ctx.pod(ns, name)
+    for planned in wf.data.pods:
+        key, uid = planned.key, planned.uid
+        pod = ctx.pod(planned.namespace, planned.name)
         present = (
             pod is not None
             and (not uid or pod.uid == uid)
@@ -179,16 +235,16 @@ async def _evicting(ctx: Context, wf: Workflow) -> Workflow:
         r = await ctx.gate.evict(
             pod,
             wf.node,
-            workload=workload,
+            workload=planned.workload,
             reason=REASON,
-            message=f"evicted from {wf.node} to make room for {wf.data['namespace']}/"
-            f"{wf.data['pod']} (expected to land on {to})",
+            message=f"evicted from {wf.node} to make room for "
+            f"{wf.data.namespace}/{wf.data.pod} (expected to land on {planned.to})",
         )
         if r.outcome == "dry-run":
             return msgspec.structs.replace(wf, step="dry-run", result="observe mode")
         if r.done:
             # one eviction per advance, persisted before the next
-            return _set(wf, evicted=json.dumps([*evicted, key]))
+            return _set(wf, evicted=(*evicted, key))
         if not r.retriable:
             # kept with the record: the next plans leave this pod where it is (`refused`)
             return _release(_set(wf, refused=key), "abandoned", f"cannot evict {key}: {r.reason}")
@@ -198,54 +254,55 @@ async def _evicting(ctx: Context, wf: Workflow) -> Workflow:
     return _later(wf, ctx, _options(ctx).poll, f"waiting for {remaining} pod(s) to go")
 
 
-async def _waiting(ctx: Context, wf: Workflow) -> Workflow:
+async def _waiting(ctx: Context, wf: RescueWorkflow) -> RescueWorkflow:
     p, why = _pending(ctx, wf)
     if p is None:
         return _release(wf, "abandoned", why)
     if p.node == wf.node:
         return _release(wf, "done", f"{p.key} runs on {wf.node}")
-    if wf.data.get("untainted") != "1":
+    if not wf.data.untainted:
         r = await ctx.gate.taint(wf.node, TAINT_KEY, on=False)
         if not r.done:
             return _later(wf, ctx, _options(ctx).poll, r.reason or r.outcome)
-        wf = _set(wf, untainted="1")
-    if ctx.clock() > float(wf.data["deadline"]):
+        wf = _set(wf, untainted=True)
+    if ctx.clock() > wf.data.deadline:
         return _release(wf, "abandoned", "the pending pod was not bound before the deadline")
     return _later(wf, ctx, _options(ctx).poll, "waiting for the scheduler to bind the pod")
 
 
-async def _releasing(ctx: Context, wf: Workflow) -> Workflow:
-    if wf.data.get("untainted") != "1":
+async def _releasing(ctx: Context, wf: RescueWorkflow) -> RescueWorkflow:
+    if not wf.data.untainted:
         r = await ctx.gate.taint(wf.node, TAINT_KEY, on=False)
         if not r.done:
             return _later(wf, ctx, _options(ctx).poll, r.reason or r.outcome)
-    outcome = wf.data.get("outcome", "abandoned")
-    reason = wf.data.get("reason", "")
+    outcome = wf.data.outcome or "abandoned"
+    reason = wf.data.reason
     gate = ctx.gate
     gate.metrics.workflow.rescues.labels(gate.cluster, outcome).inc()
     await gate.event(
         "Pod",
-        wf.data["namespace"],
-        wf.data["pod"],
+        wf.data.namespace,
+        wf.data.pod,
         REASON if outcome == "done" else f"{REASON}Abandoned",
         f"rescue on {wf.node}: {reason}",
-        uid=wf.data.get("uid", ""),
+        uid=wf.data.uid,
         warning=outcome != "done",
     )
     step = "done" if outcome == "done" else "abandoned"
     return msgspec.structs.replace(_set(wf, step), result=f"{outcome}: {reason}")
 
 
-def _give_up(wf: Workflow, error: str) -> Workflow:
+def _give_up(wf: RescueWorkflow, error: str) -> RescueWorkflow:
     """After too many failed attempts: release the node (never leave it tainted)."""
     if wf.step == "releasing":
         return wf  # keep trying to remove the taint
     return _release(wf, "abandoned", error)
 
 
-def workflow_kind(max_errors: int = 10) -> WorkflowKind:
+def workflow_kind(max_errors: int = 10) -> WorkflowKind[RescueData]:
     return WorkflowKind(
         KIND,
+        RescueData,
         {
             "isolating": _isolating,
             "evicting": _evicting,
@@ -257,20 +314,11 @@ def workflow_kind(max_errors: int = 10) -> WorkflowKind:
     )
 
 
-def planned_pods(wf: Workflow) -> list[tuple[str, str, str, str, str]]:
-    """The pods a rescue evicts: (namespace, name, uid, "kind/name" of the owner, destination)."""
-    out: list[tuple[str, str, str, str, str]] = []
-    for x in json.loads(wf.data.get("pods", "[]")):
-        ns, name, uid, workload, to = (str(v) for v in x)
-        out.append((ns, name, uid, workload, to))
-    return out
-
-
-def reservations(workflows: Iterable[Workflow]) -> Mapping[str, str]:
+def reservations(workflows: Iterable[Workflow[WorkflowData]]) -> Mapping[str, str]:
     """Nodes whose room is promised to a pending pod (node -> "namespace/name"): the active
     rescues' nodes. The scheduler extender keeps every other pod off them."""
     return {
-        wf.node: f"{wf.data['namespace']}/{wf.data['pod']}"
+        wf.node: f"{wf.data.namespace}/{wf.data.pod}"
         for wf in workflows
-        if wf.kind == KIND and wf.step in ISOLATED
+        if isinstance(wf.data, RescueData) and wf.step in ISOLATED
     }

@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import msgspec
 import pytest
 from kubernetes_asyncio import client, watch
 
@@ -44,7 +43,8 @@ from pyctl.dev.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body
 from pyctl.dev.topology import TopologyUpdater
 from pyctl.state.redis_client import RedisConfig, close_client, connect
 from pyctl.state.redis_workflows import RedisWorkflowStore
-from pyctl.workflows.engine import Workflow
+from pyctl.workflows.engine import Workflow, WorkflowData, decode
+from pyctl.workflows.kinds import builtin_registry
 from pyctl.workflows.mig_reconfig import TAINT_KEY
 from tests.e2e.conftest import WaitTimeout, wait_until
 from tests.e2e.test_placement_e2e import (
@@ -309,12 +309,13 @@ class Scenario:
                             self.evicted[p.metadata.uid] = p.metadata.name
 
 
-async def workflows(store: RedisWorkflowStore) -> list[Workflow]:
+async def workflows(store: RedisWorkflowStore) -> list[Workflow[WorkflowData]]:
     recs = await store.list()
-    return [msgspec.json.decode(r.data, type=Workflow) for r in recs.values()]
+    registry = builtin_registry()
+    return [decode(r.data, registry) for r in recs.values()]
 
 
-async def abandoned_of(store: RedisWorkflowStore) -> list[Workflow]:
+async def abandoned_of(store: RedisWorkflowStore) -> list[Workflow[WorkflowData]]:
     return [w for w in await workflows(store) if w.step == "abandoned"]
 
 
@@ -324,7 +325,7 @@ async def kill_at_a_random_point(
     rng: random.Random,
     i: int,
     linger: float,
-) -> tuple[str, list[Workflow], float, float]:
+) -> tuple[str, list[Workflow[WorkflowData]], float, float]:
     """One round of a crash loop: start pyctl (a restart, or the other replica), wait until it
     leads, then SIGKILL it after a random delay, or as soon as Redis shows an unfinished workflow
     and up to `linger` s more (bounded). Returns how, the workflows in flight, when, and how
@@ -487,7 +488,7 @@ async def test_sigkill_at_random_points_always_converges(
             f"DisruptionTarget ({len(set(scenario.evicted) - set(per_uid))} without an Event: "
             "killed between the eviction and its Event); workflows in Redis: "
             f"{Counter(w.step for w in await workflows(store))} "
-            f"{[(w.kind, w.data.get('pod'), w.result) for w in await abandoned_of(store)]}"
+            f"{[(w.kind, w.data.named(), w.result) for w in await abandoned_of(store)]}"
             "; a started process led after "
             f"{statistics.median(leads):.1f} s (median), {max(leads):.1f} s (max; allowed "
             f"{LEADER_WITHIN:.0f}); the last start converged after {converged_after:.0f} s "

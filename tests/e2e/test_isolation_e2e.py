@@ -20,7 +20,6 @@ test playing NFD's topology-updater, a second kube-scheduler calling pyctl's ext
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -46,8 +45,10 @@ from pyctl.dev.topology import TopologyUpdater
 from pyctl.metrics import Metrics
 from pyctl.state.ratelimit import BucketLimit, SafetyLimits
 from pyctl.state.redis_store import RedisStore
-from pyctl.workflows.base import Workflow
+from pyctl.workflows.base import Workflow, WorkflowData
+from pyctl.workflows.compaction import CompactionData
 from pyctl.workflows.mig_reconfig import MigOptions
+from pyctl.workflows.rescue import RescueData
 from tests.e2e.conftest import WaitTimeout, wait_until
 from tests.e2e.test_placement_e2e import (
     create_nodes,
@@ -471,7 +472,7 @@ async def test_an_admission_policy_denying_one_eviction_abandons_that_move_only(
                 await wait_until(lambda: c.big_bound_on("c-frag"), "compaction done anyway", 180)
             except WaitTimeout as e:  # say what the workflows and the last plan were
                 got = await comp.engine.workflows()
-                state = [(w.kind, w.step, w.data.get("pod"), w.result) for w in got]
+                state = [(w.kind, w.step, w.data.named(), w.result) for w in got]
                 raise WaitTimeout(f"{e}; workflows {state}; last plan {comp.last_plan}") from None
 
             async def finished() -> bool:  # a rescue is done once it has seen the pod bound
@@ -493,10 +494,11 @@ async def test_an_admission_policy_denying_one_eviction_abandons_that_move_only(
                 "default", field_selector="reason=PyctlWorkflowAbandoned"
             )
             for gave_up in abandoned:
-                if gave_up.kind == "rescue":
-                    assert gave_up.data["refused"] == f"default/{first}", gave_up
+                if isinstance(gave_up.data, RescueData):
+                    assert gave_up.data.refused == f"default/{first}", gave_up
                 else:
-                    assert gave_up.data["pod"] == first, gave_up
+                    assert isinstance(gave_up.data, CompactionData), gave_up
+                    assert gave_up.data.pod == first, gave_up
                 assert "admission refused the eviction" in gave_up.result
                 # a ValidatingAdmissionPolicy denies with 422 Invalid (a webhook with 403): both
                 # are final, never retried
@@ -520,11 +522,12 @@ async def test_an_admission_policy_denying_one_eviction_abandons_that_move_only(
                     raise
 
 
-def evicted_by(wf: Workflow) -> list[str]:
+def evicted_by(wf: Workflow[WorkflowData]) -> list[str]:
     """The names of the pods a finished compaction or rescue workflow evicted."""
-    if wf.kind == "rescue":
-        return [key.split("/", 1)[1] for key in json.loads(wf.data.get("evicted", "[]"))]
-    return [wf.data["pod"]]
+    if isinstance(wf.data, RescueData):
+        return [key.split("/", 1)[1] for key in wf.data.evicted]
+    assert isinstance(wf.data, CompactionData), wf
+    return [wf.data.pod]
 
 
 async def denied(kube: KubeClient, pod: str) -> bool:

@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import msgspec
 import pytest
 from kubernetes_asyncio import client
 
@@ -56,7 +55,8 @@ from pyctl.state.redis_client import RedisConfig, close_client
 from pyctl.state.redis_client import connect as redis_connect
 from pyctl.state.redis_workflows import RedisWorkflowStore
 from pyctl.workflows.dra_taints import TaintRule
-from pyctl.workflows.engine import Workflow
+from pyctl.workflows.engine import Workflow, WorkflowData, decode
+from pyctl.workflows.kinds import builtin_registry
 from pyctl.workflows.mig_reconfig import TAINT_KEY
 from tests.deploy import audit
 from tests.deploy.tools import (
@@ -178,8 +178,9 @@ class Pyctl:
                 self.proc.wait(timeout=10)
 
 
-async def workflows(store: RedisWorkflowStore) -> list[Workflow]:
-    return [msgspec.json.decode(r.data, type=Workflow) for r in (await store.list()).values()]
+async def workflows(store: RedisWorkflowStore) -> list[Workflow[WorkflowData]]:
+    registry = builtin_registry()
+    return [decode(r.data, registry) for r in (await store.list()).values()]
 
 
 def refused(proc: subprocess.CompletedProcess[str]) -> str:

@@ -40,7 +40,7 @@ from pyctl.core.fragmentation import NodeScore
 from pyctl.model import Node, Workload
 from pyctl.state.keys import Keys
 from pyctl.workflows.compaction import CompactionPlan
-from pyctl.workflows.engine import Workflow
+from pyctl.workflows.engine import Workflow, WorkflowData
 from tests.redis_servers import RedisServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
@@ -77,7 +77,7 @@ class Truth:
     scores: dict[str, NodeScore]
     summary: Summary
     workload: Workload
-    workflows: list[Workflow]
+    workflows: list[Workflow[WorkflowData]]
     pods: dict[str, PodRecord]
     #: pending pod -> (the extender's filter, its prioritize scores on the nodes it keeps)
     extender: dict[str, tuple[dict[str, str], dict[str, int]]]
@@ -237,8 +237,8 @@ def check_explanations(t: Truth, cfg: Config) -> dict[str, Explanation]:
             rescue = next((r for r in t.plan.rescues if r.pending == key), None)
             assert (e.rescue is None) == (rescue is None)
             if rescue is not None and e.rescue is not None:
-                assert e.rescue["node"] == rescue.node
-                assert [m["pod"] for m in e.rescue["moves"]] == [m.pod for m in rescue.moves]
+                assert e.rescue.node == rescue.node
+                assert [m.pod for m in e.rescue.moves] == [m.pod for m in rescue.moves]
             elif key in t.plan.unrescued:
                 assert e.plan_note == f"no rescue: {t.plan.unrescued[key]}"
             if p.unschedulable and e.blocked:
@@ -253,7 +253,7 @@ def check_explanations(t: Truth, cfg: Config) -> dict[str, Explanation]:
             move = next((m for m in t.plan.moves if m.pod == key), None)
             assert (e.move is None) == (move is None)
             if move is not None and e.move is not None:
-                assert e.move["to"] == move.to_node
+                assert e.move.to == move.to_node
             elif key in t.plan.refused:
                 assert e.plan_note == f"not moved: {t.plan.refused[key]}"
             # its node is among the ranked ones, with the pod counted out of it

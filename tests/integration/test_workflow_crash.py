@@ -22,7 +22,8 @@ from pyctl.metrics import Metrics
 from pyctl.state.redis_client import RedisConfig, close_client, connect
 from pyctl.state.redis_ratelimit import RedisRateLimiter
 from pyctl.state.redis_workflows import RedisWorkflowStore
-from pyctl.workflows.engine import Context, Engine, Workflow
+from pyctl.workflows.compaction import CompactionData
+from pyctl.workflows.engine import Context, Engine, Workflow, decode
 from pyctl.workflows.gate import Gate
 from pyctl.workflows.kinds import builtin_registry
 from tests.integration.crash_worker import CLUSTER, LOG, PODS
@@ -33,8 +34,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PER_ROUND = 20
 
 
-def _wf(i: int) -> Workflow:
-    data = {"namespace": "ns", "pod": f"p{i}", "uid": f"u-p{i}", "workload": "ReplicaSet/x"}
+def _wf(i: int) -> Workflow[CompactionData]:
+    data = CompactionData("ns", f"p{i}", f"u-p{i}", "ReplicaSet/x")
     return Workflow(
         f"compaction-u-p{i}", "compaction", "n1", "evicting", created=time.time(), data=data
     )
@@ -96,7 +97,7 @@ async def test_sigkill_at_30_random_points_converges_without_double_evictions(
     assert len(log) == len(set(log)), f"a pod was evicted twice: {sorted(log)}"
     assert sorted(log) == sorted(f"p{i}" for i in range(total))
     assert left == 0
-    steps = {msgspec.json.decode(r.data, type=Workflow).step for r in records.values()}
+    steps = {decode(r.data, builtin_registry()).step for r in records.values()}
     assert steps == {"done"}
 
 

@@ -15,7 +15,7 @@ from pyctl.app.run import build_sim
 from pyctl.cluster.records import PodRecord
 from pyctl.cluster.sim.actuator import SimActuator
 from pyctl.cluster.sim.source import EPOCH
-from pyctl.workflows.compaction import KIND
+from pyctl.workflows.compaction import KIND, CompactionData
 from pyctl.workflows.engine import Workflow
 
 #: virtual seconds after which the failing move starts (the cluster is full of running pods)
@@ -26,7 +26,7 @@ LATER = 60.0
 BLOCKED = 25 * 60.0
 
 
-def move(p: PodRecord, now: float) -> Workflow:
+def move(p: PodRecord, now: float) -> Workflow[CompactionData]:
     """A compaction move of `p` off its node, as the compactor starts one."""
     return Workflow(
         id=f"{KIND}-{p.uid}",
@@ -35,14 +35,9 @@ def move(p: PodRecord, now: float) -> Workflow:
         step="evicting",
         created=now,
         updated=now,
-        data={
-            "namespace": p.namespace,
-            "pod": p.name,
-            "uid": p.uid,
-            "workload": f"{p.owner_kind}/{p.owner_name}",
-            "to": "",
-            "gain_gpu_milli": "1000.0",
-        },
+        data=CompactionData(
+            p.namespace, p.name, p.uid, f"{p.owner_kind}/{p.owner_name}", "", 1000.0
+        ),
     )
 
 

@@ -26,8 +26,28 @@ from pyctl.cluster.sim.source import SimClusterSource
 from pyctl.controller.controller import Controller
 from pyctl.controller.placement import RankTable
 from pyctl.dev.control_plane import free_port
+from pyctl.model import Node, Workload
 from pyctl.serve.extender import ExtenderHandler
-from pyctl.serve.extender_process import CHUNK, ExtenderProcess, Publisher, Recorder, chunks
+from pyctl.serve.extender_process import (
+    CHUNK,
+    VERSION,
+    Answer,
+    Call,
+    Collection,
+    Counts,
+    Event,
+    ExtenderProcess,
+    MessageRefused,
+    Publisher,
+    Ranks,
+    Recorder,
+    Refused,
+    Request,
+    Update,
+    Work,
+    _Child,
+    chunks,
+)
 from pyctl.serve.extender_server import ExtenderOptions, ExtenderServer, HttpMetrics
 from pyctl.serve.health import MetricsOptions
 from pyctl.state.memory import MemoryStore
@@ -235,20 +255,23 @@ def test_it_ends_with_the_controller(tmp_path: Any) -> None:
 
 
 def test_a_big_message_goes_in_chunks_that_add_up_to_it() -> None:
-    nodes = {f"n{i}": object() for i in range(2 * CHUNK + 3)}
-    msg = {"nodes": dict(nodes), "workload": "M", "pending": ()}
+    nodes = {f"n{i}": Node(f"n{i}") for i in range(2 * CHUNK + 3)}
+    m = Workload()
+    msg = Update(nodes=dict(nodes), workload=m, pending=())
     parts = chunks(msg)
-    assert msg["nodes"] == nodes  # the message is not consumed
+    assert msg.nodes == nodes  # the message is not consumed
     assert len(parts) == 3
-    assert all(len(p["nodes"]) <= CHUNK for p in parts)
-    assert [bool(p.get("more")) for p in parts] == [True, True, False]
-    assert parts[0]["workload"] == "M"  # the rest of the message comes with the first part
-    joined: dict[str, Any] = {}
+    assert all(len(p.nodes) <= CHUNK for p in parts)
+    assert [p.more for p in parts] == [True, True, False]
+    # the rest of the message comes with the first part
+    assert (parts[0].workload, parts[0].pending) == (m, ())
+    assert all(p.workload is None and p.pending is None for p in parts[1:])
+    joined: dict[str, Node] = {}
     for p in parts:
-        joined.update(p["nodes"])
+        joined.update(p.nodes)
     assert joined == nodes
-    assert chunks({"workload": "M"}) == [{"workload": "M"}]
-    assert chunks({"nodes": {"a": 1}}) == [{"nodes": {"a": 1}}]
+    assert chunks(Update(workload=m)) == [Update(workload=m)]
+    assert chunks(Update(nodes={"a": Node("a")})) == [Update(nodes={"a": Node("a")})]
 
 
 @pytest.mark.anyio
@@ -292,10 +315,19 @@ def test_the_processs_counts_land_on_the_controllers_metrics() -> None:
     rec.request("filter", "deadline", 1.6)
     rec.work("choose", 0.002, "server")
     rec.on_reject("extender")("body-too-large")
+    rec.refused_message("version")
     events = rec.take()
     assert rec.take() == []
-    assert [e[0] for e in events] == ["gc", "request", "request", "work", "refused"]
-    assert events[0][1] == 2  # a full collection
+    assert [type(e) for e in events] == [
+        Collection,
+        Request,
+        Request,
+        Work,
+        Refused,
+        MessageRefused,
+    ]
+    assert isinstance(events[0], Collection)
+    assert events[0].generation == 2  # a full collection
     registry = CollectorRegistry()
     core = Metrics(registry)
     proc = ExtenderProcess(
@@ -306,7 +338,7 @@ def test_the_processs_counts_land_on_the_controllers_metrics() -> None:
         core,
         "t",
     )
-    for e in [*events, ("ranks", 3, 40)]:
+    for e in [*events, Ranks(3, 40)]:
         proc._count(e)
 
     def value(name: str, **labels: str) -> float:
@@ -321,6 +353,7 @@ def test_the_processs_counts_land_on_the_controllers_metrics() -> None:
     assert value("pyctl_http_refused_total", server="extender", reason="body-too-large") == 1
     assert value("pyctl_extender_ranks_total", when="request") == 3
     assert value("pyctl_extender_ranks_total", when="ahead") == 40
+    assert value("pyctl_extender_messages_refused_total", side="process", reason="version") == 1
 
 
 def test_counts_are_added_and_taken_while_every_allocation_collects() -> None:
@@ -334,7 +367,7 @@ def test_counts_are_added_and_taken_while_every_allocation_collects() -> None:
     stop = rec.collections()
     before = gc.get_threshold()
     done = threading.Event()
-    taken: list[tuple[Any, ...]] = []
+    taken: list[Event] = []
 
     def work() -> None:
         for _ in range(200):
@@ -350,9 +383,9 @@ def test_counts_are_added_and_taken_while_every_allocation_collects() -> None:
         gc.set_threshold(*before)
         stop()
     assert finished
-    kinds = [e[0] for e in taken]
-    assert kinds.count("request") == 200
-    assert "gc" in kinds
+    kinds = [type(e) for e in taken]
+    assert kinds.count(Request) == 200
+    assert Collection in kinds
 
 
 def test_the_publisher_sends_each_change_once() -> None:
@@ -368,21 +401,22 @@ def test_the_publisher_sends_each_change_once() -> None:
     reserved: dict[str, str] = {}
     pub = Publisher(r, lambda: reserved, dict)  # type: ignore[arg-type]
     first = pub.full(0.0)
-    assert first["nodes"] == {"a": a, "b": b}
+    assert first.nodes == {"a": a, "b": b}
     assert pub.changes(0.5) is None  # nothing changed
     a2 = Node("a", gpu_model="H100")
     r.models["a"] = a2
     pub.scored("a", a2, None)  # type: ignore[arg-type]
     pub.scored("b", b, None)  # type: ignore[arg-type]  # the same object: not sent again
-    assert pub.changes(0.6) == {"nodes": {"a": a2}}
+    assert pub.changes(0.6) == Update(nodes={"a": a2})
     assert pub.changes(0.7) is None
     reserved["b"] = "default/p"
     r.workload = Workload()  # another object
     got = pub.changes(0.8)
     assert got is not None
-    assert got["reservations"] == {"b": "default/p"}
-    assert got["workload"] is r.workload
-    assert "nodes" not in got
+    assert got.reservations == {"b": "default/p"}
+    assert got.workload is r.workload
+    assert got.nodes == {}
+    assert got.departures is None  # unchanged
     # scored, then gone before the next message; and c replaced without a score
     r.models["c"] = c
     pub.scored("b", Node("b", gpu_model="A100"), None)  # type: ignore[arg-type]
@@ -390,9 +424,9 @@ def test_the_publisher_sends_each_change_once() -> None:
     pub.pending = ()
     got = pub.changes(2.0)  # the once-a-second pass
     assert got is not None
-    assert got["gone"] == ["b"]
-    assert got["nodes"] == {"c": c}
-    assert got["pending"] == ()
+    assert got.gone == ("b",)
+    assert got.nodes == {"c": c}
+    assert got.pending == ()
     assert pub.changes(2.1) is None
 
 
@@ -451,3 +485,82 @@ async def test_its_header_limit_holds_however_the_header_arrives(controller: Con
     finally:
         await there.stop()
     assert got == {"under": 200, **REFUSED}
+
+
+def test_a_message_of_another_version_or_type_is_refused_and_counted() -> None:
+    """The controller refuses a message of the child's of another version, of another type, or
+    that does not unpickle: logged, counted, and the next one is taken."""
+    import multiprocessing
+
+    registry = CollectorRegistry()
+    answered: list[tuple[str, bytes]] = []
+
+    class Handler:
+        def answer(self, verb: str, body: bytes) -> tuple[bytes, str]:
+            answered.append((verb, body))
+            return b"{}", "ok"
+
+    proc = ExtenderProcess(
+        Publisher(None, dict, dict),  # type: ignore[arg-type]  # not started: no reconciler read
+        lambda: None,  # type: ignore[arg-type,return-value]
+        ExtenderOptions(),
+        HttpMetrics(registry, "t"),
+    )
+    proc._handler = Handler()  # type: ignore[assignment]
+    here, there = multiprocessing.Pipe(duplex=True)
+    try:
+        proc._take(here, Call(key=1, verb="filter", body=b"x", v=VERSION + 1))
+        proc._take(here, ("call", 2, "filter", b"x"))  # the tuples of an older pyctl
+        proc._take(here, Answer(key=3, answer=b"", outcome="ok"))  # not the child's to send
+        assert answered == []
+        assert not there.poll(0.05)  # nothing answered
+        proc._take(here, Call(key=4, verb="filter", body=b"x"))
+        assert answered == [("filter", b"x")]
+        assert there.recv() == Answer(key=4, answer=b"{}", outcome="ok")
+    finally:
+        here.close()
+        there.close()
+
+    def refused(reason: str) -> float:
+        got = registry.get_sample_value(
+            "pyctl_extender_messages_refused_total",
+            {"cluster": "t", "side": "controller", "reason": reason},
+        )
+        return -1.0 if got is None else got
+
+    assert refused("version") == 1
+    assert refused("unexpected") == 2
+
+
+def test_the_process_refuses_what_it_cannot_take_and_goes_on() -> None:
+    """The child's reader of the controller's updates refuses a message of another version,
+    another type, or one that does not unpickle (counted with its next counts), and applies the
+    next one: it does not exit."""
+    import multiprocessing
+    import threading
+
+    updates_here, updates_there = multiprocessing.Pipe(duplex=True)
+    calls_here, calls_there = multiprocessing.Pipe(duplex=True)
+    child = _Child(ExtenderOptions(), updates_there, calls_there)
+    reader = threading.Thread(target=child.read_updates, daemon=True)
+    reader.start()
+    try:
+        updates_here.send(Update(nodes={"a": Node("a")}, v=VERSION + 1))
+        updates_here.send({"nodes": {"a": Node("a")}})  # an older pyctl's dict
+        updates_here.send_bytes(b"not a pickle")
+        updates_here.send(Update(nodes={"b": Node("b")}))
+        for _ in range(200):
+            if "b" in child.replica.models:
+                break
+            threading.Event().wait(0.01)
+        assert set(child.replica.models) == {"b"}
+        assert not child.done.is_set()  # still reading
+        refused = [e for e in child.recorder.take() if isinstance(e, MessageRefused)]
+        assert [e.reason for e in refused] == ["version", "unexpected", "malformed"]
+    finally:
+        updates_here.close()
+        reader.join(5)
+        for conn in (updates_there, calls_here, calls_there):
+            conn.close()
+    assert child.done.is_set()  # the pipe closed: it ends
+    assert Counts(events=()).v == VERSION

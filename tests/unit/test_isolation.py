@@ -36,10 +36,12 @@ from pyctl.metrics import Metrics
 from pyctl.model import Shape
 from pyctl.state.memory import MemoryStore
 from pyctl.state.workflows import MemoryWorkflowStore
+from pyctl.workflows.compaction import CompactionData
 from pyctl.workflows.compactor import Compactor
 from pyctl.workflows.engine import Context, Engine, Workflow
 from pyctl.workflows.gate import Gate
 from pyctl.workflows.kinds import builtin_registry
+from pyctl.workflows.rescue import RescueData
 from tests.unit.test_compaction import fragmented
 
 CLUSTER = "t"
@@ -312,7 +314,7 @@ async def test_a_failing_plan_never_stops_the_workflows() -> None:
         step="evicting",
         created=0.0,
         updated=0.0,
-        data={"namespace": "serving", "pod": "a0", "uid": "", "workload": ""},
+        data=CompactionData("serving", "a0", "", ""),
     )
     await cp.engine.start(wf)
 
@@ -355,7 +357,7 @@ async def test_an_abandoned_move_is_not_planned_again_and_another_is() -> None:
         step="abandoned",
         created=0.0,
         updated=time.time(),
-        data={"namespace": ns, "pod": name, "uid": ""},
+        data=CompactionData(ns, name, ""),
         result="admission refused the eviction of serving/x (403)",
     )
     await store.put(denied.id, msgspec.json.encode(denied), 0)
@@ -391,7 +393,7 @@ async def test_a_pod_a_rescue_could_not_evict_is_left_where_it_is() -> None:
         step="abandoned",
         created=0.0,
         updated=time.time(),
-        data={"namespace": "serving", "pod": "big", "uid": "uid-big", "refused": first.pod},
+        data=RescueData("serving", "big", "uid-big", (), 0.0, refused=first.pod),
         result=f"abandoned: cannot evict {first.pod}: admission refused the eviction (422)",
     )
     await store.put(denied.id, msgspec.json.encode(denied), 0)

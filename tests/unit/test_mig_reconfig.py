@@ -6,7 +6,6 @@ node tainted."""
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,7 +23,8 @@ from pyctl.metrics import Metrics
 from pyctl.state.ratelimit import MemoryRateLimiter
 from pyctl.state.workflows import MemoryWorkflowStore
 from pyctl.workflows import mig_loop, mig_reconfig
-from pyctl.workflows.engine import Engine, Workflow
+from pyctl.workflows.base import of_kind
+from pyctl.workflows.engine import Engine, Workflow, decode
 from pyctl.workflows.gate import Gate
 from pyctl.workflows.kinds import builtin_registry
 from pyctl.workflows.mig_loop import MigLoop, fresh_id, pending_demand
@@ -32,6 +32,7 @@ from pyctl.workflows.mig_reconfig import (
     KIND,
     TAINT_KEY,
     MigContext,
+    MigData,
     MigOptions,
     expected_capacity,
     workflow_for,
@@ -266,12 +267,14 @@ class Harness:
         )
         return Engine(self.store, ctx, builtin_registry())
 
-    async def wf(self) -> Workflow:
+    async def wf(self) -> Workflow[MigData]:
         got = await self.engine.get(WF_ID)
         assert got is not None
-        return got
+        mine = of_kind(got, MigData)
+        assert mine is not None, got
+        return mine
 
-    async def run(self, steps: int = 200, restart_every_step: bool = False) -> Workflow:
+    async def run(self, steps: int = 200, restart_every_step: bool = False) -> Workflow[MigData]:
         for _ in range(steps):
             try:
                 await self.engine.advance_all()
@@ -318,13 +321,13 @@ async def test_happy_path() -> None:
     assert wf.result.startswith("succeeded"), wf
     assert c.evictions == ["ns/b"]  # only the pod on the GPU that changes
     node = c.nodes["n1"]
-    assert node.mig_config == wf.data["config"]
+    assert node.mig_config == wf.data.config
     assert node.mig_config_state == "success"
     assert dict(node.mig) == {"1g.5gb": 7, "3g.20gb": 2}
     assert_restored(c)
     # the ConfigMap keeps the previous config and gains the new one
     configs = mig.parse_mig_parted(c.configmaps[(NS, CM)][KEY])
-    assert set(configs) == {"all-1g.5gb", wf.data["config"]}
+    assert set(configs) == {"all-1g.5gb", wf.data.config}
     # order: isolate, evict, publish, label, restore
     kinds = [a.split()[0] for a in c.actions]
     assert kinds == ["taint", "evict", "configmap", "label", "taint"]
@@ -498,7 +501,7 @@ async def test_killed_after_any_action_resumes(manager: str, kill_at: int) -> No
     assert wf.result.startswith("succeeded" if manager == "success" else "rolled_back"), wf
     assert c.evictions == ["ns/b"]
     assert_restored(c)
-    want = wf.data["config"] if manager == "success" else "all-1g.5gb"
+    want = wf.data.config if manager == "success" else "all-1g.5gb"
     assert c.nodes["n1"].mig_config == want
 
 
@@ -604,9 +607,10 @@ async def test_api_errors_retry_then_restore() -> None:
 def test_expected_capacity_and_workflow_data() -> None:
     p = a_plan()
     wf = workflow_for(p, {}, 0.0)
-    assert json.loads(wf.data["expected"]) == {"1g.5gb": 7, "3g.20gb": 2}
-    assert json.loads(wf.data["pods"]) == [["ns", "b", ""]]
-    assert wf.data["config"] == mig.config_name(mig.mig_parted_entries(p.plan))
+    assert wf.data.expected == {"1g.5gb": 7, "3g.20gb": 2}
+    assert wf.data.pods == (mig_reconfig.MigPod("ns", "b", ""),)
+    assert wf.data.config == mig.config_name(mig.mig_parted_entries(p.plan))
+    assert [e.to_config() for e in wf.data.entries] == mig.mig_parted_entries(p.plan)
     assert expected_capacity(
         [{"devices": "all", "mig-enabled": True, "mig-devices": {"1g.5gb": 7}}], gpus=2
     ) == {"1g.5gb": 14}
@@ -653,7 +657,7 @@ async def test_loop_starts_a_reconfiguration_for_blocked_mig_pods() -> None:
         await loop.tick(leader=True)
         c.settle()
         h.clock.t += 1.0
-    wfs = [msgspec.json.decode(r.data, type=Workflow) for r in (await h.store.list()).values()]
+    wfs = [decode(r.data, builtin_registry()) for r in (await h.store.list()).values()]
     assert [(w.kind, w.step) for w in wfs] == [(KIND, "done")]
     assert c.evictions == []  # max_used_destroyed=0: only free slices
     assert dict(c.nodes["n1"].mig) == {"1g.5gb": 7, "3g.20gb": 2}
@@ -719,7 +723,10 @@ async def test_loop_holds_a_node_off_after_its_last_reconfiguration(
     )
     sync(cache, c)
     # n1's previous reconfiguration ended 10 s ago
-    done = Workflow("mig-old", KIND, "n1", "done", created=h.clock.t - 60, updated=h.clock.t - 10)
+    old = workflow_for(a_plan(), {}, h.clock.t - 60)
+    done = msgspec.structs.replace(
+        old, id="mig-old", node="n1", step="done", updated=h.clock.t - 10
+    )
     await h.store.put(done.id, msgspec.json.encode(done), 0)
     await loop.tick(leader=True)
     started = [w for w in (await h.store.list()) if w != done.id]

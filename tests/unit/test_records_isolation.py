@@ -21,9 +21,10 @@ from pyctl.federation import federation_status, read_members
 from pyctl.metrics import Metrics
 from pyctl.model import Gpu, Node, Shape, Workload, Zone
 from pyctl.state.memory import MemoryStore
-from pyctl.workflows.base import Registry, Workflow, WorkflowKind
-from pyctl.workflows.engine import MAX_WAIT, Context
+from pyctl.workflows.base import Registry, Workflow, WorkflowData, WorkflowKind
+from pyctl.workflows.engine import MAX_WAIT, Context, decode
 from pyctl.workflows.engine import Engine as _Engine
+from pyctl.workflows.kinds import builtin_registry
 from tests.unit.test_workflows import move, setup
 
 
@@ -68,24 +69,32 @@ async def test_garbage_and_inf_records_are_quarantined_and_the_good_ones_advance
     assert quarantined(engine.ctx.gate.metrics, "workflows") == 4
 
 
+class Flaky(WorkflowData, frozen=True, tag="flaky/1"):
+    pass
+
+
+class Fine(WorkflowData, frozen=True, tag="fine/1"):
+    pass
+
+
 @pytest.mark.anyio
 async def test_a_failing_step_is_retried_then_abandoned_and_never_blocks_the_next() -> None:
     cluster, engine, store = setup()
     calls: list[str] = []
 
-    async def boom(ctx: Context, wf: Workflow) -> Workflow:
+    async def boom(ctx: Context, wf: Workflow[Flaky]) -> Workflow[Flaky]:
         calls.append(wf.id)
         raise RuntimeError("the API server said 500")
 
-    async def ok(ctx: Context, wf: Workflow) -> Workflow:
+    async def ok(ctx: Context, wf: Workflow[Fine]) -> Workflow[Fine]:
         return msgspec.structs.replace(wf, step="done")
 
     reg = Registry()
-    reg.add(WorkflowKind("flaky", {"go": boom}, max_errors=3, backoff=0.0, backoff_max=0.0))
-    reg.add(WorkflowKind("fine", {"go": ok}))
+    reg.add(WorkflowKind("flaky", Flaky, {"go": boom}, max_errors=3, backoff=0.0, backoff_max=0.0))
+    reg.add(WorkflowKind("fine", Fine, {"go": ok}))
     eng = _Engine(store, engine.ctx, reg)
-    await eng.start(Workflow("a-flaky", "flaky", "n1", "go", created=0.0))
-    await eng.start(Workflow("b-fine", "fine", "n1", "go", created=0.0))
+    await eng.start(Workflow("a-flaky", "flaky", "n1", "go", created=0.0, data=Flaky()))
+    await eng.start(Workflow("b-fine", "fine", "n1", "go", created=0.0, data=Fine()))
     for _ in range(3):
         await eng.advance_all()
     a = await eng.get("a-flaky")
@@ -116,7 +125,9 @@ async def test_every_time_written_is_finite_and_capped() -> None:
     _, engine, store = setup()
     wf = msgspec.structs.replace(move(0), not_before=math.inf)
     await engine.start(wf)
-    stored = msgspec.json.decode((await store.get(wf.id)).data, type=Workflow)  # type: ignore[union-attr]
+    rec = await store.get(wf.id)
+    assert rec is not None
+    stored = decode(rec.data, builtin_registry())
     assert math.isfinite(stored.not_before)
     assert stored.not_before <= engine.now() + MAX_WAIT
 

@@ -15,7 +15,8 @@ from pyctl.cluster.source import ActuatorError, EvictionOutcome
 from pyctl.metrics import Metrics
 from pyctl.state.ratelimit import BucketLimit, MemoryRateLimiter, SafetyLimits
 from pyctl.state.workflows import MemoryWorkflowStore
-from pyctl.workflows.engine import Context, Engine, Workflow
+from pyctl.workflows.compaction import CompactionData
+from pyctl.workflows.engine import Context, Engine, Workflow, decode
 from pyctl.workflows.gate import Gate
 from pyctl.workflows.kinds import builtin_registry
 from tests.limits import global_only
@@ -121,8 +122,8 @@ def setup(
     return cluster, Engine(store, ctx, builtin_registry()), store
 
 
-def move(i: int) -> Workflow:
-    data = {"namespace": "ns", "pod": f"p{i}", "uid": f"u{i}", "workload": "ReplicaSet/x"}
+def move(i: int) -> Workflow[CompactionData]:
+    data = CompactionData("ns", f"p{i}", f"u{i}", "ReplicaSet/x")
     return Workflow(f"compaction-u{i}", "compaction", "n1", "evicting", created=0.0, data=data)
 
 
@@ -172,7 +173,7 @@ async def test_two_replicas_never_both_act() -> None:
 async def claimed(store: MemoryWorkflowStore, wid: str, by: str, until: float) -> None:
     """Write the workflow back as claimed (`by` a process, until `until`)."""
     rec = (await store.list())[wid]
-    wf = msgspec.json.decode(rec.data, type=Workflow)
+    wf = decode(rec.data, builtin_registry())
     wf = msgspec.structs.replace(wf, claimed_until=until, claimed_by=by)
     await store.put(wid, msgspec.json.encode(wf), rec.version)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import msgspec
 
@@ -126,19 +126,37 @@ def parse_args(body: bytes | str | Mapping[str, Any]) -> ExtenderArgs:
     return ExtenderArgs(rec, names, items)
 
 
+class ExtenderFilterResult(TypedDict):
+    """The filter verb's answer (``ExtenderFilterResult``; one of ``Nodes`` and ``NodeNames``,
+    as the request came)."""
+
+    Nodes: Mapping[str, Any] | None
+    NodeNames: list[str] | None
+    FailedNodes: dict[str, str]
+    FailedAndUnresolvableNodes: dict[str, str]
+    Error: str
+
+
+class HostPriority(TypedDict):
+    """One node's score in the prioritize verb's answer (``HostPriorityList``)."""
+
+    Host: str
+    Score: int
+
+
 def filter_result(
     args: ExtenderArgs,
     failed: Mapping[str, str],
     error: str = "",
     only: Collection[str] | None = None,
-) -> dict[str, Any]:
+) -> ExtenderFilterResult:
     """An ``ExtenderFilterResult``: the nodes not in `failed` (and, with `only`, in it), in the
     form they came in. A node neither kept nor failed is left out of the answer: the scheduler
     drops it from the candidates without a status (kube-scheduler's
     ``findNodesThatPassExtenders``: statuses are set for the failed maps' nodes only; they
     explain a pod that fits no node, and a pod left a node is not one)."""
     kept = [n for n in args.names if n not in failed and (only is None or n in only)]
-    out: dict[str, Any] = {
+    out: ExtenderFilterResult = {
         "Nodes": None,
         "NodeNames": None,
         "FailedNodes": dict(failed),
@@ -158,7 +176,7 @@ def filter_result(
     return out
 
 
-def filter_error(message: str) -> dict[str, Any]:
+def filter_error(message: str) -> ExtenderFilterResult:
     """A filter answer that says the request failed (the scheduler applies ``ignorable``)."""
     return {
         "Nodes": None,
@@ -169,10 +187,11 @@ def filter_error(message: str) -> dict[str, Any]:
     }
 
 
-def priority_list(scores: Mapping[str, int], names: Sequence[str]) -> list[dict[str, Any]]:
+def priority_list(scores: Mapping[str, int], names: Sequence[str]) -> list[HostPriority]:
     """A ``HostPriorityList`` in the scheduler's node order."""
     return [{"Host": n, "Score": int(scores.get(n, 0))} for n in names]
 
 
-def encode(result: Any) -> bytes:
+def encode(result: ExtenderFilterResult | list[HostPriority] | Mapping[str, str]) -> bytes:
+    """An answer as JSON (a mapping of strings: an error for a verb that is none of these)."""
     return msgspec.json.encode(result)
