@@ -26,8 +26,12 @@ from typing import Any, Union
 
 from pyctl import safe_yaml
 from pyctl.cluster.bounds import MAX_KEY_CHARS, MAX_LEVELS
+from pyctl.cluster.kube.lease import LEASE_DURATION
 from pyctl.cluster.kube.reflector import ReflectorOptions
 from pyctl.cluster.selectors import SelectorError, parse_selector
+from pyctl.cluster.sim.scenario import SEED
+from pyctl.controller.controller import SUMMARY_INTERVAL, WORKLOAD_INTERVAL
+from pyctl.controller.reconcile import FABRIC_INTERVAL
 from pyctl.core.fabric import DEFAULT_LEVELS
 from pyctl.core.policy import PlanLimits
 from pyctl.recommend.prometheus import parse_duration
@@ -37,6 +41,7 @@ from pyctl.serve.http import TlsFiles
 from pyctl.state.ratelimit import BucketLimit, SafetyLimits
 from pyctl.state.redis_client import RedisConfig
 from pyctl.workflows.evictor import EvictorOptions
+from pyctl.workflows.loop import WORKFLOW_INTERVAL
 from pyctl.workflows.mig_reconfig import MigOptions
 
 MODES = ("observe", "enforce")
@@ -91,7 +96,7 @@ ExtenderSection = ExtenderOptions
 class LeaseSection:
     name: str = "pyctl-leader"
     namespace: str = "pyctl-system"
-    duration: float = 15.0
+    duration: float = LEASE_DURATION
     #: this replica's identity in the Lease (default: hostname-pid)
     identity: str = ""
 
@@ -109,7 +114,7 @@ class SimSection:
 
     speed: float = 480.0
     forever: bool = False
-    seed: int = 7
+    seed: int = SEED
 
 
 @dataclass(frozen=True)
@@ -126,7 +131,7 @@ class WorkloadSection:
     label_selector: str = ""
     max_shape_weight: float = 0.5
     #: seconds between two derivations of M (a change re-scores every node)
-    interval: float = 30.0
+    interval: float = WORKLOAD_INTERVAL
 
 
 @dataclass(frozen=True)
@@ -165,7 +170,7 @@ class LimitSection:
 @dataclass(frozen=True)
 class WorkflowSection:
     #: seconds between two compaction/MIG planning rounds on a real cluster
-    interval: float = 30.0
+    interval: float = WORKFLOW_INTERVAL
     #: most evictions one compaction round plans (a rescue's included)
     max_moves: int = 3
     #: most evictions one rescue of a pending pod may take (0: no rescues)
@@ -191,7 +196,7 @@ class FabricSection:
     docs/fabric.md) and how often it runs (seconds; also when M changes)."""
 
     levels: tuple[str, ...] = DEFAULT_LEVELS
-    interval: float = 10.0
+    interval: float = FABRIC_INTERVAL
 
 
 @dataclass(frozen=True)
@@ -215,7 +220,7 @@ class Config:
     kubeconfig: str = ""
     in_cluster: bool = False
     mode: str = "observe"
-    summary_interval: float = 1.0
+    summary_interval: float = SUMMARY_INTERVAL
     default_topology_policy: str = "none"
     redis: RedisSection = field(default_factory=RedisSection)
     metrics: MetricsOptions = field(default_factory=MetricsOptions)

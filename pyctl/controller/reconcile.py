@@ -14,7 +14,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import Any
+from typing import Any, Final
 
 from pyctl.cluster.dra import DraModel, Misaligned, misaligned_pods, unknown_kind
 from pyctl.cluster.gangs import gangs_of
@@ -50,6 +50,8 @@ PYCTL_TAINT_PREFIX = "pyctl.io/"
 GPU = 1000.0
 #: topology domains exported as metrics, the most fragmented first (a bound on cardinality)
 MAX_EXPORTED_DOMAINS = 512
+#: seconds between two fabric passes (also when M changes); the `fabric_interval` setting's default
+FABRIC_INTERVAL: Final = 10.0
 
 #: what the summary adds up of one scored node: its name, GPU model, idle and fragment GPU
 #: milli, idle, fragment and recoverable MIG slices, then its fragment by category (CATEGORIES)
@@ -195,7 +197,7 @@ class Reconciler:
         #: the fabric pass (docs/fabric.md): the levels it reads, how often it runs, its last
         #: result (None: no node carries a level's label and M has no gang)
         self.fabric_levels: tuple[str, ...] = DEFAULT_LEVELS
-        self.fabric_interval = 10.0
+        self.fabric_interval = FABRIC_INTERVAL
         self.fabric_last: FabricScore | None = None
         self._fabric_at = -math.inf
         self._fabric_workload: Workload | None = None
