@@ -34,6 +34,7 @@ from pyctl.controller.controller import SUMMARY_INTERVAL, WORKLOAD_INTERVAL
 from pyctl.controller.reconcile import FABRIC_INTERVAL
 from pyctl.core.fabric import DEFAULT_LEVELS
 from pyctl.core.policy import PlanLimits
+from pyctl.model import TOPOLOGY_POLICIES
 from pyctl.recommend.prometheus import parse_duration
 from pyctl.serve.extender_server import ExtenderOptions
 from pyctl.serve.health import MetricsOptions
@@ -45,7 +46,6 @@ from pyctl.workflows.loop import WORKFLOW_INTERVAL
 from pyctl.workflows.mig_reconfig import MigOptions
 
 MODES = ("observe", "enforce")
-POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
 CLUSTER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$")
 #: the largest config file read (a config is a few KiB)
 MAX_FILE_BYTES = 1 << 20
@@ -443,7 +443,7 @@ def _validate(c: Config) -> None:
         raise bad("source", f"{c.source!r} is not one of sim, kube")
     if c.mode not in MODES:
         raise bad("mode", f"{c.mode!r} is not one of {', '.join(MODES)}")
-    if c.default_topology_policy not in POLICIES:
+    if c.default_topology_policy not in TOPOLOGY_POLICIES:
         raise bad("default_topology_policy", f"{c.default_topology_policy!r} is not a policy")
     if len(c.fabric.levels) > MAX_LEVELS or not all(
         0 < len(k) <= MAX_KEY_CHARS for k in c.fabric.levels

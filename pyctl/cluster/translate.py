@@ -31,14 +31,13 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import cast
 
 from pyctl.cluster import bounds, sharing
 from pyctl.cluster.dra import DraContext, DraModel, DraNeed, gpu_model_name, model_gpus
 from pyctl.cluster.records import NodeRecord, NrtRecord, PodRecord, check_record
 from pyctl.core import mig
 from pyctl.core.fragmentation import check_shape
-from pyctl.model import TOPOLOGY_POLICIES, Gpu, MigGpu, MigInstance, Node, PolicyName, Shape, Zone
+from pyctl.model import TOPOLOGY_POLICIES, Gpu, MigGpu, MigInstance, Node, Shape, Zone
 
 #: where a pod's DRA devices sit in a node's model: ("dra_gpus", zone position, GPU position)
 #: for a whole GPU, ("dra_gpus", zone, GPU, milli-GPU) for its share of a shared one,
@@ -375,7 +374,7 @@ def node_from_records(
     return Node(
         name=node.name,
         gpu_model=gpu_model,
-        topology_policy=cast(PolicyName, policy),
+        topology_policy=policy,
         zones=tuple(zones),
         gpu_source=source,
         gpu_pool=shares.pool if shares else "",
