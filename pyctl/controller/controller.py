@@ -247,8 +247,7 @@ class Controller:
             replaces = {}
             for kind in KINDS:
                 if kind in self.synced:
-                    table = self.cache._table(kind)
-                    replaces[kind] = (list(table.values()), self._seen_rv.get(kind, ""))
+                    replaces[kind] = (self.cache.records(kind), self._seen_rv.get(kind, ""))
             events = []
         try:
             if self._reopen:

@@ -351,6 +351,15 @@ class Component:
         # None of these binaries forks children.
         self._close_log()
 
+    def kill(self, grace: float = 10.0) -> None:
+        """SIGKILL the component (a crash: no graceful shutdown) and close its log."""
+        proc = self.process
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=grace)
+        self._close_log()
+
     def _close_log(self) -> None:
         if self._log_file is not None:
             self._log_file.close()
