@@ -34,7 +34,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Self
@@ -758,16 +758,6 @@ class ControlPlane:
     def describe(self) -> str:
         parts = [f"{k} {v:.1f}s" for k, v in self.timings.items()]
         return f"server {self.server}, logs {self.log_dir}; " + ", ".join(parts)
-
-
-@contextlib.contextmanager
-def running_control_plane(binaries: Binaries, work_dir: Path, **kw: Any) -> Iterator[ControlPlane]:
-    plane = ControlPlane(binaries, work_dir, **kw)
-    plane.start()
-    try:
-        yield plane
-    finally:
-        plane.stop()
 
 
 # --------------------------------------------------------------------------------------------------
