@@ -14,6 +14,9 @@ ManagerPolicy: TypeAlias = Literal["none", "static"]
 #: names in pyctl is one of these)
 TOPOLOGY_POLICIES: Final[tuple[PolicyName, ...]] = get_args(PolicyName)
 MANAGER_POLICIES: Final[tuple[ManagerPolicy, ...]] = get_args(ManagerPolicy)
+#: the policy of a node that says none (the kubelet's default); the `default_topology_policy`
+#: setting's default
+DEFAULT_TOPOLOGY_POLICY: Final[PolicyName] = "none"
 GPU_MILLI: Final = 1000
 
 

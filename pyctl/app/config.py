@@ -34,7 +34,7 @@ from pyctl.controller.controller import SUMMARY_INTERVAL, WORKLOAD_INTERVAL
 from pyctl.controller.reconcile import FABRIC_INTERVAL
 from pyctl.core.fabric import DEFAULT_LEVELS
 from pyctl.core.policy import PlanLimits
-from pyctl.model import TOPOLOGY_POLICIES
+from pyctl.model import DEFAULT_TOPOLOGY_POLICY, TOPOLOGY_POLICIES
 from pyctl.recommend.prometheus import parse_duration
 from pyctl.serve.extender_server import ExtenderOptions
 from pyctl.serve.health import MetricsOptions
@@ -221,7 +221,7 @@ class Config:
     in_cluster: bool = False
     mode: str = "observe"
     summary_interval: float = SUMMARY_INTERVAL
-    default_topology_policy: str = "none"
+    default_topology_policy: str = DEFAULT_TOPOLOGY_POLICY
     redis: RedisSection = field(default_factory=RedisSection)
     metrics: MetricsOptions = field(default_factory=MetricsOptions)
     extender: ExtenderOptions = field(default_factory=ExtenderOptions)

@@ -37,7 +37,16 @@ from pyctl.cluster.dra import DraContext, DraModel, DraNeed, gpu_model_name, mod
 from pyctl.cluster.records import NodeRecord, NrtRecord, PodRecord, check_record
 from pyctl.core import mig
 from pyctl.core.fragmentation import check_shape
-from pyctl.model import TOPOLOGY_POLICIES, Gpu, MigGpu, MigInstance, Node, Shape, Zone
+from pyctl.model import (
+    DEFAULT_TOPOLOGY_POLICY,
+    TOPOLOGY_POLICIES,
+    Gpu,
+    MigGpu,
+    MigInstance,
+    Node,
+    Shape,
+    Zone,
+)
 
 #: where a pod's DRA devices sit in a node's model: ("dra_gpus", zone position, GPU position)
 #: for a whole GPU, ("dra_gpus", zone, GPU, milli-GPU) for its share of a shared one,
@@ -157,7 +166,7 @@ def node_from_records(
     node: NodeRecord,
     nrt: NrtRecord | None,
     pods: Iterable[PodRecord],
-    default_policy: str = "none",
+    default_policy: str = DEFAULT_TOPOLOGY_POLICY,
     dra: DraModel | None = None,
     positions: DraPositions | None = None,
     previous: Node | None = None,
@@ -463,7 +472,7 @@ def models_of(
     nodes: Iterable[NodeRecord],
     nrts: Iterable[NrtRecord],
     pods: Iterable[PodRecord],
-    default_policy: str = "none",
+    default_policy: str = DEFAULT_TOPOLOGY_POLICY,
     dra: DraContext | None = None,
     positions: dict[str, DraPositions] | None = None,
 ) -> dict[str, Node]:
@@ -624,7 +633,7 @@ def model_of(
     node: NodeRecord,
     nrt: NrtRecord | None,
     pods: Iterable[PodRecord],
-    default_policy: str = "none",
+    default_policy: str = DEFAULT_TOPOLOGY_POLICY,
     dra: DraContext | None = None,
     positions: DraPositions | None = None,
     previous: Node | None = None,

@@ -41,7 +41,7 @@ from pyctl.controller.summary import FederationEncoder, Summary
 from pyctl.controller.workload import WorkloadScope
 from pyctl.controller.workqueue import WorkQueue
 from pyctl.metrics import Metrics
-from pyctl.model import Workload
+from pyctl.model import DEFAULT_TOPOLOGY_POLICY, Workload
 from pyctl.state.health import StoreHealth
 from pyctl.state.store import StateLostError, StateStore, StoreError, StoreUnreachable
 
@@ -74,7 +74,7 @@ class Controller:
         metrics: Metrics | None = None,
         workload: Workload | None = None,
         summary_interval: float = SUMMARY_INTERVAL,
-        default_policy: str = "none",
+        default_policy: str = DEFAULT_TOPOLOGY_POLICY,
         is_leader: Callable[[], bool] = lambda: True,
         on_summary: Callable[[Summary], None] | None = None,
         flush_interval: float = 0.005,

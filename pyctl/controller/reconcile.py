@@ -40,7 +40,7 @@ from pyctl.core.fragmentation import (
     too_full_for,
 )
 from pyctl.metrics import Metrics
-from pyctl.model import Node, Shape, Snapshot, Workload
+from pyctl.model import DEFAULT_TOPOLOGY_POLICY, Node, Shape, Snapshot, Workload
 
 log = logging.getLogger("pyctl.controller")
 
@@ -177,7 +177,7 @@ class Reconciler:
         metrics: Metrics,
         cluster: str,
         workload: Workload | None = None,
-        default_policy: str = "none",
+        default_policy: str = DEFAULT_TOPOLOGY_POLICY,
         scope: WorkloadScope | None = None,
         ignored: IgnoredObjects | None = None,
     ) -> None:

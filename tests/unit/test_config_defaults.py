@@ -32,6 +32,7 @@ def test_the_controller_built_without_settings_uses_the_configured_defaults() ->
     assert ctl.workload_interval == cfg.workload.interval
     assert ctl.reconciler.fabric_interval == cfg.fabric.interval
     assert ctl.reconciler.fabric_levels == cfg.fabric.levels
+    assert ctl.reconciler.default_policy == cfg.default_topology_policy
     # members are read as often as each one publishes
     assert default_of(watch_members, "interval") == ctl.federation_interval
 
