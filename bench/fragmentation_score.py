@@ -24,11 +24,20 @@ from pathlib import Path
 from _common import best_of
 
 from pyctl.core.fragmentation import FragmentationModel, derive_workload, shape_dict
-from pyctl.model import Gpu, MigGpu, MigInstance, Node, Shape, Snapshot, Workload, Zone
+from pyctl.model import (
+    TOPOLOGY_POLICIES,
+    Gpu,
+    MigGpu,
+    MigInstance,
+    Node,
+    Shape,
+    Snapshot,
+    Workload,
+    Zone,
+)
 from tests.reference import fragmentation as ref
 
 TRACE_FILE = "openb_pod_list_default.csv"
-POLICIES = ["none", "best-effort", "restricted", "single-numa-node"]
 MIG_LAYOUTS = [
     [("3g.20gb", 0, True), ("3g.20gb", 4, False)],
     [("1g.5gb", s, s % 3 == 0) for s in range(7)],
@@ -102,7 +111,9 @@ def cluster(n: int, seed: int = 1) -> Snapshot:
                 )
             )
         nodes.append(
-            Node(f"node-{i:05d}", "A100-SXM4-40GB", rnd.choice(POLICIES), zones=tuple(zones))  # type: ignore[arg-type]
+            Node(
+                f"node-{i:05d}", "A100-SXM4-40GB", rnd.choice(TOPOLOGY_POLICIES), zones=tuple(zones)
+            )
         )
     return Snapshot(tuple(nodes))
 

@@ -981,10 +981,7 @@ class Soak:
     async def restart_apiserver(self) -> None:
         assert self.plane is not None
         old = next(c for c in self.plane.started if c.name == APISERVER)
-        if old.process is not None and old.process.poll() is None:
-            os.killpg(old.process.pid, signal.SIGKILL)
-            old.process.wait(timeout=10)
-        old._close_log()
+        old.kill()
         new = Component(old.name, list(old.argv), old.log, old.env)
         new.start()
         self.plane.started[self.plane.started.index(old)] = new

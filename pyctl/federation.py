@@ -34,6 +34,7 @@ from typing import Any
 import anyio
 import msgspec
 
+from pyctl.controller.controller import FEDERATION_INTERVAL
 from pyctl.controller.summary import SummaryRecord, decode_summary
 from pyctl.core.fragmentation import FragmentationModel, shape_dict
 from pyctl.core.types import Assignment
@@ -251,7 +252,7 @@ async def federation_status(
 
 
 async def watch_members(
-    store: StateStore, metrics: Metrics, cluster: str, interval: float = 10.0
+    store: StateStore, metrics: Metrics, cluster: str, interval: float = FEDERATION_INTERVAL
 ) -> None:
     """Keep `pyctl_federation_members_stale` current (run it in the controller's task group);
     a failing store leaves the last value and is retried at the next interval. A member's

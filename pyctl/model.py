@@ -5,18 +5,18 @@ the workload (task shapes). Plain, immutable values; parsing and validation live
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Final, Literal, TypeAlias
+from typing import Final, Literal, TypeAlias, get_args
 
 PolicyName: TypeAlias = Literal["none", "best-effort", "restricted", "single-numa-node"]
 ManagerPolicy: TypeAlias = Literal["none", "static"]
 
-TOPOLOGY_POLICIES: Final[tuple[str, ...]] = (
-    "none",
-    "best-effort",
-    "restricted",
-    "single-numa-node",
-)
-MANAGER_POLICIES: Final[tuple[str, ...]] = ("none", "static")
+#: the kubelet Topology Manager's policies, and its CPU and memory managers' (every list of these
+#: names in pyctl is one of these)
+TOPOLOGY_POLICIES: Final[tuple[PolicyName, ...]] = get_args(PolicyName)
+MANAGER_POLICIES: Final[tuple[ManagerPolicy, ...]] = get_args(ManagerPolicy)
+#: the policy of a node that says none (the kubelet's default); the `default_topology_policy`
+#: setting's default
+DEFAULT_TOPOLOGY_POLICY: Final[PolicyName] = "none"
 GPU_MILLI: Final = 1000
 
 

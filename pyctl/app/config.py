@@ -26,10 +26,15 @@ from typing import Any, Union
 
 from pyctl import safe_yaml
 from pyctl.cluster.bounds import MAX_KEY_CHARS, MAX_LEVELS
+from pyctl.cluster.kube.lease import LEASE_DURATION
 from pyctl.cluster.kube.reflector import ReflectorOptions
 from pyctl.cluster.selectors import SelectorError, parse_selector
+from pyctl.cluster.sim.scenario import SEED
+from pyctl.controller.controller import SUMMARY_INTERVAL, WORKLOAD_INTERVAL
+from pyctl.controller.reconcile import FABRIC_INTERVAL
 from pyctl.core.fabric import DEFAULT_LEVELS
 from pyctl.core.policy import PlanLimits
+from pyctl.model import DEFAULT_TOPOLOGY_POLICY, TOPOLOGY_POLICIES
 from pyctl.recommend.prometheus import parse_duration
 from pyctl.serve.extender_server import ExtenderOptions
 from pyctl.serve.health import MetricsOptions
@@ -37,10 +42,10 @@ from pyctl.serve.http import TlsFiles
 from pyctl.state.ratelimit import BucketLimit, SafetyLimits
 from pyctl.state.redis_client import RedisConfig
 from pyctl.workflows.evictor import EvictorOptions
+from pyctl.workflows.loop import WORKFLOW_INTERVAL
 from pyctl.workflows.mig_reconfig import MigOptions
 
 MODES = ("observe", "enforce")
-POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
 CLUSTER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$")
 #: the largest config file read (a config is a few KiB)
 MAX_FILE_BYTES = 1 << 20
@@ -91,7 +96,7 @@ ExtenderSection = ExtenderOptions
 class LeaseSection:
     name: str = "pyctl-leader"
     namespace: str = "pyctl-system"
-    duration: float = 15.0
+    duration: float = LEASE_DURATION
     #: this replica's identity in the Lease (default: hostname-pid)
     identity: str = ""
 
@@ -109,7 +114,7 @@ class SimSection:
 
     speed: float = 480.0
     forever: bool = False
-    seed: int = 7
+    seed: int = SEED
 
 
 @dataclass(frozen=True)
@@ -126,7 +131,7 @@ class WorkloadSection:
     label_selector: str = ""
     max_shape_weight: float = 0.5
     #: seconds between two derivations of M (a change re-scores every node)
-    interval: float = 30.0
+    interval: float = WORKLOAD_INTERVAL
 
 
 @dataclass(frozen=True)
@@ -165,7 +170,7 @@ class LimitSection:
 @dataclass(frozen=True)
 class WorkflowSection:
     #: seconds between two compaction/MIG planning rounds on a real cluster
-    interval: float = 30.0
+    interval: float = WORKFLOW_INTERVAL
     #: most evictions one compaction round plans (a rescue's included)
     max_moves: int = 3
     #: most evictions one rescue of a pending pod may take (0: no rescues)
@@ -191,7 +196,7 @@ class FabricSection:
     docs/fabric.md) and how often it runs (seconds; also when M changes)."""
 
     levels: tuple[str, ...] = DEFAULT_LEVELS
-    interval: float = 10.0
+    interval: float = FABRIC_INTERVAL
 
 
 @dataclass(frozen=True)
@@ -215,8 +220,8 @@ class Config:
     kubeconfig: str = ""
     in_cluster: bool = False
     mode: str = "observe"
-    summary_interval: float = 1.0
-    default_topology_policy: str = "none"
+    summary_interval: float = SUMMARY_INTERVAL
+    default_topology_policy: str = DEFAULT_TOPOLOGY_POLICY
     redis: RedisSection = field(default_factory=RedisSection)
     metrics: MetricsOptions = field(default_factory=MetricsOptions)
     extender: ExtenderOptions = field(default_factory=ExtenderOptions)
@@ -438,7 +443,7 @@ def _validate(c: Config) -> None:
         raise bad("source", f"{c.source!r} is not one of sim, kube")
     if c.mode not in MODES:
         raise bad("mode", f"{c.mode!r} is not one of {', '.join(MODES)}")
-    if c.default_topology_policy not in POLICIES:
+    if c.default_topology_policy not in TOPOLOGY_POLICIES:
         raise bad("default_topology_policy", f"{c.default_topology_policy!r} is not a policy")
     if len(c.fabric.levels) > MAX_LEVELS or not all(
         0 < len(k) <= MAX_KEY_CHARS for k in c.fabric.levels

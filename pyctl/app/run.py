@@ -85,7 +85,7 @@ async def run_kube(cfg: Config, workload: Workload | None) -> int:
     servers = await start_servers(ctl, cfg, flows)
     ctl.background.append(full_collections)
     if cfg.redis.url:
-        ctl.background.append(lambda: watch_members(ctl.store, ctl.metrics, cfg.cluster, 10.0))
+        ctl.background.append(lambda: watch_members(ctl.store, ctl.metrics, cfg.cluster))
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(elector.run)

@@ -16,7 +16,8 @@ from rich.console import Console
 from rich.table import Table
 
 from pyctl.cli.errors import UserError, load_json
-from pyctl.core.topology import POLICIES, MergeResult, merge_hints
+from pyctl.core.topology import MergeResult, merge_hints
+from pyctl.model import TOPOLOGY_POLICIES
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -25,7 +26,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     m = tsub.add_parser("merge", help="merge one case's hints")
     m.add_argument("case", help="JSON file: {policy, numa_nodes, providers, options, distances}")
-    m.add_argument("--policy", choices=POLICIES, help="override the case's policy")
+    m.add_argument("--policy", choices=TOPOLOGY_POLICIES, help="override the case's policy")
     m.add_argument("--json", action="store_true", help="print JSON")
     m.set_defaults(handler=_merge)
 
@@ -98,11 +99,11 @@ def run_demo(_args: argparse.Namespace | None = None) -> int:
     )
     table = Table(show_lines=True)
     table.add_column("replica")
-    for policy in POLICIES:
+    for policy in TOPOLOGY_POLICIES:
         table.add_column(policy)
     for sc in data["scenarios"]:
         cells = []
-        for policy in POLICIES:
+        for policy in TOPOLOGY_POLICIES:
             r = merge_hints(
                 sc["providers"],
                 policy=policy,

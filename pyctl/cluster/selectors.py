@@ -5,7 +5,7 @@ labels, and parsing the string form users write in flags and configuration
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from pyctl.cluster.records import Requirement, Selector
 
@@ -53,10 +53,6 @@ def matches(selector: Selector | None, labels: Mapping[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.match_labels) and all(
         requirement_matches(r, labels) for r in selector.match_expressions
     )
-
-
-def labels_of(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
-    return dict(pairs)
 
 
 def parse_selector(text: str) -> Selector:

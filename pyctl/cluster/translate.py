@@ -31,7 +31,6 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import cast
 
 from pyctl.cluster import bounds, sharing
 from pyctl.cluster.dra.context import DraContext
@@ -41,7 +40,16 @@ from pyctl.cluster.dra.zones import DraModel, model_gpus
 from pyctl.cluster.records import NodeRecord, NrtRecord, PodRecord, check_record
 from pyctl.core import mig
 from pyctl.core.fragmentation import check_shape
-from pyctl.model import TOPOLOGY_POLICIES, Gpu, MigGpu, MigInstance, Node, PolicyName, Shape, Zone
+from pyctl.model import (
+    DEFAULT_TOPOLOGY_POLICY,
+    TOPOLOGY_POLICIES,
+    Gpu,
+    MigGpu,
+    MigInstance,
+    Node,
+    Shape,
+    Zone,
+)
 
 #: where a pod's DRA devices sit in a node's model: ("dra_gpus", zone position, GPU position)
 #: for a whole GPU, ("dra_gpus", zone, GPU, milli-GPU) for its share of a shared one,
@@ -161,7 +169,7 @@ def node_from_records(
     node: NodeRecord,
     nrt: NrtRecord | None,
     pods: Iterable[PodRecord],
-    default_policy: str = "none",
+    default_policy: str = DEFAULT_TOPOLOGY_POLICY,
     dra: DraModel | None = None,
     positions: DraPositions | None = None,
     previous: Node | None = None,
@@ -378,7 +386,7 @@ def node_from_records(
     return Node(
         name=node.name,
         gpu_model=gpu_model,
-        topology_policy=cast(PolicyName, policy),
+        topology_policy=policy,
         zones=tuple(zones),
         gpu_source=source,
         gpu_pool=shares.pool if shares else "",
@@ -467,7 +475,7 @@ def models_of(
     nodes: Iterable[NodeRecord],
     nrts: Iterable[NrtRecord],
     pods: Iterable[PodRecord],
-    default_policy: str = "none",
+    default_policy: str = DEFAULT_TOPOLOGY_POLICY,
     dra: DraContext | None = None,
     positions: dict[str, DraPositions] | None = None,
 ) -> dict[str, Node]:
@@ -628,7 +636,7 @@ def model_of(
     node: NodeRecord,
     nrt: NrtRecord | None,
     pods: Iterable[PodRecord],
-    default_policy: str = "none",
+    default_policy: str = DEFAULT_TOPOLOGY_POLICY,
     dra: DraContext | None = None,
     positions: DraPositions | None = None,
     previous: Node | None = None,

@@ -97,6 +97,10 @@ class ClusterCache:
         }
         return tables[kind]
 
+    def records(self, kind: Kind) -> list[Record]:
+        """Every record of one kind the cache holds (a list of its own)."""
+        return list(self._table(kind).values())
+
     def _dra_index(self, old: Record | None, new: Record | None) -> set[str]:
         """Keep the DRA indexes current for one change; returns the nodes it dirties. A class
         or template can change any DRA node's shapes, so every node with slices is dirtied."""

@@ -18,7 +18,7 @@ import math
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import anyio
 import anyio.lowlevel
@@ -41,11 +41,19 @@ from pyctl.controller.summary import FederationEncoder, Summary
 from pyctl.controller.workload import WorkloadScope
 from pyctl.controller.workqueue import WorkQueue
 from pyctl.metrics import Metrics
-from pyctl.model import Workload
+from pyctl.model import DEFAULT_TOPOLOGY_POLICY, Workload
 from pyctl.state.health import StoreHealth
 from pyctl.state.store import StateLostError, StateStore, StoreError, StoreUnreachable
 
 log = logging.getLogger("pyctl.controller")
+
+#: seconds between two summaries (metrics, the store); the `summary_interval` setting's default
+SUMMARY_INTERVAL: Final = 1.0
+#: seconds between two derivations of the workload M; the `workload_interval` setting's default
+WORKLOAD_INTERVAL: Final = 30.0
+#: seconds between two federation summaries (they hold every node's model); members are read
+#: (`pyctl.federation.watch_members`) at the same interval
+FEDERATION_INTERVAL: Final = 10.0
 
 
 @dataclass
@@ -65,13 +73,13 @@ class Controller:
         store: StateStore,
         metrics: Metrics | None = None,
         workload: Workload | None = None,
-        summary_interval: float = 1.0,
-        default_policy: str = "none",
+        summary_interval: float = SUMMARY_INTERVAL,
+        default_policy: str = DEFAULT_TOPOLOGY_POLICY,
         is_leader: Callable[[], bool] = lambda: True,
         on_summary: Callable[[Summary], None] | None = None,
         flush_interval: float = 0.005,
         flush_events: int = 2000,
-        workload_interval: float = 30.0,
+        workload_interval: float = WORKLOAD_INTERVAL,
         scope: WorkloadScope | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -101,7 +109,7 @@ class Controller:
         self.clock = clock
         self._workload_at = -math.inf
         #: seconds between two federation summaries (they hold every node's model)
-        self.federation_interval = 10.0
+        self.federation_interval = FEDERATION_INTERVAL
         self._published_at = -1e9
         #: the federation summary's encoder (keeps each node's encoded model between publishes)
         self.federation = FederationEncoder()
@@ -239,8 +247,7 @@ class Controller:
             replaces = {}
             for kind in KINDS:
                 if kind in self.synced:
-                    table = self.cache._table(kind)
-                    replaces[kind] = (list(table.values()), self._seen_rv.get(kind, ""))
+                    replaces[kind] = (self.cache.records(kind), self._seen_rv.get(kind, ""))
             events = []
         try:
             if self._reopen:

@@ -14,7 +14,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import Any
+from typing import Any, Final
 
 from pyctl.cluster.dra.claims import unknown_kind
 from pyctl.cluster.dra.context import Misaligned, misaligned_pods
@@ -43,7 +43,7 @@ from pyctl.core.fragmentation import (
     too_full_for,
 )
 from pyctl.metrics import Metrics
-from pyctl.model import Node, Shape, Snapshot, Workload
+from pyctl.model import DEFAULT_TOPOLOGY_POLICY, Node, Shape, Snapshot, Workload
 
 log = logging.getLogger("pyctl.controller")
 
@@ -53,6 +53,8 @@ PYCTL_TAINT_PREFIX = "pyctl.io/"
 GPU = 1000.0
 #: topology domains exported as metrics, the most fragmented first (a bound on cardinality)
 MAX_EXPORTED_DOMAINS = 512
+#: seconds between two fabric passes (also when M changes); the `fabric_interval` setting's default
+FABRIC_INTERVAL: Final = 10.0
 
 #: what the summary adds up of one scored node: its name, GPU model, idle and fragment GPU
 #: milli, idle, fragment and recoverable MIG slices, then its fragment by category (CATEGORIES)
@@ -178,7 +180,7 @@ class Reconciler:
         metrics: Metrics,
         cluster: str,
         workload: Workload | None = None,
-        default_policy: str = "none",
+        default_policy: str = DEFAULT_TOPOLOGY_POLICY,
         scope: WorkloadScope | None = None,
         ignored: IgnoredObjects | None = None,
     ) -> None:
@@ -198,7 +200,7 @@ class Reconciler:
         #: the fabric pass (docs/fabric.md): the levels it reads, how often it runs, its last
         #: result (None: no node carries a level's label and M has no gang)
         self.fabric_levels: tuple[str, ...] = DEFAULT_LEVELS
-        self.fabric_interval = 10.0
+        self.fabric_interval = FABRIC_INTERVAL
         self.fabric_last: FabricScore | None = None
         self._fabric_at = -math.inf
         self._fabric_workload: Workload | None = None

@@ -25,7 +25,7 @@ from pyctl.controller.ignored import Ignored, IgnoredObjects
 from pyctl.controller.reconcile import Reconciler
 from pyctl.controller.workload import WorkloadScope
 from pyctl.metrics import Metrics
-from pyctl.model import Shape, Snapshot, Workload
+from pyctl.model import DEFAULT_TOPOLOGY_POLICY, Shape, Snapshot, Workload
 
 #: the cluster name the metrics of a one-off view carry (they are not exported)
 CLUSTER = "listed"
@@ -117,7 +117,7 @@ def view_of(
     listed: Listed,
     *,
     workload: Workload | None = None,
-    default_policy: str = "none",
+    default_policy: str = DEFAULT_TOPOLOGY_POLICY,
     scope: WorkloadScope | None = None,
 ) -> ListedView:
     """The controller's view of `listed`: M is `workload`, or derived from the pods as the

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal, TypeAlias
+from typing import Any, Final, TypeAlias
 
 from pyctl import _core
 from pyctl._core import MergeResult
 
-PolicyName: TypeAlias = Literal["none", "best-effort", "restricted", "single-numa-node"]
-POLICIES: Final[tuple[PolicyName, ...]] = ("none", "best-effort", "restricted", "single-numa-node")
 PREFER_CLOSEST_NUMA_NODES: Final = "prefer-closest-numa-nodes"
 MAX_ALLOWABLE_NUMA_NODES: Final = "max-allowable-numa-nodes"
 
@@ -61,10 +59,8 @@ def _plain(value: Mapping[Any, Any] | None) -> Any:
 
 __all__ = [
     "MAX_ALLOWABLE_NUMA_NODES",
-    "POLICIES",
     "PREFER_CLOSEST_NUMA_NODES",
     "MergeResult",
-    "PolicyName",
     "Provider",
     "TopologyHint",
     "merge_hints",

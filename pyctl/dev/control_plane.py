@@ -34,7 +34,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Self
@@ -349,6 +349,15 @@ class Component:
                 proc.wait(timeout=grace)
         # No killpg once the leader is reaped: its pid (the group id) may belong to someone else.
         # None of these binaries forks children.
+        self._close_log()
+
+    def kill(self, grace: float = 10.0) -> None:
+        """SIGKILL the component (a crash: no graceful shutdown) and close its log."""
+        proc = self.process
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=grace)
         self._close_log()
 
     def _close_log(self) -> None:
@@ -749,16 +758,6 @@ class ControlPlane:
     def describe(self) -> str:
         parts = [f"{k} {v:.1f}s" for k, v in self.timings.items()]
         return f"server {self.server}, logs {self.log_dir}; " + ", ".join(parts)
-
-
-@contextlib.contextmanager
-def running_control_plane(binaries: Binaries, work_dir: Path, **kw: Any) -> Iterator[ControlPlane]:
-    plane = ControlPlane(binaries, work_dir, **kw)
-    plane.start()
-    try:
-        yield plane
-    finally:
-        plane.stop()
 
 
 # --------------------------------------------------------------------------------------------------

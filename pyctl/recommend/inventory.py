@@ -22,7 +22,7 @@ from pyctl.cluster.records import NodeRecord, NrtRecord, PodRecord, Selector
 from pyctl.cluster.selectors import matches
 from pyctl.cluster.translate import TranslateError, node_from_records, pod_shape
 from pyctl.core import mig
-from pyctl.model import Node, Shape, Snapshot
+from pyctl.model import DEFAULT_TOPOLOGY_POLICY, Node, Shape, Snapshot
 from pyctl.recommend.sizes import MIG_PREFIX, Pool, mig_model_name, table_memory_mib
 
 GPU_MEMORY_LABEL: Final = "nvidia.com/gpu.memory"
@@ -199,7 +199,7 @@ def from_records(
     rs_owner: Mapping[tuple[str, str], Owner] | None = None,
     current: Mapping[str, Node] | None = None,
     namespaces: Sequence[str] | None = None,
-    default_policy: str = "none",
+    default_policy: str = DEFAULT_TOPOLOGY_POLICY,
     problems: Sequence[str] = (),
 ) -> Inventory:
     """The inventory of records. ``current``: models already translated (the controller's
@@ -279,7 +279,7 @@ def from_objects(
     *,
     namespaces: Sequence[str] | None = None,
     node_selector: Selector | None = None,
-    default_policy: str = "none",
+    default_policy: str = DEFAULT_TOPOLOGY_POLICY,
 ) -> Inventory:
     """The inventory of Kubernetes objects (a dump's items, or what the live listing returns):
     the kinds the controller watches are read as the controller reads them

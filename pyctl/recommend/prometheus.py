@@ -161,9 +161,6 @@ class UsageReport:
     examples: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
-    def of_pod(self, namespace: str, pod: str) -> list[ContainerUsage]:
-        return [c for (ns, p, _), c in self.containers.items() if ns == namespace and p == pod]
-
     def to_json(self) -> dict[str, Any]:
         return {
             "source": self.source,

@@ -168,10 +168,6 @@ def load_trace(directory: str | Path, workload: str = "default") -> Trace:
     return Trace(workload, nodes, tasks, derive_workload(task_shapes(tasks)))
 
 
-def available_workloads(directory: str | Path) -> list[str]:
-    return sorted(p.stem[len(POD_PREFIX) :] for p in Path(directory).glob(f"{POD_PREFIX}*.csv"))
-
-
 def shape_dicts(workload: Workload) -> list[dict[str, Any]]:
     return [
         {

@@ -33,7 +33,7 @@ from pyctl.workflows.compaction import (
 from pyctl.workflows.engine import Engine, Workflow, WorkflowData
 from pyctl.workflows.evictor import EvictorOptions
 from pyctl.workflows.gate import Gate
-from pyctl.workflows.loop import WorkflowGauge, collector_paused, run_every
+from pyctl.workflows.loop import WORKFLOW_INTERVAL, WorkflowGauge, collector_paused, run_every
 
 log = logging.getLogger("pyctl.compaction")
 
@@ -171,7 +171,7 @@ class Compactor:
         metrics: Metrics,
         cluster: str,
         mode: str = "observe",
-        interval: float = 10.0,
+        interval: float = WORKFLOW_INTERVAL,
         max_moves: int = 3,
         options: EvictorOptions | None = None,
         gate: Gate | None = None,

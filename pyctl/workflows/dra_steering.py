@@ -11,13 +11,15 @@ from collections.abc import Callable
 from pyctl.controller.reconcile import Reconciler
 from pyctl.workflows.dra_taints import TaintRule, steering_rules
 from pyctl.workflows.gate import Gate
-from pyctl.workflows.loop import run_every
+from pyctl.workflows.loop import WORKFLOW_INTERVAL, run_every
 
 log = logging.getLogger("pyctl.dra_steering")
 
 
 class DraSteering:
-    def __init__(self, reconciler: Reconciler, gate: Gate, interval: float = 10.0) -> None:
+    def __init__(
+        self, reconciler: Reconciler, gate: Gate, interval: float = WORKFLOW_INTERVAL
+    ) -> None:
         self.reconciler = reconciler
         self.gate = gate
         self.interval = interval

@@ -9,6 +9,7 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator
+from typing import Final
 
 import anyio
 
@@ -16,6 +17,10 @@ from pyctl.metrics import Metrics
 from pyctl.state.store import StoreError
 
 log = logging.getLogger("pyctl.workflows")
+
+#: seconds between two planning rounds of a workflow loop (compaction, MIG, DRA steering); the
+#: default of the `workflow_interval` setting
+WORKFLOW_INTERVAL: Final = 30.0
 
 
 async def guarded(what: str, call: Callable[[], Awaitable[None]]) -> None:

@@ -27,7 +27,7 @@ from pyctl.metrics import Metrics
 from pyctl.model import Node, Snapshot
 from pyctl.workflows.engine import Engine
 from pyctl.workflows.gate import Gate
-from pyctl.workflows.loop import WorkflowGauge, collector_paused, run_every
+from pyctl.workflows.loop import WORKFLOW_INTERVAL, WorkflowGauge, collector_paused, run_every
 from pyctl.workflows.mig_reconfig import KIND, STEPS, TAINT_KEY, MigOptions, workflow_for
 
 log = logging.getLogger("pyctl.mig_loop")
@@ -158,7 +158,7 @@ class MigLoop:
         gate: Gate,
         metrics: Metrics,
         cluster: str,
-        interval: float = 10.0,
+        interval: float = WORKFLOW_INTERVAL,
         options: MigOptions | None = None,
         admit: Callable[[PodRecord], bool] | None = None,
     ) -> None:

@@ -73,7 +73,6 @@ from pyctl.workflows.gate import GateResult, limit_wait
 log = logging.getLogger("pyctl.mig_reconfig")
 
 KIND: Final = "mig-reconfigure"
-MIG_STATE_LABEL: Final = "nvidia.com/mig.config.state"
 TAINT_KEY: Final = "pyctl.io/mig-reconfiguration"
 REASON: Final = "PyctlMigReconfiguration"
 SLOT: Final = "mig-reconfiguration"

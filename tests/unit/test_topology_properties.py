@@ -8,7 +8,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pyctl.core.topology import POLICIES, merge_hints
+from pyctl.core.topology import merge_hints
+from pyctl.model import TOPOLOGY_POLICIES
 from tests.reference import topology as reference
 
 
@@ -42,7 +43,7 @@ def cases(draw: st.DrawFn) -> dict[str, Any]:
     )
     return {
         "providers": draw(st.lists(provider, min_size=1, max_size=5)),
-        "policy": draw(st.sampled_from(POLICIES)),
+        "policy": draw(st.sampled_from(TOPOLOGY_POLICIES)),
         "numa_nodes": nodes,
         "options": {
             "prefer-closest-numa-nodes": draw(st.booleans()),

@@ -62,6 +62,7 @@ from pyctl.cluster.records import (
     check_texts,
     tombstone,
 )
+from pyctl.model import TOPOLOGY_POLICIES, PolicyName
 
 GPU: Final = "nvidia.com/gpu"
 MIG_PREFIX: Final = "nvidia.com/mig-"
@@ -74,11 +75,10 @@ POLICY_LABEL: Final = "pyctl.io/topology-manager-policy"
 GPU_NUMA_LABEL: Final = re.compile(r"^nvidia\.com/gpu-(\d+)-numa$", re.ASCII)
 EVICT_ANNOTATIONS: Final = ("pyctl.io/evict", "descheduler.alpha.kubernetes.io/evict")
 MIRROR_ANNOTATION: Final = "kubernetes.io/config.mirror"
-NRT_POLICIES: Final = {
-    "none": "none",
-    "best-effort": "best-effort",
-    "restricted": "restricted",
-    "single-numa-node": "single-numa-node",
+#: the policy names a NodeResourceTopology carries (the kubelet's and the NFD topology updater's
+#: spellings) -> pyctl's
+NRT_POLICIES: Final[dict[str, PolicyName]] = {
+    **{p: p for p in TOPOLOGY_POLICIES},
     "SingleNUMANodeContainerLevel": "single-numa-node",
     "SingleNUMANodePodLevel": "single-numa-node",
     "Restricted": "restricted",

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
 import anyio
@@ -33,13 +33,16 @@ from pyctl.cluster.kube.client import CONNECTION_ERRORS, KubeApiError, KubeClien
 
 log = logging.getLogger(__name__)
 
+#: seconds a Lease is held without renewal; the `lease_duration` setting's default
+LEASE_DURATION: Final = 15.0
+
 
 @dataclass(frozen=True)
 class LeaseConfig:
     namespace: str
     name: str
     identity: str
-    lease_duration: float = 15.0
+    lease_duration: float = LEASE_DURATION
     renew_deadline: float = 10.0
     retry_period: float = 2.0
     #: how long a release on shutdown may take

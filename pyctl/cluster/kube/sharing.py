@@ -36,7 +36,6 @@ STRATEGY_LABEL: Final = "nvidia.com/gpu.sharing-strategy"
 MEMORY_LABEL: Final = "nvidia.com/gpu.memory"
 HAMI_REGISTER: Final = "hami.io/node-nvidia-register"
 HAMI_ALLOCATED: Final = "hami.io/vgpu-devices-allocated"
-HAMI_NODE: Final = "hami.io/vgpu-node"
 HAMI_SCHEDULER: Final = "hami-scheduler"
 STRATEGIES: Final = ("time-slicing", "mps", "none")
 

@@ -70,10 +70,6 @@ class RunStats:
     def blocked_total_hours(self) -> float:
         return sum(self.blocked_hours.values())
 
-    @property
-    def served_ratio(self) -> float:
-        return self.served / self.arrived if self.arrived else 1.0
-
 
 @dataclass
 class _State:

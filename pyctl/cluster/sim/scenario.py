@@ -20,6 +20,8 @@ from pyctl.model import Gpu, MigGpu, MigInstance, Node, Shape, Zone
 #: the time-sliced pool: replicas per GPU, and the resource they are advertised as
 TIME_SLICES = 4
 SHARED = "nvidia.com/gpu.shared"
+#: the built-in scenario's seed; the `sim_seed` setting's default
+SEED = 7
 
 
 @dataclass(frozen=True)
@@ -159,7 +161,7 @@ REPLICAS: tuple[Replica, ...] = (
 
 
 def inference_day(
-    seed: int = 7, duration: float = 8 * 3600.0, base_rate: float = 0.014
+    seed: int = SEED, duration: float = 8 * 3600.0, base_rate: float = 0.014
 ) -> Scenario:
     """The built-in scenario: arrivals per virtual second follow a day curve peaking mid-run."""
     rnd = random.Random(seed)
