@@ -15,9 +15,26 @@ _LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
 
 
 class Metrics:
+    """The controller's metrics, grouped by subject (each group a method that registers it);
+    the acting side's and the recommender's in `WorkflowMetrics` and `RecommendMetrics`."""
+
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        r = self.registry = registry or CollectorRegistry()
-        c = ["cluster"]
+        self.registry = registry or CollectorRegistry()
+        self._fragmentation()
+        self._fabric()
+        self._mig()
+        self._pending()
+        self._watches()
+        self._loop()
+        self._store()
+        self._cluster()
+        self._dra()
+        self.workflow = WorkflowMetrics(self)
+        self.recommend = RecommendMetrics(self)
+
+    def _fragmentation(self) -> None:
+        """Fragmentation under the workload M: the cluster's, per node and per NUMA zone."""
+        r, c = self.registry, ["cluster"]
         self.fragmentation_ratio = Gauge(
             "pyctl_fragmentation_ratio",
             "Fragment GPU / idle GPU under the workload M (FGD's fragmentation rate, NUMA-aware)",
@@ -49,7 +66,10 @@ class Metrics:
             [*c, "node", "numa"],
             registry=r,
         )
-        # the fabric (docs/fabric.md): per topology domain, at most MAX_EXPORTED_DOMAINS of them
+
+    def _fabric(self) -> None:
+        """The fabric (docs/fabric.md), per topology domain (MAX_EXPORTED_DOMAINS at most)."""
+        r, c = self.registry, ["cluster"]
         self.domain_idle = Gauge(
             "pyctl_domain_gpu_idle_gpus",
             "Idle GPU per topology domain (an NVLink clique, a rack, a leaf)",
@@ -77,6 +97,10 @@ class Metrics:
             [*c, "level", "gpus_per_pod"],
             registry=r,
         )
+
+    def _mig(self) -> None:
+        """MIG compute slices: idle, fragment and recoverable by a re-partition."""
+        r, c = self.registry, ["cluster"]
         self.mig_idle = Gauge("pyctl_mig_idle_slices", "Idle MIG compute slices", c, registry=r)
         self.mig_fragment = Gauge(
             "pyctl_mig_fragment_slices", "Idle MIG compute slices M could not use", c, registry=r
@@ -87,6 +111,10 @@ class Metrics:
             c,
             registry=r,
         )
+
+    def _pending(self) -> None:
+        """Pending pods and how scheduling fares."""
+        r, c = self.registry, ["cluster"]
         self.pending_blocked = Gauge(
             "pyctl_pending_pods_blocked_by_fragmentation",
             "Unschedulable pods that the cluster's idle capacity could hold in total, by reason",
@@ -100,6 +128,10 @@ class Metrics:
             c,
             registry=r,
         )
+
+    def _watches(self) -> None:
+        """What the watches read: events, relists, objects left out, pyctl's taints, lag."""
+        r, c = self.registry, ["cluster"]
         self.watch_events = Counter(
             "pyctl_watch_events_total", "Watch events received", [*c, "kind", "type"], registry=r
         )
@@ -133,6 +165,10 @@ class Metrics:
             buckets=_LAG_BUCKETS,
             registry=r,
         )
+
+    def _loop(self) -> None:
+        """The controller's loop: GC pauses, reconciles, extender ranks, its work queue."""
+        r, c = self.registry, ["cluster"]
         self.gc_pause = Histogram(
             "pyctl_gc_pause_seconds",
             "Python's cycle collections by generation: how long each held the GIL (the event "
@@ -166,6 +202,10 @@ class Metrics:
         self.workqueue_depth = Gauge(
             "pyctl_workqueue_depth", "Nodes waiting to be reconciled", c, registry=r
         )
+
+    def _store(self) -> None:
+        """The state store (Redis)."""
+        r, c = self.registry, ["cluster"]
         self.store_errors = Counter(
             "pyctl_store_errors_total", "State store (Redis) operations that failed", c, registry=r
         )
@@ -183,6 +223,10 @@ class Metrics:
             [*c, "part"],
             registry=r,
         )
+
+    def _cluster(self) -> None:
+        """The controller's standing: kinds listed, leadership, nodes, federation."""
+        r, c = self.registry, ["cluster"]
         self.kind_listed = Gauge(
             "pyctl_kind_listed",
             "1 once the kind has been listed (or found not served); no node is scored and no "
@@ -198,7 +242,10 @@ class Metrics:
             c,
             registry=r,
         )
-        # Dynamic Resource Allocation (docs/dra.md)
+
+    def _dra(self) -> None:
+        """Dynamic Resource Allocation (docs/dra.md)."""
+        r, c = self.registry, ["cluster"]
         self.dra_unknown_requests = Gauge(
             "pyctl_dra_unknown_requests",
             "Pods whose ResourceClaims pyctl cannot turn into a shape (a CEL selector it cannot "
@@ -213,8 +260,6 @@ class Metrics:
             [*c, "namespace", "workload"],
             registry=r,
         )
-        self.workflow = WorkflowMetrics(self)
-        self.recommend = RecommendMetrics(self)
 
     def watch_collections(self, cluster: str) -> Callable[[], None]:
         """Time every cycle collection of this process (`pyctl_gc_pause_seconds`); returns

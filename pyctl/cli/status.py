@@ -101,7 +101,29 @@ def _gpus(milli: float) -> str:
     return f"{milli / GPU:.1f}"
 
 
+#: where the workload M of the summary came from, in words
+_M_SOURCES = {
+    "published": "M as the controller published it",
+    "derived": "M derived from the stored pods (none published)",
+    "default": "the default M (none published, no GPU pods stored)",
+}
+
+
 def show(console: Console, st: Status) -> None:
+    """The cluster's status as `pyctl status` prints it, section by section."""
+    _controller(console, st)
+    _mirror(console, st)
+    m_source = _M_SOURCES[st.workload_source]
+    _nodes(console, st)
+    _summary(console, st, m_source)
+    _worst_nodes(console, st)
+    _workflows(console, st)
+    _skipped(console, st)
+    _left_out(console, st)
+
+
+def _controller(console: Console, st: Status) -> None:
+    """The cluster read, and whether the controller holding the Lease is publishing."""
     read_at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(st.read_at))
     console.print(f"[bold]Cluster {escape(st.cluster)}[/]: {escape(st.source)}, read {read_at}Z")
     hb = st.heartbeat
@@ -124,6 +146,10 @@ def show(console: Console, st: Status) -> None:
             f"Controller: [red]summary published {_age(hb.age_seconds)}, past its ttl of "
             f"{hb.ttl_seconds} s[/]{why}: the controller holding the Lease is not publishing"
         )
+
+
+def _mirror(console: Console, st: Status) -> None:
+    """The stored records per kind: how many, how recent, how many skipped."""
     t = Table(title="The mirror (records as the controller last wrote them)")
     for col in ("kind", "records", "resourceVersion", "newest object", "written", "skipped"):
         t.add_column(col, justify="left" if col == "kind" else "right")
@@ -137,11 +163,10 @@ def show(console: Console, st: Status) -> None:
             str(f.skipped) if f.skipped else "",
         )
     console.print(t)
-    source = {
-        "published": "M as the controller published it",
-        "derived": "M derived from the stored pods (none published)",
-        "default": "the default M (none published, no GPU pods stored)",
-    }[st.workload_source]
+
+
+def _nodes(console: Console, st: Status) -> None:
+    """The nodes stored and modelled, and why each one not modelled is not."""
     stored = next((f.records for f in st.freshness if f.kind == "Node"), 0)
     console.print(
         f"Nodes: {stored} stored, {len(st.nodes)} modelled"
@@ -149,52 +174,68 @@ def show(console: Console, st: Status) -> None:
     )
     for name, why in sorted(st.unmodelled.items()):
         console.print(f"  {escape(name)}: {escape(why)}")
+
+
+def _summary(console: Console, st: Status, m_source: str) -> None:
+    """The fragmentation summary under M (`m_source` says which M), MIG and pending pods."""
     s = st.summary
     if s is None:
         console.print(f"[red]No fragmentation summary[/]: {escape(st.summary_error)}")
-    else:
-        cats = ", ".join(
-            f"{c} {_gpus(v)}" for c, v in sorted(s.categories.items(), key=lambda kv: -kv[1]) if v
-        )
+        return
+    cats = ", ".join(
+        f"{c} {_gpus(v)}" for c, v in sorted(s.categories.items(), key=lambda kv: -kv[1]) if v
+    )
+    console.print(
+        f"Fragmentation ({m_source}): {_gpus(s.idle_gpu_milli)} GPUs idle, "
+        f"{_gpus(s.fragment_gpu_milli)} stranded ({s.fragmentation_rate:.1%})"
+        + (f": {cats}" if cats else "")
+    )
+    if s.idle_mig_slices:
         console.print(
-            f"Fragmentation ({source}): {_gpus(s.idle_gpu_milli)} GPUs idle, "
-            f"{_gpus(s.fragment_gpu_milli)} stranded ({s.fragmentation_rate:.1%})"
-            + (f": {cats}" if cats else "")
+            f"MIG: {_slices(s.idle_mig_slices)} slices idle, "
+            f"{_slices(s.fragment_mig_slices)} stranded, "
+            f"{_slices(s.recoverable_mig_slices)} recoverable by re-partitioning"
         )
-        if s.idle_mig_slices:
-            console.print(
-                f"MIG: {_slices(s.idle_mig_slices)} slices idle, "
-                f"{_slices(s.fragment_mig_slices)} stranded, "
-                f"{_slices(s.recoverable_mig_slices)} recoverable by re-partitioning"
-            )
-        blocked = ", ".join(f"{c} {n}" for c, n in sorted(s.blocked.items()))
-        console.print(
-            f"Pending pods: {s.pending}; blocked by fragmentation: {blocked or 'none'}"
-            + (
-                f"; scheduling success (published): {st.scheduling_success:.1%}"
-                if st.scheduling_success is not None
-                else ""
-            )
+    blocked = ", ".join(f"{c} {n}" for c, n in sorted(s.blocked.items()))
+    console.print(
+        f"Pending pods: {s.pending}; blocked by fragmentation: {blocked or 'none'}"
+        + (
+            f"; scheduling success (published): {st.scheduling_success:.1%}"
+            if st.scheduling_success is not None
+            else ""
         )
-    if st.nodes:
-        t = Table(title=f"Worst nodes (of {len(st.nodes)})")
-        for col in ("node", "GPU model", "idle GPU", "stranded GPU", "mostly"):
-            t.add_column(col, justify="left" if col in ("node", "GPU model", "mostly") else "right")
-        for n in st.worst(WORST):
-            top = max(n.categories.items(), key=lambda kv: kv[1]) if n.categories else ("", 0.0)
-            t.add_row(
-                n.name,
-                n.gpu_model or "-",
-                _gpus(n.idle_gpu_milli),
-                _gpus(n.fragment_gpu_milli),
-                top[0] if top[1] else "",
-            )
-        console.print(t)
-    _workflows(console, st)
+    )
+
+
+def _worst_nodes(console: Console, st: Status) -> None:
+    """The nodes with the most stranded GPU, and their main reason."""
+    if not st.nodes:
+        return
+    t = Table(title=f"Worst nodes (of {len(st.nodes)})")
+    for col in ("node", "GPU model", "idle GPU", "stranded GPU", "mostly"):
+        t.add_column(col, justify="left" if col in ("node", "GPU model", "mostly") else "right")
+    for n in st.worst(WORST):
+        top = max(n.categories.items(), key=lambda kv: kv[1]) if n.categories else ("", 0.0)
+        t.add_row(
+            n.name,
+            n.gpu_model or "-",
+            _gpus(n.idle_gpu_milli),
+            _gpus(n.fragment_gpu_milli),
+            top[0] if top[1] else "",
+        )
+    console.print(t)
+
+
+def _skipped(console: Console, st: Status) -> None:
+    """The stored records this read skipped, and why."""
     if st.skipped:
         console.print(f"[yellow]Skipped {len(st.skipped)} stored record(s)[/] (left in place):")
         for kind, key, why in st.skipped:
             console.print(f"  {kind} {escape(key)}: {escape(why)}")
+
+
+def _left_out(console: Console, st: Status) -> None:
+    """The objects the controller left out of its view (the most recent named)."""
     if st.left_out is not None and st.left_out.count:
         lo = st.left_out
         console.print(

@@ -31,12 +31,13 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import cast
 
 from pyctl.cluster import bounds, sharing
 from pyctl.cluster.dra.context import DraContext
 from pyctl.cluster.dra.devices import gpu_model_name
 from pyctl.cluster.dra.shapes import DraNeed
-from pyctl.cluster.dra.zones import DraModel, model_gpus
+from pyctl.cluster.dra.zones import DraModel, ModelGpu, model_gpus
 from pyctl.cluster.records import NodeRecord, NrtRecord, PodRecord, check_record
 from pyctl.core import mig
 from pyctl.core.fragmentation import check_shape
@@ -47,6 +48,7 @@ from pyctl.model import (
     MigGpu,
     MigInstance,
     Node,
+    PolicyName,
     Shape,
     Zone,
 )
@@ -165,6 +167,38 @@ def _mig_from_allocatable(drafts: list[_Draft], node: NodeRecord) -> None:
     home.mig = dict(want)
 
 
+#: the agent's exact view of a node: GPU index -> NUMA node, GPU index -> the pod holding it
+_Exact = tuple[dict[int, int], dict[int, str]]
+
+
+@dataclass
+class _Usage:
+    """What a node's live pods use, as translate hands it out."""
+
+    #: the pods whose GPUs come from the device plugin (extended resources a DRA claim serves
+    #: are that claim's devices, counted by `dra`)
+    plugin: list[PodRecord]
+    cpu: int
+    mem: int
+    #: whole GPUs; 0 where the GPUs are shared: the pods' GPU counts are replicas, not GPUs
+    gpus: int
+    #: MIG profile -> the pods using an instance of it, one entry per instance
+    mig: dict[str, list[str]]
+
+
+@dataclass
+class _Drafts:
+    """A node's zones before their GPUs are numbered, and what finding them told."""
+
+    zones: list[_Draft]
+    policy: str
+    #: whether the GPUs' NUMA nodes are known (else the zones are a guess: one)
+    numa_known: bool
+    exact: _Exact | None = None
+    #: how the GPUs were attributed (the node's `gpu_source`)
+    source: str = ""
+
+
 def node_from_records(
     node: NodeRecord,
     nrt: NrtRecord | None,
@@ -181,6 +215,52 @@ def node_from_records(
     # in name order: the model is a function of the records, not of the order they arrived in
     # (MIG instances and shared GPUs are attributed to pods in this order)
     live = sorted((p for p in pods if not p.terminated), key=lambda p: p.key)
+    _check_bounds(where, node, nrt, live)
+    shares = sharing.plan(node)
+    use = _usage(live, shares)
+    drafts = _draft_zones(where, node, nrt, shares, dra, use, default_policy)
+    model = sharing.gpu_model(node, shares)
+    gpu_model = model or (gpu_model_name(dra.product) if dra is not None else "")
+    mig_per_zone = _mig_gpus_per_zone(node, shares, drafts.zones)
+    dra_by_zone = _place_dra_gpus(drafts, dra)
+    ordered = sorted(drafts.zones, key=lambda d: d.numa)
+    laid, notes = _lay_out_shared(shares, ordered, live, drafts.policy, previous)
+    build = _ZoneBuilder(
+        where=where,
+        model=model,
+        gpu_model=gpu_model,
+        shares=shares,
+        laid=laid,
+        use_ids=_keeps_device_ids(node, laid, dra),
+        exact=drafts.exact,
+        links=_nvlink_groups(node, drafts.exact),
+        use=use,
+        mig_per_zone=mig_per_zone,
+        dra=dra,
+        dra_by_zone=dra_by_zone,
+        positions=positions,
+    )
+    zones = tuple(build.zone(zi, d) for zi, d in enumerate(ordered))
+    source = drafts.source
+    if nrt is not None:
+        source = _agent_note(node, "NodeResourceTopology gives the zones")
+    return Node(
+        name=node.name,
+        gpu_model=gpu_model,
+        topology_policy=cast(PolicyName, drafts.policy),
+        zones=zones,
+        gpu_source=source,
+        gpu_pool=shares.pool if shares else "",
+        gpu_replicas=shares.replicas if shares else 1,
+        gpu_memory_mib=shares.memory_mib if shares else 0,
+        sharing=_sharing_note(shares, notes, dra),
+    )
+
+
+def _check_bounds(
+    where: str, node: NodeRecord, nrt: NrtRecord | None, live: list[PodRecord]
+) -> None:
+    """Every count translate loops over within `pyctl.cluster.bounds`, else `TranslateError`."""
     try:
         check_record(node)
         if nrt is not None:
@@ -192,218 +272,304 @@ def node_from_records(
             bounds.check_len(f"pod {p.key[:300]} MIG", len(p.mig), bounds.MAX_MIG_PROFILES)
     except bounds.BoundsError as e:
         raise TranslateError(f"{where}: {e}") from None
-    # extended resources a DRA claim serves are that claim's devices (counted by `dra`)
+
+
+def _usage(live: list[PodRecord], shares: sharing.Plan | None) -> _Usage:
+    """What the live pods use: CPU, memory, the device plugin's whole GPUs and MIG instances."""
     plugin = [p for p in live if not p.extended_claim]
-    used_cpu = sum(p.cpu_milli for p in live)
-    used_mem = sum(p.memory_mib for p in live)
-    shares = sharing.plan(node)
-    # shared GPUs are laid out by `sharing`; the pods' GPU counts are replicas, not GPUs
-    used_gpus = 0 if shares else sum(p.gpus for p in plugin)
     used_mig: dict[str, list[str]] = defaultdict(list)
     for p in plugin:
         for prof, n in p.mig:
             used_mig[prof].extend([p.key] * n)
+    return _Usage(
+        plugin=plugin,
+        cpu=sum(p.cpu_milli for p in live),
+        mem=sum(p.memory_mib for p in live),
+        gpus=0 if shares else sum(p.gpus for p in plugin),
+        mig=used_mig,
+    )
+
+
+def _draft_zones(
+    where: str,
+    node: NodeRecord,
+    nrt: NrtRecord | None,
+    shares: sharing.Plan | None,
+    dra: DraModel | None,
+    use: _Usage,
+    default_policy: str,
+) -> _Drafts:
+    """The zones from NodeResourceTopology where it has some, else from the node's labels."""
     policy = node.topology_policy or default_policy
-    exact: tuple[dict[int, int], dict[int, str]] | None = None
-    source = ""
     if nrt is not None and nrt.zones:
         policy = nrt.policy or policy
-        drafts = [
-            _Draft(
-                z.numa,
-                z.cpu_milli,
-                z.cpu_milli - z.cpu_available,
-                z.memory_mib,
-                z.memory_mib - z.memory_available,
-                z.gpus,
-                z.gpus - z.gpus_available,
-                {p: n for p, n, _ in z.mig},
-            )
-            for z in nrt.zones
-        ]
-        if shares:
-            _shared_zone_gpus(drafts, nrt, shares)
-        # NodeResourceTopology is written by an agent on the node and can lag the pods bound
-        # there: usage it does not show yet goes to the zones with room, in order
-        _top_up(drafts, used_cpu, used_mem, used_gpus)
-        _mig_from_allocatable(drafts, node)
-        numa_known = True
+        drafts = _Drafts(_drafts_from_nrt(node, nrt, shares, use), policy, numa_known=True)
     else:
-        whole = shares.gpus if shares else node.gpus
-        numa_of = dict(node.gpu_numa)
-        if shares and shares.devices:
-            numa_of = {i: d.numa for i, d in enumerate(shares.devices)}
-        exact, source = _agent_view(node, plugin, shares, dra, numa_of)
-        if exact is not None:
-            numa_of = exact[0]
-        per_numa = Counter(numa_of.values())
-        dra_ids = set(dra.zones) if dra is not None else set()
-        ids = sorted(set(per_numa) | dra_ids) or [0]
-        numa_known = bool(numa_of)
-        drafts = [_Draft(i) for i in ids]
-        k = len(drafts)
-        for i, d in enumerate(drafts):
-            d.cpu = node.cpu_milli // k + (node.cpu_milli % k if i == 0 else 0)
-            d.mem = node.memory_mib // k + (node.memory_mib % k if i == 0 else 0)
-            d.gpus = per_numa[d.numa] if numa_of else 0
-        if sum(d.gpus for d in drafts) != whole:
-            drafts[0].gpus = max(0, drafts[0].gpus + whole - sum(d.gpus for d in drafts))
-        drafts[0].mig = dict(node.mig)
-        _spread(drafts, used_cpu, used_mem, used_gpus)
-        if exact is not None:
-            held_in = Counter(numa_of[i] for i in exact[1])
-            for d in drafts:
-                d.gpus_used = held_in[d.numa]
+        drafts = _drafts_from_labels(node, shares, dra, use, policy)
     if policy not in TOPOLOGY_POLICIES:
         raise TranslateError(f"{where}: unknown Topology Manager policy {policy!r}")
+    return drafts
+
+
+def _drafts_from_nrt(
+    node: NodeRecord, nrt: NrtRecord, shares: sharing.Plan | None, use: _Usage
+) -> list[_Draft]:
+    """NodeResourceTopology's zones, topped up with the usage it does not show yet."""
+    drafts = [
+        _Draft(
+            z.numa,
+            z.cpu_milli,
+            z.cpu_milli - z.cpu_available,
+            z.memory_mib,
+            z.memory_mib - z.memory_available,
+            z.gpus,
+            z.gpus - z.gpus_available,
+            {p: n for p, n, _ in z.mig},
+        )
+        for z in nrt.zones
+    ]
+    if shares:
+        _shared_zone_gpus(drafts, nrt, shares)
+    # NodeResourceTopology is written by an agent on the node and can lag the pods bound
+    # there: usage it does not show yet goes to the zones with room, in order
+    _top_up(drafts, use.cpu, use.mem, use.gpus)
+    _mig_from_allocatable(drafts, node)
+    return drafts
+
+
+def _drafts_from_labels(
+    node: NodeRecord,
+    shares: sharing.Plan | None,
+    dra: DraModel | None,
+    use: _Usage,
+    policy: str,
+) -> _Drafts:
+    """One zone per NUMA node the agent, the shared devices or the labels give GPUs (else one);
+    CPU and memory split evenly, usage spread in order, or exact where the agent speaks."""
+    whole = shares.gpus if shares else node.gpus
+    numa_of = dict(node.gpu_numa)
+    if shares and shares.devices:
+        numa_of = {i: d.numa for i, d in enumerate(shares.devices)}
+    exact, source = _agent_view(node, use.plugin, shares, dra, numa_of)
+    if exact is not None:
+        numa_of = exact[0]
+    per_numa = Counter(numa_of.values())
+    dra_ids = set(dra.zones) if dra is not None else set()
+    ids = sorted(set(per_numa) | dra_ids) or [0]
+    drafts = [_Draft(i) for i in ids]
+    k = len(drafts)
+    for i, d in enumerate(drafts):
+        d.cpu = node.cpu_milli // k + (node.cpu_milli % k if i == 0 else 0)
+        d.mem = node.memory_mib // k + (node.memory_mib % k if i == 0 else 0)
+        d.gpus = per_numa[d.numa] if numa_of else 0
+    if sum(d.gpus for d in drafts) != whole:
+        drafts[0].gpus = max(0, drafts[0].gpus + whole - sum(d.gpus for d in drafts))
+    drafts[0].mig = dict(node.mig)
+    _spread(drafts, use.cpu, use.mem, use.gpus)
+    if exact is not None:
+        held_in = Counter(numa_of[i] for i in exact[1])
+        for d in drafts:
+            d.gpus_used = held_in[d.numa]
+    return _Drafts(drafts, policy, numa_known=bool(numa_of), exact=exact, source=source)
+
+
+def _mig_gpus_per_zone(node: NodeRecord, shares: sharing.Plan | None, drafts: list[_Draft]) -> int:
+    """The node's MIG GPUs shared out over the zones that have MIG instances: how many each."""
     whole_gpus = shares.gpus if shares else node.gpus
     mig_gpus = max(0, node.gpu_count_label - whole_gpus) if node.mig else 0
     mig_zones = sum(1 for d in drafts if any(d.mig.values()))
-    model = sharing.gpu_model(node, shares)
-    gpu_model = model or (gpu_model_name(dra.product) if dra is not None else "")
-    # DRA GPUs by zone: NUMA ids join the zones of that id; PCIe roots (or nothing) only where
-    # the node shows no NUMA zones of its own, else they go to the first zone
+    return max(1, -(-mig_gpus // max(1, mig_zones)))
+
+
+def _place_dra_gpus(drafts: _Drafts, dra: DraModel | None) -> dict[int, list[int]]:
+    """The DRA GPUs by zone (their positions in `dra.gpus`), with a zone added where needed."""
+    # NUMA ids join the zones of that id; PCIe roots (or nothing) only where the node shows no
+    # NUMA zones of its own, else they go to the first zone
     dra_by_zone: dict[int, list[int]] = defaultdict(list)
-    if dra is not None:
-        first = min(d.numa for d in drafts)
-        for i, g in enumerate(dra.gpus):
-            z = g.zone if dra.basis == "numaNode" or not numa_known else first
-            if not any(d.numa == z for d in drafts):
-                drafts.append(_Draft(z))
-            dra_by_zone[z].append(i)
-    ordered = sorted(drafts, key=lambda d: d.numa)
-    laid: list[sharing.SharedGpu] = []
-    notes: list[str] = []
-    if shares:
-        before = None
-        if previous is not None and previous.gpu_replicas == shares.replicas:
-            before = [g.holders for z in previous.zones for g in z.gpus]
-        laid, notes = sharing.layout(
-            shares, [(d.numa, max(d.gpus, 0)) for d in ordered], live, policy, before
-        )
-    # HAMi's GPUs keep their device index as id (unless MIG GPUs share the numbering)
+    if dra is None:
+        return dra_by_zone
+    first = min(d.numa for d in drafts.zones)
+    for i, g in enumerate(dra.gpus):
+        z = g.zone if dra.basis == "numaNode" or not drafts.numa_known else first
+        if not any(d.numa == z for d in drafts.zones):
+            drafts.zones.append(_Draft(z))
+        dra_by_zone[z].append(i)
+    return dra_by_zone
+
+
+def _lay_out_shared(
+    shares: sharing.Plan | None,
+    ordered: list[_Draft],
+    live: list[PodRecord],
+    policy: str,
+    previous: Node | None,
+) -> tuple[list[sharing.SharedGpu], list[str]]:
+    """The shared GPUs zone by zone with their holders (`sharing.layout`), and its notes."""
+    if not shares:
+        return [], []
+    before = None
+    # replicas already attributed stay where they were
+    if previous is not None and previous.gpu_replicas == shares.replicas:
+        before = [g.holders for z in previous.zones for g in z.gpus]
+    return sharing.layout(shares, [(d.numa, max(d.gpus, 0)) for d in ordered], live, policy, before)
+
+
+def _keeps_device_ids(
+    node: NodeRecord, laid: list[sharing.SharedGpu], dra: DraModel | None
+) -> bool:
+    """Whether HAMi's GPUs keep their device index as id (not where MIG GPUs share the ids)."""
     hami_ids = [g.id for g in laid]
     use_ids = bool(laid) and min(hami_ids) >= 0 and len(set(hami_ids)) == len(hami_ids)
-    use_ids = use_ids and not node.mig and dra is None
-    # the agent's NVLink groups: GPU index -> group (only where the agent's view is used)
-    links: dict[int, int] = {}
-    if exact is not None and node.agent is not None:
-        links = {i: gi for gi, grp in enumerate(node.agent.nvlink) for i in grp}
-    zones = []
-    gid = 0
-    k = 0
-    for zi, d in enumerate(ordered):
+    return use_ids and not node.mig and dra is None
+
+
+def _nvlink_groups(node: NodeRecord, exact: _Exact | None) -> dict[int, int]:
+    """The agent's NVLink groups, GPU index -> group, where the agent's view is used."""
+    if exact is None or node.agent is None:
+        return {}
+    return {i: gi for gi, grp in enumerate(node.agent.nvlink) for i in grp}
+
+
+def _sharing_note(shares: sharing.Plan | None, notes: list[str], dra: DraModel | None) -> str:
+    """How the node's GPUs are shared: the device plugin's sharing, then DRA's ("" if none)."""
+    plugin = (
+        shares.describe(any("attributed" in n for n in notes)) + "".join(f"; {n}" for n in notes)
+        if shares
+        else ""
+    )
+    return "; ".join(x for x in (plugin, _dra_sharing(dra)) if x)
+
+
+@dataclass
+class _ZoneBuilder:
+    """Builds a node's zones in NUMA order, numbering the GPUs as it goes (in each zone its
+    whole GPUs, then its MIG GPUs, then its DRA devices) and filling `positions` with where each
+    pod's DRA devices sit."""
+
+    where: str
+    #: the GPU model of the node's labels ("" if none: then MIG instances cannot be laid out)
+    model: str
+    #: the GPU model shown (the labels', else that of the DRA devices' product)
+    gpu_model: str
+    shares: sharing.Plan | None
+    #: the shared GPUs in zone order (`sharing.layout`), and whether they keep their device ids
+    laid: list[sharing.SharedGpu]
+    use_ids: bool
+    exact: _Exact | None
+    #: GPU index -> NVLink group (the agent's)
+    links: dict[int, int]
+    use: _Usage
+    mig_per_zone: int
+    dra: DraModel | None
+    dra_by_zone: dict[int, list[int]]
+    positions: DraPositions | None
+    #: the next GPU's id and the next shared GPU's position in `laid`
+    gid: int = 0
+    next_shared: int = 0
+
+    def zone(self, zi: int, d: _Draft) -> Zone:
+        """The zone of `d`, the `zi`-th in NUMA order."""
+        gpus = self._whole_gpus(d)
+        migs = self._mig_gpus(d)
+        dra_gpus = self._dra_devices(zi, d, migs)
+        return Zone(
+            d.numa,
+            d.cpu,
+            min(max(d.cpu_used, 0), d.cpu),
+            d.mem,
+            min(max(d.mem_used, 0), d.mem),
+            tuple(gpus),
+            tuple(migs),
+            tuple(dra_gpus),
+        )
+
+    def _whole_gpus(self, d: _Draft) -> list[Gpu]:
+        """The zone's device-plugin GPUs: shared as laid out, the agent's exact, else in order."""
         gpus = []
         for j in range(max(d.gpus, 0)):
-            if shares:
-                sg = laid[k]
-                k += 1
-                gpus.append(
-                    Gpu(sg.id if use_ids else gid, sg.used, tuple(sorted(sg.holders.items())))
-                )
-            elif exact is not None:
+            if self.shares:
+                sg = self.laid[self.next_shared]
+                self.next_shared += 1
+                gid = sg.id if self.use_ids else self.gid
+                gpus.append(Gpu(gid, sg.used, tuple(sorted(sg.holders.items()))))
+            elif self.exact is not None:
                 # the agent's GPU: its NVML index, the pod the kubelet says holds it, and its
                 # NVLink group (docs/fabric.md: link groups)
-                i = sorted(x for x, numa in numa_of.items() if numa == d.numa)[j]
-                pod = exact[1].get(i)
-                link = links.get(i)
+                i = sorted(x for x, numa in self.exact[0].items() if numa == d.numa)[j]
+                pod = self.exact[1].get(i)
+                link = self.links.get(i)
                 gpus.append(Gpu(i, 1000, ((pod, 1000),), link) if pod else Gpu(i, link=link))
             else:
-                gpus.append(Gpu(gid, 1000 if j < d.gpus_used else 0))
-            gid += 1
+                gpus.append(Gpu(self.gid, 1000 if j < d.gpus_used else 0))
+            self.gid += 1
+        return gpus
+
+    def _mig_gpus(self, d: _Draft) -> list[MigGpu]:
+        """The zone's device-plugin MIG instances packed onto GPUs, each given to a pod using it."""
+        if not any(d.mig.values()):
+            return []
+        if not self.model:
+            raise TranslateError(f"{self.where}: MIG resources but no nvidia.com/gpu.product label")
+        try:
+            layouts = mig.pack(self.model, sorted(d.mig.items()), self.mig_per_zone)
+        except ValueError as e:
+            raise TranslateError(f"{self.where}: {e}") from None
         migs = []
+        for layout in layouts:
+            insts = []
+            for prof, start in layout:
+                users = self.use.mig.get(prof) or []
+                pod = users.pop(0) if users else None
+                insts.append(MigInstance(prof, int(start), pod is not None, pod))
+            migs.append(MigGpu(self.gid, tuple(insts)))
+            self.gid += 1
+        return migs
+
+    def _dra_devices(self, zi: int, d: _Draft, migs: list[MigGpu]) -> list[Gpu]:
+        """The zone's whole DRA GPUs; its DRA MIG GPUs are appended to `migs`."""
         dra_gpus: list[Gpu] = []
-        if any(d.mig.values()):
-            if not model:
-                raise TranslateError(f"{where}: MIG resources but no nvidia.com/gpu.product label")
-            # the node's MIG GPUs, shared out over the zones that have MIG instances
-            per_zone = max(1, -(-mig_gpus // max(1, mig_zones)))
-            try:
-                layouts = mig.pack(model, sorted(d.mig.items()), per_zone)
-            except ValueError as e:
-                raise TranslateError(f"{where}: {e}") from None
-            for layout in layouts:
-                insts = []
-                for prof, start in layout:
-                    users = used_mig.get(prof) or []
-                    pod = users.pop(0) if users else None
-                    insts.append(MigInstance(prof, int(start), pod is not None, pod))
-                migs.append(MigGpu(gid, tuple(insts)))
-                gid += 1
-        if dra is not None:
-            for i in dra_by_zone.get(d.numa, ()):
-                g = dra.gpus[i]
-                if g.whole and g.shared:
-                    # a device shared by capacity: each holder where its share is
-                    if positions is not None:
-                        for pod, milli in g.holders:
-                            positions.setdefault(pod, []).append(
-                                ("dra_gpus", zi, len(dra_gpus), milli)
-                            )
-                    dra_gpus.append(Gpu(gid, g.used_milli, tuple(g.holders)))
-                elif g.whole:
-                    if positions is not None and g.holder and g.used_milli:
-                        positions.setdefault(g.holder, []).append(("dra_gpus", zi, len(dra_gpus)))
-                    dra_gpus.append(Gpu(gid, g.used_milli))
-                else:
-                    mi = len(migs)
-                    insts = []
-                    for ii, (prof, start, used, pod) in enumerate(g.instances):
-                        insts.append(MigInstance(prof, start, used, pod))
-                        if positions is not None and pod and used:
-                            at: tuple[object, ...] = (
-                                ("mig_new", zi, mi, prof, start)
-                                if g.dynamic
-                                else ("mig", zi, mi, ii)
-                            )
-                            if g.dynamic and start == 0 and _is_full(gpu_model, prof):
-                                at = ("dyn_whole", zi, mi)
-                            positions.setdefault(pod, []).append(at)
-                    migs.append(
-                        MigGpu(
-                            gid,
-                            tuple(insts),
-                            dra=True,
-                            dynamic=g.dynamic,
-                            free_slices=g.free_slices if g.dynamic else None,
-                        )
-                    )
-                gid += 1
-        zones.append(
-            Zone(
-                d.numa,
-                d.cpu,
-                min(max(d.cpu_used, 0), d.cpu),
-                d.mem,
-                min(max(d.mem_used, 0), d.mem),
-                tuple(gpus),
-                tuple(migs),
-                tuple(dra_gpus),
-            )
+        if self.dra is None:
+            return dra_gpus
+        for i in self.dra_by_zone.get(d.numa, ()):
+            g = self.dra.gpus[i]
+            if g.whole:
+                dra_gpus.append(self._dra_whole(zi, len(dra_gpus), g))
+            else:
+                migs.append(self._dra_mig(zi, len(migs), g))
+            self.gid += 1
+        return dra_gpus
+
+    def _dra_whole(self, zi: int, gi: int, g: ModelGpu) -> Gpu:
+        """A whole DRA GPU (at zone `zi`, position `gi`), its holders' positions noted."""
+        if g.shared:
+            # a device shared by capacity: each holder where its share is
+            if self.positions is not None:
+                for pod, milli in g.holders:
+                    self.positions.setdefault(pod, []).append(("dra_gpus", zi, gi, milli))
+            return Gpu(self.gid, g.used_milli, tuple(g.holders))
+        if self.positions is not None and g.holder and g.used_milli:
+            self.positions.setdefault(g.holder, []).append(("dra_gpus", zi, gi))
+        return Gpu(self.gid, g.used_milli)
+
+    def _dra_mig(self, zi: int, mi: int, g: ModelGpu) -> MigGpu:
+        """A DRA MIG GPU (at zone `zi`, position `mi`), its instances' users' positions noted."""
+        insts = []
+        for ii, (prof, start, used, pod) in enumerate(g.instances):
+            insts.append(MigInstance(prof, start, used, pod))
+            if self.positions is not None and pod and used:
+                at: tuple[object, ...] = (
+                    ("mig_new", zi, mi, prof, start) if g.dynamic else ("mig", zi, mi, ii)
+                )
+                if g.dynamic and start == 0 and _is_full(self.gpu_model, prof):
+                    at = ("dyn_whole", zi, mi)
+                self.positions.setdefault(pod, []).append(at)
+        return MigGpu(
+            self.gid,
+            tuple(insts),
+            dra=True,
+            dynamic=g.dynamic,
+            free_slices=g.free_slices if g.dynamic else None,
         )
-    if nrt is not None:
-        source = _agent_note(node, "NodeResourceTopology gives the zones")
-    return Node(
-        name=node.name,
-        gpu_model=gpu_model,
-        topology_policy=policy,
-        zones=tuple(zones),
-        gpu_source=source,
-        gpu_pool=shares.pool if shares else "",
-        gpu_replicas=shares.replicas if shares else 1,
-        gpu_memory_mib=shares.memory_mib if shares else 0,
-        sharing="; ".join(
-            x
-            for x in (
-                shares.describe(any("attributed" in n for n in notes))
-                + "".join(f"; {n}" for n in notes)
-                if shares
-                else "",
-                _dra_sharing(dra),
-            )
-            if x
-        ),
-    )
 
 
 def _agent_note(node: NodeRecord, why_not: str) -> str:
@@ -423,7 +589,7 @@ def _agent_view(
     shares: sharing.Plan | None,
     dra: DraModel | None,
     numa_of: dict[int, int],
-) -> tuple[tuple[dict[int, int], dict[int, str]] | None, str]:
+) -> tuple[_Exact | None, str]:
     """Where `pyctl agent` speaks for this node (annotation pyctl.io/node-topology): each GPU's
     NUMA node and which pod holds it, exactly ((GPU index -> NUMA, GPU index -> pod key)), and
     the source shown for the node. None where the agent is silent or cannot be used: then the

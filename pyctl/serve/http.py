@@ -238,6 +238,92 @@ class _Conn:
         self.since = time.monotonic() if at is None else at
 
 
+class _Events:
+    """The h11 events of one request as they arrive on a connection, within its bounds: the
+    first byte within `idle_timeout` (a connection's first request: within `read_timeout` of
+    `opened`), the whole request within `read_timeout` of its first byte, its request line and
+    headers within `max_header_bytes`."""
+
+    def __init__(
+        self,
+        conn: _Conn,
+        h: h11.Connection,
+        reader: asyncio.StreamReader,
+        limits: Limits,
+        trim: _Trim,
+        opened: float | None,
+    ) -> None:
+        self.conn, self.h, self.reader, self.limits, self.trim = conn, h, reader, limits, trim
+        #: when the request began (its first event or byte; the connection's opening for its
+        #: first request) and when it is due
+        self.started = opened
+        self.until = opened + limits.read_timeout if opened is not None else 0.0
+        self.seen = False  # a byte of this request
+        # bytes given to h11 for this request, those of it already received (pipelined)
+        # included: h11 bounds only headers still incomplete (`max_incomplete_event_size`), so
+        # headers that arrive whole in one read are measured here, when their event comes
+        self.fed = len(h.trailing_data[0])
+
+    async def next(self) -> h11.Event | type[h11.PAUSED]:
+        """The next event, reading from the connection while h11 needs data."""
+        while True:
+            ev = self._parse()
+            if ev is not h11.NEED_DATA:
+                if self.started is None:
+                    self._start()
+                return cast("h11.Event | type[h11.PAUSED]", ev)
+            await self._receive()
+
+    def _parse(self) -> h11.Event | type[h11.NEED_DATA] | type[h11.PAUSED]:
+        """h11's next event; bad HTTP, or a request line and headers too large, refused."""
+        lim, h = self.limits, self.h
+        try:
+            ev = h.next_event()
+        except h11.RemoteProtocolError as e:
+            if "too long" in str(e) or "exceeds" in str(e):
+                raise _Refused(431, "header-too-large", f"bad HTTP: {e}") from None
+            raise _Refused(400, "bad-request", f"bad HTTP: {e}") from None
+        if isinstance(ev, h11.Request):
+            head = self.fed - len(h.trailing_data[0])
+            if head > lim.max_header_bytes:
+                raise _Refused(
+                    431,
+                    "header-too-large",
+                    f"request line and headers of {head} bytes over {lim.max_header_bytes}",
+                )
+        return ev
+
+    def _start(self) -> None:
+        """The request begins now: it is due within `read_timeout`."""
+        self.started = time.monotonic()
+        self.until = self.started + self.limits.read_timeout
+        self.conn.enter("reading", self.started)
+
+    async def _receive(self) -> None:
+        """The next bytes from the connection, given to h11, before the request's deadline."""
+        if self.started is None:
+            timeout, why = self.limits.idle_timeout, None
+        else:
+            timeout, why = self.until - time.monotonic(), "read-timeout"
+        if timeout <= 0:
+            raise _Refused(408, "read-timeout", "request not received in time")
+        try:
+            async with asyncio.timeout(timeout):  # (wait_for would make a task a read)
+                data = await self.reader.read(_CHUNK)
+            self.trim.received += len(data)
+        except TimeoutError:
+            if why is None:
+                raise _Gone() from None
+            raise _Refused(408, why, "request not received in time") from None
+        if self.started is None and data:
+            self._start()
+        if not data:
+            raise _Gone("closed mid-request" if self.seen else "")
+        self.seen = True
+        self.fed += len(data)
+        self.h.receive_data(data)
+
+
 _REASONS = {
     400: "Bad Request",
     401: "Unauthorized",
@@ -456,72 +542,24 @@ class HttpServer:
         """The next request on the connection: the first one due within `read_timeout` of
         `opened`, a later one within `idle_timeout` of the last answer (then `read_timeout` from
         its first byte)."""
-        lim = self.limits
-        started: float | None = opened
-        until = opened + lim.read_timeout if opened is not None else 0.0
-        seen = False  # a byte of this request
-        # bytes given to h11 for this request, those of it already received (pipelined) included:
-        # h11 bounds only headers still incomplete (`max_incomplete_event_size`), so headers that
-        # arrive whole in one read are measured here, when their event comes
-        fed = len(h.trailing_data[0])
-
-        async def event() -> h11.Event | type[h11.PAUSED]:
-            nonlocal started, until, seen, fed
-            while True:
-                try:
-                    ev = h.next_event()
-                except h11.RemoteProtocolError as e:
-                    if "too long" in str(e) or "exceeds" in str(e):
-                        raise _Refused(431, "header-too-large", f"bad HTTP: {e}") from None
-                    raise _Refused(400, "bad-request", f"bad HTTP: {e}") from None
-                if isinstance(ev, h11.Request):
-                    head = fed - len(h.trailing_data[0])
-                    if head > lim.max_header_bytes:
-                        raise _Refused(
-                            431,
-                            "header-too-large",
-                            f"request line and headers of {head} bytes over {lim.max_header_bytes}",
-                        )
-                if ev is not h11.NEED_DATA:
-                    if started is None:
-                        started = time.monotonic()
-                        until = started + lim.read_timeout
-                        conn.enter("reading", started)
-                    return cast("h11.Event | type[h11.PAUSED]", ev)
-                if started is None:
-                    timeout, why = lim.idle_timeout, None
-                else:
-                    timeout, why = until - time.monotonic(), "read-timeout"
-                if timeout <= 0:
-                    raise _Refused(408, "read-timeout", "request not received in time")
-                try:
-                    async with asyncio.timeout(timeout):  # (wait_for would make a task a read)
-                        data = await reader.read(_CHUNK)
-                    self._trim.received += len(data)
-                except TimeoutError:
-                    if why is None:
-                        raise _Gone() from None
-                    raise _Refused(408, why, "request not received in time") from None
-                if started is None and data:
-                    started = time.monotonic()
-                    until = started + lim.read_timeout
-                    conn.enter("reading", started)
-                if not data:
-                    raise _Gone("closed mid-request" if seen else "")
-                seen = True
-                fed += len(data)
-                h.receive_data(data)
-
-        ev = await event()
+        events = _Events(conn, h, reader, self.limits, self._trim, opened)
+        ev = await events.next()
         if isinstance(ev, h11.ConnectionClosed) or ev is h11.PAUSED:
             raise _Gone()
         if not isinstance(ev, h11.Request):
             raise _Refused(400, "bad-request", "expected a request")
-        assert started is not None
+        assert events.started is not None
         method = ev.method.decode("ascii", "replace")
         target = ev.target.decode("ascii", "replace")
         path = target.split("?", 1)[0]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in ev.headers}
+        route = self._admit(method, path, headers)
+        body = await self._read_body(conn, events, route, headers)
+        conn.enter("busy")
+        return Request(method, path, headers, body, events.started, _peer(conn.writer))
+
+    def _admit(self, method: str, path: str, headers: Mapping[str, str]) -> Route:
+        """The route of a request, refused if there is none, the method not its or unauthorized."""
         route = self.routes.get(path)
         if route is None:
             raise _Refused(404, "not-found", f"no such path {path[:100]!r}")
@@ -531,6 +569,13 @@ class HttpServer:
             why = self.authorize(headers)
             if why is not None:
                 raise _Refused(401, "unauthorized", why)
+        return route
+
+    async def _read_body(
+        self, conn: _Conn, events: _Events, route: Route, headers: Mapping[str, str]
+    ) -> bytes:
+        """The request's body, within the route's limit and the body budget (held meanwhile)."""
+        lim, h = self.limits, events.h
         limit = route.max_body_bytes if route.max_body_bytes is not None else lim.max_body_bytes
         length = headers.get("content-length")
         declared = 0
@@ -547,7 +592,7 @@ class HttpServer:
         size = 0
         try:
             while True:
-                ev = await event()
+                ev = await events.next()
                 if isinstance(ev, h11.Data):
                     size += len(ev.data)
                     if size > limit:
@@ -563,12 +608,10 @@ class HttpServer:
                     raise _Gone("closed mid-request")
                 else:
                     raise _Refused(400, "bad-request", "unexpected HTTP event")
-            body = b"".join(chunks)
+            return b"".join(chunks)
         finally:
             chunks.clear()
             self._budget.give(held)
-        conn.enter("busy")
-        return Request(method, path, headers, body, started, _peer(conn.writer))
 
     async def _send(
         self, h: h11.Connection, writer: asyncio.StreamWriter, resp: Response, close: bool

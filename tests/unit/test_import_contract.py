@@ -16,9 +16,13 @@ PACKAGE = ROOT / "pyctl"
 
 
 def layer_names(pyproject: str) -> set[str]:
-    """The modules the layers contract names (`a | b` independent, `a : b` not; `(a)` optional)."""
+    """The modules the root layers contract names (`a | b` independent, `a : b` not; `(a)`
+    optional); a contract over one package's own modules (`containers`) binds only that package
+    inside, so the root one must name the package."""
     config = tomllib.loads(pyproject)["tool"]["importlinter"]
-    (layers,) = [c for c in config["contracts"] if c["type"] == "layers"]
+    (layers,) = [
+        c for c in config["contracts"] if c["type"] == "layers" and not c.get("containers")
+    ]
     return {
         name.strip().strip("()")
         for layer in layers["layers"]

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, cast
 
+import aiohttp
 import anyio
 import msgspec
 
@@ -160,6 +161,39 @@ class _Absent(Exception):
 
 class _SinkFailed(Exception):
     pass
+
+
+@dataclass
+class _Batch:
+    """A watch's events not yet handed to the sink, with the resourceVersion the watch reached
+    (`rv`) and the one the sink has been told (`told`)."""
+
+    sink: EventSink
+    kind: Kind
+    stats: ReflectorStats
+    rv: str
+    told: str
+    events: list[Event] = field(default_factory=list)
+    #: when the oldest event of the batch arrived
+    first: float = 0.0
+
+    def add(self, event: Event, now: float) -> None:
+        if not self.events:
+            self.first = now
+        self.events.append(event)
+
+    async def flush(self) -> None:
+        """The events and the resourceVersion reached to the sink (nothing if neither is new)."""
+        if not self.events and self.rv == self.told:
+            return
+        events, self.events = self.events, []
+        try:
+            await self.sink.apply(events, {self.kind: self.rv})
+        except Exception as e:
+            raise _sink_failed(e) from e
+        self.told = self.rv
+        self.stats.batches += 1
+        self.stats.resource_version = self.rv
 
 
 class _ListMeta(msgspec.Struct):
@@ -452,101 +486,96 @@ class Reflector:
         ]
         self.stats.watches += 1
         started = self._clock()
-        received = 0
         async with self.kube.stream(
             self._path, query=query, read_timeout=timeout + opts.read_slack
         ) as resp:
             if resp.status != 200:
-                err = api_error(resp.status, await resp.read())
-                if resp.status == 410:
-                    raise _Gone(str(err))
-                if resp.status == 404 and self.resource.optional:
-                    raise _Absent
-                raise err
-            content = resp.content
-            batch: list[Event] = []
-            batch_rv = rv  # the rv the sink has been told
-            first = 0.0  # when the oldest event of the batch arrived
-            tail = b""
-
-            async def flush() -> None:
-                nonlocal batch, batch_rv
-                if not batch and rv == batch_rv:
-                    return
-                events, batch = batch, []
-                try:
-                    await sink.apply(events, {self.kind: rv})
-                except Exception as e:
-                    raise _sink_failed(e) from e
-                batch_rv = rv
-                self.stats.batches += 1
-                self.stats.resource_version = rv
-
+                raise await self._watch_refused(resp)
+            batch = _Batch(sink, self.kind, self.stats, rv, rv)
             try:
-                while True:
-                    if batch:
-                        wait = first + opts.batch_delay - self._clock()
-                        chunk = None
-                        if wait > 0:
-                            # Cancelling readany() while it waits loses no data.
-                            with anyio.move_on_after(wait):
-                                chunk = await content.readany()
-                        if chunk is None:
-                            await flush()
-                            continue
-                    else:
-                        chunk = await content.readany()
-                    if not chunk:
-                        break  # the server ended the watch (timeoutSeconds)
-                    lines = (tail + chunk).split(b"\n")
-                    tail = lines.pop()
-                    now = self._clock()
-                    for line in lines:
-                        if not line or line.isspace():
-                            continue
-                        received += 1
-                        try:
-                            typ, rec, new_rv = decode_watch_line(self.kind, line)
-                        except ValueError as e:  # DecodeError, or msgspec's on a bad bookmark
-                            self._decode_error(sink, e)
-                            gone = e.tombstone if isinstance(e, DecodeError) else None
-                            if gone is not None:
-                                # the object's previous version must not stay in the view
-                                if not batch:
-                                    first = now
-                                batch.append(Event("DELETED", gone, now))
-                            continue
-                        if rec is None:  # BOOKMARK
-                            self.stats.bookmarks += 1
-                        else:
-                            if not batch:
-                                first = now
-                            batch.append(Event(cast(EventType, typ), rec, now))
-                            self.stats.events += 1
-                            self.stats.events_by_type[typ] += 1
-                        if new_rv:
-                            rv = new_rv
-                        if len(batch) >= opts.batch_max:
-                            await flush()
-                    if not batch and rv != batch_rv:
-                        await flush()  # a bookmark alone: the sink learns the rv now
+                received = await self._read_watch(resp.content, batch)
             except WatchError as e:
-                await flush()  # what came before the error is good
+                await batch.flush()  # what came before the error is good
                 if e.code == 410:
                     raise _Gone(str(e)) from None
                 if e.code == 404 and self.resource.optional:
                     raise _Absent from None
                 raise
             except CONNECTION_ERRORS:
-                await flush()
+                await batch.flush()
                 raise
-            await flush()
+            await batch.flush()
         if received or self._clock() - started > 1.0:
             self._backoff.reset()
         else:
             # A watch that ends at once with nothing: do not spin.
             await self._backoff.sleep()
-        return rv
+        return batch.rv
+
+    async def _watch_refused(self, resp: aiohttp.ClientResponse) -> Exception:
+        """What a watch answered with an HTTP error raises: `_Gone` (410), `_Absent` (404 on an
+        optional kind), else the API's error."""
+        err = api_error(resp.status, await resp.read())
+        if resp.status == 410:
+            return _Gone(str(err))
+        if resp.status == 404 and self.resource.optional:
+            return _Absent()
+        return err
+
+    async def _read_watch(self, content: aiohttp.StreamReader, batch: _Batch) -> int:
+        """The watch's lines until the server ends it (timeoutSeconds), handed to the sink in
+        batches of `batch_max` events at most, within `batch_delay`; returns how many came."""
+        opts = self.options
+        received = 0
+        tail = b""
+        while True:
+            if batch.events:
+                wait = batch.first + opts.batch_delay - self._clock()
+                chunk = None
+                if wait > 0:
+                    # Cancelling readany() while it waits loses no data.
+                    with anyio.move_on_after(wait):
+                        chunk = await content.readany()
+                if chunk is None:
+                    await batch.flush()
+                    continue
+            else:
+                chunk = await content.readany()
+            if not chunk:
+                return received  # the server ended the watch (timeoutSeconds)
+            lines = (tail + chunk).split(b"\n")
+            tail = lines.pop()
+            now = self._clock()
+            for line in lines:
+                if not line or line.isspace():
+                    continue
+                received += 1
+                if self._watch_line(batch, line, now) and len(batch.events) >= opts.batch_max:
+                    await batch.flush()
+            if not batch.events and batch.rv != batch.told:
+                await batch.flush()  # a bookmark alone: the sink learns the rv now
+
+    def _watch_line(self, batch: _Batch, line: bytes, now: float) -> bool:
+        """One line of the watch into `batch`: an event, a bookmark (its resourceVersion), or an
+        object that does not decode (counted; its deletion if named): False for the last."""
+        try:
+            typ, rec, new_rv = decode_watch_line(self.kind, line)
+        except ValueError as e:  # DecodeError, or msgspec's on a bad bookmark
+            self._decode_error(batch.sink, e)
+            gone = e.tombstone if isinstance(e, DecodeError) else None
+            if gone is not None:
+                # the object's previous version must not stay in the view
+                batch.add(Event("DELETED", gone, now), now)
+            return False
+        if rec is None:  # BOOKMARK
+            self.stats.bookmarks += 1
+        else:
+            batch.add(Event(cast(EventType, typ), rec, now), now)
+            self.stats.events += 1
+            self.stats.events_by_type[typ] += 1
+        if new_rv:
+            batch.rv = new_rv
+        return True
 
 
 def _sink_failed(e: BaseException) -> _SinkFailed:
