@@ -925,7 +925,7 @@ class Bench:
     async def setup(self, api: Api) -> None:
         for ns in (NS, SYSTEM_NS, "pyctl-system"):
             await api.call("POST", "/api/v1/namespaces", {"metadata": {"name": ns}}, ok=(201, 409))
-        crd = nrt_crd_manifest()
+        crd: Any = nrt_crd_manifest()
         await api.call(
             "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd, ok=(201, 409)
         )

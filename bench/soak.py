@@ -772,7 +772,7 @@ class Soak:
             for n in self.gpu_nodes
         ]
         self.pool = self.gpu_nodes[: max(3, len(self.gpu_nodes) // 6)]
-        manifests = [node_manifest(s) for s in specs]
+        manifests: list[Any] = [node_manifest(s) for s in specs]
         for m in manifests:
             if m["metadata"]["name"] in self.pool:
                 m["metadata"]["labels"][POOL_KEY] = "rescue"

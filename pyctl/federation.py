@@ -29,7 +29,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import anyio
 import msgspec
@@ -38,6 +37,7 @@ from pyctl.controller.controller import FEDERATION_INTERVAL
 from pyctl.controller.summary import SummaryRecord, decode_summary
 from pyctl.core.fragmentation import FragmentationModel, shape_dict
 from pyctl.core.types import Assignment
+from pyctl.jsontypes import JsonObject, plain
 from pyctl.metrics import Metrics
 from pyctl.model import Shape, Snapshot, Workload
 from pyctl.snapshot import SnapshotError, load_snapshot, shape_from_json
@@ -98,7 +98,7 @@ class Member:
         """Whether the member publishes its node models (can be ranked by `place`)."""
         return self._s.rich
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         s = self._s
         if self.summary is None:  # invalid: no figure of it is known
             return {
@@ -235,7 +235,7 @@ async def federation_status(
     metrics: Metrics | None = None,
     cluster: str | None = None,
     decoder: MemberDecoder | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """The view across clusters as JSON (the CLI's `--json` and `GET /federation`); updates the
     stale-member gauge when `metrics` is given. Raises `StoreError`."""
     members = await read_members(store, metrics, cluster, decoder)
@@ -309,7 +309,10 @@ def parse_shape(text: str) -> Shape:
         except (msgspec.DecodeError, SnapshotError) as e:
             raise ShapeError(f"shape {text!r}: {e}") from None
     else:
-        values: dict[str, Any] = {}
+        amounts: dict[str, int] = {}
+        mig_profile: str | None = None
+        gpu_pool = ""
+        gpu_models: tuple[str, ...] = ()
         for part in text.split(","):
             key, sep, value = part.partition("=")
             key, value = key.strip().lower(), value.strip()
@@ -319,10 +322,12 @@ def parse_shape(text: str) -> Shape:
             if name is None:
                 known = ", ".join(sorted(_SHAPE_ALIASES))
                 raise ShapeError(f"shape {text!r}: unknown key {key!r} (known: {known})")
-            if name in ("mig_profile", "gpu_pool"):
-                values[name] = value
+            if name == "mig_profile":
+                mig_profile = value
+            elif name == "gpu_pool":
+                gpu_pool = value
             elif name == "gpu_models":
-                values[name] = tuple(v for v in value.split("|") if v)
+                gpu_models = tuple(v for v in value.split("|") if v)
             else:
                 try:
                     num = float(value)
@@ -330,8 +335,17 @@ def parse_shape(text: str) -> Shape:
                     raise ShapeError(f"shape {text!r}: {key}={value!r} is not a number") from None
                 if not math.isfinite(num) or num < 0:
                     raise ShapeError(f"shape {text!r}: {key} must be a non-negative number")
-                values[name] = round(num * 1000) if key == "cpu" else int(num)
-        shape = Shape(**values)
+                amounts[name] = round(num * 1000) if key == "cpu" else int(num)
+        shape = Shape(
+            cpu_milli=amounts.get("cpu_milli", 0),
+            memory_mib=amounts.get("memory_mib", 0),
+            gpus=amounts.get("gpus", 0),
+            gpu_milli=amounts.get("gpu_milli", 0),
+            mig_profile=mig_profile,
+            gpu_models=gpu_models,
+            gpu_pool=gpu_pool,
+            gpu_memory_mib=amounts.get("gpu_memory_mib", 0),
+        )
     if (
         shape.gpus
         and not shape.gpu_milli
@@ -467,7 +481,7 @@ def place(
     return ranked + sorted(skipped, key=lambda c: c.cluster)
 
 
-def placement_json(shape: Shape, ranks: Sequence[ClusterRank]) -> dict[str, Any]:
+def placement_json(shape: Shape, ranks: Sequence[ClusterRank]) -> JsonObject:
     return {
         "shape": shape_dict(shape),
         "clusters": [
@@ -484,7 +498,7 @@ def placement_json(shape: Shape, ranks: Sequence[ClusterRank]) -> dict[str, Any]
                         "gpu_model": n.gpu_model,
                         "delta_gpus": n.delta_gpus,
                         "delta_mig_slices": n.delta_mig_slices,
-                        "assignment": n.assignment,
+                        "assignment": plain(n.assignment),
                     }
                     for n in c.nodes
                 ],

@@ -20,6 +20,7 @@ from pyctl.cluster.bounds import (
     MAX_WEIGHT,
 )
 from pyctl.core import mig
+from pyctl.jsontypes import JsonObject, JsonValue
 from pyctl.model import (
     MANAGER_POLICIES,
     TOPOLOGY_POLICIES,
@@ -357,12 +358,12 @@ def load_workload(data: Any) -> Workload:
     return Workload(shapes)
 
 
-def snapshot_to_json(s: Snapshot) -> dict[str, Any]:
+def snapshot_to_json(s: Snapshot) -> JsonObject:
     """The inverse of `load_snapshot` for pyctl's own format."""
     return {"nodes": [node_to_json(n) for n in s.nodes]}
 
 
-def node_to_json(n: Node) -> dict[str, Any]:
+def node_to_json(n: Node) -> JsonObject:
     """One node of `snapshot_to_json`."""
     return {
         "name": n.name,
@@ -371,46 +372,53 @@ def node_to_json(n: Node) -> dict[str, Any]:
         "cpu_manager_policy": n.cpu_manager_policy,
         "memory_manager_policy": n.memory_manager_policy,
         **_sharing_to_json(n),
-        "zones": [
-            {
-                "numa": z.numa,
-                "cpu_milli": z.cpu_milli,
-                "cpu_milli_used": z.cpu_milli_used,
-                "memory_mib": z.memory_mib,
-                "memory_mib_used": z.memory_mib_used,
-                "gpus": [
-                    {"id": g.id, "used_milli": g.used_milli}
-                    | ({"pods": dict(g.holders)} if g.holders else {})
-                    | ({"link": g.link} if g.link is not None else {})
-                    for g in z.gpus
-                ],
-                "mig": [
-                    {
-                        "gpu": m.gpu,
-                        "instances": [
-                            {"profile": i.profile, "start": i.start, "used": i.used}
-                            | ({"pod": i.pod} if i.pod else {})
-                            for i in m.instances
-                        ],
-                    }
-                    | ({"dra": True} if m.dra else {})
-                    | ({"dynamic": True} if m.dynamic else {})
-                    | ({"free_slices": m.free_slices} if m.free_slices is not None else {})
-                    for m in z.mig
-                ],
-            }
-            | (
-                {"dra_gpus": [{"id": g.id, "used_milli": g.used_milli} for g in z.dra_gpus]}
-                if z.dra_gpus
-                else {}
-            )
-            for z in n.zones
-        ],
+        "zones": [_zone_to_json(z) for z in n.zones],
     }
 
 
-def _sharing_to_json(n: Node) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _zone_to_json(z: Zone) -> JsonObject:
+    out: JsonObject = {
+        "numa": z.numa,
+        "cpu_milli": z.cpu_milli,
+        "cpu_milli_used": z.cpu_milli_used,
+        "memory_mib": z.memory_mib,
+        "memory_mib_used": z.memory_mib_used,
+        "gpus": [_gpu_to_json(g) for g in z.gpus],
+        "mig": [_mig_to_json(m) for m in z.mig],
+    }
+    if z.dra_gpus:
+        out["dra_gpus"] = [{"id": g.id, "used_milli": g.used_milli} for g in z.dra_gpus]
+    return out
+
+
+def _mig_to_json(m: MigGpu) -> JsonObject:
+    instances: list[JsonValue] = []
+    for i in m.instances:
+        inst: JsonObject = {"profile": i.profile, "start": i.start, "used": i.used}
+        if i.pod:
+            inst["pod"] = i.pod
+        instances.append(inst)
+    out: JsonObject = {"gpu": m.gpu, "instances": instances}
+    if m.dra:
+        out["dra"] = True
+    if m.dynamic:
+        out["dynamic"] = True
+    if m.free_slices is not None:
+        out["free_slices"] = m.free_slices
+    return out
+
+
+def _gpu_to_json(g: Gpu) -> JsonObject:
+    out: JsonObject = {"id": g.id, "used_milli": g.used_milli}
+    if g.holders:
+        out["pods"] = dict(g.holders)
+    if g.link is not None:
+        out["link"] = g.link
+    return out
+
+
+def _sharing_to_json(n: Node) -> JsonObject:
+    out: JsonObject = {}
     if n.gpu_pool:
         out["gpu_pool"] = n.gpu_pool
     if n.gpu_replicas != 1:

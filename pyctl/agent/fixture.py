@@ -31,6 +31,7 @@ from pyctl.agent.nvml import (
     NvmlError,
     Pci,
 )
+from pyctl.jsontypes import JsonObject, JsonValue
 
 _CODES: Final = {name: code for code, name in ERROR_NAMES.items()}
 #: nvmlDeviceGetP2PStatus: NVML_P2P_STATUS_NOT_SUPPORTED
@@ -45,6 +46,11 @@ def _answer(value: Any) -> Any:
     return value
 
 
+def _list(value: JsonValue) -> list[JsonValue]:
+    """A list as captured; anything else (absent included) lists nothing."""
+    return value if isinstance(value, list) else []
+
+
 def _int(value: Any) -> int:
     v = _answer(value)
     if isinstance(v, str):
@@ -57,14 +63,14 @@ def _int(value: Any) -> int:
 class FixtureNvml:
     """`Nvml` answering from a captured (or hand-written) device file. A handle is the index."""
 
-    def __init__(self, data: dict[str, Any]) -> None:
+    def __init__(self, data: JsonObject) -> None:
         devices = data.get("devices")
         if not isinstance(devices, list):
             raise ValueError("fixture: 'devices' is not a list")
         self.data = data
-        self.devices: list[dict[str, Any]] = [d if isinstance(d, dict) else {} for d in devices]
+        self.devices: list[JsonObject] = [d if isinstance(d, dict) else {} for d in devices]
 
-    def _dev(self, h: object) -> dict[str, Any]:
+    def _dev(self, h: object) -> JsonObject:
         if not isinstance(h, int) or not 0 <= h < len(self.devices):
             raise NvmlError(INVALID_ARGUMENT)
         return self.devices[h]
@@ -120,8 +126,8 @@ class FixtureNvml:
             status=_int(f["status"]),
         )
 
-    def _link(self, h: object, link: int) -> dict[str, Any]:
-        for entry in self._dev(h).get("nvlink", []):
+    def _link(self, h: object, link: int) -> JsonObject:
+        for entry in _list(self._dev(h).get("nvlink")):
             if isinstance(entry, dict) and entry.get("link") == link:
                 return _answer(entry) if "nvml_error" in entry else entry
         raise NvmlError(INVALID_ARGUMENT)
@@ -139,12 +145,14 @@ class FixtureNvml:
         return str(_answer(entry["remote_bus_id"]))
 
     def p2p_nvlink_status(self, h: object, peer: object) -> int:
-        p2p = self._dev(h).get("p2p_nvlink", {})
+        p2p = self._dev(h).get("p2p_nvlink")
+        if not isinstance(p2p, dict):
+            p2p = {}
         self._dev(peer)
         return _int(p2p.get(str(peer), _P2P_NOT_SUPPORTED))
 
-    def _profiles(self, h: object) -> list[dict[str, Any]]:
-        return [p for p in self._dev(h).get("gpu_instance_profiles", []) if isinstance(p, dict)]
+    def _profiles(self, h: object) -> list[JsonObject]:
+        return [p for p in _list(self._dev(h).get("gpu_instance_profiles")) if isinstance(p, dict)]
 
     def gi_profile(self, h: object, index: int) -> GiProfile:
         for p in self._profiles(h):
@@ -167,7 +175,7 @@ class FixtureNvml:
                 return [(_int(x["start"]), _int(x["size"])) for x in places]
         raise NvmlError(INVALID_ARGUMENT)
 
-    def _instances(self, h: object) -> list[dict[str, Any]]:
+    def _instances(self, h: object) -> list[JsonObject]:
         return [g for g in _answer(self._dev(h).get("gpu_instances", [])) if isinstance(g, dict)]
 
     def gpu_instances(self, h: object, profile_id: int) -> list[Instance]:
@@ -196,7 +204,7 @@ class FixtureNvml:
         ]
 
 
-def _instance(raw: dict[str, Any]) -> Instance:
+def _instance(raw: JsonObject) -> Instance:
     place = _answer(raw["placement"])
     return Instance(
         id=_int(raw["id"]),

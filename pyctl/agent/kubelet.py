@@ -24,13 +24,14 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from pyctl.agent.view import Gpu
 
 if TYPE_CHECKING:  # grpcio and protobuf come with the extra `agent`: imported when used
     from pyctl.agent.podresources import api_pb2
 from pyctl.cluster.bounds import MAX_ITEMS, MAX_NUMA_ID, MAX_TEXT_CHARS, MAX_VALUES
+from pyctl.jsontypes import JsonObject, as_object, plain
 
 KUBELET_SOCKET: Final = "/var/lib/kubelet/pod-resources/kubelet.sock"
 #: the largest answer read (the kubelet's own server limit is 16 MiB as well)
@@ -228,7 +229,6 @@ async def read_pod_resources(
     return listed, alloc
 
 
-def pod_resources_json(pr: PodResources) -> dict[str, Any]:
+def pod_resources_json(pr: PodResources) -> JsonObject:
     """The attribution as the agent prints and publishes it."""
-    out: dict[str, Any] = dataclasses.asdict(pr)
-    return out
+    return as_object(plain(dataclasses.asdict(pr)), "the pod-resources attribution")

@@ -13,36 +13,69 @@ watch, garbage-collect and authorize for a few hundred bytes.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from pyctl.cluster import agent_topology
 from pyctl.cluster.kube.client import KubeClient, path_part
+from pyctl.jsontypes import JsonObject, JsonValue, as_list, as_object
 
 log = logging.getLogger("pyctl.agent")
 
 MERGE_PATCH = "application/merge-patch+json"
 
 
-def annotation(doc: dict[str, Any]) -> str:
+def annotation(doc: JsonObject) -> str:
     """The annotation's value for the agent's view (`pyctl.agent.view.view_json`, with
-    `pod_resources` when the kubelet was read)."""
-    gpus = [(str(g["uuid"]), g["numa"]["node"], g.get("clique")) for g in doc.get("gpus", [])]
-    index = {g["index"]: pos for pos, g in enumerate(doc.get("gpus", []))}
-    groups = [[index[i] for i in grp if i in index] for grp in doc.get("nvlink_groups", [])]
+    `pod_resources` when the kubelet was read); `ValueError` when `doc` is not one."""
+    listed = [as_object(g, "gpus") for g in as_list(doc.get("gpus", []), "gpus")]
+    gpus = [
+        (
+            str(g["uuid"]),
+            _int_or_none(as_object(g["numa"], "numa")["node"], "numa.node"),
+            _str_or_none(g.get("clique"), "clique"),
+        )
+        for g in listed
+    ]
+    index = {_int(g["index"], "index"): pos for pos, g in enumerate(listed)}
+    groups = [
+        [index[i] for i in as_list(grp, "nvlink_groups") if isinstance(i, int) and i in index]
+        for grp in as_list(doc.get("nvlink_groups", []), "nvlink_groups")
+    ]
     pods: dict[str, list[int]] | None = None
     pr = doc.get("pod_resources")
     if isinstance(pr, dict) and "containers" in pr:
         pods = {}
-        for c in pr["containers"]:
+        for cv in as_list(pr["containers"], "containers"):
+            c = as_object(cv, "containers")
             key = f"{c['namespace']}/{c['pod']}"
-            for d in c["devices"]:
-                if d["gpu_index"] in index and d["mig_profile_id"] is None:
+            for dv in as_list(c["devices"], "devices"):
+                d = as_object(dv, "devices")
+                gpu = d["gpu_index"]
+                if isinstance(gpu, int) and gpu in index and d["mig_profile_id"] is None:
                     held = pods.setdefault(key, [])
-                    if index[d["gpu_index"]] not in held:
-                        held.append(index[d["gpu_index"]])
+                    if index[gpu] not in held:
+                        held.append(index[gpu])
     return agent_topology.encode(
-        gpus, [g for g in groups if len(g) > 1], pods, int(doc.get("catalog_disagreements", 0))
+        gpus,
+        [g for g in groups if len(g) > 1],
+        pods,
+        _int(doc.get("catalog_disagreements", 0), "catalog_disagreements"),
     )
+
+
+def _int(value: JsonValue, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{what}: {value!r} is not an integer")
+    return value
+
+
+def _int_or_none(value: JsonValue, what: str) -> int | None:
+    return None if value is None else _int(value, what)
+
+
+def _str_or_none(value: JsonValue, what: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{what}: {value!r} is not a string")
+    return value
 
 
 class NodeAnnotationPublisher:
@@ -56,7 +89,7 @@ class NodeAnnotationPublisher:
         self.node = node
         self.last: str | None = None
 
-    async def __call__(self, doc: dict[str, Any]) -> None:
+    async def __call__(self, doc: JsonObject) -> None:
         value = annotation(doc)
         if value == self.last:
             return

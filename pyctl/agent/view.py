@@ -21,6 +21,7 @@ from pyctl.agent import nvml as n
 from pyctl.agent.sysfs import Numa, read_numa, sysfs_bus_id
 from pyctl.cluster.bounds import MAX_GPUS_PER_NODE, MAX_TEXT_CHARS
 from pyctl.core import mig
+from pyctl.jsontypes import JsonObject, as_object, plain
 
 #: the version of the output format
 FORMAT_VERSION: Final = 1
@@ -355,18 +356,8 @@ def disagreements(view: NodeView) -> int:
     return sum(len(g.disagreements) for g in view.gpus)
 
 
-def view_json(view: NodeView, node: str | None = None) -> dict[str, Any]:
+def view_json(view: NodeView, node: str | None = None) -> JsonObject:
     """The agent's output: JSON-ready, versioned (`v`)."""
     out = {"v": FORMAT_VERSION, "node": node, **dataclasses.asdict(view)}
     out["catalog_disagreements"] = disagreements(view)
-    result: dict[str, Any] = _lists(out)
-    return result
-
-
-def _lists(v: Any) -> Any:
-    """Tuples as lists (the JSON form), recursively."""
-    if isinstance(v, dict):
-        return {k: _lists(x) for k, x in v.items()}
-    if isinstance(v, list | tuple):
-        return [_lists(x) for x in v]
-    return v
+    return as_object(plain(out), "the agent's view")

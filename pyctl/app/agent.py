@@ -13,7 +13,6 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pyctl.agent.events import DisagreementEvents
 from pyctl.agent.fixture import FixtureNvml
@@ -29,11 +28,12 @@ from pyctl.agent.publish import NodeAnnotationPublisher
 from pyctl.agent.view import NodeView, disagreements, read_node, view_json
 from pyctl.cluster.bounds import MAX_OBJECT_BYTES
 from pyctl.cluster.kube.client import connect
+from pyctl.jsontypes import JsonObject
 from pyctl.serve.health import HealthServer
 
 log = logging.getLogger("pyctl.agent")
 
-Publish = Callable[[dict[str, Any]], Awaitable[None]]
+Publish = Callable[[JsonObject], Awaitable[None]]
 #: told each view (the catalog's disagreements as Events on the Node: `pyctl.agent.events`)
 Announce = Callable[[NodeView], Awaitable[None]]
 
@@ -68,7 +68,7 @@ def open_nvml(fixture: Path | None) -> Nvml:
     return FixtureNvml(data)
 
 
-async def read_view(nv: Nvml, opts: AgentOptions) -> tuple[NodeView, dict[str, Any]]:
+async def read_view(nv: Nvml, opts: AgentOptions) -> tuple[NodeView, JsonObject]:
     """The node's view, and as JSON with the kubelet's pod-to-GPU attribution when its socket
     is given (`pod_resources`: the attribution, or `{"error": ...}` when it cannot be read)."""
     view = await asyncio.to_thread(read_node, nv, opts.sysfs_root)
@@ -83,7 +83,7 @@ async def read_view(nv: Nvml, opts: AgentOptions) -> tuple[NodeView, dict[str, A
     return view, doc
 
 
-async def read_once(opts: AgentOptions) -> dict[str, Any]:
+async def read_once(opts: AgentOptions) -> JsonObject:
     nv = await asyncio.to_thread(open_nvml, opts.nvml_fixture)
     try:
         return (await read_view(nv, opts))[1]
@@ -99,7 +99,7 @@ class Agent:
         self.publish = publish
         self.announce = announce
         self.metrics = AgentMetrics()
-        self.last: dict[str, Any] | None = None
+        self.last: JsonObject | None = None
         self._nv: Nvml | None = None
         self._server: HealthServer | None = None
 
@@ -127,7 +127,7 @@ class Agent:
             except NvmlError as e:
                 log.warning("NVML shutdown failed", extra={"error": str(e)})
 
-    async def read(self) -> dict[str, Any] | None:
+    async def read(self) -> JsonObject | None:
         """One read of the node, published; None when NVML could not be read at all."""
         try:
             if self._nv is None:

@@ -6,12 +6,12 @@ workflows in progress and recent ones, and what was skipped or quarantined."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from pyctl.app.state import StoredView, summarize
 from pyctl.cluster.records import Record
 from pyctl.controller.summary import Summary
 from pyctl.core.fragmentation import CATEGORIES, shape_dict
+from pyctl.jsontypes import JsonObject
 from pyctl.workflows.engine import Workflow, WorkflowData
 
 GPU = 1000.0
@@ -50,7 +50,7 @@ class WorkflowLine:
     result: str
     finished: bool
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "id": self.id,
             "kind": self.kind,
@@ -102,7 +102,7 @@ class LeftOut:
     #: (kind, name, reason, message)
     objects: tuple[tuple[str, str, str, str], ...]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "count": self.count,
             "objects": [
@@ -124,7 +124,7 @@ class Heartbeat:
     heartbeat: float | None = None
     error: str = ""
     #: the summary as federation shows it (`Member.to_json`)
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: JsonObject = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,7 @@ class Status:
     #: the published scheduling success (a window over watch events only the controller sees)
     scheduling_success: float | None
     workload_source: str
-    workload: list[dict[str, Any]]
+    workload: list[JsonObject]
     nodes: list[NodeLine]
     #: stored nodes the controller's translation cannot model: name -> why
     unmodelled: dict[str, str]
@@ -158,7 +158,7 @@ class Status:
     #: the objects the controller leaves out, from its published summary (None: none published)
     left_out: LeftOut | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         s = self.summary
         return {
             "cluster": self.cluster,
@@ -191,12 +191,12 @@ class Status:
                 "idle_gpu_milli": s.idle_gpu_milli,
                 "fragment_gpu_milli": s.fragment_gpu_milli,
                 "fragmentation_rate": s.fragmentation_rate,
-                "categories": s.categories,
+                "categories": dict(s.categories),
                 "idle_mig_slices": s.idle_mig_slices,
                 "fragment_mig_slices": s.fragment_mig_slices,
                 "recoverable_mig_slices": s.recoverable_mig_slices,
                 "pending": s.pending,
-                "blocked": s.blocked,
+                "blocked": dict(s.blocked),
                 "by_model": {
                     k: {"idle_gpu_milli": v[0], "fragment_gpu_milli": v[1]}
                     for k, v in s.by_model.items()
@@ -207,14 +207,14 @@ class Status:
             },
             "summary_error": self.summary_error or None,
             "scheduling_success": self.scheduling_success,
-            "workload": {"source": self.workload_source, "shapes": self.workload},
+            "workload": {"source": self.workload_source, "shapes": list(self.workload)},
             "nodes": [
                 {
                     "name": n.name,
                     "gpu_model": n.gpu_model,
                     "idle_gpu_milli": n.idle_gpu_milli,
                     "fragment_gpu_milli": n.fragment_gpu_milli,
-                    "categories": n.categories,
+                    "categories": dict(n.categories),
                     "idle_mig_slices": n.idle_mig_slices,
                     "fragment_mig_slices": n.fragment_mig_slices,
                     "zones": [
@@ -225,13 +225,13 @@ class Status:
                 for n in self.nodes
             ],
             "worst": [n.name for n in self.worst()],
-            "unmodelled": self.unmodelled,
+            "unmodelled": dict(self.unmodelled),
             "workflows": {
                 "total": self.workflows_total,
                 "active": [w.to_json() for w in self.workflows_active],
                 "recent": [w.to_json() for w in self.workflows_recent],
-                "undecodable": self.workflows_undecodable,
-                "quarantined": self.quarantined,
+                "undecodable": dict(self.workflows_undecodable),
+                "quarantined": dict(self.quarantined),
                 "error": self.workflow_error or None,
             },
             "skipped": [{"kind": k, "key": key, "why": why} for k, key, why in self.skipped],

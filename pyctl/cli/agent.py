@@ -21,12 +21,13 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Final
 
 from pyctl.agent.kubelet import KUBELET_SOCKET
 from pyctl.agent.nvml import NvmlError
 from pyctl.app.agent import AgentOptions, read_once, run_agent
 from pyctl.cli.errors import UserError
+from pyctl.jsontypes import JsonObject, JsonValue, as_list, as_object
 from pyctl.log import setup_logging
 
 FIXTURE_ENV = "PYCTL_AGENT_NVML_FIXTURE"
@@ -112,21 +113,32 @@ def _agent(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print(doc: dict[str, Any]) -> None:
-    print(f"driver {doc['driver']}, NVML {doc['nvml_version']}, {len(doc['gpus'])} GPU(s)")
-    for g in doc["gpus"]:
-        numa = g["numa"]
+_MIG: Final[dict[bool | None, str]] = {None: "not supported", True: "enabled", False: "disabled"}
+
+
+def _mig(value: JsonValue) -> str:
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(f"MIG mode: {value!r}")
+    return _MIG[value]
+
+
+def _print(doc: JsonObject) -> None:
+    """The agent's view (`pyctl.agent.view.view_json`) as text; `ValueError` when `doc` is not
+    one."""
+    gpus = [as_object(g, "gpus") for g in as_list(doc["gpus"], "gpus")]
+    print(f"driver {doc['driver']}, NVML {doc['nvml_version']}, {len(gpus)} GPU(s)")
+    for g in gpus:
+        numa = as_object(g["numa"], "numa")
         where = f"NUMA node {numa['node']}" if numa["node"] is not None else "NUMA node unknown"
         where += f" ({numa['source']})"
         if numa.get("local_cpulist"):
             where += f"; local_cpulist {numa['local_cpulist']}"
-        mig = {None: "not supported", True: "enabled", False: "disabled"}
         print(
             f"GPU {g['index']} {g['name']} {g['uuid']} bus {g['pci_bus_id']} "
             f"model {g['model'] or '(not in the MIG catalog)'}"
         )
         print(f"  {where}")
-        print(f"  MIG {mig[g['mig_current']]} (pending: {mig[g['mig_pending']]})")
+        print(f"  MIG {_mig(g['mig_current'])} (pending: {_mig(g['mig_pending'])})")
         if g["clique"]:
             print(f"  fabric clique {g['clique']}")
         if g["nvlink_active_links"] is not None:
@@ -135,27 +147,36 @@ def _print(doc: dict[str, Any]) -> None:
                 f"{g['nvlink_switch_links']} to NVSwitch, peers {g['nvlink_peers']}, "
                 f"P2P over NVLink {g['p2p_nvlink_peers']}"
             )
-        for p in g["profiles"]:
-            starts = ",".join(str(s) for s, _ in p["placements"])
+        for pv in as_list(g["profiles"], "profiles"):
+            p = as_object(pv, "profiles")
+            starts = ",".join(
+                str(as_list(x, "placements")[0]) for x in as_list(p["placements"], "placements")
+            )
             size = p["memory_slices"] if p["memory_slices"] is not None else "?"
             print(f"  profile {p['id']:>2} {p['name']:<12} {{{starts}}}:{size}")
-        for i in g["gpu_instances"]:
+        for iv in as_list(g["gpu_instances"], "gpu_instances"):
+            i = as_object(iv, "gpu_instances")
             print(f"  instance {i['id']} {i['profile']} at {i['start']}:{i['size']}")
         if g["not_supported"]:
-            print(f"  not supported: {', '.join(g['not_supported'])}")
-        for d in g["disagreements"]:
+            unsupported = as_list(g["not_supported"], "not_supported")
+            print(f"  not supported: {', '.join(map(str, unsupported))}")
+        for dv in as_list(g["disagreements"], "disagreements"):
+            d = as_object(dv, "disagreements")
             print(
                 f"  catalog disagrees, profile {d['profile_id']} {d['what']}: "
                 f"device {d['device']}, catalog {d['catalog']} (the device wins)"
             )
-    for f in doc["failed"]:
+    for fv in as_list(doc["failed"], "failed"):
+        f = as_object(fv, "failed")
         print(f"GPU {f['index']} left out: {f['reason']}")
     pr = doc.get("pod_resources")
-    if pr is not None and "error" in pr:
+    if isinstance(pr, dict) and "error" in pr:
         print(f"PodResources: {pr['error']}")
     elif pr is not None:
-        for c in pr["containers"]:
-            for d in c["devices"]:
+        for cv in as_list(as_object(pr, "pod_resources")["containers"], "containers"):
+            c = as_object(cv, "containers")
+            for dv in as_list(c["devices"], "devices"):
+                d = as_object(dv, "devices")
                 gpu = f"GPU {d['gpu_index']}" if d["gpu_index"] is not None else d["unresolved"]
                 where = f"{c['namespace']}/{c['pod']}/{c['container']}"
                 print(f"{where}: {d['source']} {d['id']} -> {gpu}")

@@ -11,7 +11,6 @@ import json
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import anyio
 from rich.console import Console
@@ -20,6 +19,7 @@ from rich.table import Table
 from pyctl.app.config import Config, ConfigError, load_config
 from pyctl.app.demo import DemoRun, Figure, compare, describe, play, plot
 from pyctl.cli.errors import UserError
+from pyctl.jsontypes import JsonObject
 from pyctl.log import setup_logging
 
 
@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     if not 1 <= args.seeds <= 100:
         raise UserError("--seeds must be 1..100")
-    flags: dict[str, Any] = {"sim_speed": 0, "sim_forever": False}
+    flags: dict[str, int | bool] = {"sim_speed": 0, "sim_forever": False}
     if args.seed is not None:
         flags["sim_seed"] = args.seed
     try:
@@ -178,8 +178,8 @@ def _markdown(
     return "\n".join(lines)
 
 
-def _json(rows: list[Figure], observe: list[DemoRun], enforce: list[DemoRun]) -> dict[str, Any]:
-    def run(r: DemoRun) -> dict[str, Any]:
+def _json(rows: list[Figure], observe: list[DemoRun], enforce: list[DemoRun]) -> JsonObject:
+    def run(r: DemoRun) -> JsonObject:
         s, a = r.stats, r.actions
         return {
             "seed": r.seed,
@@ -187,16 +187,16 @@ def _json(rows: list[Figure], observe: list[DemoRun], enforce: list[DemoRun]) ->
             "arrived": s.arrived,
             "served": s.served,
             "pending_hours": s.pending_hours,
-            "blocked_hours": s.blocked_hours,
+            "blocked_hours": dict(s.blocked_hours),
             "stranded_gpu_hours": s.stranded_gpu_hours,
             "stranded_mig_slice_hours": s.stranded_mig_slice_hours,
             "mean_fragmentation_rate": s.mean_fragmentation_rate,
             "success_mean": s.success_mean,
             "success_worst": s.success_worst,
-            "evicted": a.evicted,
-            "dry_run": a.dry_run,
-            "rescues": a.rescues,
-            "mig": a.mig,
+            "evicted": dict(a.evicted),
+            "dry_run": dict(a.dry_run),
+            "rescues": dict(a.rescues),
+            "mig": dict(a.mig),
             "advised": a.advised,
             "filtered": a.filtered,
         }

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Any
 
 import anyio
 from rich.console import Console
@@ -63,7 +62,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _config(args: argparse.Namespace) -> Config:
-    flags: dict[str, Any] = {
+    flags: dict[str, str | bool | None] = {
         "cluster": args.cluster,
         "redis_url": args.redis_url,
         "redis_cluster": args.redis_cluster,

@@ -20,7 +20,6 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from pyctl.cli.errors import UserError, load_json
 from pyctl.cli.inputs import load_cluster, say_left_out
@@ -118,9 +117,9 @@ def _layouts(args: argparse.Namespace) -> int:
     profiles = None
     if args.profiles:
         profiles = [mig.profile_name(m.name, p.strip()) for p in args.profiles.split(",") if p]
-    kw: dict[str, Any] = {"media_extensions": args.media_extensions, "pre_r510": args.pre_r510}
-    found = mig.layouts(m.name, profiles, **kw)
-    valid = mig.count_valid(m.name, profiles, **kw)
+    media, pre_r510 = args.media_extensions, args.pre_r510
+    found = mig.layouts(m.name, profiles, media_extensions=media, pre_r510=pre_r510)
+    valid = mig.count_valid(m.name, profiles, media_extensions=media, pre_r510=pre_r510)
     if args.json:
         print(
             json.dumps(

@@ -21,6 +21,7 @@ from pyctl.cluster.records import NodeRecord
 from pyctl.controller.ignored import Ignored
 from pyctl.controller.view import left_out_json
 from pyctl.core.policy import PlanLimits
+from pyctl.jsontypes import JsonObject
 from pyctl.model import Node, Workload
 from pyctl.snapshot import load_workload
 from pyctl.workflows.compaction import CompactionPlan, plan_compaction
@@ -47,8 +48,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _json(plan: CompactionPlan, dra_lines: list[str], left_out: list[Ignored]) -> dict[str, Any]:
-    def move(m: Any) -> dict[str, Any]:
+def _json(plan: CompactionPlan, dra_lines: list[str], left_out: list[Ignored]) -> JsonObject:
+    def move(m: Any) -> JsonObject:
         return {
             "pod": m.pod,
             "from": m.from_node,
@@ -73,7 +74,7 @@ def _json(plan: CompactionPlan, dra_lines: list[str], left_out: list[Ignored]) -
         "considered": plan.considered,
         "refused": dict(plan.refused),
         "unrescued": dict(plan.unrescued),
-        "dra": dra_lines,
+        "dra": list(dra_lines),
         "left_out": left_out_json(left_out),
     }
 

@@ -18,6 +18,7 @@ from pyctl.cli.errors import UserError, load_json
 from pyctl.cluster.kube.dump import is_dump
 from pyctl.cluster.kube.reflector import RESOURCES
 from pyctl.cluster.selectors import parse_selector
+from pyctl.jsontypes import as_object
 from pyctl.recommend.inventory import Inventory, from_objects
 from pyctl.recommend.prometheus import PrometheusClient, PrometheusError, parse_duration, read_usage
 from pyctl.recommend.report import Options, PoolReport, Report, recommend
@@ -299,7 +300,7 @@ def print_report(c: Console, report: Report) -> None:
         for cmd in cmds:
             c.print(cmd, soft_wrap=True, highlight=False)
     if report.classes.mig_parted is not None:
-        names = sorted(report.classes.mig_parted["mig-configs"])
+        names = sorted(as_object(report.classes.mig_parted["mig-configs"], "mig-configs"))
         c.print(
             f"MIG layouts: {len(names)} mig-parted config(s) ({', '.join(names)}); "
             "write them with --mig-parted FILE for the mig-manager's ConfigMap."

@@ -68,7 +68,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
-    flags: dict[str, Any] = {k: getattr(args, k, None) for k in _FLAGS}
+    flags: dict[str, str | int | float | bool | None] = {k: getattr(args, k, None) for k in _FLAGS}
     if args.kubeconfig or args.in_cluster:
         flags["source"] = "kube"
     try:

@@ -23,6 +23,7 @@ from pyctl.core.fragmentation import (
     FragmentationModel,
     worst_nodes,
 )
+from pyctl.jsontypes import JsonObject, as_list, as_object
 from pyctl.snapshot import load_snapshot, load_workload
 
 
@@ -175,12 +176,12 @@ def print_fabric(f: FabricScore, top: int) -> None:
     )
 
 
-def print_dra(report: dict[str, object]) -> None:
+def print_dra(report: JsonObject) -> None:
     """The DRA part of `pyctl score` on a dump (docs/dra.md)."""
     console = Console()
-    nodes = report["nodes"]
-    assert isinstance(nodes, dict)
-    for name, n in sorted(nodes.items()):
+    nodes = as_object(report["nodes"], "nodes")
+    for name, nv in sorted(nodes.items()):
+        n = as_object(nv, name)
         kinds = f"{n['gpus']} GPUs"
         if n["dynamic_mig_gpus"]:
             kinds += f", {n['dynamic_mig_gpus']} DynamicMIG"
@@ -189,16 +190,17 @@ def print_dra(report: dict[str, object]) -> None:
         console.print(f"DRA {name}: {kinds}; zones by {n['zones_by']}")
         if n["both_ways"]:
             console.print(f"  {name}: GPUs managed both by the device plugin and by a DRA driver")
-        for note in n["notes"]:
+        for note in as_list(n["notes"], "notes"):
             console.print(f"  {note}")
-    unknown = report["unknown_requests"]
-    assert isinstance(unknown, dict)
+    unknown = as_object(report["unknown_requests"], "unknown_requests")
     for pod, why in sorted(unknown.items()):
         console.print(f"DRA unknown: {pod}: {why}")
-    spans = report["pods_spanning_numa_nodes"]
-    assert isinstance(spans, list)
-    for x in spans:
-        numa = " ".join("/".join(str(i) for i in v) for v in x["numa"])
+    spans = as_list(report["pods_spanning_numa_nodes"], "pods_spanning_numa_nodes")
+    for xv in spans:
+        x = as_object(xv, "pods_spanning_numa_nodes")
+        numa = " ".join(
+            "/".join(str(i) for i in as_list(v, "numa")) for v in as_list(x["numa"], "numa")
+        )
         console.print(
             f"DRA pod {x['pod']} on {x['node']}: its devices span NUMA nodes ({numa}): "
             "it pays the cross-NUMA penalty; a candidate for compaction into one zone"

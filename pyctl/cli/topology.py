@@ -17,6 +17,7 @@ from rich.table import Table
 
 from pyctl.cli.errors import UserError, load_json
 from pyctl.core.topology import MergeResult, merge_hints
+from pyctl.jsontypes import JsonObject
 from pyctl.model import TOPOLOGY_POLICIES
 
 
@@ -38,7 +39,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     d.set_defaults(handler=run_demo)
 
 
-def _field(case: dict[str, Any], key: str, where: str) -> Any:
+def _field(case: JsonObject, key: str, where: str) -> Any:
+    """The value as read: the core checks its type (its `ValueError` names the field)."""
     if key not in case:
         raise UserError(f"{where}: missing {key!r}")
     return case[key]
@@ -56,8 +58,12 @@ def merge_case(case: Any, where: str, policy: str | None = None) -> MergeResult:
     )
 
 
-def result_dict(r: MergeResult) -> dict[str, Any]:
-    return {"affinity": r.affinity, "preferred": r.preferred, "admit": r.admit}
+def result_dict(r: MergeResult) -> JsonObject:
+    return {
+        "affinity": None if r.affinity is None else list(r.affinity),
+        "preferred": r.preferred,
+        "admit": r.admit,
+    }
 
 
 def _merge(args: argparse.Namespace) -> int:

@@ -13,11 +13,12 @@ disagreements the agent found. Both sides hold it to `MAX_ANNOTATION_BYTES` and 
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Final
+from typing import Annotated, Final
 
 import msgspec
 
 from pyctl.cluster import bounds as b
+from pyctl.jsontypes import JsonObject, JsonValue, plain
 
 ANNOTATION: Final = "pyctl.io/node-topology"
 VERSION: Final = 1
@@ -121,16 +122,17 @@ def encode(
     """The annotation's value: `gpus` as (uuid, NUMA node or None, clique or None) in index
     order. When the pods do not fit in `MAX_ANNOTATION_BYTES` they are left out (as not read);
     when even that does not fit, `AgentTopologyError`."""
-    doc: dict[str, Any] = {"v": VERSION, "gpus": []}
+    listed: list[JsonValue] = []
     for uuid, numa, clique in gpus:
-        g: dict[str, Any] = {"u": uuid[: b.MAX_NAME_CHARS]}
+        g: JsonObject = {"u": uuid[: b.MAX_NAME_CHARS]}
         if numa is not None:
             g["n"] = numa
         if clique:
             g["c"] = clique[: b.MAX_NAME_CHARS]
-        doc["gpus"].append(g)
+        listed.append(g)
+    doc: JsonObject = {"v": VERSION, "gpus": listed}
     if nvlink:
-        doc["nvlink"] = nvlink
+        doc["nvlink"] = plain(nvlink)
     if disagreements:
         doc["cd"] = disagreements
     if pods is not None:

@@ -493,6 +493,7 @@ class Reconciler:
             cats["domain_split"] = fab.domain_split_gpu_milli
             cats["no_domain"] = fab.no_domain_gpu_milli
             frag += fab.domain_split_gpu_milli + fab.no_domain_gpu_milli
+        left_out_count, left_out = self._left_out()
         summ = Summary(
             cluster=self.cluster,
             nodes=len(rows),
@@ -510,7 +511,8 @@ class Reconciler:
             shared_gpus=len(shared),
             shared_used_milli=float(sum(g.used_milli for g in shared)),
             shared_pods=len({pod for g in shared for pod, _ in g.holders}),
-            **self._left_out(),
+            left_out_count=left_out_count,
+            left_out=left_out,
         )
         self._export(summ)
         return summ
@@ -604,17 +606,14 @@ class Reconciler:
             m.level_largest_gang.labels(c, *k).set(n)
         self._gang_labels = set(gangs)
 
-    def _left_out(self) -> dict[str, Any]:
+    def _left_out(self) -> tuple[int, tuple[tuple[str, str, str, str], ...]]:
         """What the summary says of the objects left out: how many are remembered, and the
-        most recently reported `MAX_LEFT_OUT` of them."""
+        most recently reported `MAX_LEFT_OUT` of them (kind, name, reason, message)."""
         items = self.ignored.current()
-        return {
-            "left_out_count": len(items),
-            "left_out": tuple(
-                (i.kind, i.ref.key if i.ref is not None else "", i.reason, i.message)
-                for i in items[-MAX_LEFT_OUT:]
-            ),
-        }
+        return len(items), tuple(
+            (i.kind, i.ref.key if i.ref is not None else "", i.reason, i.message)
+            for i in items[-MAX_LEFT_OUT:]
+        )
 
     def _dra_summary(self) -> None:
         """Unknown DRA requests and pods whose devices span NUMA nodes, as metrics."""

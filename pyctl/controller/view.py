@@ -14,7 +14,6 @@ the running controller sees (`pyctl status` rebuilds the same view from the stor
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from pyctl.cluster.dra.context import misaligned_pods
 from pyctl.cluster.dra.zones import model_gpus
@@ -24,6 +23,7 @@ from pyctl.controller.cache import ClusterCache
 from pyctl.controller.ignored import Ignored, IgnoredObjects
 from pyctl.controller.reconcile import Reconciler
 from pyctl.controller.workload import WorkloadScope
+from pyctl.jsontypes import JsonObject
 from pyctl.metrics import Metrics
 from pyctl.model import DEFAULT_TOPOLOGY_POLICY, Shape, Snapshot, Workload
 
@@ -69,14 +69,14 @@ class ListedView:
         """Every object left out, with the controller's reason, in the order found."""
         return self.ignored.current()
 
-    def dra_report(self) -> dict[str, Any] | None:
+    def dra_report(self) -> JsonObject | None:
         """What the DRA objects say besides the score (None without DRA objects): per node, how
         its zones were found and what pyctl could not use; the pods whose claims pyctl cannot
         tell, with why; the running pods whose allocated devices span NUMA nodes."""
         if not self.has_dra:
             return None
         dra = self.cache.dra
-        out_nodes = {}
+        out_nodes: JsonObject = {}
         for n in self.cache.nodes.values():
             nd = dra.node(n.name)
             if nd is None:
@@ -88,9 +88,9 @@ class ListedView:
                 "dynamic_mig_gpus": sum(1 for g in dm.gpus if g.dynamic),
                 "static_mig_gpus": sum(1 for g in dm.gpus if not g.whole and not g.dynamic),
                 "both_ways": bool(dm.gpus and (n.gpus or n.mig)),
-                "notes": dm.notes,
+                "notes": list(dm.notes),
             }
-        unknown = {}
+        unknown: JsonObject = {}
         for p in self.live_pods():
             if p.claims:
                 need = dra.need(p.namespace, p.claims)
@@ -141,7 +141,7 @@ def view_of(
     return view
 
 
-def left_out_json(items: list[Ignored]) -> dict[str, Any]:
+def left_out_json(items: list[Ignored]) -> JsonObject:
     """The objects left out, as `--json` outputs show them."""
     return {
         "count": len(items),

@@ -68,6 +68,7 @@ from pyctl.dev.gpu_nodes import (
 )
 from pyctl.dev.mig_manager import STATE_LABEL, MigManagerSim, a100_all_1g, create_mig_node, mig_pod
 from pyctl.dev.topology import TopologyUpdater, pod_request
+from pyctl.jsontypes import JsonObject
 
 SCHEDULER_NAME = "pyctl-gpu"
 NAMESPACE = "demo"
@@ -99,8 +100,8 @@ def h100(name: str) -> GpuNodeSpec:
     )
 
 
-def gpu_deployment(name: str, replicas: int, gpus: int) -> dict[str, Any]:
-    res = {"cpu": "1", "memory": "1Gi", GPU: str(gpus)}
+def gpu_deployment(name: str, replicas: int, gpus: int) -> JsonObject:
+    res: JsonObject = {"cpu": "1", "memory": "1Gi", GPU: str(gpus)}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Self
 
+from pyctl.jsontypes import JsonObject, as_object
+
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "scripts" / "control-plane"
 
@@ -71,7 +73,7 @@ LOG_TAIL_LINES = 25
 #: Metadata level (who, verb, resource, namespace, name, response code), once each (no
 #: RequestReceived stage); everything else (the components and tests act with certificates) at
 #: None, so auditing costs the other requests nothing.
-AUDIT_POLICY: dict[str, Any] = {
+AUDIT_POLICY: JsonObject = {
     "apiVersion": "audit.k8s.io/v1",
     "kind": "Policy",
     "omitStages": ["RequestReceived"],
@@ -720,8 +722,12 @@ class ControlPlane:
 
         def probe() -> str | None:
             node = self.request("GET", f"/api/v1/nodes/{name}")
-            for cond in node.get("status", {}).get("conditions", []):
-                if cond["type"] == "Ready" and cond["status"] == "True":
+            status = node.get("status")
+            conditions = status.get("conditions") if isinstance(status, dict) else None
+            for cond in conditions if isinstance(conditions, list) else []:
+                if not isinstance(cond, dict):
+                    continue
+                if cond.get("type") == "Ready" and cond.get("status") == "True":
                     return None
             return f"canary node {name} not Ready yet"
 
@@ -740,7 +746,7 @@ class ControlPlane:
             self._ssl = ctx
         return self._ssl
 
-    def request(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+    def request(self, method: str, path: str, body: Any = None) -> JsonObject:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(
             f"{self.server}{path}",
@@ -752,8 +758,7 @@ class ControlPlane:
             urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=self.ssl_context())
         )
         with opener.open(req, timeout=10) as resp:
-            result: dict[str, Any] = json.loads(resp.read() or b"{}")
-            return result
+            return _json_object(resp.read(), f"{method} {path}")
 
     def describe(self) -> str:
         parts = [f"{k} {v:.1f}s" for k, v in self.timings.items()]
@@ -847,7 +852,7 @@ class ExtraApiserver(_ExtraComponent):
         self.stop()
 
 
-def _etcd_call(plane: ControlPlane, api: str, body: Mapping[str, Any]) -> dict[str, Any]:
+def _etcd_call(plane: ControlPlane, api: str, body: Mapping[str, Any]) -> JsonObject:
     """etcd's v3 JSON gateway (no etcdctl needed)."""
     req = urllib.request.Request(
         f"http://127.0.0.1:{plane.ports.etcd_client}/v3/{api}",
@@ -857,14 +862,24 @@ def _etcd_call(plane: ControlPlane, api: str, body: Mapping[str, Any]) -> dict[s
     )
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(req, timeout=10) as resp:
-        result: dict[str, Any] = json.loads(resp.read() or b"{}")
-        return result
+        return _json_object(resp.read(), f"etcd {api}")
+
+
+def _json_object(data: bytes, what: str) -> JsonObject:
+    """An answer's body (empty: `{}`); `ValueError` when it is not a JSON object."""
+    got = json.loads(data or b"{}")
+    if not isinstance(got, dict):
+        raise ValueError(f"{what}: the answer is not a JSON object")
+    return got
 
 
 def etcd_revision(plane: ControlPlane) -> int:
     """etcd's current revision (a resourceVersion, as the apiserver shows it)."""
     got = _etcd_call(plane, "kv/range", {"key": base64.b64encode(b"/pyctl-e2e-none").decode()})
-    return int(got["header"]["revision"])
+    revision = as_object(got.get("header"), "etcd kv/range: header").get("revision")
+    if not isinstance(revision, str | int):
+        raise ValueError(f"etcd kv/range: header.revision is {revision!r}")
+    return int(revision)
 
 
 def etcd_compact(plane: ControlPlane, revision: int) -> None:
@@ -895,7 +910,7 @@ class ExtraScheduler(_ExtraComponent):
         self.name = f"{SCHEDULER}-{name}"
         self.port = free_port()
         self.config_path = plane.work_dir / f"{self.name}.yaml"
-        full: dict[str, Any] = {
+        full: JsonObject = {
             "apiVersion": "kubescheduler.config.k8s.io/v1",
             "kind": "KubeSchedulerConfiguration",
             "clientConnection": {"kubeconfig": str(plane.kubeconfig), "qps": 200, "burst": 400},

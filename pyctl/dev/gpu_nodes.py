@@ -26,6 +26,8 @@ from typing import Any
 import yaml
 from kubernetes_asyncio import client
 
+from pyctl.jsontypes import JsonObject, JsonValue, as_object
+
 from .control_plane import KWOK_NODE_ANNOTATION, REPO
 
 NRT_GROUP = "topology.node.k8s.io"
@@ -86,15 +88,15 @@ class GpuNodeSpec:
         return dict(out)
 
 
-def node_manifest(spec: GpuNodeSpec) -> dict[str, Any]:
-    resources = {
+def node_manifest(spec: GpuNodeSpec) -> JsonObject:
+    resources: JsonObject = {
         "cpu": str(spec.cpus_per_zone * spec.numa_zones),
         "memory": f"{spec.memory_gib_per_zone * spec.numa_zones}Gi",
         "pods": str(spec.pods),
         **{name: str(n) for name, n in spec.gpu_resources().items()},
     }
     gpu_res = spec.gpu_resources()
-    labels = {
+    labels: JsonObject = {
         "kubernetes.io/hostname": spec.name,
         "kubernetes.io/os": "linux",
         "kubernetes.io/arch": "amd64",
@@ -129,19 +131,19 @@ def node_manifest(spec: GpuNodeSpec) -> dict[str, Any]:
 
 def nrt_manifest(
     spec: GpuNodeSpec, used: Mapping[int, Mapping[str, int]] | None = None
-) -> dict[str, Any]:
+) -> JsonObject:
     """The node's NodeResourceTopology.
 
     ``used`` (zone -> resource -> amount) lowers ``available``, as an exporter does for pods.
     """
     used = used or {}
-    zones = []
+    zones: list[JsonValue] = []
     for zone in range(spec.numa_zones):
         taken = used.get(zone, {})
         # Amounts in their unit: cpu in cores, memory in GiB (the "memory" key of `used` too).
         amounts = {"cpu": spec.cpus_per_zone, "memory": spec.memory_gib_per_zone}
         amounts.update(spec.gpu_resources(zone))
-        resources = []
+        resources: list[JsonValue] = []
         for name, total in amounts.items():
             unit = "Gi" if name == "memory" else ""
             resources.append(
@@ -179,14 +181,19 @@ def nrt_manifest(
 # Talking to the apiserver
 
 
-def nrt_crd_manifest() -> dict[str, Any]:
-    crd: dict[str, Any] = yaml.safe_load(Path(NRT_CRD).read_text())
+def nrt_crd_manifest() -> JsonObject:
+    crd = yaml.safe_load(Path(NRT_CRD).read_text())
+    if not isinstance(crd, dict):
+        raise ValueError(f"{NRT_CRD}: not a mapping")
     return crd
 
 
 async def apply_nrt_crd(api: client.ApiClient, within: float = 30.0) -> None:
     """Create the NodeResourceTopology CRD (if missing) and wait until it is Established."""
     crd = nrt_crd_manifest()
+    name = as_object(crd.get("metadata"), f"{NRT_CRD}: metadata").get("name")
+    if not isinstance(name, str):
+        raise ValueError(f"{NRT_CRD}: metadata.name is not a string")
     ext = client.ApiextensionsV1Api(api)
     try:
         await ext.create_custom_resource_definition(body(crd))
@@ -195,7 +202,7 @@ async def apply_nrt_crd(api: client.ApiClient, within: float = 30.0) -> None:
             raise
     async with asyncio.timeout(within):
         while True:
-            got = await ext.read_custom_resource_definition(crd["metadata"]["name"])
+            got = await ext.read_custom_resource_definition(name)
             conditions = (got.status.conditions or []) if got.status else []
             if any(c.type == "Established" and c.status == "True" for c in conditions):
                 return

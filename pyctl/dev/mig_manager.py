@@ -36,6 +36,7 @@ from typing import Any
 from kubernetes_asyncio import client, watch
 
 from pyctl.core.mig import MIG_CONFIG_LABEL, parse_mig_parted, to_yaml
+from pyctl.jsontypes import JsonObject
 
 from .gpu_nodes import (
     E2E_NODE_LABEL,
@@ -92,9 +93,9 @@ async def create_mig_node(
     )
 
 
-def mig_pod(name: str, node: str, profile: str, app: str) -> dict[str, Any]:
+def mig_pod(name: str, node: str, profile: str, app: str) -> JsonObject:
     """A pod asking for one `nvidia.com/mig-<profile>` instance on `node`."""
-    res = {f"nvidia.com/mig-{profile}": "1"}
+    res: JsonObject = {f"nvidia.com/mig-{profile}": "1"}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -173,7 +174,7 @@ class MigManagerSim:
         await self.core.patch_node(node, {"metadata": {"labels": {STATE_LABEL: state}}}, **MERGE_KW)
         self.history.append((node, config, state))
 
-    async def _configs(self) -> dict[str, list[dict[str, Any]]]:
+    async def _configs(self) -> dict[str, list[JsonObject]]:
         try:
             cm = await self.core.read_namespaced_config_map(self.configmap, self.namespace)
         except client.ApiException as exc:

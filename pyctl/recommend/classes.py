@@ -25,9 +25,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
 from pyctl.core import mig
+from pyctl.jsontypes import JsonObject
 from pyctl.recommend.inventory import NodeInfo
 from pyctl.recommend.menu import Item
 from pyctl.recommend.rightsize import CLASS_LABEL, CPU_MICRO, GPU_LARGE, GPU_SHARED, MIG
@@ -63,7 +64,7 @@ class ResourceClass:
             out.append(f"kubectl label node {n} {CLASS_LABEL}={self.name}{extra} --overwrite")
         return out
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "class": self.name,
             "pool": self.pool,
@@ -75,7 +76,7 @@ class ResourceClass:
             "shortfall": dict(self.shortfall),
             "mig_configs": dict(self.node_configs),
             "reconfigure": list(self.reconfigure),
-            "commands": self.label_commands(),
+            "commands": list(self.label_commands()),
         }
 
 
@@ -85,7 +86,7 @@ class ClassPlan:
     #: pool -> nodes no class needs
     spare: dict[str, tuple[str, ...]]
     #: the mig-parted config file holding every MIG node's layout (None: no MIG class)
-    mig_parted: dict[str, Any] | None
+    mig_parted: JsonObject | None
     node_plans: tuple[mig.NodePlan, ...] = ()
 
 

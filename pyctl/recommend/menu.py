@@ -21,10 +21,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from typing import Any
 
 from pyctl.core import mig
 from pyctl.core.fragmentation import FragmentationModel
+from pyctl.jsontypes import JsonObject
 from pyctl.model import Shape, Snapshot, Workload
 from pyctl.recommend.sizes import Need, Pool, Size, smallest_holding
 
@@ -273,7 +273,7 @@ class MenuEval:
             -self.sizes if self.sizes else -(10**6),
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "menu": None if self.menu is None else list(self.menu),
             "sizes": self.sizes,

@@ -34,6 +34,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from pyctl.jsontypes import JsonObject
+
 MEMORY_METRIC: Final = "DCGM_FI_DEV_FB_USED"
 UTIL_METRICS: Final = ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_DEV_GPU_UTIL")
 #: the percentage metric (others are ratios)
@@ -161,7 +163,7 @@ class UsageReport:
     examples: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "source": self.source,
             "window_seconds": self.window_seconds,

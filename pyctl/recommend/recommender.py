@@ -21,6 +21,7 @@ import anyio.to_thread
 from pyctl.cluster.records import NodeRecord, NrtRecord, PodRecord
 from pyctl.controller.cache import ClusterCache
 from pyctl.controller.reconcile import Reconciler
+from pyctl.jsontypes import JsonObject
 from pyctl.metrics import Metrics
 from pyctl.model import Node
 from pyctl.recommend.inventory import from_records
@@ -177,7 +178,7 @@ class Recommender:
         self._exported = self._now
 
 
-def summary(r: Report) -> dict[str, Any]:
+def summary(r: Report) -> JsonObject:
     """The report in one log line: menus, changes, classes."""
     return {
         "menus": {

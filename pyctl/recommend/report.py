@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from pyctl.core import mig
+from pyctl.jsontypes import JsonObject
 from pyctl.recommend.classes import ClassPlan, plan_classes
 from pyctl.recommend.inventory import Inventory, pool_of, pools
 from pyctl.recommend.menu import Evaluator, Item, Tradeoff, tradeoff
@@ -62,7 +63,7 @@ class PoolReport:
     #: the observed replicas: (need, current request size, replicas)
     groups: tuple[Item, ...]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         t = self.tradeoff
         rec = t.recommended
         return {
@@ -115,7 +116,7 @@ class Report:
         c = self.classes.mig_parted
         return None if c is None else mig.to_yaml(c)
 
-    def kustomization(self) -> dict[str, Any]:
+    def kustomization(self) -> JsonObject:
         return {
             "apiVersion": "kustomize.config.k8s.io/v1beta1",
             "kind": "Kustomization",
@@ -129,7 +130,7 @@ class Report:
             out["kustomization.yaml"] = yaml.safe_dump(self.kustomization(), sort_keys=False)
         return out
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         o = self.options
         a = self.attribution
         return {
@@ -150,8 +151,8 @@ class Report:
             if self.usage is None
             else {
                 **self.usage.to_json(),
-                "stale_series_pods": [] if a is None else a.stale_series_pods,
-                "profile_mismatches": [] if a is None else a.profile_mismatches,
+                "stale_series_pods": [] if a is None else list(a.stale_series_pods),
+                "profile_mismatches": [] if a is None else list(a.profile_mismatches),
             },
             "problems": list(self.problems),
             "skipped": dict(self.skipped),

@@ -19,8 +19,9 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from typing import Any, Final
+from typing import Final
 
+from pyctl.jsontypes import JsonObject
 from pyctl.model import Shape
 from pyctl.recommend.inventory import PATCHABLE, Container, Owner, Replica
 from pyctl.recommend.prometheus import UsageReport
@@ -107,6 +108,18 @@ def _request_share(shape: Shape, pool: Pool | None) -> Fraction:
     return Fraction(1)
 
 
+@dataclass(slots=True)
+class _Seen:
+    """One workload's usage while the series are attributed (`WorkloadUsage` once done)."""
+
+    peak: float | None = None
+    util: float | None = None
+    floor: Fraction | None = None
+    pods: set[str] = field(default_factory=set)
+    earlier: set[str] = field(default_factory=set)
+    profiles: set[str] = field(default_factory=set)
+
+
 def attribute(
     usage: UsageReport, workloads: Sequence[Workload], pools: Mapping[str, Pool]
 ) -> Attribution:
@@ -120,7 +133,7 @@ def attribute(
             if r.controller:
                 by_prefix[(r.namespace, r.controller)] = wl
         by_prefix.setdefault((wl.owner.namespace, wl.owner.name), wl)
-    acc: dict[Owner, dict[str, Any]] = {}
+    acc: dict[Owner, _Seen] = {}
     seen_stale: set[str] = set()
     for (ns, pod, _container), cu in usage.containers.items():
         w = by_pod.get((ns, pod))
@@ -139,41 +152,31 @@ def attribute(
                 out.stale_series_pods.append(f"{ns}/{pod}")
             continue
         pool = pools.get(w.pool) if w.pool else None
-        a = acc.setdefault(
-            w.owner,
-            {
-                "peak": None,
-                "util": None,
-                "floor": None,
-                "pods": set(),
-                "earlier": set(),
-                "profiles": set(),
-            },
-        )
-        (a["earlier"] if earlier else a["pods"]).add(pod)
+        a = acc.setdefault(w.owner, _Seen())
+        (a.earlier if earlier else a.pods).add(pod)
         if cu.peak_memory_mib is not None:
-            a["peak"] = max(a["peak"] or 0.0, cu.peak_memory_mib)
+            a.peak = max(a.peak or 0.0, cu.peak_memory_mib)
         want = w.request.mig_profile or ""
         for prof in cu.profiles:
-            a["profiles"].add(prof)
+            a.profiles.add(prof)
             if prof and want and prof != want:
                 out.profile_mismatches.append(
                     f"{ns}/{pod}: usage on a {prof} instance, the workload requests {want}"
                 )
         if cu.util_p95 is not None:
-            a["util"] = max(a["util"] or 0.0, cu.util_p95)
+            a.util = max(a.util or 0.0, cu.util_p95)
             shares = [s for p in cu.profiles if (s := _profile_share(p, pool)) is not None]
             share = max(shares) if shares else _request_share(w.request, pool)
             floor = Fraction(cu.util_p95).limit_denominator(10**6) * share
-            a["floor"] = floor if a["floor"] is None else max(a["floor"], floor)
+            a.floor = floor if a.floor is None else max(a.floor, floor)
     for owner, a in acc.items():
         out.usage[owner] = WorkloadUsage(
-            a["peak"],
-            a["util"],
-            a["floor"],
-            len(a["pods"]),
-            len(a["earlier"]),
-            tuple(sorted(a["profiles"])),
+            a.peak,
+            a.util,
+            a.floor,
+            len(a.pods),
+            len(a.earlier),
+            tuple(sorted(a.profiles)),
         )
     return out
 
@@ -193,7 +196,7 @@ class Recommendation:
     patch: Patch | None = None
     no_patch: str = ""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         o = self.workload.owner
         u = self.usage
         return {
@@ -325,7 +328,7 @@ class Patch:
     owner: Owner
     container: str
     #: a strategic merge patch of the workload (null deletes a key)
-    body: dict[str, Any]
+    body: JsonObject
 
     @property
     def command(self) -> str:
@@ -336,7 +339,7 @@ class Patch:
             + shlex.quote(json.dumps(self.body, separators=(",", ":"), sort_keys=True))
         )
 
-    def kustomize(self) -> dict[str, Any]:
+    def kustomize(self) -> JsonObject:
         """The same patch as a kustomize strategic-merge patch file."""
         o = self.owner
         api = "apps/v1"
@@ -352,7 +355,7 @@ class Patch:
         o = self.owner
         return f"{o.namespace}.{_KIND_RESOURCE[o.kind]}.{o.name}.yaml"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"container": self.container, "body": self.body, "command": self.command}
 
 
@@ -374,16 +377,16 @@ def make_patch(
         )
     c = holders[0]
     new = size.resource
-    resources: dict[str, dict[str, str | None]] = {}
+    resources: JsonObject = {}
     for part, declared in (("requests", c.requests), ("limits", c.limits)):
         keys = {k for k, _ in declared}
         if old_resource not in keys:
             continue
-        entry: dict[str, str | None] = {new: "1"}
+        entry: JsonObject = {new: "1"}
         if old_resource != new:
             entry[old_resource] = None
         resources[part] = entry
-    spec: dict[str, Any] = {"containers": [{"name": c.name, "resources": resources}]}
+    spec: JsonObject = {"containers": [{"name": c.name, "resources": resources}]}
     if klass:
         spec["nodeSelector"] = {CLASS_LABEL: klass}
     return Patch(o, c.name, {"spec": {"template": {"spec": spec}}}), ""

@@ -158,7 +158,7 @@ async def test_the_agents_annotation_reaches_the_controller(
 
             await wait_until(by_rules, "the rules' zones (2 and 4 idle)", within=60)
 
-            doc = await agent.read()
+            doc: Any = await agent.read()
             assert doc is not None
             assert doc["pod_resources"]["containers"][0]["devices"][0]["gpu_index"] == 0
             got = await core.read_node(NODE)

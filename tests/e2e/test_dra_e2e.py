@@ -39,6 +39,7 @@ from pyctl.core import mig
 from pyctl.dev.control_plane import ControlPlane
 from pyctl.dev.extender import TEST_SCHEDULER, LocalExtender
 from pyctl.dev.gpu_nodes import GpuNodeSpec, body, node_manifest, wait_nodes_ready
+from pyctl.jsontypes import as_object
 from pyctl.model import Shape, Workload
 from pyctl.state.memory import MemoryStore
 from pyctl.state.ratelimit import BucketLimit, MemoryRateLimiter, SafetyLimits
@@ -74,8 +75,9 @@ def dra_node(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
     """A kwok node whose GPUs come only from the DRA driver (no nvidia.com/gpu resources)."""
     spec = GpuNodeSpec(name, product=H100, numa_zones=2, gpus_per_zone=0, labels=labels or {})
     m = node_manifest(spec)
-    for res in (m["status"]["capacity"], m["status"]["allocatable"]):
-        res.pop("nvidia.com/gpu", None)
+    status = as_object(m["status"], "status")
+    for key in ("capacity", "allocatable"):
+        as_object(status[key], key).pop("nvidia.com/gpu", None)
     return m
 
 

@@ -183,7 +183,7 @@ async def test_optional_kind_is_discovered_followed_and_forgotten(
     follows it once served, reports undecodable objects, and forgets it when it goes away."""
     tag = uuid.uuid4().hex[:8]
     group = f"t{tag}.pyctl.e2e"
-    crd = nrt_crd_manifest()
+    crd: Any = nrt_crd_manifest()
     crd["metadata"] = {"name": f"{NRT_PLURAL}.{group}"}  # no API-approval annotation: not k8s.io
     crd["spec"]["group"] = group
     resource = Resource(
@@ -205,7 +205,7 @@ async def test_optional_kind_is_discovered_followed_and_forgotten(
 
         await ext.create_custom_resource_definition(body(crd))
         await wait_until(lambda: reflector.stats.present is True, "the CRD found served", 20)
-        good = nrt_manifest(GpuNodeSpec(f"opt-{tag}"))
+        good: Any = nrt_manifest(GpuNodeSpec(f"opt-{tag}"))
         good["apiVersion"] = f"{group}/{NRT_VERSION}"
         bad = copy.deepcopy(good)
         bad["metadata"]["name"] = f"opt-{tag}-bad"

@@ -41,7 +41,7 @@ def pod(name: str) -> Any:
 
 async def _fresh(plane: ControlPlane, kind: Kind, path: str) -> dict[str, Any]:
     """A fresh list (through the shared apiserver), as records by key."""
-    got = await anyio.to_thread.run_sync(plane.request, "GET", path)
+    got: Any = await anyio.to_thread.run_sync(plane.request, "GET", path)
     recs = [decode_object(kind, json.dumps(o).encode()) for o in got["items"]]
     return {(f"{r.namespace}/{r.name}" if kind == "Pod" else r.name): r for r in recs}  # type: ignore[union-attr]
 

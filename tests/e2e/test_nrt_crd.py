@@ -25,7 +25,7 @@ async def test_nrt_crd_round_trips_and_rejects_malformed_objects(api: client.Api
     await apply_nrt_crd(api)
     custom = client.CustomObjectsApi(api)
     spec = GpuNodeSpec(f"nrt-{uuid.uuid4().hex[:6]}", mig={7: {"1g.10gb": 7}})
-    good = nrt_manifest(spec, used={0: {"nvidia.com/gpu": 3, "cpu": 8, "memory": 64}})
+    good: Any = nrt_manifest(spec, used={0: {"nvidia.com/gpu": 3, "cpu": 8, "memory": 64}})
 
     async def create(obj: dict[str, Any]) -> dict[str, Any]:
         created: dict[str, Any] = await custom.create_cluster_custom_object(

@@ -182,7 +182,7 @@ async def test_status_place_and_stale_gauge(
     assert (a.nodes, a.idle_gpus, a.fragment_gpus) == (2, 3.0, 1.0)
 
     metrics = Metrics()
-    view = await federation_status(stores["a"], metrics, cluster=stores["a"].cluster)
+    view: Any = await federation_status(stores["a"], metrics, cluster=stores["a"].cluster)
     mine = _mine(view["members"], cluster_name)
     assert [m["stale"] for m in mine] == [False, False, False, True]
     # other tests' members may share the server: the gauge counts every stale member it sees

@@ -94,7 +94,8 @@ def test_catalog_disagreements_are_reported_and_the_device_wins(tmp_path: Path) 
     # the device does not list 1g.35gb (profile index 9)
     profiles[:] = [p for p in profiles if p.get("id") != 15]
     root = boards.sysfs(tmp_path / "sys", cap, [-1])
-    [gpu] = view_json(read_node(FixtureNvml(cap), root))["gpus"]
+    view: Any = view_json(read_node(FixtureNvml(cap), root))
+    [gpu] = view["gpus"]
     got = {(d["profile_id"], d["what"]): (d["device"], d["catalog"]) for d in gpu["disagreements"]}
     assert got == {
         (9, "max_count"): (1, 2),

@@ -195,6 +195,21 @@ def test_the_published_annotation_from_the_agents_view(tmp_path: Any) -> None:
     assert got.pods == (("ns/a", (0, 1)),)
 
 
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"gpus": {}},
+        {"gpus": [{"uuid": "u", "numa": {"node": "0"}, "index": 0}]},
+        {"gpus": [{"uuid": "u", "numa": [], "index": 0}]},
+        {"gpus": [{"uuid": "u", "numa": {"node": 0}, "index": 0, "clique": 1}]},
+        {"gpus": [], "nvlink_groups": [[0, 1]], "catalog_disagreements": "2"},
+    ],
+)
+def test_a_document_that_is_not_the_agents_view_is_refused(doc: Any) -> None:
+    with pytest.raises(ValueError):  # noqa: PT011 (each says its own field)
+        annotation(doc)
+
+
 _json = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.text(max_size=20),
     lambda inner: (

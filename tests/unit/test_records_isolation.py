@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import anyio
 import msgspec
@@ -196,7 +197,7 @@ def test_a_member_summary_out_of_bounds_is_skipped_counted_and_never_shown_as_na
 
     async def main() -> None:
         await store.open()
-        view = await federation_status(store, m, "me")
+        view: Any = await federation_status(store, m, "me")
         out = json.dumps(view, allow_nan=False)  # /federation: never a bare NaN
         assert "NaN" not in out
         got = {x["cluster"]: x for x in view["members"]}

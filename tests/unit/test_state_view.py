@@ -72,7 +72,10 @@ def test_a_hostile_summary_is_said_and_the_records_still_read(data: bytes, said:
     out = io.StringIO()
     show(Console(file=out, width=200), st)
     assert said in out.getvalue()
-    assert st.to_json()["controller"]["error"].startswith(said)
+    controller = st.to_json()["controller"]
+    assert isinstance(controller, dict)
+    assert isinstance(controller["error"], str)
+    assert controller["error"].startswith(said)
 
 
 def test_decode_member_says_a_field_of_the_wrong_type() -> None:

@@ -22,6 +22,7 @@ from typing import Any, Final
 
 from pyctl.cluster.kube.client import KubeApiError, KubeClient, Response, path_part
 from pyctl.cluster.source import EvictionOutcome, LeaseLost
+from pyctl.jsontypes import JsonObject
 
 log = logging.getLogger(__name__)
 
@@ -100,13 +101,13 @@ class KubeActuator:
             raise ValueError(f"taint: unknown effect {effect!r}")
         for _ in range(_CONFLICT_RETRIES):
             got = (await self._request("GET", self._node_path(node))).check().json()
-            taints: list[dict[str, Any]] = list((got.get("spec") or {}).get("taints") or [])
+            taints: list[JsonObject] = list((got.get("spec") or {}).get("taints") or [])
             same = [t for t in taints if t.get("key") == key and t.get("effect") == effect]
             others = [t for t in taints if t not in same]
             if on:
                 if len(same) == 1 and (same[0].get("value") or "") == value:
                     return False
-                new = [
+                new: list[JsonObject] = [
                     *others,
                     {"key": key, "effect": effect, **({"value": value} if value else {})},
                 ]
@@ -202,12 +203,12 @@ class KubeActuator:
     # -- eviction ----------------------------------------------------------------------------------
 
     async def try_evict(self, namespace: str, pod: str, uid: str = "") -> EvictionOutcome:
-        body: dict[str, Any] = {
+        body: JsonObject = {
             "apiVersion": "policy/v1",
             "kind": "Eviction",
             "metadata": {"name": pod, "namespace": namespace},
         }
-        options: dict[str, Any] = {}
+        options: JsonObject = {}
         if self.grace_period_seconds is not None:
             options["gracePeriodSeconds"] = self.grace_period_seconds
         if uid:
@@ -266,7 +267,7 @@ class KubeActuator:
         """A core/v1 Event about a Pod or Node (what `kubectl describe` shows). Events of
         cluster-scoped objects live in namespace `default`, as client-go's recorder puts them."""
         type_ = "Warning" if warning else "Normal"
-        involved: dict[str, Any] = {"apiVersion": "v1", "kind": kind, "name": name}
+        involved: JsonObject = {"apiVersion": "v1", "kind": kind, "name": name}
         if namespace:
             involved["namespace"] = namespace
         uid = uid or await self._uid(kind, namespace, name)

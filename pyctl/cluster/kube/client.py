@@ -14,7 +14,7 @@ import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypedDict
 from urllib.parse import quote
 
 import aiohttp
@@ -25,6 +25,7 @@ from kubernetes_asyncio import config as k8s_config
 from pyctl import safe_yaml
 from pyctl.cluster.bounds import MAX_INPUT_BYTES
 from pyctl.cluster.source import ActuatorError
+from pyctl.jsontypes import JsonObject
 
 #: What a request, or a stream being read, can fail with when the connection is the problem.
 CONNECTION_ERRORS: Final = (aiohttp.ClientError, TimeoutError, OSError)
@@ -108,7 +109,7 @@ class Response:
 def api_error(status: int, data: bytes) -> KubeApiError:
     """The error of a non-2xx answer, read from its `Status` body if it is one."""
     reason, message = "", ""
-    details: dict[str, Any] = {}
+    details: JsonObject = {}
     try:
         body = json.loads(data)
     except ValueError:
@@ -116,7 +117,8 @@ def api_error(status: int, data: bytes) -> KubeApiError:
     if isinstance(body, dict) and body.get("kind") == "Status":
         reason = str(body.get("reason", ""))
         message = str(body.get("message", ""))
-        details = body.get("details") or {}
+        got = body.get("details")
+        details = got if isinstance(got, dict) else {}
     else:
         message = data[:300].decode(errors="replace")
     return KubeApiError(status, reason, message, details)
@@ -200,6 +202,14 @@ class KubeClient:
         await self.close()
 
 
+class _InClusterPaths(TypedDict, total=False):
+    """Where kubernetes-asyncio's in-cluster loader looks, when not its defaults."""
+
+    token_filename: str
+    cert_filename: str
+    environ: dict[str, str]
+
+
 async def connect(
     *,
     kubeconfig: str | Path | None = None,
@@ -220,7 +230,7 @@ async def connect(
     timeouts = timeouts or Timeouts()
     cfg = k8s.Configuration()
     if in_cluster:
-        kw: dict[str, Any] = {}
+        kw: _InClusterPaths = {}
         if token_file is not None:
             kw["token_filename"] = str(token_file)
         if ca_file is not None:

@@ -14,7 +14,7 @@ stores), `bad_quantity`, `out_of_bounds` (a count or amount no real machine has)
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from functools import lru_cache
 from typing import Any, Final, TypeVar
@@ -141,16 +141,16 @@ def _where(kind: str, meta: wire.Meta) -> str:
     return f"{kind} {meta.namespace + '/' if meta.namespace else ''}{meta.name}"
 
 
-def _agent(annotations: Mapping[str, str]) -> dict[str, Any]:
-    """The agent's topology annotation: an unreadable one is left out with the reason (the node
-    itself is read as without it: the controller's rules apply)."""
+def _agent(annotations: Mapping[str, str]) -> tuple[agent_topology.AgentTopology | None, str]:
+    """The agent's topology annotation, or why it is unreadable: an unreadable one is left out
+    with the reason (the node itself is read as without it: the controller's rules apply)."""
     value = annotations.get(agent_topology.ANNOTATION)
     if value is None:
-        return {}
+        return None, ""
     try:
-        return {"agent": agent_topology.decode(value)}
+        return agent_topology.decode(value), ""
     except agent_topology.AgentTopologyError as e:
-        return {"agent_error": f"{agent_topology.ANNOTATION}: {e}"[:MAX_TEXT_CHARS]}
+        return None, f"{agent_topology.ANNOTATION}: {e}"[:MAX_TEXT_CHARS]
 
 
 def node_record(n: wire.Node) -> NodeRecord:
@@ -166,6 +166,7 @@ def node_record(n: wire.Node) -> NodeRecord:
             )
         )
         count_label = labels.get(COUNT_LABEL, "")
+        agent, agent_error = _agent(meta.annotations)
         rec = NodeRecord(
             name=meta.name,
             resource_version=meta.resourceVersion,
@@ -195,7 +196,8 @@ def node_record(n: wire.Node) -> NodeRecord:
             sharing=node_sharing(
                 labels, meta.annotations, {SHARED: _count(alloc[SHARED])} if SHARED in alloc else {}
             ),
-            **_agent(meta.annotations),
+            agent=agent,
+            agent_error=agent_error,
         )
     except q.QuantityError as e:
         raise DecodeError(
@@ -516,7 +518,7 @@ _WIRE: Final[dict[str, type[Any]]] = {
     "ResourceClaim": dra_wire.ResourceClaim,
     "ResourceClaimTemplate": dra_wire.ResourceClaimTemplate,
 }
-_TO_RECORD: Final[dict[str, Any]] = {
+_TO_RECORD: Final[dict[str, Callable[[Any], Record]]] = {
     "Node": node_record,
     "Pod": pod_record,
     "PodDisruptionBudget": pdb_record,

@@ -24,12 +24,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Final
 
 import aiohttp
 import anyio
 
 from pyctl.cluster.kube.client import CONNECTION_ERRORS, KubeApiError, KubeClient, path_part
+from pyctl.jsontypes import JsonObject, JsonValue
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +72,43 @@ def micro_time(t: datetime) -> str:
 _RECORD = ("holderIdentity", "leaseDurationSeconds", "acquireTime", "renewTime", "leaseTransitions")
 
 
-def _record(spec: dict[str, Any]) -> tuple[Any, ...]:
+def _record(spec: JsonObject) -> tuple[JsonValue, ...]:
     return tuple(spec.get(k) for k in _RECORD)
+
+
+def _lease(got: object) -> JsonObject:
+    """A Lease as the API server answered it; `ValueError` when it is not an object."""
+    if not isinstance(got, dict):
+        raise ValueError(f"the Lease is a {type(got).__name__}, not an object")
+    return got
+
+
+def _spec(lease: JsonObject) -> JsonObject:
+    """The Lease's spec (an empty one put in when it has none); `ValueError` when it is not an
+    object or a field read here has the wrong type."""
+    spec = lease.get("spec")
+    if spec is None:
+        spec = lease["spec"] = {}
+    if not isinstance(spec, dict):
+        raise ValueError(f"the Lease's spec is a {type(spec).__name__}, not an object")
+    for key, types in _SPEC_TYPES.items():
+        value = spec.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
+            raise ValueError(f"the Lease's spec.{key} is {value!r}")
+    return spec
+
+
+#: the types of the spec's fields read here (each may be absent or null)
+_SPEC_TYPES: dict[str, type | tuple[type, ...]] = {
+    "holderIdentity": str,
+    "leaseDurationSeconds": (int, float),
+    "leaseTransitions": (int, str),
+}
+
+
+def _holder(spec: JsonObject) -> str:
+    holder = spec.get("holderIdentity")
+    return holder if isinstance(holder, str) else ""
 
 
 class LeaderElector:
@@ -94,9 +130,9 @@ class LeaderElector:
         self._rng = rng or random.Random()
         self._leader = False
         self._renewed_at = -math.inf  # when the last successful write was sent (our clock)
-        self._observed: tuple[Any, ...] | None = None
+        self._observed: tuple[JsonValue, ...] | None = None
         self._observed_at = -math.inf
-        self._lease: dict[str, Any] | None = None  # the Lease as last read or written
+        self._lease: JsonObject | None = None  # the Lease as last read or written
         self._changed: anyio.Event | None = None
         self.transitions = 0  # how many times this candidate became leader
         self.errors = 0  # failed attempts (API server unreachable, unexpected status)
@@ -200,7 +236,7 @@ class LeaderElector:
         duration = max(1, math.ceil(cfg.lease_duration))
         resp = await self.kube.request("GET", cfg.path, client_timeout=self._timeout())
         if resp.status == 404:
-            lease = {
+            lease: JsonObject = {
                 "apiVersion": "coordination.k8s.io/v1",
                 "kind": "Lease",
                 "metadata": {"name": cfg.name, "namespace": cfg.namespace},
@@ -220,15 +256,16 @@ class LeaderElector:
             )
             if created.status == 409:
                 return False  # another candidate created it first
-            return self._written(created.check().json(), sent)
-        lease = resp.check().json()
-        spec: dict[str, Any] = lease.setdefault("spec", {})
+            return self._written(_lease(created.check().json()), sent)
+        lease = _lease(resp.check().json())
+        spec = _spec(lease)
         record = _record(spec)
         if record != self._observed:
             self._observed, self._observed_at = record, self._clock()
-        holder = spec.get("holderIdentity") or ""
+        holder = _holder(spec)
         self.holder = holder
-        observed_duration = spec.get("leaseDurationSeconds") or duration
+        got = spec.get("leaseDurationSeconds")
+        observed_duration = got if isinstance(got, int | float) and got else duration
         if holder and holder != cfg.identity:
             if self._leader:
                 self._set_leader(False)  # taken over (we must have lapsed): never two leaders
@@ -239,7 +276,8 @@ class LeaderElector:
             spec["acquireTime"] = spec.get("acquireTime") or now
         else:
             spec["acquireTime"] = now
-            spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
+            n = spec.get("leaseTransitions")
+            spec["leaseTransitions"] = int(n if isinstance(n, int | str) and n else 0) + 1
         spec["holderIdentity"] = cfg.identity
         spec["leaseDurationSeconds"] = duration
         spec["renewTime"] = now
@@ -247,13 +285,13 @@ class LeaderElector:
         put = await self.kube.request("PUT", cfg.path, body=lease, client_timeout=self._timeout())
         if put.status == 409:
             return False
-        return self._written(put.check().json(), sent)
+        return self._written(_lease(put.check().json()), sent)
 
-    def _written(self, lease: dict[str, Any], sent: float) -> bool:
+    def _written(self, lease: JsonObject, sent: float) -> bool:
+        spec = _spec(lease)
         self._lease = lease
-        spec = lease.get("spec") or {}
         self._observed, self._observed_at = _record(spec), self._clock()
-        self.holder = spec.get("holderIdentity") or ""
+        self.holder = _holder(spec)
         self._renewed_at = sent
         return True
 
@@ -268,7 +306,7 @@ class LeaderElector:
             return False
         for _ in range(3):
             now = micro_time(datetime.now(UTC))
-            spec = lease.setdefault("spec", {})
+            spec = _spec(lease)
             spec.update(holderIdentity="", leaseDurationSeconds=1, renewTime=now, acquireTime=now)
             try:
                 resp = await self.kube.request(
@@ -293,12 +331,18 @@ class LeaderElector:
                 return False
             if not current.ok:
                 return False
-            lease = json.loads(current.data)
-            if (lease.get("spec") or {}).get("holderIdentity") != self.config.identity:
+            try:
+                lease = _lease(json.loads(current.data))
+                holder = _holder(_spec(lease))
+            except ValueError as e:
+                log.warning("lease %s: release: %s", self.config.name, e)
+                return False
+            if holder != self.config.identity:
                 return False
         else:
             log.warning("lease %s: release: still conflicting after retries", self.config.name)
             return False
-        self._lease = json.loads(resp.data)
+        released = json.loads(resp.data)
+        self._lease = released if isinstance(released, dict) else None
         log.info("lease %s/%s released", self.config.namespace, self.config.name)
         return True
