@@ -4,8 +4,11 @@ of what `pyctl._core` returns, checked on real outputs against the TypedDicts of
 
 from __future__ import annotations
 
+import ast
+import inspect
 import re
 import types
+from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints, is_typeddict
 
 import pytest
@@ -366,3 +369,213 @@ def test_a_bad_planner_input_is_an_error_naming_it(change: Any, message: str) ->
     with pytest.raises(ValueError, match=message):
         core.plan([good, change(good)], [], [shape_dict(WHOLE)])
     core.plan([good, good], [], [shape_dict(WHOLE)])  # the same good input plans
+
+
+# ---- the core's inputs and signatures: the Rust declarations against pyctl/core/inputs.py and
+# pyctl/_core.pyi ---------------------------------------------------------------------------------
+
+
+def render(tp: Any) -> str:
+    """An annotation as the Rust declarations write a key's kind (`list[int]`, `int | None`,
+    `Sequence[tuple[int, int]]`, the name of another input type)."""
+    if tp is type(None) or tp is None:
+        return "None"
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        return " | ".join(render(a) for a in get_args(tp))
+    if origin is not None:
+        return f"{origin.__name__}[{', '.join(render(a) for a in get_args(tp))}]"
+    return str(tp.__name__)
+
+
+def input_disagreements(declared: dict[str, dict[str, tuple[str, bool]]], module: Any) -> list[str]:
+    """Every difference between the core's declared inputs (`_core.input_types()`) and the
+    TypedDicts of `module`: a type or key on one side only, a key's kind or requiredness."""
+    out = []
+    typeddicts = {
+        n for n, v in vars(module).items() if is_typeddict(v) and v.__module__ == module.__name__
+    }
+    out += [
+        f"{n}: a TypedDict the core does not declare" for n in sorted(typeddicts - set(declared))
+    ]
+    for name, keys in declared.items():
+        td = getattr(module, name, None)
+        if td is None or not is_typeddict(td):
+            out.append(f"{name}: declared by the core, no TypedDict in {module.__name__}")
+            continue
+        hints = get_type_hints(td)
+        out += [f"{name}.{k}: in the TypedDict only" for k in sorted(set(hints) - set(keys))]
+        for key, (kind, required) in keys.items():
+            if key not in hints:
+                out.append(f"{name}.{key}: declared by the core only")
+                continue
+            if render(hints[key]) != kind:
+                out.append(
+                    f"{name}.{key}: the core reads {kind}, the TypedDict says {render(hints[key])}"
+                )
+            if (key in td.__required_keys__) != required:
+                want = "required" if required else "not required"
+                out.append(f"{name}.{key}: {want} by the core, not in the TypedDict")
+            assert (key in td.__optional_keys__) != (key in td.__required_keys__)
+    return out
+
+
+def test_the_inputs_typeddicts_are_the_cores_declarations() -> None:
+    from pyctl.core import inputs
+
+    problems = input_disagreements(_core.input_types(), inputs)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_inputs_check_names_each_disagreement() -> None:
+    from pyctl.core import inputs
+
+    declared = _core.input_types()
+    declared["ShapeInput"] = {**declared["ShapeInput"], "cores": ("int", False)}
+    declared["PendingInput"] = {**declared["PendingInput"], "allowed": ("int", True)}
+    del declared["MigLimitsInput"]
+    declared["Nowhere"] = {}
+    assert input_disagreements(declared, inputs) == [
+        "MigLimitsInput: a TypedDict the core does not declare",
+        "ShapeInput.cores: declared by the core only",
+        "PendingInput.allowed: the core reads int, the TypedDict says int | None",
+        "PendingInput.allowed: required by the core, not in the TypedDict",
+        "Nowhere: declared by the core, no TypedDict in pyctl.core.inputs",
+    ]
+
+
+def test_the_replays_instances_have_the_tasks_columns() -> None:
+    declared = _core.input_types()
+    assert declared["ReplayTasks"].items() <= declared["ReplayInstances"].items()
+
+
+STUB = Path(__file__).resolve().parents[2] / "pyctl" / "_core.pyi"
+
+
+def _stub_signature(f: ast.FunctionDef) -> list[tuple[str, str | None]]:
+    """(name, default as source or None) of each parameter of a function of the stub."""
+    a = f.args
+    params = [*a.posonlyargs, *a.args]
+    defaults: list[ast.expr | None] = [None] * (len(params) - len(a.defaults)) + [*a.defaults]
+    out = [
+        (p.arg, None if d is None else ast.unparse(d))
+        for p, d in zip(params, defaults, strict=True)
+    ]
+    out += [
+        (p.arg, None if d is None else ast.unparse(d))
+        for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True)
+    ]
+    return out
+
+
+def _runtime_signature(obj: Any) -> list[tuple[str, str | None]]:
+    """The same of an extension function or method, from its `__text_signature__`."""
+    sig = inspect.signature(obj)
+    return [
+        (
+            p.name,
+            None
+            if p.default is inspect.Parameter.empty
+            else "..."
+            if p.default is Ellipsis
+            else repr(p.default),
+        )
+        for p in sig.parameters.values()
+    ]
+
+
+def _is_property(f: ast.FunctionDef) -> bool:
+    return any(isinstance(d, ast.Name) and d.id == "property" for d in f.decorator_list)
+
+
+def signature_disagreements(stub: str, module: Any) -> list[str]:
+    """Every difference between the functions and methods of the stub `stub` (source) and those
+    of the extension `module`: one on one side only, a parameter's name, place or default."""
+    out = []
+    stubbed: dict[str, ast.FunctionDef] = {}
+    classes: dict[str, set[str]] = {}
+    for node in ast.parse(stub).body:
+        if isinstance(node, ast.FunctionDef):
+            stubbed[node.name] = node
+        elif isinstance(node, ast.ClassDef):
+            classes[node.name] = set()
+            for f in node.body:
+                if isinstance(f, ast.FunctionDef) and not _is_property(f):
+                    classes[node.name].add(f.name)
+                    if f.name == "__init__" or not f.name.startswith("__"):
+                        stubbed[f"{node.name}.{f.name}"] = f
+    for name, value in vars(module).items():
+        if isinstance(value, type) and not name.startswith("_"):
+            for attr, member in vars(value).items():
+                is_method = inspect.ismethoddescriptor(member) and not inspect.isdatadescriptor(
+                    member
+                )
+                if is_method and not attr.startswith("__") and attr not in classes.get(name, set()):
+                    out.append(f"{name}.{attr}: in the extension, not in the stub")
+        elif callable(value) and not name.startswith("_") and name not in stubbed:
+            out.append(f"{name}: in the extension, not in the stub")
+    for name, f in stubbed.items():
+        cls, _, attr = name.rpartition(".")
+        owner = getattr(module, cls, None) if cls else module
+        obj = getattr(owner, attr, None) if owner is not None else None
+        if obj is None:
+            out.append(f"{name}: in the stub, not in the extension")
+            continue
+        if attr == "__init__":
+            obj = owner  # a pyclass's constructor signature is the class's
+        stub_params = _stub_signature(f)
+        if cls and attr != "__init__":
+            stub_params = [("$self" if p == "self" else p, d) for p, d in stub_params]
+        if attr == "__init__":
+            stub_params = stub_params[1:]  # self
+        runtime = _runtime_signature(obj)
+        if cls and attr != "__init__":
+            runtime = [("$self", d) if i == 0 else (p, d) for i, (p, d) in enumerate(runtime)]
+        if stub_params != runtime:
+            out.append(
+                f"{name}: the stub has ({_show(stub_params)}), the extension ({_show(runtime)})"
+            )
+    return out
+
+
+def _show(params: list[tuple[str, str | None]]) -> str:
+    return ", ".join(p if d is None else f"{p}={d}" for p, d in params)
+
+
+def test_the_stub_has_the_extensions_signatures() -> None:
+    problems = signature_disagreements(STUB.read_text(), _core)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_signature_check_names_each_disagreement() -> None:
+    stub = STUB.read_text()
+    for old, new, want in [
+        (
+            'policy: str = "fgd",\n    seed',
+            'policy: str = "fgs",\n    seed',
+            "replay_run: the stub has",
+        ),
+        (
+            "def mig_profile_name(gpu_model: str, profile: str)",
+            "def mig_profile_name(profile: str, gpu_model: str)",
+            "mig_profile_name: the stub has",
+        ),
+        (
+            "    def node_index(self, name: str) -> int | None: ...\n",
+            "",
+            "FragmentModel.node_index: in the extension, not in the stub",
+        ),
+        (
+            "def mig_models() -> list[MigModelRaw]: ...\n",
+            "def mig_models() -> list[MigModelRaw]: ...\ndef mig_nothing() -> None: ...\n",
+            "mig_nothing: in the stub, not in the extension",
+        ),
+        (
+            "def __init__(self, columns: ClusterColumns)",
+            "def __init__(self, columns: ClusterColumns, x: int = 0)",
+            "FragmentModel.__init__: the stub has",
+        ),
+    ]:
+        assert old in stub, old
+        problems = signature_disagreements(stub.replace(old, new, 1), _core)
+        assert len(problems) == 1 and problems[0].startswith(want), problems
