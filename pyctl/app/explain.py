@@ -31,6 +31,7 @@ from pyctl.cluster.translate import attribute_pods
 from pyctl.controller.placement import PlacementAdvisor
 from pyctl.core import policy
 from pyctl.core.fragmentation import FragmentationModel, blocked_by, shape_dict
+from pyctl.core.inputs import ShapeInput
 from pyctl.model import Shape, Snapshot
 from pyctl.workflows.compaction import CompactionPlan
 from pyctl.workflows.compactor import abandoned, plan_round
@@ -86,7 +87,7 @@ class Explanation:
     unschedulable: bool = False
     scheduler_message: str = ""
     scheduler: str = ""
-    shape: dict[str, Any] | None = None
+    shape: ShapeInput | None = None
     #: why its shape cannot be told (DRA claims pyctl does not understand)
     shape_unknown: str = ""
     workload_source: str = ""

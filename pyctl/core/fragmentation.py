@@ -8,7 +8,7 @@ of placing or removing one task on one node). Definitions: docs/fragmentation.md
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
