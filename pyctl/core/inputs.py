@@ -19,7 +19,7 @@ from pyctl.core.types import Assignment
 
 
 class ShapeInput(TypedDict):
-    """A task shape (`pyctl.model.Shape` as the core reads it; `pyctl.core.fragmentation.shape_dict`).
+    """A task shape (`pyctl.model.Shape` as the core reads it: `fragmentation.shape_dict`).
     An absent key (or None) is 0, empty or false. `weight` is required of a workload's shapes; a
     single task's weight is ignored. `rdma` (percent of one RNIC) is read by the trace replay
     only."""

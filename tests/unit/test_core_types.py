@@ -578,4 +578,5 @@ def test_the_signature_check_names_each_disagreement() -> None:
     ]:
         assert old in stub, old
         problems = signature_disagreements(stub.replace(old, new, 1), _core)
-        assert len(problems) == 1 and problems[0].startswith(want), problems
+        assert len(problems) == 1, problems
+        assert problems[0].startswith(want), problems
