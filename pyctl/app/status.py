@@ -12,6 +12,7 @@ from pyctl.app.state import StoredView, summarize
 from pyctl.cluster.records import Record
 from pyctl.controller.summary import Summary
 from pyctl.core.fragmentation import CATEGORIES, shape_dict
+from pyctl.core.inputs import ShapeInput
 from pyctl.workflows.engine import Workflow
 
 GPU = 1000.0
@@ -142,7 +143,7 @@ class Status:
     #: the published scheduling success (a window over watch events only the controller sees)
     scheduling_success: float | None
     workload_source: str
-    workload: list[dict[str, Any]]
+    workload: list[ShapeInput]
     nodes: list[NodeLine]
     #: stored nodes the controller's translation cannot model: name -> why
     unmodelled: dict[str, str]

@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from pyctl.core import replay as engine
 from pyctl.core.fragmentation import derive_workload
@@ -50,6 +50,9 @@ POLICIES: tuple[str, ...] = ("pyctl", "pyctl-place", "fgd", "bestfit")
 SEEDS: tuple[int, ...] = (42, 43, 44)
 HOUR = 3600.0
 DAY = 86400.0
+#: the resources an instance requests (its columns) and a node has
+Resource = Literal["num_gpu", "cpu_milli", "memory_mib", "rdma"]
+RESOURCES: tuple[Resource, ...] = ("num_gpu", "cpu_milli", "memory_mib", "rdma")
 
 
 class InferenceTraceError(ValueError):
@@ -70,7 +73,7 @@ class Inventory:
     headroom: float = 0.05
     nodes: int | None = None
 
-    def per_node(self) -> dict[str, int]:
+    def per_node(self) -> dict[Resource, int]:
         """Capacity of one node in the instances' units (as `InferenceTrace.peaks`)."""
         return {
             "num_gpu": self.gpus,
@@ -161,7 +164,7 @@ class InferenceTrace:
         cols = self.instances
         skip = set(self.oversized(inventory)) if inventory is not None else set()
         out: dict[str, int] = {}
-        for key in ("num_gpu", "cpu_milli", "memory_mib", "rdma"):
+        for key in RESOURCES:
             ev: list[tuple[float, int, int]] = []
             for i, (a, d, v) in enumerate(
                 zip(cols["arrive"], cols["depart"], cols[key], strict=True)

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import csv
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from pyctl.core import replay as engine
 from pyctl.core.fragmentation import derive_workload
@@ -145,7 +144,7 @@ def read_tasks(path: Path) -> TraceTasks:
     }
 
 
-def task_shapes(tasks: Mapping[str, list[Any]]) -> list[Shape]:
+def task_shapes(tasks: ReplayTasks) -> list[Shape]:
     return [
         Shape(
             cpu_milli=c,
