@@ -16,6 +16,16 @@ import pytest
 from pyctl import _core
 from pyctl.core import types as t
 from pyctl.core.fragmentation import shape_dict, snapshot_columns
+from pyctl.core.inputs import (
+    AssignmentInput,
+    MigGpuInput,
+    MovableInput,
+    PendingInput,
+    ReplayInstances,
+    ReplayNodes,
+    ReplayTasks,
+    ShapeInput,
+)
 from pyctl.model import Gpu, MigGpu, MigInstance, Node, Shape, Snapshot, Zone
 
 
@@ -176,9 +186,11 @@ def test_fragmentation_results_have_their_declared_types() -> None:
 def test_a_compaction_plan_has_its_declared_types() -> None:
     core = _core.FragmentModel(snapshot_columns(_snapshot()))
     shapes = [shape_dict(WHOLE)]
-    half = {"cpu": [], "memory": [], "gpus": [[0, 0, 500]], "mig": None}
-    movable = [{"node": 1, "assignment": half, "shape": shape_dict(HALF)}]
-    pending = [{"shape": shape_dict(Shape(cpu_milli=1000, gpus=2, gpu_milli=1000))}]
+    half: AssignmentInput = {"cpu": [], "memory": [], "gpus": [(0, 0, 500)], "mig": None}
+    movable: list[MovableInput] = [{"node": 1, "assignment": half, "shape": shape_dict(HALF)}]
+    pending: list[PendingInput] = [
+        {"shape": shape_dict(Shape(cpu_milli=1000, gpus=2, gpu_milli=1000))}
+    ]
     plan = core.plan(movable, pending, shapes, limits={"min_gain": 1.0})
     conforms(plan, t.PlanRaw)
     assert plan["moves"], plan
@@ -188,7 +200,7 @@ def test_a_compaction_plan_has_its_declared_types() -> None:
 def test_mig_results_have_their_declared_types() -> None:
     conforms(_core.mig_models(), list[t.MigModelRaw])
     conforms(_core.mig_model("A100-SXM4-40GB"), t.MigModelRaw)
-    gpus = [
+    gpus: list[MigGpuInput] = [
         {
             "gpu": 0,
             "instances": [
@@ -213,20 +225,20 @@ def test_mig_results_have_their_declared_types() -> None:
 
 @pytest.mark.parametrize("placements", [False, True])
 def test_a_replay_result_has_its_declared_types(placements: bool) -> None:
-    nodes: dict[str, list[str] | list[int]] = {
+    nodes: ReplayNodes = {
         "name": ["a", "b"],
         "cpu_milli": [32000, 32000],
         "memory_mib": [65536, 65536],
         "gpu": [4, 2],
         "model": ["A100", "V100"],
     }
-    tasks = {
+    tasks: ReplayTasks = {
         "cpu_milli": [1000] * 6,
         "memory_mib": [0] * 6,
         "num_gpu": [1, 1, 2, 0, 1, 1],
         "gpu_milli": [500, 1000, 1000, 0, 250, 1000],
     }
-    shapes = [{"cpu_milli": 1000, "gpus": 1, "gpu_milli": 1000, "weight": 1.0}]
+    shapes: list[ShapeInput] = [{"cpu_milli": 1000, "gpus": 1, "gpu_milli": 1000, "weight": 1.0}]
     res = _core.replay_run(
         nodes,
         tasks,
@@ -240,8 +252,8 @@ def test_a_replay_result_has_its_declared_types(placements: bool) -> None:
     assert ("node_of" in res) == placements
 
 
-def _events_input() -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
-    nodes: dict[str, list[Any]] = {
+def _events_input() -> tuple[ReplayNodes, ReplayInstances]:
+    nodes: ReplayNodes = {
         "name": ["a", "b"],
         "cpu_milli": [32000, 32000],
         "memory_mib": [65536, 65536],
@@ -249,7 +261,7 @@ def _events_input() -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
         "model": ["G", "G"],
         "rdma": [200, 200],
     }
-    instances: dict[str, list[Any]] = {
+    instances: ReplayInstances = {
         "cpu_milli": [8000] * 5,
         "memory_mib": [0] * 5,
         "num_gpu": [1] * 5,
@@ -265,7 +277,9 @@ def _events_input() -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
 
 def test_an_inference_replay_result_has_its_declared_types() -> None:
     nodes, instances = _events_input()
-    shapes = [{"cpu_milli": 8000, "gpus": 1, "gpu_milli": 1000, "weight": 1.0, "rdma": 25}]
+    shapes: list[ShapeInput] = [
+        {"cpu_milli": 8000, "gpus": 1, "gpu_milli": 1000, "weight": 1.0, "rdma": 25}
+    ]
     res = _core.replay_events(
         nodes,
         instances,
@@ -320,14 +334,14 @@ def test_the_scorer_and_the_replay_read_a_shape_alike(shape: Any, message: str) 
     core = _core.FragmentModel(snapshot_columns(_snapshot()))
     with pytest.raises(ValueError, match=re.escape(message)):
         core.score([shape])
-    nodes: dict[str, list[str] | list[int]] = {
+    nodes: ReplayNodes = {
         "name": ["a"],
         "cpu_milli": [1000],
         "memory_mib": [0],
         "gpu": [1],
         "model": ["x"],
     }
-    tasks = {"cpu_milli": [0], "memory_mib": [0], "num_gpu": [0], "gpu_milli": [0]}
+    tasks: ReplayTasks = {"cpu_milli": [0], "memory_mib": [0], "num_gpu": [0], "gpu_milli": [0]}
     with pytest.raises(ValueError, match=re.escape(message)):
         _core.replay_run(nodes, tasks, [shape])
 
@@ -364,8 +378,8 @@ def test_a_bad_planner_input_is_an_error_naming_it(change: Any, message: str) ->
     """The planner reads tens of thousands of items per round: a bad one is a ValueError naming
     the item and field (never a panic), whichever item it is."""
     core = _core.FragmentModel(snapshot_columns(_snapshot()))
-    half = {"cpu": [], "memory": [], "gpus": [[0, 0, 500]], "mig": None}
-    good = {"node": 1, "assignment": half, "shape": shape_dict(HALF)}
+    half: AssignmentInput = {"cpu": [], "memory": [], "gpus": [(0, 0, 500)], "mig": None}
+    good: MovableInput = {"node": 1, "assignment": half, "shape": shape_dict(HALF)}
     with pytest.raises(ValueError, match=message):
         core.plan([good, change(good)], [], [shape_dict(WHOLE)])
     core.plan([good, good], [], [shape_dict(WHOLE)])  # the same good input plans
