@@ -1,7 +1,25 @@
 # Typed stubs of the Rust extension `pyctl._core` (rust/src/python/). Keep in step with it.
 from collections.abc import Mapping, Sequence
-from typing import Any, final
+from typing import final
 
+from pyctl.core.inputs import (
+    AssignmentInput,
+    ClusterColumns,
+    EventCompaction,
+    MigGpuInput,
+    MigLimitsInput,
+    MigPendingInput,
+    MigWorkloadInput,
+    MovableInput,
+    PendingInput,
+    PlanLimitsInput,
+    ReplayCompaction,
+    ReplayInstances,
+    ReplayNodes,
+    ReplayTasks,
+    ShapeInput,
+    TopologyHintInput,
+)
 from pyctl.core.types import (
     Assignment,
     DeltaRaw,
@@ -21,6 +39,8 @@ CATEGORY_NAMES: list[str]
 
 EXTENDER_WEIGHT: int
 
+# the inputs' declarations (rust/src/python/inputs.rs): {type name: {key: (kind, required)}}
+def input_types() -> dict[str, dict[str, tuple[str, bool]]]: ...
 def extender_scores(ranks: Sequence[tuple[int, int, int] | None]) -> list[int]: ...
 def extender_choice(ranks: Sequence[tuple[int, int, int] | None]) -> int | None: ...
 def kube_default_scores(
@@ -31,45 +51,44 @@ def mig_pack(
 ) -> list[list[tuple[str, int]]]: ...
 
 class FragmentModel:
-    def __init__(self, columns: dict[str, list[Any]]) -> None: ...
+    def __init__(self, columns: ClusterColumns) -> None: ...
     @property
     def node_count(self) -> int: ...
-    def score(self, shapes: Sequence[Mapping[str, Any]]) -> ScoreColumns: ...
+    def score(self, shapes: Sequence[ShapeInput]) -> ScoreColumns: ...
     def place_delta(
-        self, node: int, task: Mapping[str, Any], shapes: Sequence[Mapping[str, Any]]
+        self, node: int, task: ShapeInput, shapes: Sequence[ShapeInput]
     ) -> DeltaRaw | None: ...
-    # an assignment is read from a dict with its keys (`Assignment`, or one a caller built)
     def remove_delta(
         self,
         node: int,
-        assignment: Assignment | dict[str, Any],
-        shapes: Sequence[Mapping[str, Any]],
+        assignment: Assignment | AssignmentInput,
+        shapes: Sequence[ShapeInput],
     ) -> DeltaRaw: ...
-    def apply(self, node: int, assignment: Assignment | dict[str, Any], place: bool) -> None: ...
+    def apply(self, node: int, assignment: Assignment | AssignmentInput, place: bool) -> None: ...
     def rank(
         self,
-        task: Mapping[str, Any],
-        shapes: Sequence[Mapping[str, Any]],
+        task: ShapeInput,
+        shapes: Sequence[ShapeInput],
         nodes: Sequence[int] | None = None,
     ) -> list[RankedRaw | None]: ...
     def choose(
         self,
-        task: Mapping[str, Any],
-        shapes: Sequence[Mapping[str, Any]],
+        task: ShapeInput,
+        shapes: Sequence[ShapeInput],
         nodes: Sequence[int] | None = None,
     ) -> RankedRaw | None: ...
     def plan(
         self,
-        movable: Sequence[Mapping[str, Any]],
-        pending: Sequence[Mapping[str, Any]],
-        shapes: Sequence[Mapping[str, Any]],
+        movable: Sequence[MovableInput],
+        pending: Sequence[PendingInput],
+        shapes: Sequence[ShapeInput],
         node_sets: Sequence[Sequence[int]] = ...,
         pdb_headroom: Sequence[int] = ...,
-        limits: Mapping[str, Any] | None = None,
+        limits: PlanLimitsInput | None = None,
     ) -> PlanRaw: ...
     def fabric(
         self,
-        shapes: Sequence[Mapping[str, Any]],
+        shapes: Sequence[ShapeInput],
         gangs: Sequence[tuple[int, int, int]],
         levels: int,
         node_domains: Sequence[Sequence[int | None]],
@@ -88,7 +107,8 @@ class MergeResult:
     def __hash__(self) -> int: ...
 
 def merge_hints(
-    providers: Sequence[Mapping[str, Sequence[Any] | None] | None],
+    # a hint: a `TopologyHintInput` or an object with its keys as attributes
+    providers: Sequence[Mapping[str, Sequence[TopologyHintInput | object] | None] | None],
     policy: str,
     numa_nodes: Sequence[int],
     options: Mapping[str, bool | int | str] | None = None,
@@ -114,10 +134,10 @@ def mig_place(
 ) -> list[int] | None: ...
 def mig_plan(
     gpu_model: str,
-    gpus: Sequence[Mapping[str, Any]],
-    pending: Sequence[Mapping[str, Any]] | Mapping[str, int],
-    workload: Sequence[Mapping[str, Any]] | None = None,
-    limits: Mapping[str, Any] | None = None,
+    gpus: Sequence[MigGpuInput],
+    pending: Sequence[MigPendingInput] | Mapping[str, int],
+    workload: Sequence[MigWorkloadInput] | None = None,
+    limits: MigLimitsInput | None = None,
 ) -> MigPlanRaw: ...
 
 # ---- end of MIG ---------------------------------------------------------------------------------
@@ -127,27 +147,27 @@ def mig_plan(
 REPLAY_POLICIES: list[str]
 
 def replay_run(
-    nodes: Mapping[str, Sequence[Any]],
-    tasks: Mapping[str, Sequence[Any]],
-    shapes: Sequence[Mapping[str, Any]],
+    nodes: ReplayNodes,
+    tasks: ReplayTasks,
+    shapes: Sequence[ShapeInput],
     policy: str = "fgd",
     seed: int = 42,
     tune: float = 1.3,
     shuffle: bool = True,
     numa: bool = False,
-    compaction: Mapping[str, float] | None = None,
+    compaction: ReplayCompaction | None = None,
     max_pct: int = 130,
     placements: bool = False,
 ) -> ReplayRaw: ...
 def replay_events(
-    nodes: Mapping[str, Sequence[Any]],
-    instances: Mapping[str, Sequence[Any]],
-    shapes: Sequence[Mapping[str, Any]],
+    nodes: ReplayNodes,
+    instances: ReplayInstances,
+    shapes: Sequence[ShapeInput],
     policy: str = "fgd",
     seed: int = 42,
     end: float = 0.0,
     shuffle: bool = True,
-    compaction: Mapping[str, float] | None = None,
+    compaction: EventCompaction | None = None,
     sample_every: float = 0.0,
     log: bool = False,
 ) -> EventsRaw: ...

@@ -483,7 +483,7 @@ def place(
 
 def placement_json(shape: Shape, ranks: Sequence[ClusterRank]) -> JsonObject:
     return {
-        "shape": shape_dict(shape),
+        "shape": plain(shape_dict(shape)),
         "clusters": [
             {
                 "cluster": c.cluster,

@@ -29,7 +29,8 @@ from pyctl.cluster.translate import attribute_pods
 from pyctl.controller.placement import PlacementAdvisor
 from pyctl.core import policy
 from pyctl.core.fragmentation import FragmentationModel, blocked_by, shape_dict
-from pyctl.jsontypes import JsonObject
+from pyctl.core.inputs import ShapeInput
+from pyctl.jsontypes import JsonObject, plain
 from pyctl.model import Shape, Snapshot
 from pyctl.workflows.compaction import CompactionPlan
 from pyctl.workflows.compactor import abandoned, plan_round
@@ -154,7 +155,7 @@ class Explanation:
     unschedulable: bool = False
     scheduler_message: str = ""
     scheduler: str = ""
-    shape: JsonObject | None = None
+    shape: ShapeInput | None = None
     #: why its shape cannot be told (DRA claims pyctl does not understand)
     shape_unknown: str = ""
     workload_source: str = ""
@@ -186,7 +187,7 @@ class Explanation:
             "unschedulable": self.unschedulable,
             "scheduler_message": self.scheduler_message,
             "scheduler": self.scheduler or None,
-            "shape": self.shape,
+            "shape": plain(self.shape),
             "shape_unknown": self.shape_unknown or None,
             "workload_source": self.workload_source,
             "verdict": self.verdict,

@@ -11,7 +11,8 @@ from pyctl.app.state import StoredView, summarize
 from pyctl.cluster.records import Record
 from pyctl.controller.summary import Summary
 from pyctl.core.fragmentation import CATEGORIES, shape_dict
-from pyctl.jsontypes import JsonObject
+from pyctl.core.inputs import ShapeInput
+from pyctl.jsontypes import JsonObject, plain
 from pyctl.workflows.engine import Workflow, WorkflowData
 
 GPU = 1000.0
@@ -141,7 +142,7 @@ class Status:
     #: the published scheduling success (a window over watch events only the controller sees)
     scheduling_success: float | None
     workload_source: str
-    workload: list[JsonObject]
+    workload: list[ShapeInput]
     nodes: list[NodeLine]
     #: stored nodes the controller's translation cannot model: name -> why
     unmodelled: dict[str, str]
@@ -207,7 +208,10 @@ class Status:
             },
             "summary_error": self.summary_error or None,
             "scheduling_success": self.scheduling_success,
-            "workload": {"source": self.workload_source, "shapes": list(self.workload)},
+            "workload": {
+                "source": self.workload_source,
+                "shapes": [plain(s) for s in self.workload],
+            },
             "nodes": [
                 {
                     "name": n.name,

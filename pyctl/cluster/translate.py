@@ -41,6 +41,7 @@ from pyctl.cluster.dra.zones import DraModel, ModelGpu, model_gpus
 from pyctl.cluster.records import NodeRecord, NrtRecord, PodRecord, check_record
 from pyctl.core import mig
 from pyctl.core.fragmentation import check_shape
+from pyctl.core.inputs import AssignmentInput
 from pyctl.model import (
     DEFAULT_TOPOLOGY_POLICY,
     TOPOLOGY_POLICIES,
@@ -710,7 +711,7 @@ def _take(left: list[int], amount: int, order: Sequence[int]) -> list[tuple[int,
 
 def attribute_pods(
     node: Node, pods: Iterable[PodRecord], dra_positions: DraPositions | None = None
-) -> dict[str, dict[str, list[object] | object]]:
+) -> dict[str, AssignmentInput]:
     """Where each pod sits on `node`, as a core assignment (zone positions, GPU positions, MIG
     instance). Kubernetes shows per-zone usage (NodeResourceTopology) but not which pod holds which
     device, so pods are attributed in order: a MIG pod to the instance translate gave it, a pod
@@ -741,7 +742,7 @@ def attribute_pods(
     cpu_left = [z.cpu_milli_used for z in node.zones]
     mem_left = [z.memory_mib_used for z in node.zones]
     next_gpu = 0
-    out: dict[str, dict[str, list[object] | object]] = {}
+    out: dict[str, AssignmentInput] = {}
     for p in sorted((p for p in pods if not p.terminated), key=lambda p: p.key):
         key = p.key
         own = dra_positions.get(key) if dra_positions else None
@@ -750,21 +751,30 @@ def attribute_pods(
             n_plugin = 0 if p.extended_claim else p.gpus
             gpus = [(zi, gi, 1000) for zi, gi in used_gpus[next_gpu : next_gpu + n_plugin]]
             next_gpu += n_plugin
-        extra: dict[str, list[object] | object] = {}
+        extra: AssignmentInput = {}
         if own:  # where its DRA allocation puts it
             mig = None
             for a in own:
                 if a[0] == "mig":
                     mig = (int(str(a[1])), int(str(a[2])), int(str(a[3])))
             dra_gpus = [
-                (a[1], a[2], a[3] if len(a) > 3 else 1000) for a in own if a[0] == "dra_gpus"
+                (int(str(a[1])), int(str(a[2])), int(str(a[3])) if len(a) > 3 else 1000)
+                for a in own
+                if a[0] == "dra_gpus"
             ]
             if dra_gpus:
                 extra["dra_gpus"] = dra_gpus
-            dyn_whole = [(a[1], a[2]) for a in own if a[0] == "dyn_whole"]
+            dyn_whole = [(int(str(a[1])), int(str(a[2]))) for a in own if a[0] == "dyn_whole"]
             if dyn_whole:
                 extra["dyn_whole"] = dyn_whole
-            mig_new = next((list(a[1:]) for a in own if a[0] == "mig_new"), None)
+            mig_new = next(
+                (
+                    (int(str(a[1])), int(str(a[2])), str(a[3]), int(str(a[4])))
+                    for a in own
+                    if a[0] == "mig_new"
+                ),
+                None,
+            )
             if mig_new is not None:
                 extra["mig_new"] = mig_new
             first_zone = int(str(own[0][1]))
@@ -773,14 +783,13 @@ def attribute_pods(
             first_zone = 0
         home = gpus[0][0] if gpus else (mig[0] if mig else first_zone)
         order = orders.get(home) or [home, *(i for i in zones if i != home)]
-        asg: dict[str, list[object] | object] = {
+        out[key] = {
             "cpu": _take(cpu_left, p.cpu_milli, order),
             "memory": _take(mem_left, p.memory_mib, order),
             "gpus": gpus,
             "mig": mig,
             **extra,
         }
-        out[key] = asg
     return out
 
 

@@ -8,55 +8,53 @@ of placing or removing one task on one node). Definitions: docs/fragmentation.md
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
 from pyctl import _core
+from pyctl.core.inputs import AssignmentInput, ClusterColumns, ShapeInput
 from pyctl.core.types import Assignment
 from pyctl.model import Shape, Snapshot, Workload
 
 CATEGORIES: tuple[str, ...] = tuple(_core.CATEGORY_NAMES)
 
 
-_COLUMNS = (
-    "node_names",
-    "node_models",
-    "node_policies",
-    "node_cpu_static",
-    "node_memory_static",
-    "zone_numa",
-    "zone_cpu_milli",
-    "zone_cpu_used",
-    "zone_memory_mib",
-    "zone_memory_used",
-    "gpu_ids",
-    "gpu_used_milli",
-    "mig_gpu_ids",
-    "instance_profiles",
-    "instance_starts",
-    "instance_used",
-    "dra_gpu_ids",
-    "dra_gpu_used_milli",
-    "mig_dra",
-    "mig_dynamic",
-    "mig_free_slices",
-    "node_gpu_pools",
-    "node_gpu_replicas",
-    "node_gpu_memory_mib",
-)
-
-
-def snapshot_columns(s: Snapshot) -> dict[str, list[Any]]:
+def snapshot_columns(s: Snapshot) -> ClusterColumns:
     """The flat arrays the core builds its cluster model from."""
-    c: dict[str, list[Any]] = {k: [] for k in _COLUMNS}
-    c["zone_offsets"] = [0]
-    c["gpu_offsets"] = [0]
-    c["mig_offsets"] = [0]
-    c["instance_offsets"] = [0]
-    c["dra_gpu_offsets"] = [0]
-    c["gpu_link_groups"] = []
+    c = ClusterColumns(
+        node_names=[],
+        node_models=[],
+        node_policies=[],
+        node_cpu_static=[],
+        node_memory_static=[],
+        zone_offsets=[0],
+        zone_numa=[],
+        zone_cpu_milli=[],
+        zone_cpu_used=[],
+        zone_memory_mib=[],
+        zone_memory_used=[],
+        gpu_offsets=[0],
+        gpu_ids=[],
+        gpu_used_milli=[],
+        gpu_link_groups=[],
+        mig_offsets=[0],
+        mig_gpu_ids=[],
+        instance_offsets=[0],
+        instance_profiles=[],
+        instance_starts=[],
+        instance_used=[],
+        dra_gpu_offsets=[0],
+        dra_gpu_ids=[],
+        dra_gpu_used_milli=[],
+        mig_dra=[],
+        mig_dynamic=[],
+        mig_free_slices=[],
+        node_gpu_pools=[],
+        node_gpu_replicas=[],
+        node_gpu_memory_mib=[],
+    )
     for n in s.nodes:
         c["node_names"].append(n.name)
         c["node_models"].append(n.gpu_model)
@@ -98,10 +96,10 @@ def snapshot_columns(s: Snapshot) -> dict[str, list[Any]]:
 
 #: the last workload's shapes as the core reads them (M is the same object for many calls: every
 #: node's score, every rank), shared by the threads that read it (replaced whole)
-_last_workload: tuple[Workload, list[dict[str, Any]]] | None = None
+_last_workload: tuple[Workload, list[ShapeInput]] | None = None
 
 
-def workload_dicts(workload: Workload) -> list[dict[str, Any]]:
+def workload_dicts(workload: Workload) -> list[ShapeInput]:
     """`workload`'s shapes as the core reads them (`shape_dict`), made once per workload object;
     the core only reads them, and so must every caller."""
     global _last_workload
@@ -113,8 +111,9 @@ def workload_dicts(workload: Workload) -> list[dict[str, Any]]:
     return dicts
 
 
-def shape_dict(s: Shape) -> dict[str, Any]:
-    d: dict[str, Any] = {
+def shape_dict(s: Shape) -> ShapeInput:
+    """`s` as the core reads it (`ShapeInput`)."""
+    d: ShapeInput = {
         "cpu_milli": s.cpu_milli,
         "memory_mib": s.memory_mib,
         "gpus": s.gpus,
@@ -322,13 +321,17 @@ class FragmentationModel:
         d = self.core.place_delta(self._node(node), shape_dict(task), shapes)
         return None if d is None else Delta(**d)
 
-    def remove_delta(self, node: str, assignment: Mapping[str, Any], workload: Workload) -> Delta:
+    def remove_delta(
+        self, node: str, assignment: Assignment | AssignmentInput, workload: Workload
+    ) -> Delta:
         shapes = workload_dicts(workload)
-        return Delta(**self.core.remove_delta(self._node(node), dict(assignment), shapes))
+        return Delta(**self.core.remove_delta(self._node(node), assignment, shapes))
 
-    def apply(self, node: str, assignment: Mapping[str, Any], place: bool = True) -> None:
+    def apply(
+        self, node: str, assignment: Assignment | AssignmentInput, place: bool = True
+    ) -> None:
         """Place (or remove) a task at `assignment` on `node` in this model."""
-        self.core.apply(self._node(node), dict(assignment), place)
+        self.core.apply(self._node(node), assignment, place)
 
 
 _EMPTY: FragmentationModel | None = None

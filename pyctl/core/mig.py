@@ -23,6 +23,7 @@ from typing import Any, Final
 import yaml
 
 from pyctl import _core, safe_yaml
+from pyctl.core.inputs import MigGpuInput, MigLimitsInput, MigPendingInput, MigWorkloadInput
 from pyctl.core.types import MigModelRaw, MigPlanRaw
 from pyctl.model import Node, Shape, Snapshot
 
@@ -249,10 +250,10 @@ class Demand:
 
 def plan(
     gpu_model: str,
-    gpus: Sequence[Mapping[str, Any]],
-    pending: Sequence[Mapping[str, Any]] | Mapping[str, int],
-    workload: Sequence[Mapping[str, Any]] | None = None,
-    limits: Mapping[str, Any] | None = None,
+    gpus: Sequence[MigGpuInput],
+    pending: Sequence[MigPendingInput] | Mapping[str, int],
+    workload: Sequence[MigWorkloadInput] | None = None,
+    limits: MigLimitsInput | None = None,
 ) -> MigPlanRaw:
     """Plan one node's MIG GPUs (the definition: `rust/src/mig/planner.rs`).
 
@@ -272,7 +273,7 @@ class NodePlan:
     plan: MigPlanRaw
 
 
-def _node_gpus(node: Node) -> list[dict[str, Any]]:
+def _node_gpus(node: Node) -> list[MigGpuInput]:
     migs = sorted((m for z in node.zones for m in z.mig), key=lambda m: m.gpu)
     return [
         {
@@ -286,10 +287,10 @@ def _node_gpus(node: Node) -> list[dict[str, Any]]:
     ]
 
 
-def _mig_workload(m: GpuModel, shapes: Sequence[Shape]) -> list[dict[str, Any]]:
+def _mig_workload(m: GpuModel, shapes: Sequence[Shape]) -> list[MigWorkloadInput]:
     """The MIG shapes of M that apply to this model, as (profile, weight). A shape restricted to
     other models is skipped; a shape for this model naming a profile it lacks is an error."""
-    out = []
+    out: list[MigWorkloadInput] = []
     for i, s in enumerate(shapes):
         if s.mig_profile is None:
             continue
@@ -345,7 +346,7 @@ def plan_snapshot(snapshot: Snapshot, demand: Demand) -> list[NodePlan]:
                     f"{p.profile!r}; give the entry a gpu_model to aim it at other nodes"
                 ) from None
             pending[names[i]] = pending.get(names[i], 0) + count
-        limits = {
+        limits: MigLimitsInput = {
             "gpus": lim.gpus_for(node.name),
             "max_used_destroyed": lim.max_used_destroyed,
             "executor": lim.executor,

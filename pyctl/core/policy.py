@@ -10,13 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import msgspec
 
 from pyctl import _core
 from pyctl.core.fragmentation import FragmentationModel, shape_dict, workload_dicts
-from pyctl.core.types import Assignment, RankedRaw
+from pyctl.core.inputs import (
+    AssignmentInput,
+    MovableInput,
+    PendingInput,
+    PlanLimitsInput,
+    ShapeInput,
+)
+from pyctl.core.types import Assignment, PlanRaw, RankedRaw
 from pyctl.model import Shape, Workload
 
 Rank = tuple[int, int, int]
@@ -130,7 +136,7 @@ class MovablePod(msgspec.Struct, frozen=True, gc=False):
 
     key: str
     node: str
-    assignment: Mapping[str, Any]
+    assignment: Assignment | AssignmentInput
     shape: Shape
     allowed: frozenset[str] | None = None
     #: its PodDisruptionBudget (key) and the disruptions it allows now
@@ -196,86 +202,97 @@ class Plan:
         return sum(m.gain for m in self.moves)
 
 
-def plan(
-    model: FragmentationModel,
-    movable: Sequence[MovablePod],
-    pending: Sequence[PendingPod],
-    workload: Workload,
-    limits: PlanLimits | None = None,
-) -> Plan:
-    """The planner on `model`'s cluster (it is not changed)."""
-    lim = limits or PlanLimits()
-    names = [n.name for n in model.snapshot.nodes]
-    idx = model.index
-    sets: dict[frozenset[str], int] = {}
-    groups: dict[str, int] = {}
-    pdbs: dict[str, int] = {}
-    headroom: list[int] = []
+class _Inputs:
+    """A plan's inputs as the core reads them: the pods by node index, each distinct shape once
+    (`ShapeInput`, shared), destination sets, budgets and groups by index."""
 
-    def set_of(allowed: frozenset[str] | None) -> int | None:
+    def __init__(self, idx: Mapping[str, int]) -> None:
+        self.idx = idx
+        self.sets: dict[frozenset[str], int] = {}
+        self.groups: dict[str, int] = {}
+        self.pdbs: dict[str, int] = {}
+        self.headroom: list[int] = []
+        self.shapes: dict[Shape, ShapeInput] = {}  # one dict per distinct shape, shared
+        # the same Shape object for most pods (translation shares them): looked up by identity
+        # first, which is safe while `movable` and `pending` hold every one of them (this call)
+        self.by_id: dict[int, ShapeInput] = {}
+
+    def set_of(self, allowed: frozenset[str] | None) -> int | None:
         if allowed is None:
             return None
+        sets = self.sets
         if allowed not in sets:
             sets[allowed] = len(sets)
         return sets[allowed]
 
-    shapes: dict[Shape, dict[str, Any]] = {}  # one dict per distinct shape, shared
-    # the same Shape object for most pods (translation shares them): looked up by identity
-    # first, which is safe while `movable` and `pending` hold every one of them (this call)
-    by_id: dict[int, dict[str, Any]] = {}
-
-    def shape_of(s: Shape) -> dict[str, Any]:
-        d = by_id.get(id(s))
+    def shape_of(self, s: Shape) -> ShapeInput:
+        d = self.by_id.get(id(s))
         if d is None:
-            d = shapes.get(s)
+            d = self.shapes.get(s)
             if d is None:
-                d = shapes[s] = shape_dict(s)
-            by_id[id(s)] = d
+                d = self.shapes[s] = shape_dict(s)
+            self.by_id[id(s)] = d
         return d
 
-    items: list[dict[str, Any]] = []
-    kept: list[MovablePod] = []
-    for m in movable:
-        if m.node not in idx:
-            continue
-        pdb = None
-        if m.pdb is not None:
-            if m.pdb not in pdbs:
-                pdbs[m.pdb] = len(pdbs)
-                headroom.append(max(0, m.pdb_headroom))
-            pdb = pdbs[m.pdb]
-        group = None
-        if m.group is not None:
-            group = groups.setdefault(m.group, len(groups))
-        items.append(
-            {
-                "node": idx[m.node],
-                "assignment": a if type(a := m.assignment) is dict else dict(a),
-                "shape": shape_of(m.shape),
-                "allowed": set_of(m.allowed),
-                "pdb": pdb,
-                "group": group,
-            }
-        )
-        kept.append(m)
-    pend = [{"shape": shape_of(p.shape), "allowed": set_of(p.allowed)} for p in pending]
-    node_sets = [[idx[n] for n in s if n in idx] for s in sorted(sets, key=sets.__getitem__)]
-    raw = model.core.plan(
-        items,
-        pend,
-        workload_dicts(workload),
-        node_sets,
-        headroom,
-        {
-            "max_moves": lim.max_moves,
-            "min_gain": lim.min_gain,
-            "max_moves_per_node": lim.max_moves_per_node,
-            "rescue_depth": lim.rescue_depth,
-            "max_rescues": lim.max_rescues,
-            "rescue_budget": lim.rescue_budget,
-            "defragment": lim.defragment,
-        },
-    )
+    def movable(self, movable: Sequence[MovablePod]) -> tuple[list[MovableInput], list[MovablePod]]:
+        """The pods on nodes of the model, and those pods (the plan's "pod" indexes them)."""
+        idx, pdbs, groups = self.idx, self.pdbs, self.groups
+        items: list[MovableInput] = []
+        kept: list[MovablePod] = []
+        for m in movable:
+            if m.node not in idx:
+                continue
+            pdb = None
+            if m.pdb is not None:
+                if m.pdb not in pdbs:
+                    pdbs[m.pdb] = len(pdbs)
+                    self.headroom.append(max(0, m.pdb_headroom))
+                pdb = pdbs[m.pdb]
+            group = None
+            if m.group is not None:
+                group = groups.setdefault(m.group, len(groups))
+            items.append(
+                {
+                    "node": idx[m.node],
+                    "assignment": m.assignment,
+                    "shape": self.shape_of(m.shape),
+                    "allowed": self.set_of(m.allowed),
+                    "pdb": pdb,
+                    "group": group,
+                }
+            )
+            kept.append(m)
+        return items, kept
+
+    def pending(self, pending: Sequence[PendingPod]) -> list[PendingInput]:
+        return [
+            {"shape": self.shape_of(p.shape), "allowed": self.set_of(p.allowed)} for p in pending
+        ]
+
+    def node_sets(self) -> list[list[int]]:
+        """The destination sets, in the order of their indices."""
+        idx = self.idx
+        return [
+            [idx[n] for n in s if n in idx] for s in sorted(self.sets, key=self.sets.__getitem__)
+        ]
+
+
+def _limits(lim: PlanLimits) -> PlanLimitsInput:
+    return {
+        "max_moves": lim.max_moves,
+        "min_gain": lim.min_gain,
+        "max_moves_per_node": lim.max_moves_per_node,
+        "rescue_depth": lim.rescue_depth,
+        "max_rescues": lim.max_rescues,
+        "rescue_budget": lim.rescue_budget,
+        "defragment": lim.defragment,
+    }
+
+
+def _plan_of(
+    raw: PlanRaw, names: Sequence[str], kept: Sequence[MovablePod], pending: Sequence[PendingPod]
+) -> Plan:
+    """The core's plan with pods and nodes by name."""
     moves = tuple(
         Move(
             kept[int(m["pod"])].key,
@@ -304,3 +321,25 @@ def plan(
         tuple(pending[int(i)].key for i in raw["unrescued"]),
         bool(raw["truncated"]),
     )
+
+
+def plan(
+    model: FragmentationModel,
+    movable: Sequence[MovablePod],
+    pending: Sequence[PendingPod],
+    workload: Workload,
+    limits: PlanLimits | None = None,
+) -> Plan:
+    """The planner on `model`'s cluster (it is not changed)."""
+    inputs = _Inputs(model.index)
+    items, kept = inputs.movable(movable)
+    pend = inputs.pending(pending)
+    raw = model.core.plan(
+        items,
+        pend,
+        workload_dicts(workload),
+        inputs.node_sets(),
+        inputs.headroom,
+        _limits(limits or PlanLimits()),
+    )
+    return _plan_of(raw, [n.name for n in model.snapshot.nodes], kept, pending)

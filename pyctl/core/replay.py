@@ -3,10 +3,17 @@ The trace reading, the workload M and the metrics live in `pyctl.replay.trace`."
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from pyctl import _core
+from pyctl.core.inputs import (
+    EventCompaction,
+    ReplayCompaction,
+    ReplayInstances,
+    ReplayNodes,
+    ReplayTasks,
+    ShapeInput,
+)
 from pyctl.core.types import EventsRaw, ReplayRaw
 
 #: the placement policies the engine knows (the artifact's six, pyctl's)
@@ -14,16 +21,16 @@ POLICIES: tuple[str, ...] = tuple(_core.REPLAY_POLICIES)
 
 
 def run(
-    nodes: Mapping[str, Sequence[Any]],
-    tasks: Mapping[str, Sequence[Any]],
-    shapes: Sequence[Mapping[str, Any]],
+    nodes: ReplayNodes,
+    tasks: ReplayTasks,
+    shapes: Sequence[ShapeInput],
     *,
     policy: str,
     seed: int,
     tune: float = 1.3,
     shuffle: bool = True,
     numa: bool = False,
-    compaction: Mapping[str, float] | None = None,
+    compaction: ReplayCompaction | None = None,
     max_pct: int = 130,
     placements: bool = False,
 ) -> ReplayRaw:
@@ -45,15 +52,15 @@ def run(
 
 
 def run_events(
-    nodes: Mapping[str, Sequence[Any]],
-    instances: Mapping[str, Sequence[Any]],
-    shapes: Sequence[Mapping[str, Any]],
+    nodes: ReplayNodes,
+    instances: ReplayInstances,
+    shapes: Sequence[ShapeInput],
     *,
     policy: str,
     seed: int,
     end: float,
     shuffle: bool = True,
-    compaction: Mapping[str, float] | None = None,
+    compaction: EventCompaction | None = None,
     sample_every: float = 0.0,
     log: bool = False,
 ) -> EventsRaw:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from pyctl.core import mig
+from pyctl.core.inputs import MigGpuInput, MigWorkloadInput
 from pyctl.jsontypes import JsonObject
 from pyctl.recommend.inventory import NodeInfo
 from pyctl.recommend.menu import Item
@@ -163,7 +164,9 @@ def _mig(
         first.append(n)
     shares = _split(counts, [n.gpus for n in first]) if first else []
     total = sum(counts.values())
-    weights = [{"profile": p, "weight": c / total} for p, c in sorted(counts.items())]
+    weights: list[MigWorkloadInput] = [
+        {"profile": p, "weight": c / total} for p, c in sorted(counts.items())
+    ]
     carry: Counter[str] = Counter()
     plans: list[mig.NodePlan] = []
     for i, n in enumerate(order):
@@ -171,7 +174,7 @@ def _mig(
         pending += carry
         if not +pending:
             break
-        gpus = [{"gpu": g, "instances": []} for g in range(n.gpus)]
+        gpus: list[MigGpuInput] = [{"gpu": g, "instances": []} for g in range(n.gpus)]
         plan = mig.plan(model.name, gpus, dict(+pending), weights, {"executor": "mig-parted"})
         got = {d["profile"]: d["served_after"] for d in plan["demand"]}
         carry = Counter({p: c - min(c, got.get(p, 0)) for p, c in pending.items()})

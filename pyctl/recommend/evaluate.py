@@ -25,7 +25,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, TypeVar
 
 from pyctl.cluster.records import NodeRecord
 from pyctl.core.fragmentation import derive_workload
@@ -37,7 +37,7 @@ from pyctl.recommend.prometheus import ContainerUsage, UsageReport
 from pyctl.recommend.report import Options, Report, recommend
 from pyctl.recommend.sizes import Need, Pool, smallest_holding
 from pyctl.replay import seed_case as sc
-from pyctl.replay.trace import SEEDS, Trace, replay, task_shapes
+from pyctl.replay.trace import SEEDS, Trace, TraceTasks, replay, task_shapes
 
 MIB_PER_GB = Fraction(10**9, 2**20)
 
@@ -231,13 +231,28 @@ def normalize_milli(milli: int, menu: Sequence[str], pool: Pool) -> int:
     return milli if s is None else s.milli
 
 
+_T = TypeVar("_T")
+
+
 def in_order(trace: Trace, order: Sequence[int], milli: Sequence[int] | None = None) -> Trace:
     """The trace's tasks in this arrival order (task indices; repeats are clones), with their
     GPU share replaced by ``milli`` (per task index) when given."""
     t = trace.tasks
-    tasks = {k: [t[k][i] for i in order] for k in t}
-    if milli is not None:
-        tasks["gpu_milli"] = [milli[i] for i in order]
+
+    def pick(column: Sequence[_T]) -> list[_T]:
+        return [column[i] for i in order]
+
+    tasks = TraceTasks(
+        name=pick(t["name"]),
+        cpu_milli=pick(t["cpu_milli"]),
+        memory_mib=pick(t["memory_mib"]),
+        num_gpu=pick(t["num_gpu"]),
+        gpu_milli=pick(t["gpu_milli"] if milli is None else milli),
+    )
+    if "gpu_models" in t:
+        tasks["gpu_models"] = pick(t["gpu_models"])
+    if "rdma" in t:
+        tasks["rdma"] = pick(t["rdma"])
     return Trace(trace.name, trace.nodes, tasks, derive_workload(task_shapes(tasks)))
 
 

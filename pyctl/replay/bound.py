@@ -54,6 +54,8 @@ from dataclasses import dataclass
 from functools import reduce
 from typing import Any
 
+from pyctl.core.inputs import ReplayNodes, ReplayTasks
+
 GPU_MILLI = 1000
 #: Relative safety margin added to the floating-point bound before rounding it down.
 SAFETY = 1e-6
@@ -165,8 +167,8 @@ def _task_gpu(num: int, milli: int, where: str) -> tuple[int, int]:
 
 
 def make_problem(
-    nodes: Mapping[str, Sequence[Any]],
-    tasks: Mapping[str, Sequence[Any]],
+    nodes: ReplayNodes,
+    tasks: ReplayTasks,
     arrived: Sequence[int] | None = None,
     *,
     numa: bool = False,
@@ -227,8 +229,8 @@ Placed = tuple[int, int, tuple[int, ...]]
 
 
 def check_placement(
-    nodes: Mapping[str, Sequence[Any]],
-    tasks: Mapping[str, Sequence[Any]],
+    nodes: ReplayNodes,
+    tasks: ReplayTasks,
     arrived: Sequence[int],
     placement: Sequence[Placed],
     *,

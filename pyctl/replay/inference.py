@@ -21,12 +21,13 @@ import math
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 from pyctl.core import replay as engine
 from pyctl.core.fragmentation import derive_workload
+from pyctl.core.inputs import EventCompaction, ReplayInstances, ReplayNodes, ShapeInput
 from pyctl.core.types import EventsRaw
 from pyctl.model import Shape
 
@@ -49,6 +50,9 @@ POLICIES: tuple[str, ...] = ("pyctl", "pyctl-place", "fgd", "bestfit")
 SEEDS: tuple[int, ...] = (42, 43, 44)
 HOUR = 3600.0
 DAY = 86400.0
+#: the resources an instance requests (its columns) and a node has
+Resource = Literal["num_gpu", "cpu_milli", "memory_mib", "rdma"]
+RESOURCES: tuple[Resource, ...] = ("num_gpu", "cpu_milli", "memory_mib", "rdma")
 
 
 class InferenceTraceError(ValueError):
@@ -69,7 +73,7 @@ class Inventory:
     headroom: float = 0.05
     nodes: int | None = None
 
-    def per_node(self) -> dict[str, int]:
+    def per_node(self) -> dict[Resource, int]:
         """Capacity of one node in the instances' units (as `InferenceTrace.peaks`)."""
         return {
             "num_gpu": self.gpus,
@@ -88,7 +92,7 @@ class Inventory:
         ]
         return max([1, *need])
 
-    def columns(self, peaks: Mapping[str, int]) -> dict[str, list[Any]]:
+    def columns(self, peaks: Mapping[str, int]) -> ReplayNodes:
         n = self.node_count(peaks)
         return {
             "name": [f"hn-{i:04d}" for i in range(n)],
@@ -115,13 +119,26 @@ class Compaction:
     rescue_depth: int = 2
     rescue_budget: int = 64
 
-    def as_dict(self) -> dict[str, float]:
-        return asdict(self)
+    def as_dict(self) -> EventCompaction:
+        return EventCompaction(
+            interval=self.interval,
+            budget_per_day=self.budget_per_day,
+            max_moves=self.max_moves,
+            min_gain=self.min_gain,
+            rescue_depth=self.rescue_depth,
+            rescue_budget=self.rescue_budget,
+        )
+
+
+class TraceInstances(ReplayInstances):
+    """The trace's instances: the core's columns and each instance's name (not read by it)."""
+
+    name: list[str]
 
 
 @dataclass(frozen=True)
 class InferenceTrace:
-    instances: dict[str, list[Any]]
+    instances: TraceInstances
     end: float
     #: (row, reason) of each row left out
     skipped: list[tuple[int, str]] = field(default_factory=list)
@@ -147,7 +164,7 @@ class InferenceTrace:
         cols = self.instances
         skip = set(self.oversized(inventory)) if inventory is not None else set()
         out: dict[str, int] = {}
-        for key in ("num_gpu", "cpu_milli", "memory_mib", "rdma"):
+        for key in RESOURCES:
             ev: list[tuple[float, int, int]] = []
             for i, (a, d, v) in enumerate(
                 zip(cols["arrive"], cols["depart"], cols[key], strict=True)
@@ -165,7 +182,7 @@ class InferenceTrace:
             out[key] = peak
         return out
 
-    def workload(self) -> list[dict[str, Any]]:
+    def workload(self) -> list[ShapeInput]:
         """M: FGD's typical shapes of the instances (`derive_workload`: the most frequent CPU
         and GPU requests covering 95%), each with the RDMA share most instances of that shape
         ask for."""
@@ -177,7 +194,7 @@ class InferenceTrace:
         rdma: dict[tuple[Any, ...], Counter[int]] = {}
         for s, r in zip(shapes, cols["rdma"], strict=True):
             rdma.setdefault(s.key(), Counter())[r] += 1
-        out = []
+        out: list[ShapeInput] = []
         for s in derive_workload(shapes).shapes:
             counts = rdma[s.key()]
             mode = max(counts.items(), key=lambda kv: (kv[1], -kv[0]))[0]
@@ -289,7 +306,8 @@ def load(path: str | Path) -> InferenceTrace:
         raise InferenceTraceError(f"{p}: cannot read: {e}") from None
     if not cols["app"]:
         raise InferenceTraceError(f"{p}: no GPU (HN) instance could be read")
-    return InferenceTrace(cols, end, skipped, cpu_instances)
+    # the columns named above: `TraceInstances`' keys
+    return InferenceTrace(cast(TraceInstances, cols), end, skipped, cpu_instances)
 
 
 @dataclass(frozen=True)

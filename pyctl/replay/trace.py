@@ -13,15 +13,14 @@ order, as the artifact's renamed nodes and its scheduler fork make them (see `no
 from __future__ import annotations
 
 import csv
-import dataclasses
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from pyctl.core import replay as engine
 from pyctl.core.fragmentation import derive_workload
+from pyctl.core.inputs import ReplayCompaction, ReplayNodes, ReplayTasks, ShapeInput
 from pyctl.core.types import Checkpoint, ReplayRaw
 from pyctl.model import Shape, Workload
 
@@ -35,6 +34,12 @@ NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 
 
+class TraceTasks(ReplayTasks):
+    """The trace's tasks: the core's columns and each task's name (the core does not read it)."""
+
+    name: list[str]
+
+
 class TraceError(ValueError):
     """A trace file is missing or malformed (the message names the file, row and column)."""
 
@@ -42,8 +47,8 @@ class TraceError(ValueError):
 @dataclass(frozen=True)
 class Trace:
     name: str
-    nodes: dict[str, list[Any]]
-    tasks: dict[str, list[Any]]
+    nodes: ReplayNodes
+    tasks: TraceTasks
     workload: Workload
 
     @property
@@ -92,8 +97,8 @@ def _rows(path: Path, required: Sequence[str]) -> Iterable[tuple[int, dict[str, 
     return rows
 
 
-def read_nodes(path: Path) -> dict[str, list[Any]]:
-    cols: dict[str, list[Any]] = {
+def read_nodes(path: Path) -> ReplayNodes:
+    cols: ReplayNodes = {
         "name": [],
         "cpu_milli": [],
         "memory_mib": [],
@@ -111,7 +116,7 @@ def read_nodes(path: Path) -> dict[str, list[Any]]:
     return cols
 
 
-def read_tasks(path: Path) -> dict[str, list[Any]]:
+def read_tasks(path: Path) -> TraceTasks:
     rows = []
     for row, r in _rows(path, POD_COLUMNS):
         num = _int(r["num_gpu"], path, row, "num_gpu")
@@ -139,7 +144,7 @@ def read_tasks(path: Path) -> dict[str, list[Any]]:
     }
 
 
-def task_shapes(tasks: Mapping[str, list[Any]]) -> list[Shape]:
+def task_shapes(tasks: ReplayTasks) -> list[Shape]:
     return [
         Shape(
             cpu_milli=c,
@@ -168,7 +173,7 @@ def load_trace(directory: str | Path, workload: str = "default") -> Trace:
     return Trace(workload, nodes, tasks, derive_workload(task_shapes(tasks)))
 
 
-def shape_dicts(workload: Workload) -> list[dict[str, Any]]:
+def shape_dicts(workload: Workload) -> list[ShapeInput]:
     return [
         {
             "cpu_milli": s.cpu_milli,
@@ -198,8 +203,16 @@ class Compaction:
     rescue_depth: int = 2
     rescue_budget: int = 64
 
-    def as_dict(self) -> dict[str, float]:
-        return dataclasses.asdict(self)
+    def as_dict(self) -> ReplayCompaction:
+        return ReplayCompaction(
+            every=self.every,
+            budget=self.budget,
+            max_moves=self.max_moves,
+            min_gain=self.min_gain,
+            reserve=self.reserve,
+            rescue_depth=self.rescue_depth,
+            rescue_budget=self.rescue_budget,
+        )
 
 
 @dataclass(frozen=True)

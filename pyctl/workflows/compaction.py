@@ -28,6 +28,7 @@ from pyctl.cluster.translate import (
 )
 from pyctl.core import policy
 from pyctl.core.fragmentation import FragmentationModel
+from pyctl.core.inputs import AssignmentInput
 from pyctl.model import Node, Shape, Snapshot, Workload
 from pyctl.workflows.base import Context, Namespace, Uid, Workflow, WorkflowData, WorkflowKind
 from pyctl.workflows.evictor import Evictor, EvictorOptions
@@ -177,7 +178,7 @@ class RoundCache:
     test_compaction.py changes the cluster between rounds and compares)."""
 
     def __init__(self) -> None:
-        self._by_node: dict[str, tuple[Node, object, dict[str, dict[str, Any]]]] = {}
+        self._by_node: dict[str, tuple[Node, object, dict[str, AssignmentInput]]] = {}
         self._shapes: dict[str, tuple[PodRecord, NodeRecord | None, Shape | None]] = {}
         self._next_shapes: dict[str, tuple[PodRecord, NodeRecord | None, Shape | None]] = {}
         self._labels: dict[str, tuple[NodeRecord, dict[str, str]]] = {}
@@ -248,7 +249,7 @@ class RoundCache:
         model: Node,
         pods: Sequence[PodRecord],
         positions: DraPositions | None,
-    ) -> dict[str, dict[str, Any]]:
+    ) -> dict[str, AssignmentInput]:
         hit = self._by_node.get(name)
         if hit is not None and hit[0] is model and hit[1] is positions:
             return hit[2]
@@ -262,11 +263,22 @@ class RoundCache:
             del self._by_node[gone]
 
 
-def _frozen(assignment: dict[str, Any]) -> dict[str, Any]:
+def _frozen(assignment: AssignmentInput) -> AssignmentInput:
     """An assignment as the cache keeps it: its lists as tuples. Kept for every pod between
     rounds (50,000 and more), lists would stay tracked by the cycle collector for good; tuples
     of numbers, and then the dicts holding only them, are untracked by its next passes."""
-    return {k: tuple(v) if type(v) is list else v for k, v in assignment.items()}
+    a = assignment.copy()
+    if "cpu" in a:
+        a["cpu"] = tuple(a["cpu"])
+    if "memory" in a:
+        a["memory"] = tuple(a["memory"])
+    if "gpus" in a:
+        a["gpus"] = tuple(a["gpus"])
+    if "dra_gpus" in a:
+        a["dra_gpus"] = tuple(a["dra_gpus"])
+    if "dyn_whole" in a:
+        a["dyn_whole"] = tuple(a["dyn_whole"])
+    return a
 
 
 @dataclass

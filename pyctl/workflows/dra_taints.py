@@ -110,7 +110,7 @@ def steering_rules(
                 for start in starts:
                     fm = FragmentationModel(Snapshot((node,)))
                     try:
-                        fm.apply(name, {"mig_new": [zi, mi, prof, start]})
+                        fm.apply(name, {"mig_new": (zi, mi, prof, start)})
                     except ValueError:
                         continue  # not free now
                     after = fm.score(workload).nodes[0]

@@ -4,8 +4,11 @@ of what `pyctl._core` returns, checked on real outputs against the TypedDicts of
 
 from __future__ import annotations
 
+import ast
+import inspect
 import re
 import types
+from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints, is_typeddict
 
 import pytest
@@ -13,6 +16,16 @@ import pytest
 from pyctl import _core
 from pyctl.core import types as t
 from pyctl.core.fragmentation import shape_dict, snapshot_columns
+from pyctl.core.inputs import (
+    AssignmentInput,
+    MigGpuInput,
+    MovableInput,
+    PendingInput,
+    ReplayInstances,
+    ReplayNodes,
+    ReplayTasks,
+    ShapeInput,
+)
 from pyctl.model import Gpu, MigGpu, MigInstance, Node, Shape, Snapshot, Zone
 
 
@@ -173,9 +186,11 @@ def test_fragmentation_results_have_their_declared_types() -> None:
 def test_a_compaction_plan_has_its_declared_types() -> None:
     core = _core.FragmentModel(snapshot_columns(_snapshot()))
     shapes = [shape_dict(WHOLE)]
-    half = {"cpu": [], "memory": [], "gpus": [[0, 0, 500]], "mig": None}
-    movable = [{"node": 1, "assignment": half, "shape": shape_dict(HALF)}]
-    pending = [{"shape": shape_dict(Shape(cpu_milli=1000, gpus=2, gpu_milli=1000))}]
+    half: AssignmentInput = {"cpu": [], "memory": [], "gpus": [(0, 0, 500)], "mig": None}
+    movable: list[MovableInput] = [{"node": 1, "assignment": half, "shape": shape_dict(HALF)}]
+    pending: list[PendingInput] = [
+        {"shape": shape_dict(Shape(cpu_milli=1000, gpus=2, gpu_milli=1000))}
+    ]
     plan = core.plan(movable, pending, shapes, limits={"min_gain": 1.0})
     conforms(plan, t.PlanRaw)
     assert plan["moves"], plan
@@ -185,7 +200,7 @@ def test_a_compaction_plan_has_its_declared_types() -> None:
 def test_mig_results_have_their_declared_types() -> None:
     conforms(_core.mig_models(), list[t.MigModelRaw])
     conforms(_core.mig_model("A100-SXM4-40GB"), t.MigModelRaw)
-    gpus = [
+    gpus: list[MigGpuInput] = [
         {
             "gpu": 0,
             "instances": [
@@ -210,20 +225,20 @@ def test_mig_results_have_their_declared_types() -> None:
 
 @pytest.mark.parametrize("placements", [False, True])
 def test_a_replay_result_has_its_declared_types(placements: bool) -> None:
-    nodes: dict[str, list[str] | list[int]] = {
+    nodes: ReplayNodes = {
         "name": ["a", "b"],
         "cpu_milli": [32000, 32000],
         "memory_mib": [65536, 65536],
         "gpu": [4, 2],
         "model": ["A100", "V100"],
     }
-    tasks = {
+    tasks: ReplayTasks = {
         "cpu_milli": [1000] * 6,
         "memory_mib": [0] * 6,
         "num_gpu": [1, 1, 2, 0, 1, 1],
         "gpu_milli": [500, 1000, 1000, 0, 250, 1000],
     }
-    shapes = [{"cpu_milli": 1000, "gpus": 1, "gpu_milli": 1000, "weight": 1.0}]
+    shapes: list[ShapeInput] = [{"cpu_milli": 1000, "gpus": 1, "gpu_milli": 1000, "weight": 1.0}]
     res = _core.replay_run(
         nodes,
         tasks,
@@ -237,8 +252,8 @@ def test_a_replay_result_has_its_declared_types(placements: bool) -> None:
     assert ("node_of" in res) == placements
 
 
-def _events_input() -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
-    nodes: dict[str, list[Any]] = {
+def _events_input() -> tuple[ReplayNodes, ReplayInstances]:
+    nodes: ReplayNodes = {
         "name": ["a", "b"],
         "cpu_milli": [32000, 32000],
         "memory_mib": [65536, 65536],
@@ -246,7 +261,7 @@ def _events_input() -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
         "model": ["G", "G"],
         "rdma": [200, 200],
     }
-    instances: dict[str, list[Any]] = {
+    instances: ReplayInstances = {
         "cpu_milli": [8000] * 5,
         "memory_mib": [0] * 5,
         "num_gpu": [1] * 5,
@@ -262,7 +277,9 @@ def _events_input() -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
 
 def test_an_inference_replay_result_has_its_declared_types() -> None:
     nodes, instances = _events_input()
-    shapes = [{"cpu_milli": 8000, "gpus": 1, "gpu_milli": 1000, "weight": 1.0, "rdma": 25}]
+    shapes: list[ShapeInput] = [
+        {"cpu_milli": 8000, "gpus": 1, "gpu_milli": 1000, "weight": 1.0, "rdma": 25}
+    ]
     res = _core.replay_events(
         nodes,
         instances,
@@ -317,14 +334,14 @@ def test_the_scorer_and_the_replay_read_a_shape_alike(shape: Any, message: str) 
     core = _core.FragmentModel(snapshot_columns(_snapshot()))
     with pytest.raises(ValueError, match=re.escape(message)):
         core.score([shape])
-    nodes: dict[str, list[str] | list[int]] = {
+    nodes: ReplayNodes = {
         "name": ["a"],
         "cpu_milli": [1000],
         "memory_mib": [0],
         "gpu": [1],
         "model": ["x"],
     }
-    tasks = {"cpu_milli": [0], "memory_mib": [0], "num_gpu": [0], "gpu_milli": [0]}
+    tasks: ReplayTasks = {"cpu_milli": [0], "memory_mib": [0], "num_gpu": [0], "gpu_milli": [0]}
     with pytest.raises(ValueError, match=re.escape(message)):
         _core.replay_run(nodes, tasks, [shape])
 
@@ -361,8 +378,219 @@ def test_a_bad_planner_input_is_an_error_naming_it(change: Any, message: str) ->
     """The planner reads tens of thousands of items per round: a bad one is a ValueError naming
     the item and field (never a panic), whichever item it is."""
     core = _core.FragmentModel(snapshot_columns(_snapshot()))
-    half = {"cpu": [], "memory": [], "gpus": [[0, 0, 500]], "mig": None}
-    good = {"node": 1, "assignment": half, "shape": shape_dict(HALF)}
+    half: AssignmentInput = {"cpu": [], "memory": [], "gpus": [(0, 0, 500)], "mig": None}
+    good: MovableInput = {"node": 1, "assignment": half, "shape": shape_dict(HALF)}
     with pytest.raises(ValueError, match=message):
         core.plan([good, change(good)], [], [shape_dict(WHOLE)])
     core.plan([good, good], [], [shape_dict(WHOLE)])  # the same good input plans
+
+
+# ---- the core's inputs and signatures: the Rust declarations against pyctl/core/inputs.py and
+# pyctl/_core.pyi ---------------------------------------------------------------------------------
+
+
+def render(tp: Any) -> str:
+    """An annotation as the Rust declarations write a key's kind (`list[int]`, `int | None`,
+    `Sequence[tuple[int, int]]`, the name of another input type)."""
+    if tp is type(None) or tp is None:
+        return "None"
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        return " | ".join(render(a) for a in get_args(tp))
+    if origin is not None:
+        return f"{origin.__name__}[{', '.join(render(a) for a in get_args(tp))}]"
+    return str(tp.__name__)
+
+
+def input_disagreements(declared: dict[str, dict[str, tuple[str, bool]]], module: Any) -> list[str]:
+    """Every difference between the core's declared inputs (`_core.input_types()`) and the
+    TypedDicts of `module`: a type or key on one side only, a key's kind or requiredness."""
+    out = []
+    typeddicts = {
+        n for n, v in vars(module).items() if is_typeddict(v) and v.__module__ == module.__name__
+    }
+    out += [
+        f"{n}: a TypedDict the core does not declare" for n in sorted(typeddicts - set(declared))
+    ]
+    for name, keys in declared.items():
+        td = getattr(module, name, None)
+        if td is None or not is_typeddict(td):
+            out.append(f"{name}: declared by the core, no TypedDict in {module.__name__}")
+            continue
+        hints = get_type_hints(td)
+        out += [f"{name}.{k}: in the TypedDict only" for k in sorted(set(hints) - set(keys))]
+        for key, (kind, required) in keys.items():
+            if key not in hints:
+                out.append(f"{name}.{key}: declared by the core only")
+                continue
+            if render(hints[key]) != kind:
+                out.append(
+                    f"{name}.{key}: the core reads {kind}, the TypedDict says {render(hints[key])}"
+                )
+            if (key in td.__required_keys__) != required:
+                want = "required" if required else "not required"
+                out.append(f"{name}.{key}: {want} by the core, not in the TypedDict")
+            assert (key in td.__optional_keys__) != (key in td.__required_keys__)
+    return out
+
+
+def test_the_inputs_typeddicts_are_the_cores_declarations() -> None:
+    from pyctl.core import inputs
+
+    problems = input_disagreements(_core.input_types(), inputs)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_inputs_check_names_each_disagreement() -> None:
+    from pyctl.core import inputs
+
+    declared = _core.input_types()
+    declared["ShapeInput"] = {**declared["ShapeInput"], "cores": ("int", False)}
+    declared["PendingInput"] = {**declared["PendingInput"], "allowed": ("int", True)}
+    del declared["MigLimitsInput"]
+    declared["Nowhere"] = {}
+    assert input_disagreements(declared, inputs) == [
+        "MigLimitsInput: a TypedDict the core does not declare",
+        "ShapeInput.cores: declared by the core only",
+        "PendingInput.allowed: the core reads int, the TypedDict says int | None",
+        "PendingInput.allowed: required by the core, not in the TypedDict",
+        "Nowhere: declared by the core, no TypedDict in pyctl.core.inputs",
+    ]
+
+
+def test_the_replays_instances_have_the_tasks_columns() -> None:
+    declared = _core.input_types()
+    assert declared["ReplayTasks"].items() <= declared["ReplayInstances"].items()
+
+
+STUB = Path(__file__).resolve().parents[2] / "pyctl" / "_core.pyi"
+
+
+def _stub_signature(f: ast.FunctionDef) -> list[tuple[str, str | None]]:
+    """(name, default as source or None) of each parameter of a function of the stub."""
+    a = f.args
+    params = [*a.posonlyargs, *a.args]
+    defaults: list[ast.expr | None] = [None] * (len(params) - len(a.defaults)) + [*a.defaults]
+    out = [
+        (p.arg, None if d is None else ast.unparse(d))
+        for p, d in zip(params, defaults, strict=True)
+    ]
+    out += [
+        (p.arg, None if d is None else ast.unparse(d))
+        for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True)
+    ]
+    return out
+
+
+def _runtime_signature(obj: Any) -> list[tuple[str, str | None]]:
+    """The same of an extension function or method, from its `__text_signature__`."""
+    sig = inspect.signature(obj)
+    return [
+        (
+            p.name,
+            None
+            if p.default is inspect.Parameter.empty
+            else "..."
+            if p.default is Ellipsis
+            else repr(p.default),
+        )
+        for p in sig.parameters.values()
+    ]
+
+
+def _is_property(f: ast.FunctionDef) -> bool:
+    return any(isinstance(d, ast.Name) and d.id == "property" for d in f.decorator_list)
+
+
+def signature_disagreements(stub: str, module: Any) -> list[str]:
+    """Every difference between the functions and methods of the stub `stub` (source) and those
+    of the extension `module`: one on one side only, a parameter's name, place or default."""
+    out = []
+    stubbed: dict[str, ast.FunctionDef] = {}
+    classes: dict[str, set[str]] = {}
+    for node in ast.parse(stub).body:
+        if isinstance(node, ast.FunctionDef):
+            stubbed[node.name] = node
+        elif isinstance(node, ast.ClassDef):
+            classes[node.name] = set()
+            for f in node.body:
+                if isinstance(f, ast.FunctionDef) and not _is_property(f):
+                    classes[node.name].add(f.name)
+                    if f.name == "__init__" or not f.name.startswith("__"):
+                        stubbed[f"{node.name}.{f.name}"] = f
+    for name, value in vars(module).items():
+        if isinstance(value, type) and not name.startswith("_"):
+            for attr, member in vars(value).items():
+                is_method = inspect.ismethoddescriptor(member) and not inspect.isdatadescriptor(
+                    member
+                )
+                if is_method and not attr.startswith("__") and attr not in classes.get(name, set()):
+                    out.append(f"{name}.{attr}: in the extension, not in the stub")
+        elif callable(value) and not name.startswith("_") and name not in stubbed:
+            out.append(f"{name}: in the extension, not in the stub")
+    for name, f in stubbed.items():
+        cls, _, attr = name.rpartition(".")
+        owner = getattr(module, cls, None) if cls else module
+        obj = getattr(owner, attr, None) if owner is not None else None
+        if obj is None:
+            out.append(f"{name}: in the stub, not in the extension")
+            continue
+        if attr == "__init__":
+            obj = owner  # a pyclass's constructor signature is the class's
+        stub_params = _stub_signature(f)
+        if cls and attr != "__init__":
+            stub_params = [("$self" if p == "self" else p, d) for p, d in stub_params]
+        if attr == "__init__":
+            stub_params = stub_params[1:]  # self
+        runtime = _runtime_signature(obj)
+        if cls and attr != "__init__":
+            runtime = [("$self", d) if i == 0 else (p, d) for i, (p, d) in enumerate(runtime)]
+        if stub_params != runtime:
+            out.append(
+                f"{name}: the stub has ({_show(stub_params)}), the extension ({_show(runtime)})"
+            )
+    return out
+
+
+def _show(params: list[tuple[str, str | None]]) -> str:
+    return ", ".join(p if d is None else f"{p}={d}" for p, d in params)
+
+
+def test_the_stub_has_the_extensions_signatures() -> None:
+    problems = signature_disagreements(STUB.read_text(), _core)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_signature_check_names_each_disagreement() -> None:
+    stub = STUB.read_text()
+    for old, new, want in [
+        (
+            'policy: str = "fgd",\n    seed',
+            'policy: str = "fgs",\n    seed',
+            "replay_run: the stub has",
+        ),
+        (
+            "def mig_profile_name(gpu_model: str, profile: str)",
+            "def mig_profile_name(profile: str, gpu_model: str)",
+            "mig_profile_name: the stub has",
+        ),
+        (
+            "    def node_index(self, name: str) -> int | None: ...\n",
+            "",
+            "FragmentModel.node_index: in the extension, not in the stub",
+        ),
+        (
+            "def mig_models() -> list[MigModelRaw]: ...\n",
+            "def mig_models() -> list[MigModelRaw]: ...\ndef mig_nothing() -> None: ...\n",
+            "mig_nothing: in the stub, not in the extension",
+        ),
+        (
+            "def __init__(self, columns: ClusterColumns)",
+            "def __init__(self, columns: ClusterColumns, x: int = 0)",
+            "FragmentModel.__init__: the stub has",
+        ),
+    ]:
+        assert old in stub, old
+        problems = signature_disagreements(stub.replace(old, new, 1), _core)
+        assert len(problems) == 1, problems
+        assert problems[0].startswith(want), problems

@@ -384,5 +384,5 @@ def test_device_plugin_gpus_beside_shared_dra_gpus_are_still_attributed() -> Non
     node, _ = model_of(nodes[0], None, pods, dra=ctx, positions=positions)
     assert node.sharing == "dra consumable capacity (2 shared GPUs), exact"
     asg = attribute_pods(node, pods, positions)
-    assert len(asg[S + "plain-0"]["gpus"]) == 1  # type: ignore[arg-type]
+    assert len(asg[S + "plain-0"]["gpus"]) == 1
     assert asg[S + "qwen-0"]["dra_gpus"] == [(0, 0, 250)]

@@ -3,13 +3,12 @@ policy `none` it is FGD's F_n(m); placing then removing a task changes nothing."
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pyctl.core.fragmentation import FragmentationModel, score
+from pyctl.core.inputs import AssignmentInput
 from pyctl.model import Gpu, MigGpu, MigInstance, Node, Shape, Snapshot, Workload, Zone
 from tests.reference import fragmentation as ref
 
@@ -207,9 +206,9 @@ def test_bad_assignment_is_refused_and_changes_nothing() -> None:
     m = FragmentationModel(Snapshot((node,)))
     w = Workload((Shape(1000, 0, 1, 1000),))
     before = m.score(w)
-    bad: dict[str, Any] = {"cpu": [[0, 1000]], "gpus": [[0, 5, 1000]]}
+    bad: AssignmentInput = {"cpu": [(0, 1000)], "gpus": [(0, 5, 1000)]}
     with pytest.raises(ValueError, match="GPU out of range"):
         m.apply("n", bad)
     with pytest.raises(ValueError, match="removing more"):
-        m.apply("n", {"gpus": [[0, 0, 1000]]}, place=False)
+        m.apply("n", {"gpus": [(0, 0, 1000)]}, place=False)
     assert m.score(w) == before

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from pyctl.core import mig
+from pyctl.core.inputs import MigGpuInput, MigInstanceInput, MigLimitsInput, MigPendingInput
 from pyctl.core.types import DemandLineRaw, GpuPlanRaw, MigPlanRaw
 from pyctl.snapshot import load_demand, load_snapshot
 from tests.reference import mig as reference
@@ -17,12 +18,12 @@ from tests.reference import mig as reference
 A100 = "A100-SXM4-40GB"
 
 
-def _inst(profile: str, start: int, pod: str | None = None) -> dict[str, Any]:
+def _inst(profile: str, start: int, pod: str | None = None) -> MigInstanceInput:
     return {"profile": profile, "start": start, "used": pod is not None, "pod": pod}
 
 
 # A used 3g at 0; the other half cut into free 1g instances: no free 4-slice window.
-FREE_SPLIT = [
+FREE_SPLIT: list[MigGpuInput] = [
     {
         "gpu": 0,
         "instances": [
@@ -34,7 +35,7 @@ FREE_SPLIT = [
     }
 ]
 # Used 1g instances at slices 1 and 5 block both 4-slice windows.
-BLOCKED = [
+BLOCKED: list[MigGpuInput] = [
     {
         "gpu": 3,
         "instances": [
@@ -46,7 +47,7 @@ BLOCKED = [
         ],
     }
 ]
-PENDING_3G = [{"profile": "3g.20gb", "count": 1}]
+PENDING_3G: list[MigPendingInput] = [{"profile": "3g.20gb", "count": 1}]
 
 
 def _layout(g: GpuPlanRaw) -> list[str]:
@@ -108,7 +109,7 @@ def test_serving_needs_moving_one_pod_and_a_limit_forbids_it() -> None:
     p = mig.plan(A100, BLOCKED, PENDING_3G, limits={"max_used_destroyed": 1, "gpus": [0]})
     assert not p["gpus"][0]["changed"]
     # mig-parted re-creates every instance of a changed GPU: both pods, so 1 is not enough.
-    lim: dict[str, Any] = {"max_used_destroyed": 1, "executor": "mig-parted"}
+    lim: MigLimitsInput = {"max_used_destroyed": 1, "executor": "mig-parted"}
     assert not mig.plan(A100, BLOCKED, PENDING_3G, limits=lim)["gpus"][0]["changed"]
     lim["max_used_destroyed"] = 2
     p = mig.plan(A100, BLOCKED, PENDING_3G, limits=lim)
@@ -119,7 +120,7 @@ def test_serving_needs_moving_one_pod_and_a_limit_forbids_it() -> None:
 def test_a_move_with_nowhere_to_go_is_not_worth_it() -> None:
     # Only destroying both b and d frees slices 4..8 for a 3g, and then neither pod has an
     # instance to go back to: serving 1 pending pod would evict 2 running ones. No move.
-    gpus = [
+    gpus: list[MigGpuInput] = [
         {
             "gpu": 0,
             "instances": [
@@ -149,7 +150,7 @@ def test_demand_for_a_profile_the_model_lacks_is_an_error() -> None:
         mig.plan(A100, FREE_SPLIT, [], workload=[{"profile": "1g.5gb", "weight": 0}])
 
 
-def _snapshot(node_gpus: dict[str, list[dict[str, Any]]], model: str = A100) -> Any:
+def _snapshot(node_gpus: dict[str, list[MigGpuInput]], model: str = A100) -> Any:
     return load_snapshot(
         {
             "nodes": [

@@ -19,6 +19,7 @@ from pyctl.cluster.records import NodeRecord, PodRecord, Taint
 from pyctl.cluster.source import EvictionOutcome
 from pyctl.controller.cache import ClusterCache
 from pyctl.core import mig
+from pyctl.core.inputs import MigGpuInput, MigLimitsInput
 from pyctl.metrics import Metrics
 from pyctl.state.ratelimit import MemoryRateLimiter
 from pyctl.state.workflows import MemoryWorkflowStore
@@ -194,7 +195,7 @@ LOOSE = global_only(100, 100.0)
 def a_plan() -> mig.NodePlan:
     """GPU 0: 7 x 1g.5gb, two used (ns/a0, ns/a1); GPU 1: 7 x 1g.5gb, one used (ns/b); two
     3g.20gb pending. The plan re-partitions GPU 1 (ns/b must move)."""
-    gpus = [
+    gpus: list[MigGpuInput] = [
         {
             "gpu": g,
             "instances": [
@@ -209,7 +210,7 @@ def a_plan() -> mig.NodePlan:
         }
         for g, used, pods in ((0, 2, ["ns/a0", "ns/a1"]), (1, 1, ["ns/b"]))
     ]
-    limits = {"executor": "mig-parted", "max_used_destroyed": 1}
+    limits: MigLimitsInput = {"executor": "mig-parted", "max_used_destroyed": 1}
     p = mig.plan(MODEL, gpus, {"3g.20gb": 2}, None, limits)
     assert [g["pods_to_move"] for g in p["gpus"] if g["changed"]] == [["ns/b"]]
     return mig.NodePlan("n1", MODEL, False, p)

@@ -18,8 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pyctl.core.inputs import ReplayNodes
 from pyctl.replay import bound
-from pyctl.replay.trace import load_trace, replay
+from pyctl.replay.trace import TraceTasks, load_trace, replay
 
 TINY = Path(__file__).resolve().parent.parent / "data" / "replay_tiny"
 
@@ -29,18 +30,15 @@ Node = tuple[int, int, int, str]  # cpu, mem, gpus, model
 Task = tuple[int, int, int, int, tuple[str, ...]]  # cpu, mem, num_gpu, gpu_milli, models
 
 
-Columns = dict[str, list[Any]]
-
-
-def columns(nodes: Sequence[Node], tasks: Sequence[Task]) -> tuple[Columns, Columns]:
-    nc: dict[str, list[Any]] = {
+def columns(nodes: Sequence[Node], tasks: Sequence[Task]) -> tuple[ReplayNodes, TraceTasks]:
+    nc: ReplayNodes = {
         "name": [f"n{i}" for i in range(len(nodes))],
         "cpu_milli": [n[0] for n in nodes],
         "memory_mib": [n[1] for n in nodes],
         "gpu": [n[2] for n in nodes],
         "model": [n[3] for n in nodes],
     }
-    tc: dict[str, list[Any]] = {
+    tc: TraceTasks = {
         "name": [f"t{i}" for i in range(len(tasks))],
         "cpu_milli": [t[0] for t in tasks],
         "memory_mib": [t[1] for t in tasks],

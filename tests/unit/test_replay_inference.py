@@ -10,6 +10,7 @@ import pytest
 from pyctl.cli.main import main
 from pyctl.replay.inference import (
     POLICIES,
+    RESOURCES,
     Compaction,
     InferenceResult,
     InferenceTrace,
@@ -85,7 +86,7 @@ def _check_log(trace: InferenceTrace, inv: Inventory, r: InferenceResult) -> int
     moves = 0
 
     def add(node: int, i: int, sign: int) -> None:
-        for k, col in enumerate(("num_gpu", "cpu_milli", "memory_mib", "rdma")):
+        for k, col in enumerate(RESOURCES):
             use[node][k] += sign * cols[col][i]
         a = cols["app"][i]
         apps[node][a] = apps[node].get(a, 0) + sign

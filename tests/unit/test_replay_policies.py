@@ -8,11 +8,12 @@ from typing import Any
 import pytest
 
 from pyctl import _core
+from pyctl.core.inputs import ReplayNodes, ReplayTasks, ShapeInput
 from pyctl.core.types import ReplayRaw
 from pyctl.replay.trace import RunResult
 
 
-def nodes(*specs: tuple[int, int, str]) -> dict[str, list[Any]]:
+def nodes(*specs: tuple[int, int, str]) -> ReplayNodes:
     return {
         "name": [f"n{i}" for i in range(len(specs))],
         "cpu_milli": [s[0] for s in specs],
@@ -22,7 +23,7 @@ def nodes(*specs: tuple[int, int, str]) -> dict[str, list[Any]]:
     }
 
 
-def tasks(*specs: tuple[int, int, int]) -> dict[str, list[Any]]:
+def tasks(*specs: tuple[int, int, int]) -> ReplayTasks:
     return {
         "cpu_milli": [s[0] for s in specs],
         "memory_mib": [0 for _ in specs],
@@ -31,10 +32,10 @@ def tasks(*specs: tuple[int, int, int]) -> dict[str, list[Any]]:
     }
 
 
-WHOLE = [{"cpu_milli": 1000, "gpus": 1, "gpu_milli": 1000, "weight": 1.0}]
+WHOLE: list[ShapeInput] = [{"cpu_milli": 1000, "gpus": 1, "gpu_milli": 1000, "weight": 1.0}]
 
 
-def play(n: dict[str, list[Any]], t: dict[str, list[Any]], policy: str, **kw: Any) -> ReplayRaw:
+def play(n: ReplayNodes, t: ReplayTasks, policy: str, **kw: Any) -> ReplayRaw:
     kw.setdefault("shapes", WHOLE)
     shapes = kw.pop("shapes")
     return _core.replay_run(

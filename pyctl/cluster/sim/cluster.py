@@ -26,12 +26,14 @@ from pyctl.cluster.records import (
     ZoneRecord,
 )
 from pyctl.core.fragmentation import FragmentationModel
+from pyctl.core.inputs import AssignmentInput
 from pyctl.core.policy import (
     EXTENDER_WEIGHT,
     MAX_EXTENDER_PRIORITY,
     kube_default_scores,
     rank,
 )
+from pyctl.core.types import Assignment
 from pyctl.model import Gpu, MigGpu, MigInstance, Node, Shape, Snapshot, Workload
 
 #: (pod, candidate nodes) -> (nodes filtered out with why, scores 0..MAX_EXTENDER_PRIORITY)
@@ -57,7 +59,7 @@ class SimPod:
     name: str
     shape: Shape
     node: str = ""
-    assignment: dict[str, Any] | None = None
+    assignment: Assignment | AssignmentInput | None = None
     unschedulable: bool = False
     #: the replica it is an incarnation of (its first pod's name; evictions make new pods)
     root: str = ""
@@ -244,12 +246,12 @@ class SimCluster:
             pod.unschedulable = True
             return False
         name = best[0] if len(best) == 1 else self.rng.choice(best)
-        assignment = dict(feasible[name].assignment)
+        assignment = feasible[name].assignment.copy()
         self._apply(name, assignment, True)
         pod.node, pod.assignment, pod.unschedulable = name, assignment, False
         return True
 
-    def _apply(self, name: str, a: dict[str, Any], place: bool) -> None:
+    def _apply(self, name: str, a: Assignment | AssignmentInput, place: bool) -> None:
         self.model.apply(name, a, place)
         sign = -1 if place else 1
         zs = self.zones[name]
@@ -259,8 +261,8 @@ class SimCluster:
             zs[zi].mem_free += sign * v
         for zi, gi, v in a.get("gpus", []):
             zs[zi].gpu_free[gi] += sign * v
-        if a.get("mig"):
-            zi, mi, ii = a["mig"]
+        if mig := a.get("mig"):
+            zi, mi, ii = mig
             zs[zi].mig[mi][ii][1] = place
 
     def remove(self, pod: SimPod) -> str:
@@ -275,8 +277,8 @@ class SimCluster:
         that holds them)."""
         holder: dict[tuple[str, int, int, int], str] = {}
         for p in self.pods.values():
-            if p.node and p.assignment is not None and p.assignment.get("mig"):
-                zi, mi, ii = p.assignment["mig"]
+            if p.node and p.assignment is not None and (mig := p.assignment.get("mig")):
+                zi, mi, ii = mig
                 holder[(p.node, zi, mi, ii)] = p.name
         out = []
         for n in self.nodes:

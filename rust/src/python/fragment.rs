@@ -11,6 +11,9 @@ use super::convert::{
     field_error, int, int_list, item, let_others_run, required, sequence, string, string_list,
     value_error, Field,
 };
+use super::inputs::{
+    assignment as akey, columns as ckey, movable as mkey, pending as pkey, plan_limits as lkey,
+};
 use super::shape::{read_shape, read_shape_list, Weight};
 use crate::compaction::{self, Input, Limits, Movable, NodeSet, Pending, Plan};
 use crate::fragment::delta::{apply, place_delta, remove_delta, Assignment, Delta};
@@ -170,12 +173,12 @@ fn read_assignment(obj: &Bound<'_, PyAny>, node: &Node) -> PyResult<Assignment> 
         .cast::<PyDict>()
         .map_err(|_| field_error("assignment", "expected an object"))?;
     let mut a = Assignment {
-        cpu: zone_rows(d, intern!(py, "cpu"))?,
-        memory: zone_rows(d, intern!(py, "memory"))?,
-        gpus: gpu_rows(d, intern!(py, "gpus"))?,
+        cpu: zone_rows(d, intern!(py, akey::cpu))?,
+        memory: zone_rows(d, intern!(py, akey::memory))?,
+        gpus: gpu_rows(d, intern!(py, akey::gpus))?,
         ..Assignment::default()
     };
-    if let Some(v) = d.get_item(intern!(py, "mig"))?.filter(|v| !v.is_none()) {
+    if let Some(v) = d.get_item(intern!(py, akey::mig))?.filter(|v| !v.is_none()) {
         let r = super::convert::int_list(&v, || "assignment.mig".to_string())?;
         if r.len() != 3 || r.iter().any(|&x| x < 0) {
             return Err(field_error(
@@ -185,12 +188,15 @@ fn read_assignment(obj: &Bound<'_, PyAny>, node: &Node) -> PyResult<Assignment> 
         }
         a.mig = Some((r[0] as usize, r[1] as usize, r[2] as usize));
     }
-    a.dra_gpus = gpu_rows(d, intern!(py, "dra_gpus"))?;
-    a.dyn_whole = zone_rows(d, intern!(py, "dyn_whole"))?
+    a.dra_gpus = gpu_rows(d, intern!(py, akey::dra_gpus))?;
+    a.dyn_whole = zone_rows(d, intern!(py, akey::dyn_whole))?
         .into_iter()
         .map(|(z, g)| (z, g as usize))
         .collect();
-    if let Some(v) = d.get_item(intern!(py, "mig_new"))?.filter(|v| !v.is_none()) {
+    if let Some(v) = d
+        .get_item(intern!(py, akey::mig_new))?
+        .filter(|v| !v.is_none())
+    {
         a.mig_new = Some(read_mig_new(&v, node)?);
     }
     Ok(a)
@@ -234,36 +240,38 @@ impl PyFragmentModel {
     #[new]
     fn new(columns: &Bound<'_, PyDict>) -> PyResult<Self> {
         let c = ClusterColumns {
-            node_names: strings(columns, "node_names")?,
-            node_models: strings(columns, "node_models")?,
-            node_policies: strings(columns, "node_policies")?,
-            node_cpu_static: bools(columns, "node_cpu_static")?,
-            node_memory_static: bools(columns, "node_memory_static")?,
-            zone_offsets: offsets(columns, "zone_offsets")?,
-            zone_numa: ints(columns, "zone_numa")?,
-            zone_cpu_milli: ints(columns, "zone_cpu_milli")?,
-            zone_cpu_used: ints(columns, "zone_cpu_used")?,
-            zone_memory_mib: ints(columns, "zone_memory_mib")?,
-            zone_memory_used: ints(columns, "zone_memory_used")?,
-            gpu_offsets: offsets(columns, "gpu_offsets")?,
-            gpu_ids: ints(columns, "gpu_ids")?,
-            gpu_used_milli: ints(columns, "gpu_used_milli")?,
-            gpu_link_groups: optional(columns, "gpu_link_groups", |k| ints(columns, k))?,
-            mig_offsets: offsets(columns, "mig_offsets")?,
-            mig_gpu_ids: ints(columns, "mig_gpu_ids")?,
-            instance_offsets: offsets(columns, "instance_offsets")?,
-            instance_profiles: strings(columns, "instance_profiles")?,
-            instance_starts: ints(columns, "instance_starts")?,
-            instance_used: bools(columns, "instance_used")?,
-            dra_gpu_offsets: optional(columns, "dra_gpu_offsets", |k| offsets(columns, k))?,
-            dra_gpu_ids: optional(columns, "dra_gpu_ids", |k| ints(columns, k))?,
-            dra_gpu_used_milli: optional(columns, "dra_gpu_used_milli", |k| ints(columns, k))?,
-            mig_dra: optional(columns, "mig_dra", |k| bools(columns, k))?,
-            mig_dynamic: optional(columns, "mig_dynamic", |k| bools(columns, k))?,
-            mig_free_slices: optional(columns, "mig_free_slices", |k| ints(columns, k))?,
-            node_gpu_pools: optional(columns, "node_gpu_pools", |k| strings(columns, k))?,
-            node_gpu_replicas: optional(columns, "node_gpu_replicas", |k| ints(columns, k))?,
-            node_gpu_memory_mib: optional(columns, "node_gpu_memory_mib", |k| ints(columns, k))?,
+            node_names: strings(columns, ckey::node_names)?,
+            node_models: strings(columns, ckey::node_models)?,
+            node_policies: strings(columns, ckey::node_policies)?,
+            node_cpu_static: bools(columns, ckey::node_cpu_static)?,
+            node_memory_static: bools(columns, ckey::node_memory_static)?,
+            zone_offsets: offsets(columns, ckey::zone_offsets)?,
+            zone_numa: ints(columns, ckey::zone_numa)?,
+            zone_cpu_milli: ints(columns, ckey::zone_cpu_milli)?,
+            zone_cpu_used: ints(columns, ckey::zone_cpu_used)?,
+            zone_memory_mib: ints(columns, ckey::zone_memory_mib)?,
+            zone_memory_used: ints(columns, ckey::zone_memory_used)?,
+            gpu_offsets: offsets(columns, ckey::gpu_offsets)?,
+            gpu_ids: ints(columns, ckey::gpu_ids)?,
+            gpu_used_milli: ints(columns, ckey::gpu_used_milli)?,
+            gpu_link_groups: optional(columns, ckey::gpu_link_groups, |k| ints(columns, k))?,
+            mig_offsets: offsets(columns, ckey::mig_offsets)?,
+            mig_gpu_ids: ints(columns, ckey::mig_gpu_ids)?,
+            instance_offsets: offsets(columns, ckey::instance_offsets)?,
+            instance_profiles: strings(columns, ckey::instance_profiles)?,
+            instance_starts: ints(columns, ckey::instance_starts)?,
+            instance_used: bools(columns, ckey::instance_used)?,
+            dra_gpu_offsets: optional(columns, ckey::dra_gpu_offsets, |k| offsets(columns, k))?,
+            dra_gpu_ids: optional(columns, ckey::dra_gpu_ids, |k| ints(columns, k))?,
+            dra_gpu_used_milli: optional(columns, ckey::dra_gpu_used_milli, |k| ints(columns, k))?,
+            mig_dra: optional(columns, ckey::mig_dra, |k| bools(columns, k))?,
+            mig_dynamic: optional(columns, ckey::mig_dynamic, |k| bools(columns, k))?,
+            mig_free_slices: optional(columns, ckey::mig_free_slices, |k| ints(columns, k))?,
+            node_gpu_pools: optional(columns, ckey::node_gpu_pools, |k| strings(columns, k))?,
+            node_gpu_replicas: optional(columns, ckey::node_gpu_replicas, |k| ints(columns, k))?,
+            node_gpu_memory_mib: optional(columns, ckey::node_gpu_memory_mib, |k| {
+                ints(columns, k)
+            })?,
         };
         let cluster = Cluster::from_columns(&c).map_err(value_error)?;
         Ok(Self { cluster })
@@ -602,9 +610,9 @@ fn read_movable(
         let d = m
             .cast::<PyDict>()
             .map_err(|_| field_error(&w(), "expected an object"))?;
-        let node = opt_index(d, intern!(py, "node"), w)?
+        let node = opt_index(d, intern!(py, mkey::node), w)?
             .ok_or_else(|| field_error(&w(), "node missing"))?;
-        let group = opt_index(d, intern!(py, "group"), w)?
+        let group = opt_index(d, intern!(py, mkey::group), w)?
             .map(|g| {
                 u32::try_from(g).map_err(|_| field_error(&format!("{}.group", w()), "too large"))
             })
@@ -617,10 +625,10 @@ fn read_movable(
         })?;
         items.push(Movable {
             node,
-            task: tasks.read(&required(m, intern!(py, "shape"), w)?)?,
-            place: read_assignment(&required(m, intern!(py, "assignment"), w)?, on)?,
-            allowed: opt_index(d, intern!(py, "allowed"), w)?,
-            pdb: opt_index(d, intern!(py, "pdb"), w)?,
+            task: tasks.read(&required(m, intern!(py, mkey::shape), w)?)?,
+            place: read_assignment(&required(m, intern!(py, mkey::assignment), w)?, on)?,
+            allowed: opt_index(d, intern!(py, mkey::allowed), w)?,
+            pdb: opt_index(d, intern!(py, mkey::pdb), w)?,
             group,
         });
     }
@@ -637,8 +645,8 @@ fn read_pending(obj: &Bound<'_, PyAny>, tasks: &mut TaskCache) -> PyResult<Vec<P
             .cast::<PyDict>()
             .map_err(|_| field_error(&w(), "expected an object"))?;
         out.push(Pending {
-            task: tasks.read(&required(m, intern!(py, "shape"), w)?)?,
-            allowed: opt_index(d, intern!(py, "allowed"), w)?,
+            task: tasks.read(&required(m, intern!(py, pkey::shape), w)?)?,
+            allowed: opt_index(d, intern!(py, pkey::allowed), w)?,
         });
     }
     Ok(out)
@@ -657,12 +665,12 @@ fn read_limits(obj: Option<&Bound<'_, PyDict>>) -> PyResult<Limits> {
             }
         }
     };
-    l.max_moves = size("max_moves", l.max_moves)?;
-    l.max_moves_per_node = size("max_moves_per_node", l.max_moves_per_node)?;
-    l.rescue_depth = size("rescue_depth", l.rescue_depth)?.min(8);
-    l.max_rescues = size("max_rescues", l.max_rescues)?;
-    l.rescue_budget = size("rescue_budget", l.rescue_budget)?;
-    if let Some(v) = d.get_item("min_gain")? {
+    l.max_moves = size(lkey::max_moves, l.max_moves)?;
+    l.max_moves_per_node = size(lkey::max_moves_per_node, l.max_moves_per_node)?;
+    l.rescue_depth = size(lkey::rescue_depth, l.rescue_depth)?.min(8);
+    l.max_rescues = size(lkey::max_rescues, l.max_rescues)?;
+    l.rescue_budget = size(lkey::rescue_budget, l.rescue_budget)?;
+    if let Some(v) = d.get_item(intern!(d.py(), lkey::min_gain))? {
         let g: f64 = v
             .extract()
             .map_err(|_| field_error("limits.min_gain", "expected a number"))?;
@@ -674,7 +682,7 @@ fn read_limits(obj: Option<&Bound<'_, PyDict>>) -> PyResult<Limits> {
         }
         l.min_gain = g;
     }
-    if let Some(v) = d.get_item("defragment")? {
+    if let Some(v) = d.get_item(intern!(d.py(), lkey::defragment))? {
         l.defragment = v.is_truthy()?;
     }
     Ok(l)

@@ -8,6 +8,7 @@ use pyo3::types::{PyDict, PyFloat, PyInt, PyList, PyString};
 use super::convert::{
     boolean, field_error, int, member, required, sequence, string, value_error, Field,
 };
+use super::inputs;
 use crate::mig::planner::{Demand, Executor, GpuInstance, GpuPlan, Limits, MigGpu, Plan};
 use crate::mig::{self, Catalog, GpuModel, Rules};
 
@@ -197,9 +198,10 @@ fn read_gpus(model: &GpuModel, obj: &Bound<'_, PyAny>) -> PyResult<Vec<MigGpu>> 
     let mut gpus = Vec::with_capacity(items.len());
     for (g, item) in items.iter().enumerate() {
         let gf = || format!("gpus[{g}]");
-        let id = int(&required(item, intern!(py, "gpu"), gf)?, || {
-            format!("gpus[{g}].gpu")
-        })?;
+        let id = int(
+            &required(item, intern!(py, inputs::mig_gpu::gpu), gf)?,
+            || format!("gpus[{g}].gpu"),
+        )?;
         let id = u32::try_from(id).map_err(|_| {
             field_error(
                 &format!("gpus[{g}].gpu"),
@@ -207,7 +209,7 @@ fn read_gpus(model: &GpuModel, obj: &Bound<'_, PyAny>) -> PyResult<Vec<MigGpu>> 
             )
         })?;
         let mut instances = Vec::new();
-        if let Some(list) = opt_member(item, intern!(py, "instances"))? {
+        if let Some(list) = opt_member(item, intern!(py, inputs::mig_gpu::instances))? {
             for (i, x) in sequence(&list, || format!("gpus[{g}].instances"))?
                 .iter()
                 .enumerate()
@@ -215,23 +217,24 @@ fn read_gpus(model: &GpuModel, obj: &Bound<'_, PyAny>) -> PyResult<Vec<MigGpu>> 
                 let f = |s: &str| format!("gpus[{g}].instances[{i}]{s}");
                 let profile = profile_of(
                     model,
-                    &required(x, intern!(py, "profile"), || f(""))?,
+                    &required(x, intern!(py, inputs::mig_instance::profile), || f(""))?,
                     || f(".profile"),
                 )?;
-                let start = int(&required(x, intern!(py, "start"), || f(""))?, || {
-                    f(".start")
-                })?;
+                let start = int(
+                    &required(x, intern!(py, inputs::mig_instance::start), || f(""))?,
+                    || f(".start"),
+                )?;
                 let start = u8::try_from(start).map_err(|_| {
                     field_error(
                         &f(".start"),
                         format!("memory slice {start} is outside the GPU"),
                     )
                 })?;
-                let used = match opt_member(x, intern!(py, "used"))? {
+                let used = match opt_member(x, intern!(py, inputs::mig_instance::used))? {
                     Some(v) => boolean(&v, || f(".used"))?,
                     None => false,
                 };
-                let pod = match opt_member(x, intern!(py, "pod"))? {
+                let pod = match opt_member(x, intern!(py, inputs::mig_instance::pod))? {
                     Some(v) => Some(string(&v, || f(".pod"))?),
                     None => None,
                 };
@@ -286,10 +289,10 @@ fn read_demand(
             let f = |s: &str| format!("pending[{i}]{s}");
             let p = profile_of(
                 model,
-                &required(x, intern!(py, "profile"), || f(""))?,
+                &required(x, intern!(py, inputs::mig_pending::profile), || f(""))?,
                 || f(".profile"),
             )?;
-            let c = match opt_member(x, intern!(py, "count"))? {
+            let c = match opt_member(x, intern!(py, inputs::mig_pending::count))? {
                 Some(v) => int(&v, || f(".count"))?,
                 None => 1,
             };
@@ -303,12 +306,13 @@ fn read_demand(
             let f = |s: &str| format!("workload[{i}]{s}");
             let p = profile_of(
                 model,
-                &required(x, intern!(py, "profile"), || f(""))?,
+                &required(x, intern!(py, inputs::mig_workload::profile), || f(""))?,
                 || f(".profile"),
             )?;
-            let weight = number(&required(x, intern!(py, "weight"), || f(""))?, || {
-                f(".weight")
-            })?;
+            let weight = number(
+                &required(x, intern!(py, inputs::mig_workload::weight), || f(""))?,
+                || f(".weight"),
+            )?;
             demand.workload.push((p, weight));
         }
     }
@@ -321,7 +325,7 @@ fn read_limits(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Limits> {
         return Ok(limits);
     };
     let py = obj.py();
-    if let Some(g) = opt_member(obj, intern!(py, "gpus"))? {
+    if let Some(g) = opt_member(obj, intern!(py, inputs::mig_limits::gpus))? {
         let ids = super::convert::int_list(&g, || "limits.gpus".to_string())?;
         let mut out = Vec::with_capacity(ids.len());
         for (i, id) in ids.into_iter().enumerate() {
@@ -334,7 +338,7 @@ fn read_limits(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Limits> {
         }
         limits.gpus = Some(out);
     }
-    if let Some(v) = opt_member(obj, intern!(py, "max_used_destroyed"))? {
+    if let Some(v) = opt_member(obj, intern!(py, inputs::mig_limits::max_used_destroyed))? {
         let n = int(&v, || "limits.max_used_destroyed".to_string())?;
         limits.max_used_destroyed = u32::try_from(n).map_err(|_| {
             field_error(
@@ -343,7 +347,7 @@ fn read_limits(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Limits> {
             )
         })?;
     }
-    if let Some(v) = opt_member(obj, intern!(py, "executor"))? {
+    if let Some(v) = opt_member(obj, intern!(py, inputs::mig_limits::executor))? {
         limits.executor =
             Executor::parse(&string(&v, || "limits.executor".to_string())?).map_err(value_error)?;
     }

@@ -3,6 +3,7 @@
 
 mod convert;
 mod fragment;
+mod inputs;
 mod mig;
 mod replay;
 mod shape;
@@ -17,5 +18,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     fragment::register(m)?;
     mig::register(m)?;
     replay::register(m)?;
+    inputs::register(m)?;
     Ok(())
 }

@@ -5,6 +5,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use super::convert::{field_error, int_list, item, sequence, string_list, value_error};
+use super::inputs::{
+    event_compaction as ekey, replay_compaction as ckey, replay_instances as ikey,
+    replay_nodes as nkey, replay_tasks as tkey, shape as skey,
+};
 use super::shape::read_shape_list;
 use crate::replay::events::{run_events, EventCompaction, EventConfig, EventResult, InstanceSpec};
 use crate::replay::{
@@ -118,22 +122,22 @@ fn replay_run<'py>(
 /// The nodes' columns: name, cpu_milli, memory_mib, gpu, model (one entry per node each), and
 /// optionally rdma (percent of one RNIC: 100 per RNIC; absent: 0).
 fn read_nodes(nodes: &Bound<'_, PyDict>) -> PyResult<Vec<NodeSpec>> {
-    let names = strs(&column(nodes, "name", "nodes")?, "nodes.name")?;
-    let cpu = ints(nodes, "cpu_milli", "nodes")?;
-    let mem = ints(nodes, "memory_mib", "nodes")?;
-    let gpu = ints(nodes, "gpu", "nodes")?;
-    let models = strs(&column(nodes, "model", "nodes")?, "nodes.model")?;
+    let names = strs(&column(nodes, nkey::name, "nodes")?, "nodes.name")?;
+    let cpu = ints(nodes, nkey::cpu_milli, "nodes")?;
+    let mem = ints(nodes, nkey::memory_mib, "nodes")?;
+    let gpu = ints(nodes, nkey::gpu, "nodes")?;
+    let models = strs(&column(nodes, nkey::model, "nodes")?, "nodes.model")?;
     let n = same_len(
         &[
-            ("name", names.len()),
-            ("cpu_milli", cpu.len()),
-            ("memory_mib", mem.len()),
-            ("gpu", gpu.len()),
-            ("model", models.len()),
+            (nkey::name, names.len()),
+            (nkey::cpu_milli, cpu.len()),
+            (nkey::memory_mib, mem.len()),
+            (nkey::gpu, gpu.len()),
+            (nkey::model, models.len()),
         ],
         "nodes",
     )?;
-    let rdma = optional_ints(nodes, "rdma", "nodes", n)?;
+    let rdma = optional_ints(nodes, nkey::rdma, "nodes", n)?;
     let rows = names.into_iter().zip(cpu).zip(mem).zip(gpu).zip(models);
     Ok(rows
         .zip(rdma)
@@ -156,29 +160,30 @@ fn read_tasks(tasks: &Bound<'_, PyDict>) -> PyResult<Vec<TaskSpec>> {
     read_task_columns(tasks, "tasks")
 }
 
-/// `read_tasks` with errors naming `what` ("tasks", "instances").
+/// `read_tasks` with errors naming `what` ("tasks", "instances": `ReplayInstances` declares the
+/// same task columns as `ReplayTasks`, which a test checks).
 fn read_task_columns(tasks: &Bound<'_, PyDict>, what: &str) -> PyResult<Vec<TaskSpec>> {
-    let cpu = ints(tasks, "cpu_milli", what)?;
-    let mem = ints(tasks, "memory_mib", what)?;
-    let num = ints(tasks, "num_gpu", what)?;
-    let milli = ints(tasks, "gpu_milli", what)?;
+    let cpu = ints(tasks, tkey::cpu_milli, what)?;
+    let mem = ints(tasks, tkey::memory_mib, what)?;
+    let num = ints(tasks, tkey::num_gpu, what)?;
+    let milli = ints(tasks, tkey::gpu_milli, what)?;
     let m = same_len(
         &[
-            ("cpu_milli", cpu.len()),
-            ("memory_mib", mem.len()),
-            ("num_gpu", num.len()),
-            ("gpu_milli", milli.len()),
+            (tkey::cpu_milli, cpu.len()),
+            (tkey::memory_mib, mem.len()),
+            (tkey::num_gpu, num.len()),
+            (tkey::gpu_milli, milli.len()),
         ],
         what,
     )?;
-    let models = model_lists(tasks, "gpu_models", what, m)?;
+    let models = model_lists(tasks, tkey::gpu_models, what, m)?;
     if models.len() != m {
         return Err(field_error(
             &format!("{what}.gpu_models"),
             "length differs from cpu_milli",
         ));
     }
-    let rdma = optional_ints(tasks, "rdma", what, m)?;
+    let rdma = optional_ints(tasks, tkey::rdma, what, m)?;
     let rows = cpu.into_iter().zip(mem).zip(num).zip(milli).zip(models);
     Ok(rows
         .zip(rdma)
@@ -207,7 +212,7 @@ fn read_shapes(shapes: &Bound<'_, PyAny>) -> PyResult<Vec<ShapeSpec>> {
         let r = match s
             .cast::<PyDict>()
             .ok()
-            .and_then(|d| d.get_item("rdma").ok().flatten())
+            .and_then(|d| d.get_item(skey::rdma).ok().flatten())
         {
             None => 0,
             Some(v) => v
@@ -243,10 +248,10 @@ fn read_compaction(c: Option<&Bound<'_, PyDict>>) -> PyResult<Option<Compaction>
         }
     };
     let d = Compaction::default();
-    let every = get("every", d.every as f64)?;
-    let max_moves = get("max_moves", d.max_moves as f64)?;
-    let depth = get("rescue_depth", d.rescue_depth as f64)?;
-    let rescue_budget = get("rescue_budget", d.rescue_budget as f64)?;
+    let every = get(ckey::every, d.every as f64)?;
+    let max_moves = get(ckey::max_moves, d.max_moves as f64)?;
+    let depth = get(ckey::rescue_depth, d.rescue_depth as f64)?;
+    let rescue_budget = get(ckey::rescue_budget, d.rescue_budget as f64)?;
     if !(1.0..=1e9).contains(&every)
         || !(0.0..=1e9).contains(&max_moves)
         || !(0.0..=8.0).contains(&depth)
@@ -259,10 +264,10 @@ fn read_compaction(c: Option<&Bound<'_, PyDict>>) -> PyResult<Option<Compaction>
     }
     Ok(Some(Compaction {
         every: every as u32,
-        budget: get("budget", d.budget)?,
+        budget: get(ckey::budget, d.budget)?,
         max_moves: max_moves as u32,
-        min_gain: get("min_gain", d.min_gain)?,
-        reserve: get("reserve", d.reserve)?,
+        min_gain: get(ckey::min_gain, d.min_gain)?,
+        reserve: get(ckey::reserve, d.reserve)?,
         rescue_depth: depth as u32,
         rescue_budget: rescue_budget as u32,
     }))
@@ -331,17 +336,17 @@ fn times(d: &Bound<'_, PyDict>, key: &str, what: &str) -> PyResult<Vec<Option<f6
 fn read_instances(d: &Bound<'_, PyDict>) -> PyResult<Vec<InstanceSpec>> {
     let tasks = read_task_columns(d, "instances")?;
     let n = tasks.len();
-    let apps = ints(d, "app", "instances")?;
-    let caps = ints(d, "max_per_node", "instances")?;
-    let arrive = times(d, "arrive", "instances")?;
-    let depart = times(d, "depart", "instances")?;
+    let apps = ints(d, ikey::app, "instances")?;
+    let caps = ints(d, ikey::max_per_node, "instances")?;
+    let arrive = times(d, ikey::arrive, "instances")?;
+    let depart = times(d, ikey::depart, "instances")?;
     same_len(
         &[
-            ("cpu_milli", n),
-            ("app", apps.len()),
-            ("max_per_node", caps.len()),
-            ("arrive", arrive.len()),
-            ("depart", depart.len()),
+            (ikey::cpu_milli, n),
+            (ikey::app, apps.len()),
+            (ikey::max_per_node, caps.len()),
+            (ikey::arrive, arrive.len()),
+            (ikey::depart, depart.len()),
         ],
         "instances",
     )?;
@@ -382,9 +387,9 @@ fn read_event_compaction(c: Option<&Bound<'_, PyDict>>) -> PyResult<Option<Event
         }
     };
     let d = EventCompaction::default();
-    let max_moves = get("max_moves", d.max_moves as f64)?;
-    let depth = get("rescue_depth", d.rescue_depth as f64)?;
-    let rescue_budget = get("rescue_budget", d.rescue_budget as f64)?;
+    let max_moves = get(ekey::max_moves, d.max_moves as f64)?;
+    let depth = get(ekey::rescue_depth, d.rescue_depth as f64)?;
+    let rescue_budget = get(ekey::rescue_budget, d.rescue_budget as f64)?;
     if !(0.0..=1e9).contains(&max_moves)
         || !(0.0..=8.0).contains(&depth)
         || !(0.0..=1e9).contains(&rescue_budget)
@@ -395,10 +400,10 @@ fn read_event_compaction(c: Option<&Bound<'_, PyDict>>) -> PyResult<Option<Event
         ));
     }
     Ok(Some(EventCompaction {
-        interval: get("interval", d.interval)?,
-        budget_per_day: get("budget_per_day", d.budget_per_day)?,
+        interval: get(ekey::interval, d.interval)?,
+        budget_per_day: get(ekey::budget_per_day, d.budget_per_day)?,
         max_moves: max_moves as u32,
-        min_gain: get("min_gain", d.min_gain)?,
+        min_gain: get(ekey::min_gain, d.min_gain)?,
         rescue_depth: depth as u32,
         rescue_budget: rescue_budget as u32,
     }))

@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 
 use super::convert::{field_error, int, sequence, string, string_list, type_name};
+use super::inputs::shape as key;
 use crate::fragment::Shape;
 
 /// Whether a shape carries a weight (the workload's shapes) or not (a single task: weight 1).
@@ -41,33 +42,33 @@ pub fn read_shape(obj: &Bound<'_, PyAny>, prefix: &str, weight: Weight) -> PyRes
         u64::try_from(x)
             .map_err(|_| field_error(&f(name), format!("must not be negative, got {x}")))
     };
-    let cpu_milli = num(intern!(py, "cpu_milli"), "cpu_milli")?;
-    let memory_mib = num(intern!(py, "memory_mib"), "memory_mib")?;
-    let gpus = num(intern!(py, "gpus"), "gpus")?;
-    let gpu_milli = num(intern!(py, "gpu_milli"), "gpu_milli")?;
-    let gpus = u32::try_from(gpus).map_err(|_| field_error(&f("gpus"), "too large"))?;
+    let cpu_milli = num(intern!(py, key::cpu_milli), key::cpu_milli)?;
+    let memory_mib = num(intern!(py, key::memory_mib), key::memory_mib)?;
+    let gpus = num(intern!(py, key::gpus), key::gpus)?;
+    let gpu_milli = num(intern!(py, key::gpu_milli), key::gpu_milli)?;
+    let gpus = u32::try_from(gpus).map_err(|_| field_error(&f(key::gpus), "too large"))?;
     let gpu_milli =
-        u32::try_from(gpu_milli).map_err(|_| field_error(&f("gpu_milli"), "too large"))?;
-    let mig_profile = match present(d, intern!(py, "mig_profile"))? {
-        Some(v) => Some(string(&v, || f("mig_profile"))?),
+        u32::try_from(gpu_milli).map_err(|_| field_error(&f(key::gpu_milli), "too large"))?;
+    let mig_profile = match present(d, intern!(py, key::mig_profile))? {
+        Some(v) => Some(string(&v, || f(key::mig_profile))?),
         None => None,
     };
-    let gpu_models = match present(d, intern!(py, "gpu_models"))? {
-        Some(v) => string_list(&v, || f("gpu_models"))?,
+    let gpu_models = match present(d, intern!(py, key::gpu_models))? {
+        Some(v) => string_list(&v, || f(key::gpu_models))?,
         None => Vec::new(),
     };
-    let gpu_pool = match present(d, intern!(py, "gpu_pool"))? {
-        Some(v) => string(&v, || f("gpu_pool"))?,
+    let gpu_pool = match present(d, intern!(py, key::gpu_pool))? {
+        Some(v) => string(&v, || f(key::gpu_pool))?,
         None => String::new(),
     };
-    let gpu_memory_mib = num(intern!(py, "gpu_memory_mib"), "gpu_memory_mib")?;
+    let gpu_memory_mib = num(intern!(py, key::gpu_memory_mib), key::gpu_memory_mib)?;
     let weight = match weight {
         Weight::Ignored => 1.0,
-        Weight::Required => match d.get_item(intern!(py, "weight"))? {
-            None => return Err(field_error(&f("weight"), "missing")),
+        Weight::Required => match d.get_item(intern!(py, key::weight))? {
+            None => return Err(field_error(&f(key::weight), "missing")),
             Some(v) => v.extract::<f64>().map_err(|_| {
                 field_error(
-                    &f("weight"),
+                    &f(key::weight),
                     format!("expected a number, got {}", type_name(&v)),
                 )
             })?,
@@ -79,9 +80,9 @@ pub fn read_shape(obj: &Bound<'_, PyAny>, prefix: &str, weight: Weight) -> PyRes
             None => false,
         })
     };
-    let dra = flag(intern!(py, "dra"))?;
-    let numa_aligned = flag(intern!(py, "numa_aligned"))?;
-    let link_group = flag(intern!(py, "link_group"))?;
+    let dra = flag(intern!(py, key::dra))?;
+    let numa_aligned = flag(intern!(py, key::numa_aligned))?;
+    let link_group = flag(intern!(py, key::link_group))?;
     Ok(Shape {
         cpu_milli,
         memory_mib,

@@ -75,7 +75,7 @@ fn read_hint(obj: &Bound<'_, PyAny>, field: impl Field) -> PyResult<TopologyHint
             "expected a hint {\"affinity\": ..., \"preferred\": ...}, got None",
         ));
     }
-    let affinity = required(obj, intern!(py, "affinity"), &field)?;
+    let affinity = required(obj, intern!(py, super::inputs::hint::affinity), &field)?;
     let mask = if affinity.is_none() {
         None
     } else {
@@ -83,7 +83,7 @@ fn read_hint(obj: &Bound<'_, PyAny>, field: impl Field) -> PyResult<TopologyHint
         let ids = int_list(&affinity, aff_field)?;
         Some(NumaMask::from_ids(&ids, "").map_err(|e| field_error(&aff_field(), e.message))?)
     };
-    let preferred = required(obj, intern!(py, "preferred"), &field)?;
+    let preferred = required(obj, intern!(py, super::inputs::hint::preferred), &field)?;
     let preferred = boolean(&preferred, || format!("{}.preferred", field()))?;
     Ok(TopologyHint::new(mask, preferred))
 }
