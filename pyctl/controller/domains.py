@@ -29,6 +29,9 @@ from pyctl.model import GPU_MILLI, Shape
 #: a node in no domain of a level: before every domain (using it breaks none)
 NO_DOMAIN: Final = -1
 
+#: a node's row: its domain per level (None: none) and its idle GPU (milli)
+DomainRow = tuple[tuple[str | None, ...], int]
+
 
 class DomainIdle:
     """Per level (label keys, narrowest first), each domain's idle GPU (milli), updated one node
@@ -54,12 +57,45 @@ class DomainIdle:
         with self._lock:
             self.levels, self._nodes, self._idle = fresh.levels, fresh._nodes, fresh._idle
 
+    def rows(self) -> dict[str, DomainRow]:
+        """Every node's row (a copy): what another process needs to keep the same index."""
+        with self._lock:
+            return dict(self._nodes)
+
+    def apply_rows(
+        self,
+        levels: tuple[str, ...] | None,
+        rows: Mapping[str, DomainRow],
+        gone: Iterable[str] = (),
+    ) -> None:
+        """Rows from `rows` (another index's), nodes `gone` removed; with `levels`, the index
+        starts again at those levels from `rows` alone."""
+        with self._lock:
+            if levels is not None:
+                self.levels, self._nodes = tuple(levels), {}
+                self._idle = [{} for _ in self.levels]
+            for name in gone:
+                self._put(name, None)
+            for name, row in rows.items():
+                if len(row[0]) == len(self.levels):
+                    self._put(name, row)
+
     def update(self, name: str, labels: Mapping[str, str] | None, idle_milli: int) -> None:
         """Node `name` now has `labels` and `idle_milli` idle GPU; `labels` None: it is gone."""
         with self._lock:
             self._update(name, labels, idle_milli)
 
     def _update(self, name: str, labels: Mapping[str, str] | None, idle_milli: int) -> None:
+        if labels is None:
+            self._put(name, None)
+            return
+        domains = tuple(
+            v if (v := labels.get(key)) is not None and valid_domain(v) else None
+            for key in self.levels
+        )
+        self._put(name, (domains, max(idle_milli, 0)))
+
+    def _put(self, name: str, row: DomainRow | None) -> None:
         old = self._nodes.pop(name, None)
         if old is not None:
             for level, domain in zip(self._idle, old[0], strict=True):
@@ -69,14 +105,10 @@ class DomainIdle:
                     total[1] -= 1
                     if total[1] == 0:
                         del level[domain]
-        if labels is None:
+        if row is None:
             return
-        domains = tuple(
-            v if (v := labels.get(key)) is not None and valid_domain(v) else None
-            for key in self.levels
-        )
-        idle = max(idle_milli, 0)
-        self._nodes[name] = (domains, idle)
+        domains, idle = row
+        self._nodes[name] = row
         for level, domain in zip(self._idle, domains, strict=True):
             if domain is not None:
                 total = level.setdefault(domain, [0, 0])

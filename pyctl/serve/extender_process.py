@@ -55,6 +55,7 @@ import msgspec
 
 from pyctl.cluster.records import PodRecord
 from pyctl.cluster.translate import pod_shape
+from pyctl.controller.domains import DomainIdle, DomainRow
 from pyctl.controller.placement import NotKept, PlacementAdvisor, RankTable
 from pyctl.controller.reconcile import Reconciler
 from pyctl.core.fragmentation import FragmentationModel
@@ -106,6 +107,11 @@ class Update(msgspec.Struct, kw_only=True):
     reservations: Mapping[str, str] | None = None
     departures: Mapping[str, str] | None = None
     pending: tuple[Shape, ...] | None = None
+    #: the topology domains' index (`pyctl.controller.domains`): its levels when they change
+    #: (then `domain_rows` holds every node's row), the rows that changed, the nodes gone
+    domain_levels: tuple[str, ...] | None = None
+    domain_rows: dict[str, DomainRow] = msgspec.field(default_factory=dict)
+    domain_gone: tuple[str, ...] = ()
     more: bool = False
     v: int = VERSION
 
@@ -225,6 +231,8 @@ class Replica:
     reservations: Mapping[str, str] = field(default_factory=dict)
     departures: Mapping[str, str] = field(default_factory=dict)
     pending: tuple[Shape, ...] = ()
+    #: the topology domains' idle GPU, as the controller's reconciler keeps it
+    domains: DomainIdle = field(default_factory=DomainIdle)
 
     def apply(self, msg: Update, ranks: RankTable | None = None) -> None:
         """One message of the controller's (`Publisher`): its nodes replace the kept ones, and
@@ -239,6 +247,8 @@ class Replica:
             self.departures = msg.departures
         if msg.pending is not None:
             self.pending = msg.pending
+        if msg.domain_levels is not None or msg.domain_rows or msg.domain_gone:
+            self.domains.apply_rows(msg.domain_levels, msg.domain_rows, msg.domain_gone)
         nodes = msg.nodes
         for name, node in nodes.items():
             self.models[name] = node
@@ -254,6 +264,7 @@ class Replica:
             lambda: self.departures,
             local_shape,
             ranks,
+            lambda: self.domains,
         )
 
 
@@ -493,6 +504,9 @@ class Publisher:
         self._reserved: dict[str, str] | None = None
         self._departed: dict[str, str] | None = None
         self._slow = 0.0
+        #: the domains' index as last sent (its levels and rows)
+        self._domain_levels: tuple[str, ...] = ()
+        self._domain_rows: dict[str, DomainRow] = {}
         #: the shapes of the pods waiting for the scheduler, set on the controller's event loop
         #: (`ExtenderProcess.keep_pending`: the cache is not read from another thread)
         self.pending: tuple[Shape, ...] = ()
@@ -520,12 +534,16 @@ class Publisher:
         self._reserved = dict(self.reservations())
         self._departed = dict(self.departures())
         self._slow = now
+        index = r.domain_idle()
+        self._domain_levels, self._domain_rows = index.levels, index.rows()
         return Update(
             nodes=models,
             workload=r.workload,
             reservations=self._reserved,
             departures=self._departed,
             pending=self.pending,
+            domain_levels=self._domain_levels,
+            domain_rows=dict(self._domain_rows),
         )
 
     def changes(self, now: float) -> Update | None:
@@ -561,12 +579,26 @@ class Publisher:
                 if self._sent.get(n) is not node:
                     nodes[n] = node
             msg.pending = self.pending
+            self._domains_changed(msg)
             changed = True
         if nodes:
             msg.nodes = nodes
             self._sent.update(nodes)
             changed = True
         return msg if changed else None
+
+    def _domains_changed(self, msg: Update) -> None:
+        """The domains' index's changes since the last message into `msg` (its rows follow
+        the nodes' models by at most a second: a tie-break between equal ranks)."""
+        index = self.reconciler.domain_idle()
+        rows = index.rows()
+        if index.levels != self._domain_levels:
+            msg.domain_levels, msg.domain_rows = index.levels, rows
+        else:
+            sent = self._domain_rows
+            msg.domain_rows = {n: row for n, row in rows.items() if sent.get(n) != row}
+            msg.domain_gone = tuple(n for n in sent if n not in rows)
+        self._domain_levels, self._domain_rows = index.levels, rows
 
 
 def chunks(msg: Update) -> list[Update]:

@@ -24,7 +24,8 @@ from pyctl.app.wiring import advisor, start_servers
 from pyctl.cluster.sim.scenario import inference_day
 from pyctl.cluster.sim.source import SimClusterSource
 from pyctl.controller.controller import Controller
-from pyctl.controller.placement import RankTable
+from pyctl.controller.domains import DomainIdle
+from pyctl.controller.placement import PlacementAdvisor, RankTable
 from pyctl.dev.control_plane import free_port
 from pyctl.model import Node, Workload
 from pyctl.serve.extender import ExtenderHandler
@@ -42,6 +43,7 @@ from pyctl.serve.extender_process import (
     Ranks,
     Recorder,
     Refused,
+    Replica,
     Request,
     Update,
     Work,
@@ -397,7 +399,10 @@ def test_the_publisher_sends_each_change_once() -> None:
     from pyctl.model import Node, Workload
 
     a, b, c = Node("a"), Node("b"), Node("c")
-    r = SimpleNamespace(models={"a": a, "b": b}, workload=Workload(), pending_shapes=list)
+    index = DomainIdle()
+    r = SimpleNamespace(
+        models={"a": a, "b": b}, workload=Workload(), pending_shapes=list, domain_idle=lambda: index
+    )
     reserved: dict[str, str] = {}
     pub = Publisher(r, lambda: reserved, dict)  # type: ignore[arg-type]
     first = pub.full(0.0)
@@ -428,6 +433,101 @@ def test_the_publisher_sends_each_change_once() -> None:
     assert got.nodes == {"c": c}
     assert got.pending == ()
     assert pub.changes(2.1) is None
+
+
+def test_the_domains_reach_the_process_and_follow_the_controllers() -> None:
+    """The topology domains' index (the advice's tie order) goes to the process in full, then
+    row by row as it changes once a second, nodes gone as gone, and in full again when its
+    levels change: the process's copy stays the controller's."""
+    from types import SimpleNamespace
+
+    clique, leaf = "nvidia.com/gpu.clique", "network.topology.nvidia.com/leaf"
+    index = DomainIdle((clique,))
+    for i in range(6):
+        index.update(f"n{i}", {clique: "abc"[i % 3]}, 4000)
+    r = SimpleNamespace(models={}, workload=Workload(), domain_idle=lambda: index)
+    pub = Publisher(r, dict, dict)  # type: ignore[arg-type]
+    replica = Replica()
+    replica.apply(pub.full(0.0))
+    assert replica.domains.levels == (clique,)
+    assert replica.domains.rows() == index.rows()
+    index.update("n0", {clique: "a"}, 1000)  # a pod landed
+    index.update("n5", None, 0)  # gone
+    assert pub.changes(0.5) is None  # rows go with the once-a-second pass
+    msg = pub.changes(1.5)
+    assert msg is not None
+    assert (msg.domain_levels, msg.domain_rows, msg.domain_gone) == (
+        None,
+        {"n0": (("a",), 1000)},
+        ("n5",),
+    )
+    replica.apply(msg)
+    assert replica.domains.rows() == index.rows()
+    assert replica.domains.idle(clique, "a") == 5000
+    # clique c (n2 alone: 4 idle), then a (n0 1 + n3 4), then b (n1 4 + n4 4)
+    assert replica.domains.order(["n1", "n0", "n2"]) == ["n2", "n0", "n1"]
+    index.relevel((clique, leaf), [("n9", {clique: "z", leaf: "l"}, 8000)])
+    msg = pub.changes(3.0)
+    assert msg is not None
+    assert msg.domain_levels == (clique, leaf)
+    replica.apply(msg)
+    assert (replica.domains.levels, replica.domains.rows()) == (index.levels, index.rows())
+
+
+@pytest.mark.anyio
+async def test_the_process_breaks_ties_by_the_domains_as_the_controller_does() -> None:
+    """Twelve 4-GPU nodes in three cliques, named so that name order alternates cliques, one
+    clique broken: the process, fed by the controller, answers a one-GPU pod's `choose` with the
+    broken clique's node, as the advisor in the controller's process does (not the first node
+    by name)."""
+    from pyctl.cluster.records import Event, PodRecord
+    from pyctl.controller.cache import ClusterCache
+    from pyctl.controller.reconcile import Reconciler
+    from pyctl.metrics import Metrics
+    from pyctl.model import Gang, Shape
+    from tests.unit.test_domain_advice import ONE, records
+
+    cache = ClusterCache()
+    cache.apply([Event("ADDED", rec) for rec in records()])
+    busy = PodRecord("default", "busy", "u-busy", node="n01", phase="Running", cpu_milli=1000,
+                     gpus=4, owner_kind="ReplicaSet", owner_name="web")  # fmt: skip
+    cache.apply([Event("ADDED", busy)])
+    gang = Shape(cpu_milli=1000, gpus=4, gpu_milli=1000, gang=Gang(4, "nvidia.com/gpu.clique"))
+    r = Reconciler(cache, Metrics(), "c", workload=Workload((ONE, gang)))
+    for name in cache.nodes:
+        r.reconcile(name)
+
+    def handler() -> ExtenderHandler:
+        return ExtenderHandler(PlacementAdvisor.for_reconciler(r))
+
+    here = ExtenderServer(handler, ExtenderOptions(port=0))
+    there = ExtenderProcess(
+        Publisher(r, dict, dict),
+        handler,
+        ExtenderOptions(port=0),
+        HttpMetrics(CollectorRegistry(), "t"),
+    )
+    ports = (await here.start(), await there.start())
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "p", "namespace": "default", "uid": "u-p"},
+           "spec": {"containers": [{"name": "c", "image": "x", "resources": {
+               "requests": {"cpu": "1", "nvidia.com/gpu": "1"}}}]},
+           "status": {"phase": "Pending"}}  # fmt: skip
+    body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": sorted(cache.nodes)}).encode()
+    try:
+        await anyio.sleep(1.5)  # the rows go with the once-a-second pass
+        got = []
+        async with aiohttp.ClientSession() as s:
+            for port in ports:
+                async with s.post(f"http://127.0.0.1:{port}/scheduler/choose", data=body) as resp:
+                    assert resp.status == 200
+                    got.append(json.loads(await resp.read()))
+    finally:
+        await there.stop()
+        await here.stop()
+    assert got[0] == got[1]
+    # n01's clique (b: n01, n04, n07, n10) is broken; its first empty node by name is n04
+    assert got[0]["NodeNames"] == ["n04"], got[0]
 
 
 @pytest.mark.anyio
