@@ -545,6 +545,7 @@ _RANGES: tuple[tuple[str, float, float], ...] = (
     ("extender_deadline", 0.01, 60),
     ("extender_max_connections", 1, 65536),
     ("mig_concurrency", 1, 1024),
+    ("mig_acquire_timeout", 1, 86400),
     ("mig_apply_timeout", 1, 86400),
     ("mig_drain_timeout", 1, 86400),
     ("mig_poll", 0.01, 3600),

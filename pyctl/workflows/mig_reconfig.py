@@ -6,7 +6,8 @@ Steps (each an engine handler, persisted by the engine after it returns; each id
 ``acquiring``     the MIG concurrency slot, buckets, node cooldown and disruption budget in one
                   request (`SafetyLimits.mig_reconfiguration`); remembers the node's current
                   `nvidia.com/mig.config` (the rollback target) and checks that the published
-                  mig-parted config holds it. Nothing on the node is touched yet.
+                  mig-parted config holds it. Nothing on the node is touched yet; past
+                  `acquire_timeout` from its start, the workflow is abandoned.
 ``isolating``     the `pyctl.io/mig-reconfiguration:NoSchedule` taint (or a cordon).
 ``evicting``      the pods on the GPUs that change, through the Eviction API, one per advance
                   (so a crash never repeats one); a 429 waits; then waits until they are gone.
@@ -180,6 +181,11 @@ class MigOptions:
     apply_timeout: float = 900.0
     #: from the taint to every evicted pod gone
     drain_timeout: float = 900.0
+    #: from the workflow's start: how long `acquiring` may wait for its limits (the MIG slot, the
+    #: buckets, the node's cool-down, the disruption budget) or for mig-manager to be idle before
+    #: the workflow is abandoned (nothing on the node was touched yet; the MIG loop starts it
+    #: again while the demand is still there)
+    acquire_timeout: float = 600.0
     #: how often a waiting step looks again
     poll: float = 2.0
     #: "taint" (pyctl's own NoSchedule taint) or "cordon"
@@ -338,6 +344,11 @@ async def _acquiring(ctx: MigContext, wf: MigWorkflow) -> MigWorkflow:
         return _set(wf, "abandoned", reason="node has no nvidia.com/mig.config to roll back to")
     if previous == wf.data.config:
         return _set(wf, "abandoned", reason="config already selected")
+    waited = ctx.clock() - wf.created
+    if waited > opt.acquire_timeout:
+        limit = f"acquire_timeout {opt.acquire_timeout:g} s"
+        why = wf.result or "no answer yet"
+        return _set(wf, "abandoned", reason=f"waited {waited:.0f} s ({limit}) to start: {why}")
     if node.mig_config_state == "pending":
         return _later(wf, ctx, opt.poll, "mig-manager busy (state pending)")
     data = await gate.read_configmap(opt.configmap_namespace, opt.configmap_name)
@@ -356,7 +367,11 @@ async def _acquiring(ctx: MigContext, wf: MigWorkflow) -> MigWorkflow:
     evictions = len(wf.data.pods)
     decision = await gate.acquire(gate.limits.mig_reconfiguration(wf.node, wf.id, evictions))
     if not decision.allowed:
-        return _later(wf, ctx, max(limit_wait(decision), 1.0), f"limit {decision.limit} binds")
+        # look again when the limit may allow it, and no later than just past acquire_timeout
+        wait = min(
+            max(limit_wait(decision), 1.0), max(opt.acquire_timeout - waited, 0.0) + opt.poll
+        )
+        return _later(wf, ctx, wait, f"limit {decision.limit} binds")
     _metrics(ctx).mig_in_progress.labels(gate.cluster, wf.node).set(1)
     return _set(
         wf,

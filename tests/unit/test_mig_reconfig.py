@@ -488,6 +488,52 @@ async def test_mig_slot_holds_a_second_node_back() -> None:
 
 
 @pytest.mark.anyio
+async def test_a_workflow_that_cannot_start_is_abandoned_at_its_acquire_timeout() -> None:
+    """The MIG slot held (mig-manager never answers the first node's reconfiguration), the
+    second node's workflow waits in `acquiring`, then is abandoned at `acquire_timeout` with the
+    limit that bound, having touched nothing on its node (the soak found such workflows waiting
+    forever)."""
+    c = a_cluster()
+    c.manager = "silent"
+    c.nodes["n2"] = msgspec.structs.replace(c.nodes["n1"], name="n2")
+    opts = MigOptions(acquire_timeout=30.0, apply_timeout=600.0, drain_timeout=60.0, poll=1.0)
+    h = Harness(c, options=opts)
+    await started(h)
+    await h.engine.advance_all()  # the first takes the slot
+    assert (await h.wf()).step == "isolating"
+    other = workflow_for(mig.NodePlan("n2", MODEL, False, a_plan().plan), c.pods, h.clock())
+    assert await h.engine.start(other)
+    seen = []
+    last = None
+    for _ in range(60):
+        await h.engine.advance_all()
+        last = await h.engine.get(other.id)
+        assert last is not None
+        seen.append(last.step)
+        if last.finished:
+            break
+        c.settle()
+        h.clock.t += 1.0
+    assert last is not None
+    assert seen[0] == "acquiring"
+    assert seen[-1] == "abandoned"
+    assert 29 <= seen.count("acquiring") <= 32  # about acquire_timeout at one advance a second
+    done = of_kind(last, MigData)
+    assert done is not None
+    assert done.data.reason.startswith("waited 31 s (acquire_timeout 30 s) to start: limit ")
+    assert "binds" in done.data.reason
+    n2 = c.nodes["n2"]
+    assert (n2.mig_config, n2.has_taint(TAINT_KEY), n2.unschedulable) == (
+        "all-1g.5gb",
+        False,
+        False,
+    )
+    assert not [a for a in c.actions if "n2" in a]
+    first = await h.wf()
+    assert first.step == "waiting"  # the first still holds the slot
+
+
+@pytest.mark.anyio
 @pytest.mark.parametrize("manager", ["success", "fail"])
 @pytest.mark.parametrize("kill_at", range(7))
 async def test_killed_after_any_action_resumes(manager: str, kill_at: int) -> None:
