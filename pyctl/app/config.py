@@ -172,9 +172,9 @@ class WorkflowSection:
     #: seconds between two compaction/MIG planning rounds on a real cluster
     interval: float = WORKFLOW_INTERVAL
     #: most evictions one compaction round plans (a rescue's included)
-    max_moves: int = 3
+    max_moves: int = PlanLimits.max_moves
     #: most evictions one rescue of a pending pod may take (0: no rescues)
-    rescue_depth: int = 3
+    rescue_depth: int = PlanLimits.rescue_depth
     #: seconds a rescue may take, from its start to the pending pod bound
     rescue_deadline: float = 900.0
     #: smallest fall of fragment (milli-GPU) a defragmentation move must bring: an eviction
@@ -182,7 +182,7 @@ class WorkflowSection:
     #: again (on the built-in scenario, moves worth less cut stranded GPU-hours by under 1% for
     #: about a hundred evictions a day: `pyctl demo`, docs/simulator.md). Rescues of pending
     #: pods are not held to it.
-    min_gain: float = 1000.0
+    min_gain: float = PlanLimits.min_gain
 
     def plan_limits(self) -> PlanLimits:
         return PlanLimits(

@@ -38,8 +38,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def add_options(p: argparse.ArgumentParser) -> None:
     """`plan`'s options besides its input (shared with `kubectl pyctl plan`)."""
     p.add_argument("--workload", help="workload JSON (default: derived from the GPU pods)")
-    p.add_argument("--max-moves", type=int, default=10)
-    p.add_argument("--rescue-depth", type=int, default=3, help="most evictions per rescue")
+    d = PlanLimits()
+    p.add_argument(
+        "--max-moves",
+        type=int,
+        default=d.max_moves,
+        help="most evictions planned (the controller's)",
+    )
+    p.add_argument(
+        "--rescue-depth", type=int, default=d.rescue_depth, help="most evictions per rescue"
+    )
+    p.add_argument(
+        "--min-gain",
+        type=float,
+        default=d.min_gain,
+        help="smallest fall of fragment (milli-GPU) a defragmentation move must bring",
+    )
     p.add_argument("--json", action="store_true")
     p.add_argument(
         "--no-device-taint-rules",
@@ -82,6 +96,8 @@ def _json(plan: CompactionPlan, dra_lines: list[str], left_out: list[Ignored]) -
 def run(args: argparse.Namespace) -> int:
     if not (0 <= args.max_moves <= 1000 and 0 <= args.rescue_depth <= 8):
         raise UserError("--max-moves must be 0..1000 and --rescue-depth 0..8")
+    if not 0 <= args.min_gain <= 1e9:
+        raise UserError("--min-gain must be 0..1e9 milli-GPU")
     listed = read_listed(args, "dump")
     fixed = load_workload(load_json(args.workload)) if args.workload else None
     # as the controller does: an object that does not decode, a pod the core cannot model and a
@@ -99,7 +115,9 @@ def run(args: argparse.Namespace) -> int:
         list(view.cache.pdbs.values()),
         workload,
         pending=pending,
-        limits=PlanLimits(max_moves=args.max_moves, rescue_depth=args.rescue_depth),
+        limits=PlanLimits(
+            max_moves=args.max_moves, min_gain=args.min_gain, rescue_depth=args.rescue_depth
+        ),
         dra=dra,
         dra_positions=rec.dra_positions,
     )

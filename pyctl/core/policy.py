@@ -155,8 +155,15 @@ class PendingPod:
 
 @dataclass(frozen=True)
 class PlanLimits:
-    max_moves: int = 10
-    min_gain: float = 1.0
+    """A planning round's limits. The defaults are the controller's (its configuration's
+    `workflow.max_moves`, `workflow.min_gain`, `workflow.rescue_depth` refer to them), so a
+    plan made without limits (`pyctl plan`) is the one the controller would make."""
+
+    #: most evictions one round plans (a rescue's included)
+    max_moves: int = 3
+    #: smallest fall of fragment (milli-GPU) a defragmentation move must bring (rescues of
+    #: pending pods are not held to it)
+    min_gain: float = 1000.0
     max_moves_per_node: int | None = None
     #: most evictions one rescue takes (0: no rescues)
     rescue_depth: int = 3

@@ -172,7 +172,7 @@ class Compactor:
         cluster: str,
         mode: str = "observe",
         interval: float = WORKFLOW_INTERVAL,
-        max_moves: int = 3,
+        max_moves: int = PlanLimits.max_moves,
         options: EvictorOptions | None = None,
         gate: Gate | None = None,
         limits: PlanLimits | None = None,

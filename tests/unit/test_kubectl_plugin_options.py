@@ -10,6 +10,7 @@ import argparse
 
 import pytest
 
+from pyctl.app.config import Config
 from pyctl.cli import kubectl_plugin, main
 
 
@@ -34,7 +35,8 @@ def test_plugin_options_are_the_commands_options(command: str) -> None:
 def test_plugin_plan_arguments_reach_run() -> None:
     args = kubectl_plugin.build_parser().parse_args(["plan", "--rescue-depth", "2"])
     assert args.rescue_depth == 2
-    assert args.max_moves == 10
+    # the controller's own limits unless told otherwise (`pyctl plan` is what it would do)
+    assert (args.max_moves, args.min_gain) == (Config().workflow.max_moves, 1000.0)
     assert not args.no_device_taint_rules
 
 
