@@ -99,8 +99,12 @@ class ExtenderHandler:
 
 
 def _message(e: Exception) -> str:
+    """What went wrong, on one line (a message may quote a pod's name, which may hold any
+    character: the log and the scheduler's event get one line each)."""
     if isinstance(e, ExtenderInputError):
-        return str(e)
-    if isinstance(e, RecursionError):
-        return "request body nested too deeply"
-    return f"{type(e).__name__}: {str(e)[:300]}"
+        text = str(e)
+    elif isinstance(e, RecursionError):
+        text = "request body nested too deeply"
+    else:
+        text = f"{type(e).__name__}: {str(e)[:300]}"
+    return " ".join(text.split())

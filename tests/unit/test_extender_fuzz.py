@@ -168,3 +168,19 @@ def test_a_valid_request_is_ok() -> None:  # the fuzz's shape checks accept real
     out, outcome = HANDLER.answer("filter", raw)
     assert outcome == "ok"
     assert json.loads(out)["NodeNames"] == ["empty", "three", "loose"]
+
+
+def test_a_pod_name_with_a_newline_is_one_line_in_the_answer_and_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Found by the fuzz tier: a pod named "\\n" whose request the core refuses logged a message
+    of two lines (the core's message quotes the pod)."""
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "\n", "namespace": "default", "uid": "u-1"},
+           "spec": {"schedulerName": "pyctl", "containers": [{"name": "c", "image": "x",
+                    "resources": {"requests": {"cpu": "1", "nvidia.com/gpu": "-1"}}}]},
+           "status": {"phase": "Pending"}}  # fmt: skip
+    raw = json.dumps({"Pod": pod, "NodeNames": []}).encode()
+    for verb in VERBS:
+        check(verb, raw, caplog)
+    assert any("outside 0..1024" in r.getMessage() for r in caplog.records)
