@@ -8,9 +8,11 @@ extender's process keeps them ahead of the calls.
 Prints the time per call (median and p99 of CALLS calls, each on a new random set of
 candidates), then the same for calls after one node of each call's candidates changed its model
 (its rank computed during the call, as after a bind), and last the median of two parts of a call
-from kept ranks: reading the request and the advice (`PlacementAdvisor.choose`):
+from kept ranks: reading the request and the advice (`PlacementAdvisor.choose`, with the
+topology domains' tie order as the controller wires it: `--clique-size N` puts every N nodes in
+one `nvidia.com/gpu.clique`, 0 none):
 
-    python bench/extender_call.py [--nodes 5000] [--candidates 500] [--calls 2000]
+    python bench/extender_call.py [--nodes 5000] [--candidates 500] [--calls 2000] [--clique-size 0]
 
 This is pyctl's own part of a call on an idle process; at the scheduler a call also pays for
 encoding the Pod, the HTTP round trip and decoding the answer (docs/scale.md)."""
@@ -30,6 +32,7 @@ from compaction_round import round_inputs
 from scale import pod_manifest
 
 from pyctl.cluster.kube.extender import parse_args
+from pyctl.controller.domains import DomainIdle
 from pyctl.controller.placement import PlacementAdvisor
 from pyctl.serve.extender import ExtenderHandler
 
@@ -51,9 +54,15 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--candidates", type=int, default=500)
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--clique-size", type=int, default=0, help="nodes per clique (0: no cliques)")
     args = ap.parse_args(argv)
     models, _nodes, _pods, _pending, _pdbs, workload = round_inputs(args.nodes, args.seed)
-    advisor = PlacementAdvisor(models, lambda: workload)
+    index = DomainIdle(("nvidia.com/gpu.clique",))
+    for i, (name, node) in enumerate(sorted(models.items())):
+        clique = {"nvidia.com/gpu.clique": f"c.{i // args.clique_size}"} if args.clique_size else {}
+        idle = sum(1000 - g.used_milli for z in node.zones for g in z.gpus if g.used_milli == 0)
+        index.update(name, clique, idle)
+    advisor = PlacementAdvisor(models, lambda: workload, domains=lambda: index)
     handler = ExtenderHandler(advisor)
     rng = random.Random(args.seed)
     names = sorted(models)
@@ -90,7 +99,8 @@ def main(argv: list[str]) -> int:
             f"{pct(call, 0.99) * 1e3:.3f} ms"
         )
     print(
-        f"extender call: {args.nodes} nodes, {args.candidates} candidates, median "
+        f"extender call: {args.nodes} nodes, {args.candidates} candidates"
+        f"{f', cliques of {args.clique_size}' if args.clique_size else ''}, median "
         f"{statistics.median(got['call']) * 1e3:.3f} ms with one re-scored; kept: reading the "
         f"request {statistics.median(got['read']) * 1e3:.3f} ms, the advice "
         f"{statistics.median(got['advice']) * 1e3:.3f} ms"

@@ -132,29 +132,47 @@ class DomainIdle:
         return len(self._nodes)
 
     def order(self, names: Iterable[str], shape: Shape | None = None) -> list[str]:
-        """`names` in the tie order for a pod of `shape` (`key`, then by name)."""
+        """`names` in the tie order for a pod of `shape` (`key`, then by name); by name alone
+        while no node is in any domain (a cluster without topology labels pays nothing)."""
         with self._lock:
-            return sorted(names, key=lambda n: (self._key(n, shape), n))
+            active = self._active(shape)
+            if not active:
+                return sorted(names)
+            return sorted(names, key=lambda n: (self._key(n, active), n))
 
     def key(self, name: str, shape: Shape | None = None) -> tuple[int, ...]:
         """Node `name`'s place in the tie order for a pod of `shape`: smaller first (a node not
         known here first: it is not modelled, so the policy ranks it nowhere)."""
         with self._lock:
-            return self._key(name, shape)
+            return self._key(name, self._active(shape))
 
-    def _key(self, name: str, shape: Shape | None) -> tuple[int, ...]:
+    def _active(self, shape: Shape | None) -> list[tuple[int, dict[str, list[int]], int | None]]:
+        """The levels some node is in (the others order nothing): (position, domains, the idle
+        GPU a gang of `shape` at that level needs, else None)."""
+        gang = shape.gang if shape is not None else None
+        out = []
+        for i, (key, level) in enumerate(zip(self.levels, self._idle, strict=True)):
+            if level:
+                need = None
+                if gang is not None and shape is not None and gang.key == key:
+                    need = gang.pods * shape.gpus * GPU_MILLI
+                out.append((i, level, need))
+        return out
+
+    def _key(
+        self, name: str, active: list[tuple[int, dict[str, list[int]], int | None]]
+    ) -> tuple[int, ...]:
         node = self._nodes.get(name)
         if node is None:
             return ()
-        gang = shape.gang if shape is not None else None
-        need = gang.pods * shape.gpus * GPU_MILLI if gang is not None and shape is not None else 0
+        domains = node[0]
         out: list[int] = []
-        for key, level, domain in zip(self.levels, self._idle, node[0], strict=True):
-            mine = gang is not None and gang.key == key
+        for i, level, need in active:
+            domain = domains[i]
             if domain is None:
                 # no domain: costs no domain anything, but holds no gang of this level
-                out += (2 if mine else 0, NO_DOMAIN)
+                out += (0 if need is None else 2, NO_DOMAIN)
                 continue
             idle = level[domain][0]
-            out += (int(mine and idle < need), idle)
+            out += (int(need is not None and idle < need), idle)
         return tuple(out)

@@ -452,14 +452,26 @@ class PlacementAdvisor:
         self, names: Iterable[str], ranks: Mapping[str, policy.Ranked | str | None], shape: Shape
     ) -> tuple[list[str], list[policy.Ranked | None]]:
         """`names` in the order the policy breaks ties in, and their ranks in that order (None:
-        the node does not admit the pod, or pyctl does not model it). The order: the topology
-        domains' tightest fit for `shape` (`DomainIdle.key`: domains already broken first, a
-        gang's pod into the tightest domain that holds its gang), then by name."""
-        domains = self._domains
-        ordered = sorted(names) if domains is None else domains().order(names, shape)
-        return ordered, [
+        the node does not admit the pod, or pyctl does not model it): by name, with the node
+        the topology domains' tightest fit puts first among those of the best rank moved to the
+        front (`DomainIdle.order`: domains already broken first, a gang's pod into the tightest
+        domain that holds its gang). Only the first of the best rank is the policy's choice
+        (`extender_choice`; `extender_scores` gives the others of that rank 9 wherever they
+        are), so only the tied nodes' domains are looked at."""
+        ordered = sorted(names)
+        ranked = [
             r if isinstance(r, policy.Ranked) else None for r in map(ranks.__getitem__, ordered)
         ]
+        if self._domains is None:
+            return ordered, ranked
+        best = min((r.rank for r in ranked if r is not None), default=None)
+        tied = [n for n, r in zip(ordered, ranked, strict=True) if r is not None and r.rank == best]
+        if len(tied) > 1:
+            first = self._domains().order(tied, shape)[0]
+            i = ordered.index(first)
+            ordered.insert(0, ordered.pop(i))
+            ranked.insert(0, ranked.pop(i))
+        return ordered, ranked
 
     def _freed_for(
         self,
