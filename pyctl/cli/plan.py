@@ -88,6 +88,7 @@ def _json(plan: CompactionPlan, dra_lines: list[str], left_out: list[Ignored]) -
         "considered": plan.considered,
         "refused": dict(plan.refused),
         "unrescued": dict(plan.unrescued),
+        "gang_domains": dict(plan.gang_domains),
         "dra": list(dra_lines),
         "left_out": left_out_json(left_out),
     }
@@ -188,6 +189,8 @@ def _print(plan: CompactionPlan, pending: int) -> None:
         for pod, why in sorted(plan.refused.items()):
             t.add_row(pod, why)
         c.print(t)
+    for pod, why in sorted(plan.gang_domains.items()):
+        c.print(f"pending pod {pod}: {why}")
     for pod, why in sorted(plan.unrescued.items()):
         c.print(f"pending pod {pod}: no rescue ({why})")
     c.print(

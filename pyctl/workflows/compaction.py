@@ -17,6 +17,7 @@ import msgspec
 
 from pyctl.cluster.bounds import Name, Text
 from pyctl.cluster.dra.context import DraContext
+from pyctl.cluster.gangs import gangs_of
 from pyctl.cluster.nodefit import Fit, grouped, node_labels
 from pyctl.cluster.records import NodeRecord, PdbRecord, PodRecord
 from pyctl.cluster.translate import (
@@ -27,9 +28,10 @@ from pyctl.cluster.translate import (
     shape_of,
 )
 from pyctl.core import policy
+from pyctl.core.fabric import valid_domain
 from pyctl.core.fragmentation import FragmentationModel
 from pyctl.core.inputs import AssignmentInput
-from pyctl.model import Node, Shape, Snapshot, Workload
+from pyctl.model import Gang, Node, Shape, Snapshot, Workload
 from pyctl.workflows.base import Context, Namespace, Uid, Workflow, WorkflowData, WorkflowKind
 from pyctl.workflows.evictor import Evictor, EvictorOptions
 
@@ -88,6 +90,9 @@ class CompactionPlan:
     rescues: tuple[PlannedRescue, ...] = ()
     #: pending pods no rescue within the limits could place, with why
     unrescued: Mapping[str, str] = field(default_factory=dict)
+    #: pending pods of a gang none of whose pods runs yet: the domain their rescue makes room
+    #: in, and why that one (`gang_domain`)
+    gang_domains: Mapping[str, str] = field(default_factory=dict)
     #: nodes whose pods the round derived (the others' it kept from the round before,
     #: `RoundCache`); not part of the plan
     derived: int = field(default=0, compare=False)
@@ -466,10 +471,19 @@ def plan_compaction(
     # in the order the pods were given (the planner breaks ties by it)
     items = [mp for p in all_pods if (mp := chosen.get(id(p))) is not None]
     pend: list[policy.PendingPod] = []
+    keys = {p.key for p in all_pods}
+    gangs = gangs_of([*all_pods, *(p for p in pending if p.key not in keys and not p.terminated)])
+    domains: dict[str, str] = {}
     for p in pending:
         want = shape_of(p, dra) if not p.node else None
         if want is not None and not want.is_cpu_only and pod_shape_problem(p, want) is None:
-            pend.append(policy.PendingPod(p.key, want, allowed(p)))
+            dest = allowed(p)
+            gang = gangs.get(p.key)
+            if gang is not None and dest is not None and not _gang_runs(gang, gangs, all_pods):
+                dest, why = gang_domain(gang, want, dest, models, nodes)
+                if why:
+                    domains[p.key] = why
+            pend.append(policy.PendingPod(p.key, want, dest))
     model = FragmentationModel(Snapshot(tuple(models[n] for n in names)))
     raw = policy.plan(model, items, pend, workload, limits)
     cache.keep_only(names)
@@ -481,7 +495,64 @@ def plan_compaction(
     moves, rescues, dropped = _verified(raw, fit, pod_of)
     unrescued = dict.fromkeys(raw.unrescued, "no set of moves within the limits makes room")
     unrescued.update(dropped)
-    return CompactionPlan(moves, refused, len(items), rescues, unrescued, derived)
+    return CompactionPlan(moves, refused, len(items), rescues, unrescued, domains, derived)
+
+
+def _gang_runs(gang: Gang, gangs: Mapping[str, Gang], pods: Iterable[PodRecord]) -> bool:
+    """Whether a pod of `gang` is on a node (then NodeFit confines the others to its domain)."""
+    return any(p.node and gangs.get(p.key) is gang for p in pods)
+
+
+def _idle_gpus(n: Node) -> int:
+    """Whole GPUs of the node no pod uses (device plugin and DRA)."""
+    return sum(1 for z in n.zones for g in (*z.gpus, *z.dra_gpus) if g.used_milli == 0)
+
+
+def _all_gpus(n: Node) -> int:
+    return sum(len(z.gpus) + len(z.dra_gpus) for z in n.zones)
+
+
+def gang_domain(
+    gang: Gang,
+    want: Shape,
+    dest: frozenset[str],
+    models: Mapping[str, Node],
+    nodes: Mapping[str, NodeRecord],
+) -> tuple[frozenset[str], str]:
+    """Where a rescue makes room for a pod of `gang` none of whose pods runs yet: the nodes of
+    one domain of its level among `dest` (the scheduler's filters), the one cheapest to free
+    for the whole gang (the fewest GPUs to free: its `pods` x `want.gpus` less the domain's
+    idle GPUs), ties to the one with the least idle GPU (the tightest), then by name; only
+    domains with GPUs enough for the gang. So each round frees room in the same domain until
+    the gang's first pod lands there (then NodeFit confines the others to it). Returns `dest`
+    and "" when no domain of `dest` can hold the gang."""
+    need = gang.pods * want.gpus
+    per: dict[str, list[str]] = {}
+    for n in sorted(dest):
+        rec, model = nodes.get(n), models.get(n)
+        if rec is None or model is None:
+            continue
+        v = dict(rec.labels).get(gang.key)
+        if v is not None and valid_domain(v):
+            per.setdefault(v, []).append(n)
+    best: tuple[int, int, str] | None = None
+    for domain, members in per.items():
+        total = sum(_all_gpus(models[n]) for n in members)
+        idle = sum(_idle_gpus(models[n]) for n in members)
+        if total < need:
+            continue
+        cand = (max(need - idle, 0), idle, domain)
+        if best is None or cand < best:
+            best = cand
+    if best is None:
+        return dest, ""
+    to_free, idle, domain = best
+    why = (
+        f"gang of {gang.pods} x {want.gpus} GPUs in one {gang.key} domain, none running yet: "
+        f"room made in {domain} ({idle} GPUs idle, {to_free} to free; the cheapest of "
+        f"{len(per)} domain(s) to free for the whole gang)"
+    )
+    return frozenset(per[domain]), why
 
 
 def _both_ways(model: Node, rec: NodeRecord) -> bool:

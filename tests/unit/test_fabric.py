@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -25,6 +26,7 @@ from pyctl.core.fabric import fabric_score, levels_for
 from pyctl.core.fragmentation import FragmentationModel
 from pyctl.model import Gang, Gpu, Node, PolicyName, Shape, Snapshot, Workload, Zone
 from pyctl.snapshot import load_snapshot, load_workload, snapshot_to_json
+from pyctl.workflows.compaction import CompactionPlan
 from tests.reference import fabric as ref
 
 CLIQUE = "nvidia.com/gpu.clique"
@@ -344,3 +346,83 @@ def test_the_levels_and_the_interval_are_settings() -> None:
         load_config(env={"PYCTL_FABRIC_INTERVAL": "0"})
     with pytest.raises(ConfigError, match="fabric_levels"):
         load_config(env={"PYCTL_FABRIC_LEVELS": ",".join(f"k{i}" for i in range(17))})
+
+
+def _gang_cluster(gang: bool) -> tuple[CompactionPlan, dict[str, str]]:
+    """Twelve 4-GPU nodes in cliques a (n00-n03), b (n04-n07), c (n08-n11). Clique a: two
+    one-GPU replicas on each node (8 GPUs idle, 8 to free for a gang of 4 x 4 GPUs); b: three
+    on each (4 idle); c: one on n08 and four on each other node (3 idle, 13 to free). No node has
+    4 GPUs free: the group's first pod is unschedulable. The single cheapest node to free is n08
+    (one eviction), in the clique that could hold the gang only after 12 more."""
+    from pyctl.cluster.records import NodeRecord
+    from pyctl.cluster.translate import models_of
+    from pyctl.core.policy import PlanLimits
+    from pyctl.workflows.compaction import plan_compaction
+
+    cliques = {f"n{i:02}": "abc"[i // 4] for i in range(12)}
+    nodes = {
+        n: NodeRecord(
+            n,
+            gpu_model="H100-SXM5-80GB",
+            cpu_milli=64000,
+            memory_mib=1 << 20,
+            gpus=4,
+            labels=((CLIQUE, c),),
+        )
+        for n, c in cliques.items()
+    }
+    per = {"a": 2, "b": 3}
+    pods = []
+    for n, c in cliques.items():
+        count = per.get(c, 1 if n == "n08" else 4)
+        for k in range(count):
+            pods.append(
+                PodRecord(
+                    "ns",
+                    f"r-{n}-{k}",
+                    f"u-{n}-{k}",
+                    node=n,
+                    phase="Running",
+                    cpu_milli=1000,
+                    gpus=1,
+                    owner_kind="ReplicaSet",
+                    owner_name="web",
+                )
+            )
+    first = _pod("g0", {"lws": "grp"}) if gang else PodRecord("ns", "g0", gpus=4)
+    pending = [
+        msgspec.structs.replace(
+            q, uid=f"u-{q.name}", phase="Pending", unschedulable=True, cpu_milli=1000
+        )
+        for q in (
+            [first, *(_pod(f"g{i}", {"lws": "grp"}) for i in range(1, 4))] if gang else [first]
+        )
+    ]
+    models = models_of(nodes.values(), (), pods)
+    work = Workload((Shape(cpu_milli=1000, gpus=4, gpu_milli=1000),))
+    plan = plan_compaction(
+        models, nodes, [*pods, *pending], (), work, pending=pending[:1],
+        limits=PlanLimits(max_moves=4, rescue_depth=4),
+    )  # fmt: skip
+    return plan, cliques
+
+
+def test_a_gangs_rescue_makes_room_in_the_domain_cheapest_to_free_for_the_whole_gang() -> None:
+    plan, cliques = _gang_cluster(gang=True)
+    [rescue] = plan.rescues
+    assert cliques[rescue.node] == "a"  # two evictions, in the clique that holds the gang soonest
+    assert len(rescue.moves) == 2
+    assert plan.gang_domains == {
+        "ns/g0": (
+            "gang of 4 x 4 GPUs in one nvidia.com/gpu.clique domain, none running yet: room made "
+            "in a (8 GPUs idle, 8 to free; the cheapest of 3 domain(s) to free for the whole gang)"
+        )
+    }
+
+
+def test_without_a_gang_the_rescue_frees_the_cheapest_node() -> None:
+    """The control: the same pod without the gang's affinity is rescued on n08 (one eviction)."""
+    plan, _ = _gang_cluster(gang=False)
+    [rescue] = plan.rescues
+    assert rescue.node == "n08"
+    assert plan.gang_domains == {}
