@@ -7,6 +7,11 @@ Read from what users write on their pods:
   `kueue.x-k8s.io/pod-group-total-count`) or else the pod's owner (a Job's pods);
 - KAI: the annotation `kai.scheduler/topology-required-placement` (the level); the gang is the
   pod group (annotation `pod-group-name`) or else the owner;
+- LeaderWorkerSet: the pod annotation `leaderworkerset.sigs.k8s.io/exclusive-topology` (the
+  level, which LWS copies onto its pods and turns into pod (anti-)affinity); the gang is the group
+  (label `leaderworkerset.sigs.k8s.io/group-key`), its size the annotation
+  `leaderworkerset.sigs.k8s.io/size` (leader and workers: the whole group, also before all its
+  pods exist);
 - a required pod affinity term whose topology key
 is not the hostname and whose selector matches the pod's own labels (in its own namespace), as a
 LeaderWorkerSet group or a hand-written "all of us in one clique" deployment says: the pods that
@@ -33,6 +38,9 @@ KUEUE_GROUP = "kueue.x-k8s.io/pod-group-name"
 KUEUE_COUNT = "kueue.x-k8s.io/pod-group-total-count"
 KAI_REQUIRED = "kai.scheduler/topology-required-placement"
 KAI_GROUP = "pod-group-name"
+LWS_EXCLUSIVE = "leaderworkerset.sigs.k8s.io/exclusive-topology"
+LWS_GROUP = "leaderworkerset.sigs.k8s.io/group-key"
+LWS_SIZE = "leaderworkerset.sigs.k8s.io/size"
 
 
 def pod_gang(
@@ -43,6 +51,7 @@ def pod_gang(
     for required, group_key, by_label in (
         (KUEUE_REQUIRED, KUEUE_GROUP, True),
         (KAI_REQUIRED, KAI_GROUP, False),
+        (LWS_EXCLUSIVE, LWS_GROUP, True),
     ):
         key = annotations.get(required)
         if not key:
@@ -56,7 +65,8 @@ def pod_gang(
             group = f"{owner_kind}/{owner_name}"
         if not group:
             return None
-        raw = annotations.get(KUEUE_COUNT, "") if required == KUEUE_REQUIRED else ""
+        count = {KUEUE_REQUIRED: KUEUE_COUNT, LWS_EXCLUSIVE: LWS_SIZE}.get(required)
+        raw = annotations.get(count, "") if count else ""
         size = int(raw) if raw.isdigit() and len(raw) <= 6 else 0
         if not 1 <= size <= MAX_GANG_PODS:
             size = 0

@@ -259,6 +259,28 @@ def test_kueue_and_kai_annotations_say_the_gang() -> None:
     assert got["ns/p0"] == Gang(4, CLIQUE)
 
 
+def test_a_leaderworkerset_group_is_a_gang_of_its_size() -> None:
+    """LWS copies `exclusive-topology` onto its pods with the group's key label and the group's
+    size (leader and workers): the gang is the group, of that size before all its pods exist."""
+    from pyctl.cluster.gangs import pod_gang
+
+    lws = {
+        "leaderworkerset.sigs.k8s.io/exclusive-topology": CLIQUE,
+        "leaderworkerset.sigs.k8s.io/size": "4",
+    }
+    labels = {"leaderworkerset.sigs.k8s.io/group-key": "9f2c1e"}
+    g = pod_gang(lws, labels, "StatefulSet", "serve-0")
+    assert g is not None
+    assert (g.key, g.group, g.size) == (CLIQUE, "9f2c1e", 4)
+    # without the group's key label: the owner (the group's StatefulSet)
+    g = pod_gang(lws, {}, "StatefulSet", "serve-0")
+    assert g is not None
+    assert g.group == "StatefulSet/serve-0"
+    # the leader and one worker created so far: a gang of four all the same
+    pods = [PodRecord("ns", n, gpus=4, gang=PodGang(CLIQUE, "9f2c1e", 4)) for n in ("l", "w1")]
+    assert gangs_of(pods)["ns/w1"] == Gang(4, CLIQUE)
+
+
 def test_the_agents_nvlink_groups_are_the_nodes_link_groups() -> None:
     """The agent says GPUs 0-7 (NUMA 0: 0-3, 1: 4-7) form NVLink pairs (0,1) (2,3) (4,5) (6,7)
     and the kubelet put one pod on GPU 0 and one on GPU 4: for a 2-GPU shape that needs a pair,
