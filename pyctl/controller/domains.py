@@ -50,11 +50,13 @@ class DomainIdle:
     def relevel(
         self, levels: Iterable[str], nodes: Iterable[tuple[str, Mapping[str, str], int]]
     ) -> None:
-        """Start again with `levels`, from `nodes` (name, labels, idle GPU milli)."""
+        """Start again with `levels`, from `nodes` (name, labels, idle GPU milli), read while
+        the index is locked: an `update` meanwhile (the reconciler re-scoring a node) waits and
+        then applies to the new index, never to one about to be replaced."""
         fresh = DomainIdle(levels)
-        for name, labels, idle in nodes:
-            fresh._update(name, labels, idle)
         with self._lock:
+            for name, labels, idle in nodes:
+                fresh._update(name, labels, idle)
             self.levels, self._nodes, self._idle = fresh.levels, fresh._nodes, fresh._idle
 
     def rows(self) -> dict[str, DomainRow]:

@@ -529,10 +529,11 @@ class Reconciler:
             if levels != self._domain_idle.levels:
                 self._domain_idle.relevel(
                     levels,
-                    (
-                        (n, dict(rec.labels), round(self.scores[n].idle_gpu_milli))
-                        for n in self.models
-                        if (rec := self.cache.nodes.get(n)) is not None and n in self.scores
+                    (  # read under the index's lock; the extender's threads may call this
+                        (n, dict(rec.labels), round(score.idle_gpu_milli))
+                        for n in list(self.models)
+                        if (rec := self.cache.nodes.get(n)) is not None
+                        and (score := self.scores.get(n)) is not None
                     ),
                 )
             self._domain_idle_for = key
