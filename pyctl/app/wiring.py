@@ -34,7 +34,7 @@ from pyctl.workflows.engine import Engine
 from pyctl.workflows.evictor import Evictor
 from pyctl.workflows.gate import Gate
 from pyctl.workflows.kinds import builtin_registry
-from pyctl.workflows.mig_loop import MigLoop
+from pyctl.workflows.mig_loop import MigLoop, pending_demand
 from pyctl.workflows.mig_reconfig import KIND as MIG_KIND
 from pyctl.workflows.mig_reconfig import MigContext
 from pyctl.workflows.rescue import KIND as RESCUE_KIND
@@ -173,7 +173,17 @@ def attach_workflows(
         limits=cfg.workflow.plan_limits(),
         rescue_options=rescue_options,
     )
-    mig_ctx = MigContext(gate, pod, wall, node=ctl.cache.nodes.get, options=cfg.mig)
+    def admit(p: PodRecord) -> bool:
+        return ctl.reconciler.scope.admits(p) and ctl.reconciler.modelled(p)
+
+    mig_ctx = MigContext(
+        gate,
+        pod,
+        wall,
+        node=ctl.cache.nodes.get,
+        options=cfg.mig,
+        demand=lambda: pending_demand(ctl.cache, admit),
+    )
     holdoff = cfg.mig.node_holdoff_seconds
     mig_loop = MigLoop(
         ctl.cache,
@@ -187,7 +197,7 @@ def attach_workflows(
         cfg.cluster,
         interval,
         options=cfg.mig,
-        admit=lambda p: ctl.reconciler.scope.admits(p) and ctl.reconciler.modelled(p),
+        admit=admit,
     )
     dra_steering = DraSteering(ctl.reconciler, gate, interval)
     if loops:

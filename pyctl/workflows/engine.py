@@ -126,7 +126,10 @@ def decode(data: bytes, registry: Registry) -> Workflow[WorkflowData]:
     characters, a kind that is none of the registry's: no engine would ever advance or forget
     it, data of another kind's type or of a version pyctl does not read). A record written
     before each kind's data was typed is read through `base.legacy_data`."""
-    wf = _read(data, registry)
+    try:
+        wf = _read(data, registry)
+    except RecursionError:  # msgspec's decoders refuse JSON nested past their depth this way
+        raise ValueError("workflow record: nested too deeply") from None
     for name in ("created", "updated", "not_before", "claimed_until"):
         if not math.isfinite(getattr(wf, name)):
             raise ValueError(f"workflow record: {name} is not a finite number")

@@ -167,6 +167,10 @@ class MigData(WorkflowData, frozen=True, tag=f"{KIND}/1"):
 MigWorkflow: TypeAlias = Workflow[MigData]
 
 
+#: at most this long between two looks of a workflow waiting for its limits in `acquiring`
+ACQUIRE_RECHECK: Final = 30.0
+
+
 @dataclass(frozen=True)
 class MigOptions:
     """MIG reconfiguration: where mig-manager reads its config, how long each step may take,
@@ -184,8 +188,11 @@ class MigOptions:
     #: from the workflow's start: how long `acquiring` may wait for its limits (the MIG slot, the
     #: buckets, the node's cool-down, the disruption budget) or for mig-manager to be idle before
     #: the workflow is abandoned (nothing on the node was touched yet; the MIG loop starts it
-    #: again while the demand is still there)
-    acquire_timeout: float = 600.0
+    #: again while the demand is still there). One reconfiguration at a time may take
+    #: `drain_timeout` + `apply_timeout`: those queued behind it wait that long each, so the
+    #: default leaves room for a queue of two; a workflow whose demand is gone ends at once
+    #: (`MigContext.demand`)
+    acquire_timeout: float = 3600.0
     #: how often a waiting step looks again
     poll: float = 2.0
     #: "taint" (pyctl's own NoSchedule taint) or "cordon"
@@ -215,6 +222,9 @@ class MigContext(Context):
 
     node: Callable[[str], NodeRecord | None] = lambda name: None
     options: MigOptions = field(default_factory=MigOptions)
+    #: the MIG profiles pending pods ask for now (the MIG loop's demand, `pending_demand`); None:
+    #: not known (a workflow waiting to start then only ends at `acquire_timeout`)
+    demand: Callable[[], Mapping[str, int]] | None = None
 
 
 # ---- starting one --------------------------------------------------------------------------------
@@ -282,6 +292,20 @@ def _set(wf: MigWorkflow, step: str | None = None, **data: object) -> MigWorkflo
     )
 
 
+def _demand_gone(ctx: MigContext, wf: MigWorkflow, node: NodeRecord) -> str:
+    """Why a workflow that has not started is no longer wanted ("" while it is): none of the
+    profiles it would add to the node is asked for by a pending pod any more (they were bound
+    elsewhere, deleted, or their owner scaled down)."""
+    if ctx.demand is None:
+        return ""
+    now = dict(node.mig)
+    adds = sorted(p for p, n in wf.data.expected.items() if n > now.get(p, 0))
+    wanted = ctx.demand()
+    if not adds or any(wanted.get(p, 0) > 0 for p in adds):
+        return ""
+    return f"no pending pod asks for {', '.join(adds)} any more: the demand it served is gone"
+
+
 def _later(wf: MigWorkflow, ctx: Context, seconds: float, why: str = "") -> MigWorkflow:
     return msgspec.structs.replace(wf, not_before=ctx.clock() + seconds, result=why or wf.result)
 
@@ -344,6 +368,9 @@ async def _acquiring(ctx: MigContext, wf: MigWorkflow) -> MigWorkflow:
         return _set(wf, "abandoned", reason="node has no nvidia.com/mig.config to roll back to")
     if previous == wf.data.config:
         return _set(wf, "abandoned", reason="config already selected")
+    gone = _demand_gone(ctx, wf, node)
+    if gone:
+        return _set(wf, "abandoned", reason=gone)
     waited = ctx.clock() - wf.created
     if waited > opt.acquire_timeout:
         limit = f"acquire_timeout {opt.acquire_timeout:g} s"
@@ -367,10 +394,10 @@ async def _acquiring(ctx: MigContext, wf: MigWorkflow) -> MigWorkflow:
     evictions = len(wf.data.pods)
     decision = await gate.acquire(gate.limits.mig_reconfiguration(wf.node, wf.id, evictions))
     if not decision.allowed:
-        # look again when the limit may allow it, and no later than just past acquire_timeout
-        wait = min(
-            max(limit_wait(decision), 1.0), max(opt.acquire_timeout - waited, 0.0) + opt.poll
-        )
+        # look again when the limit may allow it, at least every ACQUIRE_RECHECK seconds (the
+        # demand may be gone meanwhile), and no later than just past acquire_timeout
+        left = max(opt.acquire_timeout - waited, 0.0) + opt.poll
+        wait = min(max(limit_wait(decision), 1.0), ACQUIRE_RECHECK, left)
         return _later(wf, ctx, wait, f"limit {decision.limit} binds")
     _metrics(ctx).mig_in_progress.labels(gate.cluster, wf.node).set(1)
     return _set(

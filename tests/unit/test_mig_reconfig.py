@@ -7,7 +7,7 @@ node tainted."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -245,8 +245,10 @@ class Harness:
         mode: str = "enforce",
         options: MigOptions = OPTIONS,
         leader: bool = True,
+        demand: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
         self.cluster = cluster
+        self.demand = demand
         self.clock = Clock()
         self.store = MemoryWorkflowStore()
         self.limiter = MemoryRateLimiter(clock=self.clock)
@@ -265,6 +267,7 @@ class Harness:
             clock=self.clock,
             node=c.nodes.get,
             options=self.options,
+            demand=self.demand,
         )
         return Engine(self.store, ctx, builtin_registry())
 
@@ -531,6 +534,47 @@ async def test_a_workflow_that_cannot_start_is_abandoned_at_its_acquire_timeout(
     assert not [a for a in c.actions if "n2" in a]
     first = await h.wf()
     assert first.step == "waiting"  # the first still holds the slot
+
+
+@pytest.mark.anyio
+async def test_a_workflow_whose_demand_is_gone_is_abandoned_before_it_starts() -> None:
+    """Waiting for the MIG slot, the second node's workflow is abandoned once no pending pod
+    asks for a profile it would add (the soak found such workflows waiting on with their
+    demand withdrawn); while one does, it waits."""
+    c = a_cluster()
+    c.manager = "silent"
+    c.nodes["n2"] = msgspec.structs.replace(c.nodes["n1"], name="n2")
+    demand = {"3g.20gb": 1}
+    h = Harness(c, demand=lambda: demand)
+    await started(h)
+    await h.engine.advance_all()
+    assert (await h.wf()).step == "isolating"
+    other = workflow_for(mig.NodePlan("n2", MODEL, False, a_plan().plan), c.pods, h.clock())
+    adds = sorted(
+        p for p, n in other.data.expected.items() if n > dict(c.nodes["n2"].mig).get(p, 0)
+    )
+    assert adds  # not vacuous: the plan adds profiles the node has not
+    demand.clear()
+    demand.update(dict.fromkeys(adds, 1))
+    assert await h.engine.start(other)
+    for _ in range(5):
+        await h.engine.advance_all()
+        h.clock.t += 1.0
+    waiting = await h.engine.get(other.id)
+    assert waiting is not None
+    assert waiting.step == "acquiring"  # its demand is there: it waits for the slot
+    demand.clear()  # the pods were bound elsewhere, or deleted
+    h.clock.t += 60.0
+    await h.engine.advance_all()
+    gone = await h.engine.get(other.id)
+    assert gone is not None
+    assert gone.step == "abandoned"
+    mine = of_kind(gone, MigData)
+    assert mine is not None
+    assert mine.data.reason == (
+        f"no pending pod asks for {', '.join(adds)} any more: the demand it served is gone"
+    )
+    assert not [a for a in c.actions if "n2" in a]
 
 
 @pytest.mark.anyio

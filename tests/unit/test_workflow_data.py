@@ -245,3 +245,14 @@ def test_a_workflow_of_one_kind_is_not_narrowed_to_another() -> None:
     wf: Workflow[CompactionData] = move(0)
     assert of_kind(wf, RescueData) is None
     assert of_kind(wf, CompactionData) is wf
+
+
+def test_a_record_nested_past_the_decoders_depth_is_refused_not_raised() -> None:
+    """Found by the fuzz tier: a record whose id is a list nested 10,000 deep made msgspec raise
+    RecursionError out of the engine's decode; it is a record that does not decode."""
+    from pyctl.workflows.engine import decode
+    from pyctl.workflows.kinds import builtin_registry
+
+    deep = b'{"id": ' + b"[" * 10_000 + b"]" * 10_000 + b', "kind": "compaction"}'
+    with pytest.raises(ValueError, match="nested too deeply"):
+        decode(deep, builtin_registry())
