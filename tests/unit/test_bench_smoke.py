@@ -88,3 +88,34 @@ def test_the_scale_bench_reads_quantiles_from_histogram_buckets_as_prometheus_do
     assert abs(q(before, after, 0.99) - 0.005) < 1e-12
     assert q(before, after, 1.0) == 0.005  # the +Inf bucket: its lower bound, as Prometheus
     assert q(after, after, 0.5) != q(after, after, 0.5)  # nothing observed: NaN
+
+
+def test_the_topology_replay_bench_runs(tmp_path: Path) -> None:
+    out = tmp_path / "whole.csv"
+    lines = _run(
+        "bench/topology_replay.py",
+        "tests/data/replay_tiny",
+        "--seeds",
+        "2",
+        "--domain-nodes",
+        "5",
+        "--gang-share",
+        "0.5",
+        "--csv",
+        str(out),
+        "--png",
+        str(tmp_path / "whole.png"),
+    )
+    # 4 G2 nodes of 8 GPUs and 6 T4 nodes of 2, cliques of at most 5 of one kind: 1 + 2
+    assert lines[0].startswith("trace default: 10 nodes, 44 GPUs, 3 cliques of up to 5 nodes")
+    cell = r"\d+\.\d\d% / \d+\.\d%"
+    assert re.fullmatch(
+        r"topology_replay: at 100% arrived \(median of 2 seeds\), unallocated GPU / gang demand "
+        rf"served: fgd {cell}, kueue-bestfit {cell}, kueue-lfc {cell}, kai-binpack {cell}, "
+        rf"pyctl {cell}; evicted 0\.00%",
+        lines[-1],
+    ), lines[-1]
+    rows = out.read_text().splitlines()
+    assert rows[0] == "arrived_pct,fgd,kueue-bestfit,kueue-lfc,kai-binpack,pyctl"
+    assert [r.split(",")[0] for r in rows[1:]] == [str(p) for p in range(1, 101)]
+    assert (tmp_path / "whole.png").stat().st_size > 0

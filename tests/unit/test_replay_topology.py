@@ -1,0 +1,149 @@
+"""The trace replay with a fabric (pyctl/replay/topology.py, docs/topology-replay.md): the variant's
+construction, and the policies on a hand-made case of 12 four-GPU nodes in three cliques."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from pyctl.model import Gang, Gpu, Node, Shape, Workload, Zone
+from pyctl.replay import topology as T
+from pyctl.replay.trace import load_trace
+
+TINY = Path(__file__).resolve().parents[1] / "data" / "replay_tiny"
+
+ONE = Shape(cpu_milli=1000, gpus=1, gpu_milli=1000)
+FOUR = Shape(cpu_milli=4000, gpus=4, gpu_milli=1000)
+M = Workload((Shape(1000, 0, 1, 1000, weight=0.5), Shape(4000, 0, 4, 1000, weight=0.5)))
+
+
+def three_cliques() -> T.Fabric:
+    """12 nodes of 4 GPUs; node i is in clique c{i % 3}, so the tie order (node order)
+    alternates the cliques; one leaf."""
+    nodes = []
+    clique_of = []
+    for i in range(12):
+        c = f"c{i % 3}"
+        clique_of.append(c)
+        zone = Zone(0, 64000, 0, 262144, 0, gpus=tuple(Gpu(g) for g in range(4)))
+        labels = ((T.CLIQUE, c), (T.LEAF, "leaf-0"))
+        nodes.append(Node(f"n{i:02d}", "G2", "none", "none", zones=(zone,), labels=labels))
+    cliques = {c: [i for i in range(12) if clique_of[i] == c] for c in ("c0", "c1", "c2")}
+    return T.Fabric(tuple(nodes), tuple(clique_of), ("leaf-0",) * 12, cliques, {"leaf-0": ["c0"]})
+
+
+def fill(c: T.Cluster, choose: T.Chooser, shape: Shape, n: int) -> list[int]:
+    where = []
+    for _ in range(n):
+        got = choose(c, shape, None)
+        assert got is not None
+        c.apply(got[0], got[1]["assignment"])
+        where.append(got[0])
+    return where
+
+
+def test_the_variant_puts_each_node_in_one_clique_of_one_kind_and_is_seeded() -> None:
+    trace = load_trace(TINY)
+    v = T.Variant(domain_nodes=3, leaf_domains=2)
+    f = T.build_fabric(trace, v, 7)
+    assert sorted(n.name for n in f.nodes) == sorted(trace.nodes["name"])
+    seen = Counter(i for members in f.cliques.values() for i in members)
+    assert set(seen.values()) == {1}
+    assert len(seen) == len(f.nodes)
+    for name, members in f.cliques.items():
+        assert 1 <= len(members) <= 3
+        kinds = {(f.nodes[i].gpu_model, len(f.nodes[i].zones[0].gpus)) for i in members}
+        assert len(kinds) == 1, name  # an NVLink domain is one kind of machine
+        assert all(dict(f.nodes[i].labels)[T.CLIQUE] == name for i in members)
+    assert all(len(cs) <= 2 for cs in f.leaves.values())
+    assert T.build_fabric(trace, v, 7) == f
+    assert [n.name for n in T.build_fabric(trace, v, 8).nodes] != [n.name for n in f.nodes]
+
+
+def test_the_gang_rate_makes_gangs_their_share_of_the_gpu_request() -> None:
+    # trace tasks of 1 GPU on average, gangs of 9: p 9 / (p 9 + (1 - p) 1) = 0.25
+    p = T.gang_probability(1000.0, 9000.0, 0.25)
+    assert p == pytest.approx(1 / 28)
+    assert p * 9 / (p * 9 + (1 - p) * 1) == pytest.approx(0.25)
+    assert T.gang_probability(1000.0, 9000.0, 0.0) == 0.0
+
+
+def test_the_arrivals_end_once_the_request_reaches_capacity() -> None:
+    trace = load_trace(TINY)
+    stream = T.arrivals(trace, T.Variant(gang_share=0.5), 3)
+    total = sum(T._request(a) for a in stream)
+    cap = trace.gpu_count * 1000
+    assert total >= cap > total - T._request(stream[-1])
+    assert any(isinstance(a, T.GangArrival) for a in stream)
+    assert stream == T.arrivals(trace, T.Variant(gang_share=0.5), 3)
+
+
+def test_pyctl_fills_the_broken_clique_and_the_gang_runs_where_fgd_leaves_it_pending() -> None:
+    # 12 one-GPU pods: FGD packs each node (its score) and breaks ties by node order, which
+    # alternates cliques: n00, n01, n02 full, no clique whole, and no clique has four empty
+    # nodes for a gang of 4 pods x 4 GPUs. pyctl's ties go to the clique with the least idle
+    # GPU: n00, n03, n06 (all c0); c1 and c2 stay whole and the gang runs in c1.
+    fgd = T.Cluster(three_cliques(), M)
+    assert fill(fgd, T.choose_fgd, ONE, 12) == [0] * 4 + [1] * 4 + [2] * 4
+    assert fgd.whole_cliques() == 0
+    gang = T.GangArrival("lws", 4, Shape(4000, 0, 4, 1000, gang=Gang(4, T.CLIQUE)))
+    before = (fgd.allocated, list(fgd.keys))
+    assert T.gang_first_fit(fgd, gang) is None
+    assert (fgd.allocated, fgd.keys) == before  # all or nothing: a failed trial is undone
+
+    py = T.Cluster(three_cliques(), M)
+    assert fill(py, T.choose_pyctl, ONE, 12) == [0] * 4 + [3] * 4 + [6] * 4
+    assert py.whole_cliques() == 2
+    done = T.gang_pyctl(py, gang)
+    assert done is not None
+    assert sorted(i for i, _ in done) == [1, 4, 7, 10]
+    assert py.whole_cliques() == 1
+    assert py.allocated == 28_000
+
+
+def test_bestfit_and_binpack_take_the_tightest_clique_first_fit_breaks_a_whole_one() -> None:
+    # one 4-GPU pod on n01 (c1): for a gang of 3 pods x 4 GPUs, c1 holds 3, c0 and c2 hold 4
+    gang = T.GangArrival("lws", 3, Shape(4000, 0, 4, 1000, gang=Gang(3, T.CLIQUE)))
+    whole = {}
+    for name, policy in (
+        ("first", T.gang_first_fit),
+        ("bestfit", T.gang_kueue_bestfit),
+        ("binpack", T.gang_binpack),
+        ("pyctl", T.gang_pyctl),
+    ):
+        c = T.Cluster(three_cliques(), M)
+        r = c.ranks(FOUR, [1])[0]
+        assert r is not None
+        c.apply(1, r["assignment"])
+        done = policy(c, gang)
+        assert done is not None
+        assert len(done) == 3
+        whole[name] = c.whole_cliques()
+        assert len({c.fabric.clique_of[i] for i, _ in done}) == 1
+    assert whole == {"first": 1, "bestfit": 2, "binpack": 2, "pyctl": 2}
+
+
+def test_least_free_capacity_goes_to_the_tightest_leaf_then_clique_then_node() -> None:
+    c = T.Cluster(three_cliques(), M)
+    r = c.ranks(FOUR, [4])[0]  # n04 (c1) full: c1 holds the fewest one-GPU pods
+    assert r is not None
+    c.apply(4, r["assignment"])
+    got = T.choose_lfc(c, ONE, None)
+    assert got is not None
+    assert got[0] == 1
+
+
+def test_a_run_of_the_tiny_trace_is_seeded_and_reads_to_100_percent() -> None:
+    trace = load_trace(TINY)
+    v = T.Variant(domain_nodes=5, gang_share=0.5)
+    a = T.run(trace, "pyctl", 5, v)
+    b = T.run(trace, "pyctl", 5, v)
+    assert a.checkpoints == b.checkpoints
+    assert [c.arrived_pct for c in a.checkpoints] == list(range(1, 101))
+    last = a.last
+    assert last.gangs_arrived > 0
+    assert 0 <= last.gang_milli_placed <= last.gang_milli_arrived
+    assert 0.0 <= a.unallocated_pct() <= 100.0
+    assert a.evictions == 0
