@@ -8,7 +8,8 @@ What runs (all on 127.0.0.1, in `--work-dir`):
   with an audit log, kube-controller-manager, kube-scheduler, kwok), `--nodes` kwok GPU nodes:
   nodes of 4 GPUs in one NUMA zone, and one in ten an A100 node whose two GPUs are in MIG mode
   (`all-1g.5gb`, played by the mig-manager stand-in, `pyctl/dev/mig_manager.py`);
-- a real redis-server;
+- a real redis-server, or with `--redis cluster` a Redis Cluster (3 masters with a replica each,
+  `cluster-node-timeout` 2 s; the replicas get `PYCTL_REDIS_CLUSTER=true`, as the chart sets it);
 - two `pyctl run --kubeconfig ... --redis ... --mode enforce` replicas (subprocesses, leader
   election by the Lease, identities `pyctl-a` and `pyctl-b`), each with its own ServiceAccount
   token, so that the audit log names which replica made each request; `pyctl-b` reaches the API
@@ -22,7 +23,9 @@ What runs (all on 127.0.0.1, in `--work-dir`):
   Lease, until the other leads, then SIGCONT), `apiserver` (kube-apiserver restarted), `compact`
   (etcd compacted to its head, then the API server restarted: resumes from older
   resourceVersions get 410 Gone), `redis-empty` and `redis-keep` (redis-server gone for
-  `--redis-outage` s, back empty or with its data), `proxy` (for `--proxy-window` s the proxy in
+  `--redis-outage` s, back empty or with its data; single Redis only), `redis-failover` (Redis
+  Cluster only: the master serving pyctl's slot SIGKILLed, its replica promoted, the old master
+  started again as a replica), `proxy` (for `--proxy-window` s the proxy in
   front of the API server for `pyctl-b` answers a share of requests with 500, 429 with
   Retry-After, drops the connection, or sends the body slowly), `mig-fail` (the mig-manager
   stand-in fails the next reconfiguration), `node-delete` (a node with an open workflow deleted).
@@ -36,10 +39,10 @@ threads of a replica that lived through the run, Redis memory: the end within 10
 at a tenth of the run), and event-to-state plus reconcile p99 under 1 s during steady churn.
 
 Usage: python bench/soak.py [--nodes 100] [--duration 600] [--seed 1] [--faults LIST]
-       [--faults-per-kind N] [--redis single] [--work-dir DIR] [--json F] [--keep]
-The last line: `soak: <D> s, <N> nodes, faults <kind> <n> ..., workflows started <s> done <d>
-rolled back <r> abandoned <a> open <o> lost <l>, invariant violations <V>, rss at 10% <M> MiB at
-end <E> MiB`. Exit status 1 when V > 0.
+       [--faults-per-kind N] [--redis single|cluster] [--work-dir DIR] [--json F] [--keep]
+The last line: `soak: <D> s, <N> nodes[, Redis Cluster], faults <kind> <n> ..., workflows
+started <s> done <d> rolled back <r> abandoned <a> open <o> lost <l>, invariant violations <V>,
+rss at 10% <M> MiB at end <E> MiB`. Exit status 1 when V > 0.
 """
 
 from __future__ import annotations
@@ -86,12 +89,13 @@ from pyctl.dev.control_plane import (
 )
 from pyctl.dev.gpu_nodes import GPU, GpuNodeSpec, node_manifest
 from pyctl.dev.mig_manager import STATE_LABEL, MigManagerSim, a100_all_1g, create_mig_node
+from pyctl.state.keys import Keys
 from pyctl.state.redis_client import RedisConfig, close_client, connect
 from pyctl.state.redis_workflows import RedisWorkflowStore
 from pyctl.workflows.base import FINISHED
 from pyctl.workflows.engine import decode
 from pyctl.workflows.kinds import builtin_registry
-from tests.redis_servers import RedisServer, find_binaries
+from tests.redis_servers import RedisClusterServers, RedisServer, find_binaries
 
 NS = "soak"
 SYSTEM_NS = "pyctl-system"
@@ -115,6 +119,22 @@ FAULT_KINDS = (
     "mig-fail",
     "node-delete",
 )
+#: the fault kinds with `--redis cluster`: a master failover instead of the single server's
+#: outages
+CLUSTER_FAULT_KINDS = (
+    "kill",
+    "stop",
+    "apiserver",
+    "compact",
+    "redis-failover",
+    "proxy",
+    "mig-fail",
+    "node-delete",
+)
+#: the Redis Cluster of `--redis cluster`: masters, a replica each, and `cluster-node-timeout`
+#: (a master that does not answer this long is failed over)
+CLUSTER_MASTERS = 3
+CLUSTER_NODE_TIMEOUT_MS = 2000
 #: profiles the MIG demand alternates between (the nodes start as all-1g.5gb)
 MIG_DEMANDS = (("3g.20gb", 2), ("2g.10gb", 3))
 TAINT_PREFIX = "pyctl.io/"
@@ -193,7 +213,9 @@ class Incarnation:
 class Replica:
     """One `pyctl run --mode enforce` replica: started again (same identity) after a kill."""
 
-    def __init__(self, name: str, kubeconfig: Path, redis_url: str, logs: Path) -> None:
+    def __init__(
+        self, name: str, kubeconfig: Path, redis_url: str, logs: Path, redis_cluster: bool = False
+    ) -> None:
         self.name = name
         self.port = free_port()
         self.extender_port = free_port()
@@ -201,6 +223,8 @@ class Replica:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYCTL_")}
         env.update(pyctl_env())
         env["PYCTL_LEASE_IDENTITY"] = name
+        if redis_cluster:  # as deployed (the chart's redis.external.cluster)
+            env["PYCTL_REDIS_CLUSTER"] = "true"
         no_proxy = ",".join(filter(None, [env.get("NO_PROXY"), "127.0.0.1,localhost"]))
         env["NO_PROXY"] = env["no_proxy"] = no_proxy
         self.env = env
@@ -537,6 +561,10 @@ class Report:
     duration: float = 0.0
     nodes: int = 0
     seed: int = 0
+    #: `single` (one redis-server) or `cluster` (Redis Cluster, a replica per master)
+    redis: str = "single"
+    #: the fault kinds of this Redis mode, in the order of the last line
+    fault_kinds: list[str] = field(default_factory=lambda: list(FAULT_KINDS))
     faults: dict[str, int] = field(default_factory=dict)
     #: (time from start, kind, detail) of each fault
     fault_log: list[tuple[float, str, str]] = field(default_factory=list)
@@ -562,10 +590,11 @@ class Report:
     series: list[dict[str, Any]] = field(default_factory=list)
 
     def line(self) -> str:
-        faults = " ".join(f"{k} {self.faults.get(k, 0)}" for k in FAULT_KINDS)
+        faults = " ".join(f"{k} {self.faults.get(k, 0)}" for k in self.fault_kinds)
         w = self.workflows
+        redis = ", Redis Cluster" if self.redis == "cluster" else ""
         return (
-            f"soak: {self.duration:.0f} s, {self.nodes} nodes, faults {faults}, workflows "
+            f"soak: {self.duration:.0f} s, {self.nodes} nodes{redis}, faults {faults}, workflows "
             f"started {w.get('started', 0)} done {w.get('done', 0)} rolled back "
             f"{w.get('rolled back', 0)} abandoned {w.get('abandoned', 0)} open "
             f"{w.get('open', 0)} lost {w.get('lost', 0)}"
@@ -625,14 +654,22 @@ def pod(
     }
 
 
+def fault_kinds(args: argparse.Namespace) -> tuple[str, ...]:
+    return CLUSTER_FAULT_KINDS if args.redis == "cluster" else FAULT_KINDS
+
+
 class Soak:
     def __init__(self, args: argparse.Namespace, work: Path) -> None:
         self.args = args
         self.work = work
         self.rng = random.Random(args.seed)
-        self.report = Report(nodes=args.nodes, seed=args.seed)
+        self.report = Report(
+            nodes=args.nodes, seed=args.seed, redis=args.redis, fault_kinds=list(fault_kinds(args))
+        )
         self.plane: ControlPlane | None = None
         self.redis: RedisServer | None = None
+        #: with `--redis cluster` (then `redis` is the node pyctl's URL names)
+        self.redis_cluster: RedisClusterServers | None = None
         self.replicas: dict[str, Replica] = {}
         self.proxy: FaultProxy | None = None
         self.mgr: MigManagerSim | None = None
@@ -647,6 +684,8 @@ class Soak:
         self.workflows: dict[str, WorkflowSeen] = {}
         self.redis_up = True
         self.redis_emptied_at: list[float] = []
+        #: when a replica took over the slot of pyctl's keys (`redis-failover`)
+        self.redis_failed_over_at: list[float] = []
         self.audit_offset = 0
         self.lease_writes: list[tuple[float, str]] = []
         self.writes: list[Write] = []
@@ -697,8 +736,32 @@ class Soak:
             extra_args={KWOK: ["--node-lease-duration-seconds=0"]},
         )
         self.plane.start()
-        self.redis = RedisServer(find_binaries(), self.work, name="redis")
-        self.redis.start()
+        if self.args.redis == "cluster":
+            self.redis_cluster = RedisClusterServers(
+                find_binaries(),
+                self.work / "redis-cluster",
+                CLUSTER_MASTERS,
+                replicas=1,
+                node_timeout_ms=CLUSTER_NODE_TIMEOUT_MS,
+            )
+            self.redis_cluster.start()
+            self.redis = self.redis_cluster.nodes[0]
+        else:
+            self.redis = RedisServer(find_binaries(), self.work, name="redis")
+            self.redis.start()
+
+    def redis_config(self) -> RedisConfig:
+        """How the soak reads Redis (as the replicas are configured)."""
+        assert self.redis is not None
+        return RedisConfig(url=self.redis.url, cluster=self.redis_cluster is not None)
+
+    def redis_memory_port(self) -> int:
+        """The server whose memory is sampled: the one redis-server, or the master serving
+        pyctl's keys (all on one slot)."""
+        assert self.redis is not None
+        if self.redis_cluster is None:
+            return self.redis.port
+        return self.redis_cluster.master_of(Keys(CLUSTER).schema).port
 
     async def setup(self, api: Api) -> dict[str, Path]:
         assert self.plane is not None
@@ -949,9 +1012,6 @@ class Soak:
 
     def schedule(self) -> list[tuple[float, str]]:
         kinds = [k for k in self.args.faults.split(",") if k]
-        for k in kinds:
-            if k not in FAULT_KINDS:
-                raise SystemExit(f"unknown fault {k!r}; known: {', '.join(FAULT_KINDS)}")
         todo = [k for k in kinds for _ in range(self.args.faults_per_kind)]
         self.rng.shuffle(todo)
         d = self.args.duration
@@ -1054,6 +1114,24 @@ class Soak:
             return f"redis-server gone {self.args.redis_outage:.0f} s, back " + (
                 "with its data" if keep else "empty"
             )
+        if kind == "redis-failover":
+            assert self.redis_cluster is not None
+            await self._mid_workflow(30)
+            wf = len(self.open_workflows())
+            key = Keys(CLUSTER).schema
+            self.redis_up = False
+            began = time.monotonic()
+            try:
+                old, new = await asyncio.to_thread(self.redis_cluster.failover, key)
+            finally:
+                self.redis_up = True
+            promoted_in = time.monotonic() - began
+            self.redis_failed_over_at.append(time.time())
+            await asyncio.to_thread(self.redis_cluster.rejoin, old)
+            return (
+                f"master :{old.port} of pyctl's slot killed with {wf} workflows open, replica "
+                f":{new.port} promoted {promoted_in:.1f} s later; the old master back as a replica"
+            )
         if kind == "proxy":
             self.proxy.active = True
             before = sum(self.proxy.injected.values())
@@ -1151,9 +1229,12 @@ class Soak:
                 w = self.workflows[wid] = WorkflowSeen(wid, wf.kind, wf.node, wf.created)
             # a record lost with Redis and started again (the same id) is a new workflow
             w.step, w.updated, w.created, w.lost_with_redis = wf.step, wf.updated, wf.created, False
-        if self.redis_emptied_at and self.redis_up:
+        # a record gone after Redis came back empty, or after a failover (what the old master
+        # had not yet sent to its replica is lost: asynchronous replication)
+        lost_at = self.redis_emptied_at[-1:] + self.redis_failed_over_at[-1:]
+        if lost_at and self.redis_up:
             for w in self.open_workflows():
-                if w.id not in seen and w.created < self.redis_emptied_at[-1]:
+                if w.id not in seen and w.created < max(lost_at):
                     w.lost_with_redis = True
 
     def read_logs(self) -> None:
@@ -1185,8 +1266,7 @@ class Soak:
     async def observe(self, api: Api) -> None:
         """Every 2 s: the audit log, Redis' workflows, nodes, PDBs and pods, resources and
         pyctl's metrics; the continuous invariants over them."""
-        assert self.redis is not None
-        rc = RedisConfig(url=self.redis.url)
+        rc = self.redis_config()
         redis_client = connect(rc)
         store = RedisWorkflowStore(redis_client, rc, CLUSTER)
         last_series = 0.0
@@ -1272,9 +1352,9 @@ class Soak:
         with contextlib.suppress(Exception):
             import redis as redis_py
 
+            port = await asyncio.to_thread(self.redis_memory_port)
             info = await asyncio.to_thread(
-                redis_py.Redis(host="127.0.0.1", port=self.redis.port, socket_timeout=2).info,
-                "memory",
+                redis_py.Redis(host="127.0.0.1", port=port, socket_timeout=2).info, "memory"
             )
             redis_mib = info["used_memory"] / 2**20
         leader_text = ""
@@ -1443,12 +1523,16 @@ class Soak:
             rep.rss_10_mib, rep.rss_end_mib = max(rss10), max(rss_end)
         red = [s["redis_mib"] for s in rep.series if not math.isnan(s.get("redis_mib", math.nan))]
         reds = [s for s in rep.series if not math.isnan(s.get("redis_mib", math.nan))]
-        if red and not self.redis_emptied_at:
+        if red and not self.redis_emptied_at and not self.redis_failed_over_at:
             a = [s["redis_mib"] for s in reds if s["t"] >= self.args.duration / 10][:3]
             b = [s["redis_mib"] for s in reds][-3:]
             if a and b and sorted(b)[1 if len(b) > 2 else 0] > 1.1 * sorted(a)[len(a) // 2] + 1:
                 self.violate("resources", f"redis used_memory {a} at 10%, {b} at end")
             rep.resources["redis_mib"] = [round(a[0], 2) if a else math.nan, round(b[-1], 2)]
+        elif red and self.redis_failed_over_at:
+            rep.unchecked.append(
+                "Redis memory: the master of pyctl's slot was replaced during the run (failover)"
+            )
         elif red:
             rep.unchecked.append("Redis memory: Redis came back empty during the run")
         # freshness: event-to-state p99 and reconcile p99 over the run, from the leader
@@ -1511,7 +1595,9 @@ class Soak:
             logs = self.work / "logs"
             logs.mkdir(exist_ok=True)
             for name in REPLICAS:
-                self.replicas[name] = Replica(name, kubeconfigs[name], self.redis.url, logs)
+                self.replicas[name] = Replica(
+                    name, kubeconfigs[name], self.redis.url, logs, self.redis_cluster is not None
+                )
                 self.replicas[name].start()
             if await self.leader(90) is None:
                 raise RuntimeError(f"no replica leads 90 s after start: see {logs}")
@@ -1553,7 +1639,9 @@ class Soak:
         for r in self.replicas.values():
             with contextlib.suppress(Exception):
                 r.terminate()
-        if self.redis is not None:
+        if self.redis_cluster is not None:
+            self.redis_cluster.stop()
+        elif self.redis is not None:
             self.redis.stop()
         if self.plane is not None:
             self.plane.stop()
@@ -1564,13 +1652,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, default=100)
     p.add_argument("--duration", type=float, default=600.0, help="seconds of load and faults")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--faults", default=",".join(FAULT_KINDS), help="fault kinds, comma-separated")
+    p.add_argument(
+        "--faults",
+        help="fault kinds, comma-separated (default: every kind of the Redis mode: "
+        f"{','.join(FAULT_KINDS)}; with --redis cluster {','.join(CLUSTER_FAULT_KINDS)})",
+    )
     p.add_argument("--faults-per-kind", type=int, default=1)
     p.add_argument(
         "--redis",
-        choices=("single",),
+        choices=("single", "cluster"),
         default="single",
-        help="Redis mode (Redis Cluster is not wired into the soak yet)",
+        help="one redis-server, or a Redis Cluster of 3 masters with a replica each",
     )
     p.add_argument("--redis-outage", type=float, default=30.0)
     p.add_argument("--proxy-window", type=float, default=60.0)
@@ -1586,6 +1678,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path)
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     args = p.parse_args(argv)
+    known = fault_kinds(args)
+    if args.faults is None:
+        args.faults = ",".join(known)
+    for k in args.faults.split(","):
+        if k and k not in known:
+            p.error(f"fault {k!r} is not one of --redis {args.redis}: {', '.join(known)}")
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="pyctl-soak-"))
     work.mkdir(parents=True, exist_ok=True)
     no_proxy = ",".join(filter(None, [os.environ.get("NO_PROXY"), "127.0.0.1,localhost"]))
