@@ -171,6 +171,7 @@ def pyctl_env() -> dict[str, str]:
         "PYCTL_WORKFLOW_INTERVAL": str(WORKFLOW_INTERVAL),
         "PYCTL_SUMMARY_INTERVAL": "1",
         "PYCTL_WORKFLOW_RESCUE_DEADLINE": str(RESCUE_DEADLINE),
+        "PYCTL_MIG_ACQUIRE_TIMEOUT": str(MIG_TIMEOUT),
         "PYCTL_MIG_APPLY_TIMEOUT": str(MIG_TIMEOUT),
         "PYCTL_MIG_DRAIN_TIMEOUT": str(MIG_TIMEOUT),
         "PYCTL_MIG_NODE_HOLDOFF_SECONDS": "0",
@@ -188,8 +189,8 @@ def pyctl_env() -> dict[str, str]:
 def deadline_of(kind: str) -> float:
     """How long a workflow of `kind` may take from its start to its end: its own deadlines, plus
     two minutes for the retries' backoff (60 s at most), the rounds and a take-over."""
-    if "mig" in kind:
-        return 3 * MIG_TIMEOUT + 120.0
+    if "mig" in kind:  # waiting to start, draining, applying, rolling back
+        return 4 * MIG_TIMEOUT + 120.0
     return RESCUE_DEADLINE + 120.0
 
 
