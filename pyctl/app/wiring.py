@@ -173,6 +173,7 @@ def attach_workflows(
         limits=cfg.workflow.plan_limits(),
         rescue_options=rescue_options,
     )
+
     def admit(p: PodRecord) -> bool:
         return ctl.reconciler.scope.admits(p) and ctl.reconciler.modelled(p)
 
