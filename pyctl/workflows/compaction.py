@@ -471,16 +471,30 @@ def plan_compaction(
     # in the order the pods were given (the planner breaks ties by it)
     items = [mp for p in all_pods if (mp := chosen.get(id(p))) is not None]
     pend: list[policy.PendingPod] = []
-    keys = {p.key for p in all_pods}
-    gangs = gangs_of([*all_pods, *(p for p in pending if p.key not in keys and not p.terminated)])
+    gangs: dict[str, Gang] = {}
+    if pending:
+        keys = {p.key for p in all_pods}
+        fresh = [p for p in pending if p.key not in keys and not p.terminated]
+        gangs = gangs_of([*all_pods, *fresh])
+    # the gangs with a pod on a node: NodeFit confines the others to that pod's domain
+    running = (
+        {id(g) for p in all_pods if p.node and (g := gangs.get(p.key)) is not None}
+        if gangs
+        else set()
+    )
+    # one gang's pods share their constraints: their domain is chosen once
+    chosen_domain: dict[tuple[int, frozenset[str]], tuple[frozenset[str], str]] = {}
     domains: dict[str, str] = {}
     for p in pending:
         want = shape_of(p, dra) if not p.node else None
         if want is not None and not want.is_cpu_only and pod_shape_problem(p, want) is None:
             dest = allowed(p)
             gang = gangs.get(p.key)
-            if gang is not None and dest is not None and not _gang_runs(gang, gangs, all_pods):
-                dest, why = gang_domain(gang, want, dest, models, nodes)
+            if gang is not None and dest is not None and id(gang) not in running:
+                k = (id(gang), dest)
+                if k not in chosen_domain:
+                    chosen_domain[k] = gang_domain(gang, want, dest, models, nodes)
+                dest, why = chosen_domain[k]
                 if why:
                     domains[p.key] = why
             pend.append(policy.PendingPod(p.key, want, dest))
@@ -496,11 +510,6 @@ def plan_compaction(
     unrescued = dict.fromkeys(raw.unrescued, "no set of moves within the limits makes room")
     unrescued.update(dropped)
     return CompactionPlan(moves, refused, len(items), rescues, unrescued, domains, derived)
-
-
-def _gang_runs(gang: Gang, gangs: Mapping[str, Gang], pods: Iterable[PodRecord]) -> bool:
-    """Whether a pod of `gang` is on a node (then NodeFit confines the others to its domain)."""
-    return any(p.node and gangs.get(p.key) is gang for p in pods)
 
 
 def _idle_gpus(n: Node) -> int:
