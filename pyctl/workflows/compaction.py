@@ -470,6 +470,31 @@ def plan_compaction(
             chosen[id(p)] = item
     # in the order the pods were given (the planner breaks ties by it)
     items = [mp for p in all_pods if (mp := chosen.get(id(p))) is not None]
+    pend, domains = _pending(pending, all_pods, allowed, models, nodes, dra)
+    model = FragmentationModel(Snapshot(tuple(models[n] for n in names)))
+    raw = policy.plan(model, items, pend, workload, limits)
+    cache.keep_only(names)
+    cache.end_round()
+
+    def pod_of(key: str, node: str) -> PodRecord | None:
+        return next((p for p in by_node.get(node, ()) if p.key == key), None)
+
+    moves, rescues, dropped = _verified(raw, fit, pod_of)
+    unrescued = dict.fromkeys(raw.unrescued, "no set of moves within the limits makes room")
+    unrescued.update(dropped)
+    return CompactionPlan(moves, refused, len(items), rescues, unrescued, domains, derived)
+
+
+def _pending(
+    pending: Sequence[PodRecord],
+    all_pods: Sequence[PodRecord],
+    allowed: _Allowed,
+    models: Mapping[str, Node],
+    nodes: Mapping[str, NodeRecord],
+    dra: DraContext | None,
+) -> tuple[list[policy.PendingPod], dict[str, str]]:
+    """The pending pods to make room for, each with where the room may be (NodeFit; for a gang
+    none of whose pods runs yet, one domain: `gang_domain`), and why that domain, by pod."""
     pend: list[policy.PendingPod] = []
     gangs: dict[str, Gang] = {}
     if pending:
@@ -498,18 +523,7 @@ def plan_compaction(
                 if why:
                     domains[p.key] = why
             pend.append(policy.PendingPod(p.key, want, dest))
-    model = FragmentationModel(Snapshot(tuple(models[n] for n in names)))
-    raw = policy.plan(model, items, pend, workload, limits)
-    cache.keep_only(names)
-    cache.end_round()
-
-    def pod_of(key: str, node: str) -> PodRecord | None:
-        return next((p for p in by_node.get(node, ()) if p.key == key), None)
-
-    moves, rescues, dropped = _verified(raw, fit, pod_of)
-    unrescued = dict.fromkeys(raw.unrescued, "no set of moves within the limits makes room")
-    unrescued.update(dropped)
-    return CompactionPlan(moves, refused, len(items), rescues, unrescued, domains, derived)
+    return pend, domains
 
 
 def _idle_gpus(n: Node) -> int:
