@@ -161,26 +161,26 @@ class ReplayInstances(ReplayTasks):
 
 
 class ReplayCompaction(TypedDict, total=False):
-    """The trace replay's compaction settings (absent: the default; counts whole numbers)."""
+    """The trace replay's compaction settings (absent: the default)."""
 
-    every: float
+    every: int
     budget: float
-    max_moves: float
+    max_moves: int
     min_gain: float
     reserve: float
-    rescue_depth: float
-    rescue_budget: float
+    rescue_depth: int
+    rescue_budget: int
 
 
 class EventCompaction(TypedDict, total=False):
-    """The inference replay's compaction settings (absent: the default; counts whole numbers)."""
+    """The inference replay's compaction settings (absent: the default)."""
 
     interval: float
     budget_per_day: float
-    max_moves: float
+    max_moves: int
     min_gain: float
-    rescue_depth: float
-    rescue_budget: float
+    rescue_depth: int
+    rescue_budget: int
 
 
 # ---- MIG planner (rust/src/python/mig.rs) -------------------------------------------------------

@@ -8,6 +8,7 @@ import ast
 import inspect
 import re
 import types
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints, is_typeddict
 
@@ -302,7 +303,7 @@ def test_an_inference_replay_result_has_its_declared_types() -> None:
     ("change", "message"),
     [
         (lambda i: i["depart"].__setitem__(2, 5.0), "instances[2].depart: must be a finite time"),
-        (lambda i: i["app"].__setitem__(0, -1), "instances.app[0]: -1 is outside"),
+        (lambda i: i["app"].__setitem__(0, -1), "instances.app[0]: must not be negative, got -1"),
         (lambda i: i["arrive"].__setitem__(1, "x"), "instances.arrive[1]: expected a number"),
         (lambda i: i["rdma"].pop(), "instances.rdma: 4 entries, but the other columns have 5"),
         (lambda i: i["rdma"].__setitem__(1, -5), "tasks[1].rdma: must not be negative"),
@@ -322,10 +323,12 @@ def test_a_bad_instance_is_an_error_naming_it(change: Any, message: str) -> None
         ({"gpus": -1, "weight": 1}, "shapes[0].gpus: must not be negative, got -1"),
         ({"cpu_milli": "2", "weight": 1}, "shapes[0].cpu_milli: expected an integer, got str"),
         ({"gpus": True, "weight": 1}, "shapes[0].gpus: expected an integer, got bool"),
-        ({"gpus": 1, "gpu_milli": 500}, "shapes[0].weight: missing"),
+        ({"gpus": 1, "gpu_milli": 500}, 'shapes[0]: missing "weight"'),
         ({"gpus": 1, "weight": "1"}, "shapes[0].weight: expected a number, got str"),
         ({"gpus": 1, "gpu_models": "A100", "weight": 1}, "shapes[0].gpu_models: expected a list"),
         ([1, 2], "shapes[0]: expected an object"),
+        ({"gpus": 1, "weight": 1, "dra": 1}, "shapes[0].dra: expected true or false, got int"),
+        ({"gpus": 1 << 40, "weight": 1}, "shapes[0].gpus: too large"),
     ],
 )
 def test_the_scorer_and_the_replay_read_a_shape_alike(shape: Any, message: str) -> None:
@@ -350,8 +353,8 @@ def test_the_scorer_and_the_replay_read_a_shape_alike(shape: Any, message: str) 
     ("change", "message"),
     [
         (lambda m: 7, r"movable\[1\]: expected an object"),
-        (lambda m: {k: v for k, v in m.items() if k != "node"}, r"movable\[1\]: node missing"),
-        (lambda m: {**m, "node": -1}, r"movable\[1\]\.node: negative"),
+        (lambda m: {k: v for k, v in m.items() if k != "node"}, r'movable\[1\]: missing "node"'),
+        (lambda m: {**m, "node": -1}, r"movable\[1\]\.node: must not be negative"),
         (lambda m: {**m, "node": 99}, r"movable\[1\]\.node: index 99 out of range"),
         (lambda m: {**m, "group": 1 << 40}, r"movable\[1\]\.group: too large"),
         (lambda m: {**m, "pdb": "a"}, r"movable\[1\]\.pdb: expected an integer"),
@@ -383,6 +386,24 @@ def test_a_bad_planner_input_is_an_error_naming_it(change: Any, message: str) ->
     with pytest.raises(ValueError, match=message):
         core.plan([good, change(good)], [], [shape_dict(WHOLE)])
     core.plan([good, good], [], [shape_dict(WHOLE)])  # the same good input plans
+
+
+def test_an_input_may_be_an_object_with_the_keys_as_attributes() -> None:
+    """The declared reader takes a dict or an object whose attributes hold the keys (a
+    dataclass), with the same defaults and the same errors naming the field."""
+
+    @dataclass
+    class Hint:
+        affinity: list[int] | None
+        preferred: bool
+
+    as_dict = _core.merge_hints(
+        [{"gpu": [{"affinity": [1], "preferred": True}]}], "best-effort", [0, 1]
+    )
+    as_object = _core.merge_hints([{"gpu": [Hint([1], True)]}], "best-effort", [0, 1])
+    assert as_object == as_dict
+    with pytest.raises(ValueError, match=re.escape('providers[0]["gpu"][0].preferred: expected')):
+        _core.merge_hints([{"gpu": [Hint([1], 1)]}], "best-effort", [0, 1])  # type: ignore[arg-type]
 
 
 # ---- the core's inputs and signatures: the Rust declarations against pyctl/core/inputs.py and

@@ -3,94 +3,30 @@
 
 use std::collections::HashMap;
 
-use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyString};
+use pyo3::types::{PyDict, PyList};
 
-use super::convert::{
-    field_error, int, int_list, item, let_others_run, required, sequence, string, string_list,
-    value_error, Field,
-};
-use super::inputs::{
-    assignment as akey, columns as ckey, movable as mkey, pending as pkey, plan_limits as lkey,
-};
-use super::shape::{read_shape, read_shape_list, Weight};
+use super::convert::{columns, field_error, fields, value_error, Obj, Path, Read};
+use super::inputs::{assignment, columns, movable, pending, plan_limits};
+use super::shape::{read_shapes, read_task};
 use crate::compaction::{self, Input, Limits, Movable, NodeSet, Pending, Plan};
 use crate::fragment::delta::{apply, place_delta, remove_delta, Assignment, Delta};
 use crate::fragment::fabric::{fabric_score, Gang};
 use crate::fragment::score::{node_model, score_node, RecoverMemo};
-use crate::fragment::{validate_shapes, Cluster, ClusterColumns, Node, Shape, CATEGORY_NAMES};
+use crate::fragment::{Cluster, Node, Shape, CATEGORY_NAMES};
 use crate::placement::{self, ClusterView, Ranked};
-
-fn ints(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Vec<i64>> {
-    int_list(&item(d, key, "columns")?, || key.to_string())
-}
-
-fn offsets(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Vec<usize>> {
-    ints(d, key)?
-        .into_iter()
-        .map(|v| usize::try_from(v).map_err(|_| field_error(key, "negative offset")))
-        .collect()
-}
-
-fn strings(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Vec<String>> {
-    string_list(&item(d, key, "columns")?, || key.to_string())
-}
-
-fn bools(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Vec<bool>> {
-    sequence(&item(d, key, "columns")?, || key.to_string())?
-        .iter()
-        .map(|x| x.is_truthy())
-        .collect()
-}
-
-/// An optional column: empty when the key is absent.
-fn optional<T>(
-    d: &Bound<'_, PyDict>,
-    key: &str,
-    read: impl Fn(&str) -> PyResult<Vec<T>>,
-) -> PyResult<Vec<T>> {
-    if d.contains(key)? {
-        read(key)
-    } else {
-        Ok(Vec::new())
-    }
-}
-
-/// The workload's shapes, validated by the core (weights normalised).
-fn read_shapes(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Shape>> {
-    let mut shapes = read_shape_list(obj)?;
-    validate_shapes(&mut shapes).map_err(value_error)?;
-    Ok(shapes)
-}
-
-/// A single task shape (its weight, if any, is ignored), validated by the core.
-fn read_task(obj: &Bound<'_, PyAny>) -> PyResult<Shape> {
-    let mut one = vec![read_shape(obj, "task", Weight::Ignored)?];
-    validate_shapes(&mut one).map_err(|e| {
-        value_error(crate::error::CoreError::new(
-            e.field.replace("shapes[0]", "task"),
-            e.message,
-        ))
-    })?;
-    Ok(one.remove(0))
-}
 
 fn assignment_dict<'py>(
     py: Python<'py>,
     a: &Assignment,
     node: &Node,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("cpu", a.cpu.clone())?;
-    d.set_item("memory", a.memory.clone())?;
-    d.set_item("gpus", a.gpus.clone())?;
-    d.set_item("mig", a.mig)?;
+    let d = fields!(py, a; cpu, memory, gpus, mig);
     if !a.dra_gpus.is_empty() {
-        d.set_item("dra_gpus", a.dra_gpus.clone())?;
+        d.set_item("dra_gpus", &a.dra_gpus)?;
     }
     if !a.dyn_whole.is_empty() {
-        d.set_item("dyn_whole", a.dyn_whole.clone())?;
+        d.set_item("dyn_whole", &a.dyn_whole)?;
     }
     if let Some(v) = mig_new_out(a, node) {
         d.set_item("mig_new", v)?;
@@ -106,119 +42,49 @@ fn mig_new_out(a: &Assignment, node: &Node) -> Option<(usize, usize, String, u8)
     Some((zi, mi, name, start))
 }
 
-/// `assignment.<key>` as rows of `N` non-negative integers (lists or tuples), or none when
-/// absent. `key` is an interned string (`intern!`): read for every pod of a planning round, a
-/// key made anew each time would cost a string object per lookup.
-fn rows<const N: usize>(
-    d: &Bound<'_, PyDict>,
-    key: &Bound<'_, PyString>,
-) -> PyResult<Vec<[u64; N]>> {
-    let Some(v) = d.get_item(key)? else {
-        return Ok(Vec::new());
+/// Where a task sits on `node` (`AssignmentInput`, as `assignment_dict` writes it); the MIG
+/// profile of `mig_new` is resolved in the node's model.
+fn read_assignment(obj: &Bound<'_, PyAny>, at: Path<'_>, node: &Node) -> PyResult<Assignment> {
+    let a = assignment::Input::read(obj, at)?;
+    let pairs = |rows: Vec<[u64; 2]>| rows.into_iter().map(|[z, v]| (z as usize, v));
+    let gpus = |rows: Vec<[u64; 3]>, key: &str| -> PyResult<Vec<(usize, usize, u32)>> {
+        let too_large = || field_error(&format!("{}.{key}", at()), "value out of range");
+        rows.into_iter()
+            .map(|[z, g, m]| {
+                Ok((
+                    z as usize,
+                    g as usize,
+                    u32::try_from(m).map_err(|_| too_large())?,
+                ))
+            })
+            .collect()
     };
-    let field = || format!("assignment.{}", key.to_string_lossy());
-    let all = sequence(&v, field)?;
-    let mut out = Vec::with_capacity(all.len());
-    for (i, row) in all.iter().enumerate() {
-        let at = || format!("{}[{i}]", field());
-        let mut vals = [0u64; N];
-        let mut count = 0usize;
-        let mut negative = false;
-        for (j, x) in sequence(row, at)?.iter().enumerate() {
-            let v = int(x, || format!("{}[{j}]", at()))?;
-            negative |= v < 0;
-            if let Some(slot) = vals.get_mut(j) {
-                *slot = v.max(0) as u64;
-            }
-            count += 1;
+    let mig_new = match a.mig_new {
+        None => None,
+        Some((zi, mi, name, start)) => {
+            let model = node_model(node).ok_or_else(|| {
+                field_error(
+                    &format!("{}.mig_new", at()),
+                    "the node has no MIG GPU model",
+                )
+            })?;
+            Some((
+                zi,
+                mi,
+                model.profile_index(&name).map_err(value_error)?,
+                start,
+            ))
         }
-        if count != N || negative {
-            return Err(field_error(
-                &at(),
-                format!("expected {N} non-negative integers"),
-            ));
-        }
-        out.push(vals);
-    }
-    Ok(out)
-}
-
-/// `assignment.<key>` as (zone, amount) rows, or none when absent.
-fn zone_rows(d: &Bound<'_, PyDict>, key: &Bound<'_, PyString>) -> PyResult<Vec<(usize, u64)>> {
-    Ok(rows::<2>(d, key)?
-        .into_iter()
-        .map(|[z, v]| (z as usize, v))
-        .collect())
-}
-
-/// `assignment.<key>` as (zone, GPU, milli-GPU) rows, or none when absent.
-fn gpu_rows(
-    d: &Bound<'_, PyDict>,
-    key: &Bound<'_, PyString>,
-) -> PyResult<Vec<(usize, usize, u32)>> {
-    rows::<3>(d, key)?
-        .into_iter()
-        .map(|[z, g, m]| {
-            let milli =
-                u32::try_from(m).map_err(|_| field_error("assignment", "value out of range"))?;
-            Ok((z as usize, g as usize, milli))
-        })
-        .collect()
-}
-
-/// Where a task sits on `node` (`Assignment`): as `assignment_dict` writes it.
-fn read_assignment(obj: &Bound<'_, PyAny>, node: &Node) -> PyResult<Assignment> {
-    let py = obj.py();
-    let d = obj
-        .cast::<PyDict>()
-        .map_err(|_| field_error("assignment", "expected an object"))?;
-    let mut a = Assignment {
-        cpu: zone_rows(d, intern!(py, akey::cpu))?,
-        memory: zone_rows(d, intern!(py, akey::memory))?,
-        gpus: gpu_rows(d, intern!(py, akey::gpus))?,
-        ..Assignment::default()
     };
-    if let Some(v) = d.get_item(intern!(py, akey::mig))?.filter(|v| !v.is_none()) {
-        let r = super::convert::int_list(&v, || "assignment.mig".to_string())?;
-        if r.len() != 3 || r.iter().any(|&x| x < 0) {
-            return Err(field_error(
-                "assignment.mig",
-                "expected [zone, gpu, instance]",
-            ));
-        }
-        a.mig = Some((r[0] as usize, r[1] as usize, r[2] as usize));
-    }
-    a.dra_gpus = gpu_rows(d, intern!(py, akey::dra_gpus))?;
-    a.dyn_whole = zone_rows(d, intern!(py, akey::dyn_whole))?
-        .into_iter()
-        .map(|(z, g)| (z, g as usize))
-        .collect();
-    if let Some(v) = d
-        .get_item(intern!(py, akey::mig_new))?
-        .filter(|v| !v.is_none())
-    {
-        a.mig_new = Some(read_mig_new(&v, node)?);
-    }
-    Ok(a)
-}
-
-/// `assignment.mig_new`: [zone, MIG GPU, profile name, start] with the profile of the node's
-/// model.
-fn read_mig_new(v: &Bound<'_, PyAny>, node: &Node) -> PyResult<(usize, usize, usize, u8)> {
-    let f = || "assignment.mig_new".to_string();
-    let bad = || field_error("assignment.mig_new", "expected [zone, gpu, profile, start]");
-    let items = sequence(v, f)?;
-    let [zi, mi, name, start] = items.as_slice() else {
-        return Err(bad());
-    };
-    let zi = usize::try_from(int(zi, f)?).map_err(|_| bad())?;
-    let mi = usize::try_from(int(mi, f)?).map_err(|_| bad())?;
-    let name = string(name, f)?;
-    let start = u8::try_from(int(start, f)?).map_err(|_| bad())?;
-    let model = node_model(node)
-        .ok_or_else(|| field_error("assignment.mig_new", "the node has no MIG GPU model"))?;
-    let p = model.profile_index(&name).map_err(value_error)?;
-    Ok((zi, mi, p, start))
+    Ok(Assignment {
+        cpu: pairs(a.cpu).collect(),
+        memory: pairs(a.memory).collect(),
+        gpus: gpus(a.gpus, assignment::gpus)?,
+        mig: a.mig.map(|[z, g, i]| (z as usize, g as usize, i as usize)),
+        dra_gpus: gpus(a.dra_gpus, assignment::dra_gpus)?,
+        dyn_whole: pairs(a.dyn_whole).map(|(z, g)| (z, g as usize)).collect(),
+        mig_new,
+    })
 }
 
 /// A cluster snapshot prepared for scoring (build once, score many times).
@@ -228,9 +94,7 @@ pub struct PyFragmentModel {
 }
 
 fn delta_dict<'py>(py: Python<'py>, d: &Delta, node: &Node) -> PyResult<Bound<'py, PyDict>> {
-    let out = PyDict::new(py);
-    out.set_item("fragment_gpu_milli", d.fragment_gpu_milli)?;
-    out.set_item("fragment_mig_slices", d.fragment_mig_slices)?;
+    let out = fields!(py, d; fragment_gpu_milli, fragment_mig_slices);
     out.set_item("assignment", assignment_dict(py, &d.assignment, node)?)?;
     Ok(out)
 }
@@ -238,41 +102,8 @@ fn delta_dict<'py>(py: Python<'py>, d: &Delta, node: &Node) -> PyResult<Bound<'p
 #[pymethods]
 impl PyFragmentModel {
     #[new]
-    fn new(columns: &Bound<'_, PyDict>) -> PyResult<Self> {
-        let c = ClusterColumns {
-            node_names: strings(columns, ckey::node_names)?,
-            node_models: strings(columns, ckey::node_models)?,
-            node_policies: strings(columns, ckey::node_policies)?,
-            node_cpu_static: bools(columns, ckey::node_cpu_static)?,
-            node_memory_static: bools(columns, ckey::node_memory_static)?,
-            zone_offsets: offsets(columns, ckey::zone_offsets)?,
-            zone_numa: ints(columns, ckey::zone_numa)?,
-            zone_cpu_milli: ints(columns, ckey::zone_cpu_milli)?,
-            zone_cpu_used: ints(columns, ckey::zone_cpu_used)?,
-            zone_memory_mib: ints(columns, ckey::zone_memory_mib)?,
-            zone_memory_used: ints(columns, ckey::zone_memory_used)?,
-            gpu_offsets: offsets(columns, ckey::gpu_offsets)?,
-            gpu_ids: ints(columns, ckey::gpu_ids)?,
-            gpu_used_milli: ints(columns, ckey::gpu_used_milli)?,
-            gpu_link_groups: optional(columns, ckey::gpu_link_groups, |k| ints(columns, k))?,
-            mig_offsets: offsets(columns, ckey::mig_offsets)?,
-            mig_gpu_ids: ints(columns, ckey::mig_gpu_ids)?,
-            instance_offsets: offsets(columns, ckey::instance_offsets)?,
-            instance_profiles: strings(columns, ckey::instance_profiles)?,
-            instance_starts: ints(columns, ckey::instance_starts)?,
-            instance_used: bools(columns, ckey::instance_used)?,
-            dra_gpu_offsets: optional(columns, ckey::dra_gpu_offsets, |k| offsets(columns, k))?,
-            dra_gpu_ids: optional(columns, ckey::dra_gpu_ids, |k| ints(columns, k))?,
-            dra_gpu_used_milli: optional(columns, ckey::dra_gpu_used_milli, |k| ints(columns, k))?,
-            mig_dra: optional(columns, ckey::mig_dra, |k| bools(columns, k))?,
-            mig_dynamic: optional(columns, ckey::mig_dynamic, |k| bools(columns, k))?,
-            mig_free_slices: optional(columns, ckey::mig_free_slices, |k| ints(columns, k))?,
-            node_gpu_pools: optional(columns, ckey::node_gpu_pools, |k| strings(columns, k))?,
-            node_gpu_replicas: optional(columns, ckey::node_gpu_replicas, |k| ints(columns, k))?,
-            node_gpu_memory_mib: optional(columns, ckey::node_gpu_memory_mib, |k| {
-                ints(columns, k)
-            })?,
-        };
+    fn new(columns: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let c = columns::Input::named(columns, "columns")?;
         let cluster = Cluster::from_columns(&c).map_err(value_error)?;
         Ok(Self { cluster })
     }
@@ -298,33 +129,33 @@ impl PyFragmentModel {
                 .map(|n| score_node(n, &shapes, &mut memo))
                 .collect::<Vec<_>>()
         });
-        let out = PyDict::new(py);
-        let col = |f: &dyn Fn(&crate::fragment::NodeScore) -> f64| {
-            scores.iter().map(f).collect::<Vec<f64>>()
-        };
-        out.set_item("idle_gpu_milli", col(&|s| s.idle_gpu_milli))?;
-        out.set_item("fragment_gpu_milli", col(&|s| s.fragment_gpu_milli))?;
-        out.set_item("idle_mig_slices", col(&|s| s.idle_mig_slices))?;
-        out.set_item("fragment_mig_slices", col(&|s| s.fragment_mig_slices))?;
-        out.set_item("recoverable_mig_slices", col(&|s| s.recoverable_mig_slices))?;
-        let cats = PyDict::new(py);
-        let mig_cats = PyDict::new(py);
+        let rows = scores.iter();
+        let out = columns!(
+            py, rows, "";
+            idle_gpu_milli, fragment_gpu_milli, idle_mig_slices, fragment_mig_slices,
+            recoverable_mig_slices
+        );
+        let (cats, mig_cats) = (PyDict::new(py), PyDict::new(py));
         for (k, name) in CATEGORY_NAMES.iter().enumerate() {
-            cats.set_item(*name, col(&|s| s.categories[k]))?;
-            mig_cats.set_item(*name, col(&|s| s.mig_categories[k]))?;
+            cats.set_item(
+                *name,
+                rows.clone().map(|s| s.categories[k]).collect::<Vec<_>>(),
+            )?;
+            mig_cats.set_item(
+                *name,
+                rows.clone()
+                    .map(|s| s.mig_categories[k])
+                    .collect::<Vec<_>>(),
+            )?;
         }
         out.set_item("categories", cats)?;
         out.set_item("mig_categories", mig_cats)?;
-        let zcol = |f: &dyn Fn(&crate::fragment::ZoneScore) -> f64| {
-            scores
-                .iter()
-                .flat_map(|s| s.zones.iter().map(f))
-                .collect::<Vec<f64>>()
-        };
-        out.set_item("zone_idle_gpu_milli", zcol(&|z| z.idle_gpu_milli))?;
-        out.set_item("zone_fragment_gpu_milli", zcol(&|z| z.fragment_gpu_milli))?;
-        out.set_item("zone_idle_mig_slices", zcol(&|z| z.idle_mig_slices))?;
-        out.set_item("zone_fragment_mig_slices", zcol(&|z| z.fragment_mig_slices))?;
+        let zones = scores.iter().flat_map(|s| &s.zones);
+        let zone = columns!(
+            py, zones, "zone_";
+            idle_gpu_milli, fragment_gpu_milli, idle_mig_slices, fragment_mig_slices
+        );
+        out.update(zone.as_mapping())?;
         Ok(out)
     }
 
@@ -337,7 +168,7 @@ impl PyFragmentModel {
         shapes: &Bound<'py, PyAny>,
     ) -> PyResult<Option<Bound<'py, PyDict>>> {
         let n = self.node(node)?;
-        let task = read_task(task)?;
+        let task = read_task(task, &|| "task".into())?;
         let shapes = read_shapes(shapes)?;
         let d = py.detach(|| place_delta(n, &task, &shapes, &mut RecoverMemo::new()));
         d.map(|d| delta_dict(py, &d, n)).transpose()
@@ -352,7 +183,7 @@ impl PyFragmentModel {
         shapes: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let n = self.node(node)?;
-        let a = read_assignment(assignment, n)?;
+        let a = read_assignment(assignment, &|| "assignment".into(), n)?;
         let shapes = read_shapes(shapes)?;
         let d = py
             .detach(|| remove_delta(n, &a, &shapes, &mut RecoverMemo::new()))
@@ -371,7 +202,7 @@ impl PyFragmentModel {
         shapes: &Bound<'py, PyAny>,
         nodes: Option<Vec<usize>>,
     ) -> PyResult<Vec<Option<Bound<'py, PyDict>>>> {
-        let task = read_task(task)?;
+        let task = read_task(task, &|| "task".into())?;
         let shapes = read_shapes(shapes)?;
         let nodes = nodes.unwrap_or_else(|| (0..self.cluster.nodes.len()).collect());
         let cluster = &self.cluster;
@@ -395,20 +226,14 @@ impl PyFragmentModel {
         shapes: &Bound<'py, PyAny>,
         nodes: Option<Vec<usize>>,
     ) -> PyResult<Option<Bound<'py, PyDict>>> {
-        let task = read_task(task)?;
+        let task = read_task(task, &|| "task".into())?;
         let shapes = read_shapes(shapes)?;
         let cluster = &self.cluster;
         let count = cluster.nodes.len();
-        let allowed: Vec<bool> = match nodes {
-            None => vec![true; count],
-            Some(ns) => {
-                let mut a = vec![false; count];
-                for i in ns.into_iter().filter(|&i| i < count) {
-                    a[i] = true;
-                }
-                a
-            }
-        };
+        let mut allowed = vec![nodes.is_none(); count];
+        for i in nodes.into_iter().flatten().filter(|&i| i < count) {
+            allowed[i] = true;
+        }
         let got = py.detach(|| {
             let v = ClusterView::of(cluster, &shapes);
             placement::choose(&v, &task, |i| allowed[i])
@@ -432,7 +257,7 @@ impl PyFragmentModel {
         shapes: &Bound<'py, PyAny>,
         node_sets: Vec<Vec<usize>>,
         pdb_headroom: Vec<u32>,
-        limits: Option<&Bound<'py, PyDict>>,
+        limits: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let shapes = read_shapes(shapes)?;
         let mut tasks = TaskCache::default();
@@ -485,23 +310,16 @@ impl PyFragmentModel {
         let f = py
             .detach(|| fabric_score(cluster, &shapes, &gangs, levels, &node_domains))
             .map_err(value_error)?;
-        let out = PyDict::new(py);
+        let out = fields!(py, f; node_domain_split, node_no_domain);
         let domains = PyList::empty(py);
         for d in &f.domains {
-            let row = PyDict::new(py);
-            row.set_item("level", d.level)?;
-            row.set_item("domain", d.domain)?;
-            row.set_item("nodes", d.nodes)?;
-            row.set_item("gpu_milli", d.gpu_milli)?;
-            row.set_item("idle_gpu_milli", d.idle_gpu_milli)?;
-            row.set_item("fragment_gpu_milli", d.fragment_gpu_milli)?;
-            row.set_item("whole", d.whole)?;
-            row.set_item("capacity", d.capacity.clone())?;
-            domains.append(row)?;
+            domains.append(fields!(
+                py, d;
+                level, domain, nodes, gpu_milli, idle_gpu_milli, fragment_gpu_milli, whole,
+                capacity
+            ))?;
         }
         out.set_item("domains", domains)?;
-        out.set_item("node_domain_split", f.node_domain_split)?;
-        out.set_item("node_no_domain", f.node_no_domain)?;
         Ok(out)
     }
 
@@ -512,7 +330,7 @@ impl PyFragmentModel {
 
     /// Places (`place=True`) or removes the task at `assignment` on node `node`, in place.
     fn apply(&mut self, node: usize, assignment: &Bound<'_, PyAny>, place: bool) -> PyResult<()> {
-        let a = read_assignment(assignment, self.node(node)?)?;
+        let a = read_assignment(assignment, &|| "assignment".into(), self.node(node)?)?;
         let count = self.cluster.nodes.len();
         let n = self.cluster.nodes.get_mut(node).ok_or_else(|| {
             field_error("node", format!("index {node} out of range (0..{count})"))
@@ -546,36 +364,12 @@ fn ranked_dict<'py>(
     r: &Ranked<Assignment>,
     cluster: &Cluster,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
+    let d = fields!(py, r.features; inc, cpu_short, left, idle);
     d.set_item("node", r.node)?;
     d.set_item("rank", r.rank)?;
-    d.set_item("inc", r.features.inc)?;
-    d.set_item("cpu_short", r.features.cpu_short)?;
-    d.set_item("left", r.features.left)?;
-    d.set_item("idle", r.features.idle)?;
-    d.set_item(
-        "assignment",
-        assignment_dict(py, &r.place, &cluster.nodes[r.node])?,
-    )?;
+    let on = &cluster.nodes[r.node];
+    d.set_item("assignment", assignment_dict(py, &r.place, on)?)?;
     Ok(d)
-}
-
-fn opt_index(
-    d: &Bound<'_, PyDict>,
-    key: &Bound<'_, PyString>,
-    where_: impl Field,
-) -> PyResult<Option<usize>> {
-    let field = || format!("{}.{}", where_(), key.to_string_lossy());
-    match d.get_item(key)? {
-        None => Ok(None),
-        Some(v) if v.is_none() => Ok(None),
-        Some(v) => {
-            let x = int(&v, field)?;
-            usize::try_from(x)
-                .map(Some)
-                .map_err(|_| field_error(&field(), "negative"))
-        }
-    }
 }
 
 /// A task shape read once per distinct object: the planner's callers share one shape dict among
@@ -585,12 +379,12 @@ fn opt_index(
 struct TaskCache(HashMap<usize, Shape>);
 
 impl TaskCache {
-    fn read(&mut self, obj: &Bound<'_, PyAny>) -> PyResult<Shape> {
-        let key = obj.as_ptr() as usize;
+    fn read(&mut self, py: Python<'_>, obj: &Obj, at: Path<'_>) -> PyResult<Shape> {
+        let key = obj.0.as_ptr() as usize;
         if let Some(s) = self.0.get(&key) {
             return Ok(s.clone());
         }
-        let s = read_task(obj)?;
+        let s = read_task(obj.0.bind(py), at)?;
         self.0.insert(key, s.clone());
         Ok(s)
     }
@@ -602,88 +396,54 @@ fn read_movable(
     tasks: &mut TaskCache,
 ) -> PyResult<Vec<Movable<Shape, Assignment>>> {
     let py = obj.py();
-    let all = sequence(obj, || "movable".to_string())?;
+    let all = Vec::<movable::Input>::named(obj, "movable")?;
     let mut items = Vec::with_capacity(all.len());
-    for (i, m) in all.iter().enumerate() {
-        let_others_run(py, i);
-        let w = || format!("movable[{i}]");
-        let d = m
-            .cast::<PyDict>()
-            .map_err(|_| field_error(&w(), "expected an object"))?;
-        let node = opt_index(d, intern!(py, mkey::node), w)?
-            .ok_or_else(|| field_error(&w(), "node missing"))?;
-        let group = opt_index(d, intern!(py, mkey::group), w)?
-            .map(|g| {
-                u32::try_from(g).map_err(|_| field_error(&format!("{}.group", w()), "too large"))
-            })
-            .transpose()?;
-        let on = cluster.nodes.get(node).ok_or_else(|| {
+    for (i, m) in all.into_iter().enumerate() {
+        let at = |k: &str| format!("movable[{i}].{k}");
+        let on = cluster.nodes.get(m.node).ok_or_else(|| {
+            let n = cluster.nodes.len();
             field_error(
-                &format!("{}.node", w()),
-                format!("index {node} out of range (0..{})", cluster.nodes.len()),
+                &at("node"),
+                format!("index {} out of range (0..{n})", m.node),
             )
         })?;
         items.push(Movable {
-            node,
-            task: tasks.read(&required(m, intern!(py, mkey::shape), w)?)?,
-            place: read_assignment(&required(m, intern!(py, mkey::assignment), w)?, on)?,
-            allowed: opt_index(d, intern!(py, mkey::allowed), w)?,
-            pdb: opt_index(d, intern!(py, mkey::pdb), w)?,
-            group,
+            node: m.node,
+            task: tasks.read(py, &m.shape, &|| at("shape"))?,
+            place: read_assignment(m.assignment.0.bind(py), &|| at("assignment"), on)?,
+            allowed: m.allowed,
+            pdb: m.pdb,
+            group: m.group,
         });
     }
     Ok(items)
 }
 
 fn read_pending(obj: &Bound<'_, PyAny>, tasks: &mut TaskCache) -> PyResult<Vec<Pending<Shape>>> {
-    let py = obj.py();
-    let mut out = Vec::new();
-    for (i, m) in sequence(obj, || "pending".to_string())?.iter().enumerate() {
-        let_others_run(py, i);
-        let w = || format!("pending[{i}]");
-        let d = m
-            .cast::<PyDict>()
-            .map_err(|_| field_error(&w(), "expected an object"))?;
+    let all = Vec::<pending::Input>::named(obj, "pending")?;
+    let mut out = Vec::with_capacity(all.len());
+    for (i, p) in all.into_iter().enumerate() {
+        let task = tasks.read(obj.py(), &p.shape, &|| format!("pending[{i}].shape"))?;
         out.push(Pending {
-            task: tasks.read(&required(m, intern!(py, pkey::shape), w)?)?,
-            allowed: opt_index(d, intern!(py, pkey::allowed), w)?,
+            task,
+            allowed: p.allowed,
         });
     }
     Ok(out)
 }
 
-fn read_limits(obj: Option<&Bound<'_, PyDict>>) -> PyResult<Limits> {
-    let mut l = Limits::default();
-    let Some(d) = obj else { return Ok(l) };
-    let size = |k: &str, dflt: usize| -> PyResult<usize> {
-        match d.get_item(k)? {
-            None => Ok(dflt),
-            Some(v) if v.is_none() => Ok(dflt),
-            Some(v) => {
-                let x = int(&v, || format!("limits.{k}"))?;
-                usize::try_from(x).map_err(|_| field_error(&format!("limits.{k}"), "negative"))
-            }
-        }
+/// The planner's limits (None: the default); a rescue takes at most 8 evictions.
+fn read_limits(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Limits> {
+    let mut l = match obj {
+        None => Limits::default(),
+        Some(d) => plan_limits::Input::named(d, "limits")?,
     };
-    l.max_moves = size(lkey::max_moves, l.max_moves)?;
-    l.max_moves_per_node = size(lkey::max_moves_per_node, l.max_moves_per_node)?;
-    l.rescue_depth = size(lkey::rescue_depth, l.rescue_depth)?.min(8);
-    l.max_rescues = size(lkey::max_rescues, l.max_rescues)?;
-    l.rescue_budget = size(lkey::rescue_budget, l.rescue_budget)?;
-    if let Some(v) = d.get_item(intern!(d.py(), lkey::min_gain))? {
-        let g: f64 = v
-            .extract()
-            .map_err(|_| field_error("limits.min_gain", "expected a number"))?;
-        if !(g.is_finite() && g >= 0.0) {
-            return Err(field_error(
-                "limits.min_gain",
-                "must be a finite number >= 0",
-            ));
-        }
-        l.min_gain = g;
-    }
-    if let Some(v) = d.get_item(intern!(d.py(), lkey::defragment))? {
-        l.defragment = v.is_truthy()?;
+    l.rescue_depth = l.rescue_depth.min(8);
+    if !(l.min_gain.is_finite() && l.min_gain >= 0.0) {
+        return Err(field_error(
+            "limits.min_gain",
+            "must be a finite number >= 0",
+        ));
     }
     Ok(l)
 }
@@ -695,37 +455,25 @@ fn plan_dict<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let moves = PyList::empty(py);
     for mv in &p.moves {
-        let d = PyDict::new(py);
-        d.set_item("pod", mv.pod)?;
-        d.set_item("from", mv.from)?;
-        d.set_item("to", mv.to)?;
+        let d = fields!(py, mv; pod, from, to, gain, rescue);
         d.set_item(
             "assignment",
             assignment_dict(py, &mv.to_place, &cluster.nodes[mv.to])?,
         )?;
-        d.set_item("gain", mv.gain)?;
-        d.set_item("rescue", mv.rescue)?;
         moves.append(d)?;
     }
     let rescues = PyList::empty(py);
     for r in &p.rescues {
-        let d = PyDict::new(py);
-        d.set_item("pending", r.pending)?;
-        d.set_item("node", r.node)?;
+        let d = fields!(py, r; pending, node, moves, waits, delta);
         d.set_item(
             "assignment",
             assignment_dict(py, &r.place, &cluster.nodes[r.node])?,
         )?;
-        d.set_item("moves", r.moves.clone())?;
-        d.set_item("waits", r.waits)?;
-        d.set_item("delta", r.delta)?;
         rescues.append(d)?;
     }
-    let out = PyDict::new(py);
+    let out = fields!(py, p; unrescued, truncated);
     out.set_item("moves", moves)?;
     out.set_item("rescues", rescues)?;
-    out.set_item("unrescued", p.unrescued.clone())?;
-    out.set_item("truncated", p.truncated)?;
     Ok(out)
 }
 

@@ -1,14 +1,11 @@
 //! Python face of the MIG geometry and planner: plain data in (names, dicts, lists), plain data
 //! out (dicts, lists, tuples). Profile and model names are resolved here; errors name the field.
 
-use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyFloat, PyInt, PyList, PyString};
+use pyo3::types::{PyDict, PyList, PyString};
 
-use super::convert::{
-    boolean, field_error, int, member, required, sequence, string, value_error, Field,
-};
-use super::inputs;
+use super::convert::{entries, field_error, fields, value_error, Path, Read};
+use super::inputs::{mig_gpu, mig_limits, mig_pending, mig_workload};
 use crate::mig::planner::{Demand, Executor, GpuInstance, GpuPlan, Limits, MigGpu, Plan};
 use crate::mig::{self, Catalog, GpuModel, Rules};
 
@@ -20,34 +17,46 @@ fn model_of(name: &Bound<'_, PyAny>) -> PyResult<&'static GpuModel> {
     Catalog::builtin().model(&name).map_err(value_error)
 }
 
-fn profile_of(model: &GpuModel, obj: &Bound<'_, PyAny>, field: impl Field) -> PyResult<usize> {
-    let name = string(obj, &field)?;
+/// The index of a profile of `model` named by `name` (the field `at`).
+fn profile_index(model: &GpuModel, name: &str, at: Path<'_>) -> PyResult<usize> {
     model
-        .profile_index(&name)
-        .map_err(|e| field_error(&field(), e.message))
+        .profile_index(name)
+        .map_err(|e| field_error(&at(), e.message))
+}
+
+fn profile_of(model: &GpuModel, obj: &Bound<'_, PyAny>, at: Path<'_>) -> PyResult<usize> {
+    profile_index(model, &String::read(obj, at)?, at)
+}
+
+/// A list of profile names of `model` (the field `name`), as indices.
+fn profile_list(model: &GpuModel, obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<usize>> {
+    let names = Vec::<String>::named(obj, name)?.into_iter().enumerate();
+    names
+        .map(|(i, p)| profile_index(model, &p, &|| format!("{name}[{i}]")))
+        .collect()
+}
+
+/// An executor by name (`limits.executor`).
+impl Read for Executor {
+    fn read(obj: &Bound<'_, PyAny>, at: Path<'_>) -> PyResult<Self> {
+        Executor::parse(&String::read(obj, at)?).map_err(value_error)
+    }
 }
 
 fn model_dict<'py>(py: Python<'py>, m: &GpuModel) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("name", &m.name)?;
-    d.set_item("aliases", &m.aliases)?;
-    d.set_item("pci_device_ids", &m.pci_device_ids)?;
-    d.set_item("memory_slices", m.memory_slices)?;
-    d.set_item("compute_slices", m.compute_slices)?;
-    d.set_item("placements_inferred", m.placements_inferred)?;
-    d.set_item("notes", &m.notes)?;
+    let d = fields!(
+        py, m;
+        name, aliases, pci_device_ids, memory_slices, compute_slices, placements_inferred, notes
+    );
     let profiles = PyList::empty(py);
     for p in &m.profiles {
-        let pd = PyDict::new(py);
-        pd.set_item("name", &p.name)?;
-        pd.set_item("id", p.id)?;
-        pd.set_item("compute_slices", p.compute_slices)?;
-        pd.set_item("memory_slices", p.memory_slices)?;
-        pd.set_item("max_count", p.max_count)?;
+        let pd = fields!(
+            py, p;
+            name, id, compute_slices, memory_slices, max_count, media_extensions,
+            placements_inferred
+        );
         let pls: Vec<(u8, u8)> = p.placements.iter().map(|x| (x.start, x.size)).collect();
         pd.set_item("placements", pls)?;
-        pd.set_item("media_extensions", p.media_extensions)?;
-        pd.set_item("placements_inferred", p.placements_inferred)?;
         profiles.append(pd)?;
     }
     d.set_item("profiles", profiles)?;
@@ -80,11 +89,7 @@ fn mig_validate(
     pre_r510: bool,
 ) -> PyResult<(bool, NamedLayout, String)> {
     let model = model_of(gpu_model)?;
-    let items = sequence(instances, || "instances".to_string())?;
-    let mut texts = Vec::with_capacity(items.len());
-    for (i, x) in items.iter().enumerate() {
-        texts.push(string(x, || format!("instances[{i}]"))?);
-    }
+    let texts = Vec::<String>::named(instances, "instances")?;
     let parsed = mig::parse_instances(model, &texts).map_err(value_error)?;
     let v = mig::check(model, &parsed, Rules { pre_r510 }).map_err(value_error)?;
     let placements = if v.valid {
@@ -103,7 +108,7 @@ fn mig_validate(
 #[pyfunction]
 fn mig_profile_name(gpu_model: &Bound<'_, PyAny>, profile: &Bound<'_, PyAny>) -> PyResult<String> {
     let model = model_of(gpu_model)?;
-    let i = profile_of(model, profile, || "profile".to_string())?;
+    let i = profile_of(model, profile, &|| "profile".to_string())?;
     Ok(model.profiles[i].name.clone())
 }
 
@@ -123,14 +128,7 @@ fn mig_layouts(
 ) -> PyResult<(usize, Vec<NamedLayout>)> {
     let model = model_of(gpu_model)?;
     let chosen: Vec<usize> = match profiles.filter(|p| !p.is_none()) {
-        Some(list) => {
-            let items = sequence(list, || "profiles".to_string())?;
-            let mut out = Vec::with_capacity(items.len());
-            for (i, x) in items.iter().enumerate() {
-                out.push(profile_of(model, x, || format!("profiles[{i}]"))?);
-            }
-            out
-        }
+        Some(list) => profile_list(model, list, "profiles")?,
         None if media_extensions => (0..model.profiles.len()).collect(),
         None => mig::default_profiles(model),
     };
@@ -156,202 +154,84 @@ fn mig_place(
 ) -> PyResult<Option<Vec<u32>>> {
     let model = model_of(gpu_model)?;
     let mut pins = Vec::new();
-    for (i, x) in sequence(pinned, || "pinned".to_string())?
-        .iter()
+    for (i, (name, start)) in Vec::<(String, i64)>::named(pinned, "pinned")?
+        .into_iter()
         .enumerate()
     {
-        let pair = sequence(x, || format!("pinned[{i}]"))?;
-        if pair.len() != 2 {
-            return Err(field_error(
-                &format!("pinned[{i}]"),
-                "expected (profile, start)",
-            ));
-        }
-        let p = profile_of(model, &pair[0], || format!("pinned[{i}][0]"))?;
-        let s = int(&pair[1], || format!("pinned[{i}][1]"))?;
-        let Ok(s) = u8::try_from(s) else {
+        let p = profile_index(model, &name, &|| format!("pinned[{i}][0]"))?;
+        let Ok(s) = u8::try_from(start) else {
             return Ok(None);
         };
         pins.push((p, s));
     }
-    let mut free = Vec::new();
-    for (i, x) in sequence(unpinned, || "unpinned".to_string())?
-        .iter()
-        .enumerate()
-    {
-        free.push(profile_of(model, x, || format!("unpinned[{i}]"))?);
-    }
+    let free = profile_list(model, unpinned, "unpinned")?;
     let starts = mig::place(model, &pins, &free);
     Ok(starts.map(|v| v.into_iter().map(u32::from).collect()))
 }
 
-fn opt_member<'py>(
-    obj: &Bound<'py, PyAny>,
-    key: &Bound<'py, PyString>,
-) -> PyResult<Option<Bound<'py, PyAny>>> {
-    Ok(member(obj, key)?.filter(|v| !v.is_none()))
-}
-
 fn read_gpus(model: &GpuModel, obj: &Bound<'_, PyAny>) -> PyResult<Vec<MigGpu>> {
-    let py = obj.py();
-    let items = sequence(obj, || "gpus".to_string())?;
-    let mut gpus = Vec::with_capacity(items.len());
-    for (g, item) in items.iter().enumerate() {
-        let gf = || format!("gpus[{g}]");
-        let id = int(
-            &required(item, intern!(py, inputs::mig_gpu::gpu), gf)?,
-            || format!("gpus[{g}].gpu"),
-        )?;
-        let id = u32::try_from(id).map_err(|_| {
-            field_error(
-                &format!("gpus[{g}].gpu"),
-                format!("GPU index {id} is negative or too large"),
-            )
-        })?;
-        let mut instances = Vec::new();
-        if let Some(list) = opt_member(item, intern!(py, inputs::mig_gpu::instances))? {
-            for (i, x) in sequence(&list, || format!("gpus[{g}].instances"))?
-                .iter()
-                .enumerate()
-            {
-                let f = |s: &str| format!("gpus[{g}].instances[{i}]{s}");
-                let profile = profile_of(
-                    model,
-                    &required(x, intern!(py, inputs::mig_instance::profile), || f(""))?,
-                    || f(".profile"),
-                )?;
-                let start = int(
-                    &required(x, intern!(py, inputs::mig_instance::start), || f(""))?,
-                    || f(".start"),
-                )?;
-                let start = u8::try_from(start).map_err(|_| {
-                    field_error(
-                        &f(".start"),
-                        format!("memory slice {start} is outside the GPU"),
-                    )
-                })?;
-                let used = match opt_member(x, intern!(py, inputs::mig_instance::used))? {
-                    Some(v) => boolean(&v, || f(".used"))?,
-                    None => false,
-                };
-                let pod = match opt_member(x, intern!(py, inputs::mig_instance::pod))? {
-                    Some(v) => Some(string(&v, || f(".pod"))?),
-                    None => None,
-                };
-                instances.push(GpuInstance {
-                    profile,
-                    start,
-                    used,
-                    pod,
-                });
-            }
+    let mut gpus = Vec::new();
+    for (g, gpu) in Vec::<mig_gpu::Input>::named(obj, "gpus")?
+        .into_iter()
+        .enumerate()
+    {
+        let mut instances = Vec::with_capacity(gpu.instances.len());
+        for (i, x) in gpu.instances.into_iter().enumerate() {
+            let at = || format!("gpus[{g}].instances[{i}].profile");
+            let profile = profile_index(model, &x.profile, &at)?;
+            let (start, used, pod) = (x.start, x.used, x.pod);
+            instances.push(GpuInstance {
+                profile,
+                start,
+                used,
+                pod,
+            });
         }
-        gpus.push(MigGpu { id, instances });
+        gpus.push(MigGpu {
+            id: gpu.gpu,
+            instances,
+        });
     }
     Ok(gpus)
 }
 
-fn number(obj: &Bound<'_, PyAny>, field: impl Field) -> PyResult<f64> {
-    if obj.is_instance_of::<PyFloat>() {
-        return obj.extract::<f64>();
-    }
-    if obj.is_instance_of::<PyInt>() {
-        return Ok(int(obj, field)? as f64);
-    }
-    Err(field_error(
-        &field(),
-        format!("expected a number, got {}", super::convert::type_name(obj)),
-    ))
-}
-
+/// The pending requests (`{profile: count}` or `[{"profile", "count"?}]`) and the workload.
 fn read_demand(
     model: &GpuModel,
     pending: &Bound<'_, PyAny>,
     workload: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Demand> {
-    let py = pending.py();
     let mut demand = Demand::default();
-    if let Ok(map) = pending.cast::<PyDict>() {
-        for (k, v) in map.iter() {
-            let name = string(&k, || "pending".to_string())?;
-            let f = || format!("pending[{name:?}]");
-            let p = profile_of(model, &k, f)?;
-            let c = int(&v, f)?;
-            let c = u32::try_from(c)
-                .map_err(|_| field_error(&f(), format!("count {c} is negative")))?;
-            demand.pending.push((p, c));
+    if pending.is_instance_of::<PyDict>() {
+        for (name, count) in entries::<u32>(pending, &|| "pending".into(), "a mapping")? {
+            let at = || format!("pending[{name:?}]");
+            demand
+                .pending
+                .push((profile_index(model, &name, &at)?, count));
         }
     } else {
-        for (i, x) in sequence(pending, || "pending".to_string())?
-            .iter()
+        for (i, p) in Vec::<mig_pending::Input>::named(pending, "pending")?
+            .into_iter()
             .enumerate()
         {
-            let f = |s: &str| format!("pending[{i}]{s}");
-            let p = profile_of(
-                model,
-                &required(x, intern!(py, inputs::mig_pending::profile), || f(""))?,
-                || f(".profile"),
-            )?;
-            let c = match opt_member(x, intern!(py, inputs::mig_pending::count))? {
-                Some(v) => int(&v, || f(".count"))?,
-                None => 1,
-            };
-            let c = u32::try_from(c)
-                .map_err(|_| field_error(&f(".count"), format!("count {c} is negative")))?;
-            demand.pending.push((p, c));
+            let at = || format!("pending[{i}].profile");
+            demand
+                .pending
+                .push((profile_index(model, &p.profile, &at)?, p.count.unwrap_or(1)));
         }
     }
     if let Some(w) = workload.filter(|w| !w.is_none()) {
-        for (i, x) in sequence(w, || "workload".to_string())?.iter().enumerate() {
-            let f = |s: &str| format!("workload[{i}]{s}");
-            let p = profile_of(
-                model,
-                &required(x, intern!(py, inputs::mig_workload::profile), || f(""))?,
-                || f(".profile"),
-            )?;
-            let weight = number(
-                &required(x, intern!(py, inputs::mig_workload::weight), || f(""))?,
-                || f(".weight"),
-            )?;
-            demand.workload.push((p, weight));
+        for (i, w) in Vec::<mig_workload::Input>::named(w, "workload")?
+            .into_iter()
+            .enumerate()
+        {
+            let at = || format!("workload[{i}].profile");
+            demand
+                .workload
+                .push((profile_index(model, &w.profile, &at)?, w.weight));
         }
     }
     Ok(demand)
-}
-
-fn read_limits(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Limits> {
-    let mut limits = Limits::default();
-    let Some(obj) = obj.filter(|o| !o.is_none()) else {
-        return Ok(limits);
-    };
-    let py = obj.py();
-    if let Some(g) = opt_member(obj, intern!(py, inputs::mig_limits::gpus))? {
-        let ids = super::convert::int_list(&g, || "limits.gpus".to_string())?;
-        let mut out = Vec::with_capacity(ids.len());
-        for (i, id) in ids.into_iter().enumerate() {
-            out.push(u32::try_from(id).map_err(|_| {
-                field_error(
-                    &format!("limits.gpus[{i}]"),
-                    format!("GPU index {id} is negative or too large"),
-                )
-            })?);
-        }
-        limits.gpus = Some(out);
-    }
-    if let Some(v) = opt_member(obj, intern!(py, inputs::mig_limits::max_used_destroyed))? {
-        let n = int(&v, || "limits.max_used_destroyed".to_string())?;
-        limits.max_used_destroyed = u32::try_from(n).map_err(|_| {
-            field_error(
-                "limits.max_used_destroyed",
-                format!("{n} is negative or too large"),
-            )
-        })?;
-    }
-    if let Some(v) = opt_member(obj, intern!(py, inputs::mig_limits::executor))? {
-        limits.executor =
-            Executor::parse(&string(&v, || "limits.executor".to_string())?).map_err(value_error)?;
-    }
-    Ok(limits)
 }
 
 fn plan_dict<'py>(
@@ -361,34 +241,26 @@ fn plan_dict<'py>(
     limits: &Limits,
 ) -> PyResult<Bound<'py, PyDict>> {
     let name = |p: usize| model.profiles[p].name.as_str();
-    let d = PyDict::new(py);
+    let d = fields!(
+        py, plan;
+        exact, net_served, used_destroyed, free_destroyed, changed_gpus, fragment_before,
+        fragment_after
+    );
     d.set_item("gpu_model", &model.name)?;
     d.set_item("placements_inferred", model.placements_inferred)?;
     d.set_item("executor", limits.executor.name())?;
-    d.set_item("exact", plan.exact)?;
-    d.set_item("net_served", plan.net_served)?;
-    d.set_item("used_destroyed", plan.used_destroyed)?;
-    d.set_item("free_destroyed", plan.free_destroyed)?;
-    d.set_item("changed_gpus", plan.changed_gpus)?;
-    d.set_item("fragment_before", plan.fragment_before)?;
-    d.set_item("fragment_after", plan.fragment_after)?;
     let wanted = PyList::empty(py);
-    for &(p, w) in &plan.wanted {
+    for &(p, weight) in &plan.wanted {
         let x = PyDict::new(py);
         x.set_item("profile", name(p))?;
-        x.set_item("weight", w)?;
+        x.set_item("weight", weight)?;
         wanted.append(x)?;
     }
     d.set_item("wanted", wanted)?;
     let demand = PyList::empty(py);
     for l in &plan.demand {
-        let x = PyDict::new(py);
+        let x = fields!(py, l; pending, served_before, served_after, moved, rehoused);
         x.set_item("profile", name(l.profile))?;
-        x.set_item("pending", l.pending)?;
-        x.set_item("served_before", l.served_before)?;
-        x.set_item("served_after", l.served_after)?;
-        x.set_item("moved", l.moved)?;
-        x.set_item("rehoused", l.rehoused)?;
         demand.append(x)?;
     }
     d.set_item("demand", demand)?;
@@ -408,40 +280,31 @@ fn gpu_plan_dict<'py>(
     g: &GpuPlan,
 ) -> PyResult<Bound<'py, PyDict>> {
     let name = |p: usize| model.profiles[p].name.as_str();
-    let x = PyDict::new(py);
+    let x = fields!(py, g; changed, pods_to_move, fragment_before, fragment_after);
     x.set_item("gpu", g.id)?;
-    x.set_item("changed", g.changed)?;
     let layout = PyList::empty(py);
     for i in &g.layout {
-        let y = PyDict::new(py);
+        let y = fields!(py, i; start, pod);
         y.set_item("profile", name(i.profile))?;
-        y.set_item("start", i.start)?;
         y.set_item("state", i.fate.name())?;
-        y.set_item("pod", &i.pod)?;
         layout.append(y)?;
     }
     x.set_item("layout", layout)?;
     let destroyed = PyList::empty(py);
     for i in &g.destroyed {
-        let y = PyDict::new(py);
+        let y = fields!(py, i; start, used, pod);
         y.set_item("profile", name(i.profile))?;
-        y.set_item("start", i.start)?;
-        y.set_item("used", i.used)?;
-        y.set_item("pod", &i.pod)?;
         destroyed.append(y)?;
     }
     x.set_item("destroyed", destroyed)?;
-    x.set_item("pods_to_move", &g.pods_to_move)?;
     let serves = PyList::empty(py);
-    for &(p, c) in &g.serves {
+    for &(p, count) in &g.serves {
         let y = PyDict::new(py);
         y.set_item("profile", name(p))?;
-        y.set_item("count", c)?;
+        y.set_item("count", count)?;
         serves.append(y)?;
     }
     x.set_item("serves", serves)?;
-    x.set_item("fragment_before", g.fragment_before)?;
-    x.set_item("fragment_after", g.fragment_after)?;
     Ok(x)
 }
 
@@ -459,7 +322,10 @@ fn mig_plan<'py>(
     let model = model_of(gpu_model)?;
     let gpus = read_gpus(model, gpus)?;
     let demand = read_demand(model, pending, workload)?;
-    let limits = read_limits(limits)?;
+    let limits = match limits.filter(|l| !l.is_none()) {
+        None => Limits::default(),
+        Some(l) => mig_limits::Input::named(l, "limits")?,
+    };
     let plan = py
         .detach(|| mig::plan(model, &gpus, &demand, &limits))
         .map_err(value_error)?;
