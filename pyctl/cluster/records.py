@@ -136,6 +136,8 @@ class HamiDevice(msgspec.Struct, frozen=True, array_like=True, omit_defaults=Tru
     healthy: bool = True
     #: hami-core, mps or mig
     mode: str = ""
+    #: its NVLink group (``hami.io/node-nvidia-score``; -1: not known)
+    link: int = -1
 
 
 class NodeSharing(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
@@ -152,6 +154,8 @@ class NodeSharing(msgspec.Struct, frozen=True, array_like=True, omit_defaults=Tr
     gpu_memory_mib: int = 0
     #: the GPUs HAMi registered
     hami: tuple[HamiDevice, ...] = ()
+    #: why HAMi's link scores (``hami.io/node-nvidia-score``) were left out ("" if not)
+    links_error: str = ""
 
 
 class NodeRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
@@ -212,6 +216,8 @@ class PodSharing(msgspec.Struct, frozen=True, array_like=True, omit_defaults=Tru
     cores: int = -1
     #: ``hami.io/vgpu-devices-allocated``
     devices: tuple[HamiShare, ...] = ()
+    #: ``hami.io/gpu-scheduler-policy`` names ``topology-aware``: its GPUs are best linked
+    topology: bool = False
 
 
 class PodGang(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):

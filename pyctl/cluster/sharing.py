@@ -86,7 +86,11 @@ def plan(node: NodeRecord) -> Plan | None:
             )
         )
         left = len(s.hami) - len(devices)
-        dropped = (f"{left} unhealthy or MIG-mode devices left out",) if left else ()
+        dropped: tuple[str, ...] = (
+            (f"{left} unhealthy or MIG-mode devices left out",) if left else ()
+        )
+        if s.links_error:
+            dropped += (f"link scores left out: {s.links_error}",)
         mem = min((d.memory_mib for d in devices if d.memory_mib), default=0)
         return Plan(HAMI, HAMI, 1, len(devices), mem, devices, dropped)
     count = node.gpu_count_label
@@ -363,6 +367,8 @@ def shared_shape(p: PodRecord, node: NodeRecord | None) -> Shape | None:
             gpu_milli=milli,
             gpu_pool=pool,
             gpu_memory_mib=memory,
+            # HAMi's topology-aware policy gives several GPUs the best-linked set
+            link_group=s is not None and s.topology and gpus > 1,
         )
 
     def clamp(milli: int) -> int:

@@ -234,7 +234,7 @@ def node_from_records(
         laid=laid,
         use_ids=_keeps_device_ids(node, laid, dra),
         exact=drafts.exact,
-        links=_nvlink_groups(node, drafts.exact),
+        links=_link_groups(node, drafts.exact),
         use=use,
         mig_per_zone=mig_per_zone,
         dra=dra,
@@ -424,11 +424,13 @@ def _keeps_device_ids(
     return use_ids and not node.mig and dra is None
 
 
-def _nvlink_groups(node: NodeRecord, exact: _Exact | None) -> dict[int, int]:
-    """The agent's NVLink groups, GPU index -> group, where the agent's view is used."""
-    if exact is None or node.agent is None:
-        return {}
-    return {i: gi for gi, grp in enumerate(node.agent.nvlink) for i in grp}
+def _link_groups(node: NodeRecord, exact: _Exact | None) -> dict[int, int]:
+    """The GPUs' link groups, GPU index -> group: the agent's NVLink groups where the agent's
+    view is used, else HAMi's (from its link scores, by device index)."""
+    if exact is not None and node.agent is not None:
+        return {i: gi for gi, grp in enumerate(node.agent.nvlink) for i in grp}
+    hami = node.sharing.hami if node.sharing is not None else ()
+    return {d.index: d.link for d in hami if d.link >= 0}
 
 
 def _sharing_note(shares: sharing.Plan | None, notes: list[str], dra: DraModel | None) -> str:
@@ -457,7 +459,7 @@ class _ZoneBuilder:
     laid: list[sharing.SharedGpu]
     use_ids: bool
     exact: _Exact | None
-    #: GPU index -> NVLink group (the agent's)
+    #: GPU index -> link group (the agent's NVLink groups, or HAMi's)
     links: dict[int, int]
     use: _Usage
     mig_per_zone: int
@@ -492,7 +494,8 @@ class _ZoneBuilder:
                 sg = self.laid[self.next_shared]
                 self.next_shared += 1
                 gid = sg.id if self.use_ids else self.gid
-                gpus.append(Gpu(gid, sg.used, tuple(sorted(sg.holders.items()))))
+                link = self.links.get(gid) if self.use_ids else None
+                gpus.append(Gpu(gid, sg.used, tuple(sorted(sg.holders.items())), link))
             elif self.exact is not None:
                 # the agent's GPU: its NVML index, the pod the kubelet says holds it, and its
                 # NVLink group (docs/fabric.md: link groups)

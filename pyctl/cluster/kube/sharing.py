@@ -13,6 +13,11 @@
   `nvidia.com/gpucores` (percent), and HAMi's scheduler writes the devices it assigned to
   `hami.io/vgpu-devices-allocated`: `uuid,type,usedmem,usedcores:` per device, `;` after each
   container (init containers first).
+- HAMi's link scores: with `ENABLE_TOPOLOGY_SCORE`, its device plugin writes the pairwise GPU
+  scores to `hami.io/node-nvidia-score` (`[{"uuid", "score": {uuid: score}}]`; 10-60 for the
+  PCIe path, plus 100 per NVLink); GPUs joined by an NVLink (a score of 100 or more) are one link
+  group (docs/fabric.md). A pod that asks HAMi's `topology-aware` policy
+  (`hami.io/gpu-scheduler-policy`) for several GPUs wants them linked.
 
 Every count is bounded (a hostile value is a `DecodeError` naming the object and field, like a
 bad quantity).
@@ -23,6 +28,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from typing import Any, Final
+
+import msgspec
 
 from pyctl.cluster.records import HamiDevice, HamiShare, NodeSharing, PodSharing
 
@@ -36,6 +43,10 @@ STRATEGY_LABEL: Final = "nvidia.com/gpu.sharing-strategy"
 MEMORY_LABEL: Final = "nvidia.com/gpu.memory"
 HAMI_REGISTER: Final = "hami.io/node-nvidia-register"
 HAMI_ALLOCATED: Final = "hami.io/vgpu-devices-allocated"
+HAMI_SCORE: Final = "hami.io/node-nvidia-score"
+HAMI_POLICY: Final = "hami.io/gpu-scheduler-policy"
+#: a pair score of at least this is an NVLink (HAMi adds 100 per link; the PCIe path is 10-60)
+NVLINK_SCORE: Final = 100
 HAMI_SCHEDULER: Final = "hami-scheduler"
 STRATEGIES: Final = ("time-slicing", "mps", "none")
 
@@ -44,8 +55,9 @@ STRATEGIES: Final = ("time-slicing", "mps", "none")
 MAX_REPLICAS: Final = 1000
 #: GPUs HAMi may register on one node, and devices a pod may hold
 MAX_HAMI_DEVICES: Final = 64
-#: length of a HAMi annotation
+#: length of a HAMi annotation (the link scores: up to 64 x 63 pairs)
 MAX_ANNOTATION: Final = 64 * 1024
+MAX_SCORE_ANNOTATION: Final = 512 * 1024
 #: MiB of one GPU (16 TiB), tasks per GPU, percent of cores (deviceCoreScaling may exceed 100)
 MAX_GPU_MEMORY_MIB: Final = 1 << 24
 MAX_SPLIT: Final = 10_000
@@ -87,6 +99,15 @@ def node_sharing(
     hami = hami_devices(hami_raw) if hami_raw is not None else ()
     if not (strategy in ("time-slicing", "mps") or replicas > 1 or shared or hami):
         return None
+    links_error = ""
+    scores = annotations.get(HAMI_SCORE)
+    if hami and scores:
+        try:
+            groups = hami_links(scores, hami)
+        except SharingError as e:
+            links_error = str(e)[:240]
+        else:
+            hami = tuple(msgspec.structs.replace(d, link=groups.get(d.uuid, -1)) for d in hami)
     mem = labels.get(MEMORY_LABEL, "")
     return NodeSharing(
         strategy=strategy if strategy != "none" else "",
@@ -94,7 +115,54 @@ def node_sharing(
         shared=shared,
         gpu_memory_mib=_bounded(mem, f"label {MEMORY_LABEL}", 0, MAX_GPU_MEMORY_MIB) if mem else 0,
         hami=hami,
+        links_error=links_error,
     )
+
+
+def hami_links(raw: str, devices: tuple[HamiDevice, ...]) -> dict[str, int]:
+    """HAMi's pair scores as link groups: uuid -> group (the smallest device index of the
+    GPUs joined to it by NVLink, directly or through others). Empty when no pair has an NVLink
+    (HAMi before its PR #2103, merged 2026-07, scored no link through an NVSwitch: such a
+    board shows as unknown, not as single GPUs); scores of GPUs it did not register are ignored."""
+    what = f"annotation {HAMI_SCORE}"
+    if len(raw) > MAX_SCORE_ANNOTATION:
+        raise SharingError(f"{what}: longer than {MAX_SCORE_ANNOTATION} characters")
+    try:
+        items = json.loads(raw)
+    except ValueError as e:
+        raise SharingError(f"{what}: broken JSON: {e}") from None
+    if not isinstance(items, list) or len(items) > MAX_HAMI_DEVICES:
+        raise SharingError(f"{what}: expected a list of at most {MAX_HAMI_DEVICES} devices")
+    index = {d.uuid: d.index for d in devices}
+    parent = {u: u for u in index}
+
+    def root(u: str) -> str:
+        while parent[u] != u:
+            parent[u] = parent[parent[u]]
+            u = parent[u]
+        return u
+
+    linked = False
+    for i, item in enumerate(items):
+        w = f"{what}[{i}]"
+        if not isinstance(item, Mapping) or not isinstance(item.get("score"), Mapping):
+            raise SharingError(f'{w}: expected {{"uuid", "score": {{uuid: score}}}}')
+        a = _uuid(item.get("uuid"), f"{w}.uuid")
+        scores = item["score"]
+        if len(scores) > MAX_HAMI_DEVICES:
+            raise SharingError(f"{w}.score: more than {MAX_HAMI_DEVICES} peers")
+        for b, v in scores.items():
+            score = _bounded(v, f"{w}.score[{str(b)[:40]!r}]", 0, 1_000_000)
+            if score >= NVLINK_SCORE and a in index and b in index and a != b:
+                parent[root(a)] = root(b)
+                linked = True
+    if not linked:
+        return {}
+    first: dict[str, int] = {}
+    for u in index:
+        r = root(u)
+        first[r] = min(first.get(r, index[u]), index[u])
+    return {u: first[root(u)] for u in index}
 
 
 def hami_devices(raw: str) -> tuple[HamiDevice, ...]:
@@ -195,6 +263,7 @@ def pod_sharing(
         raise SharingError(f"{SHARED}: {shared} is negative")
     devices = hami_allocation(allocated, init_containers) if allocated else ()
     cores = requests.get(GPUCORES, -1)
+    policy = annotations.get(HAMI_POLICY, "") if annotations else ""
     return PodSharing(
         shared=shared,
         hami=hami,
@@ -202,6 +271,7 @@ def pod_sharing(
         memory_percent=_bounded(requests.get(GPUMEM_PERCENT, 0), GPUMEM_PERCENT, 0, 100),
         cores=-1 if cores == -1 else _bounded(cores, GPUCORES, 0, 100),
         devices=devices,
+        topology="topology-aware" in (x.strip() for x in policy[:256].split(",")),
     )
 
 
