@@ -119,3 +119,30 @@ def test_the_topology_replay_bench_runs(tmp_path: Path) -> None:
     assert rows[0] == "arrived_pct,fgd,kueue-bestfit,kueue-lfc,kai-binpack,pyctl"
     assert [r.split(",")[0] for r in rows[1:]] == [str(p) for p in range(1, 101)]
     assert (tmp_path / "whole.png").stat().st_size > 0
+
+
+def test_the_soak_plot_draws_a_report(tmp_path: Path) -> None:
+    """`bench/soak_plot.py` on a report of two replicas (one killed once), a Redis outage window
+    without freshness figures and two faults."""
+    import json
+
+    series = []
+    for i in range(12):
+        for name, life in (("pyctl-a", 1 if i < 6 else 2), ("pyctl-b", 1)):
+            row = {"t": 10.0 * i, "replica": name, "life": life, "redis_mib": 4.0 + i / 10}
+            row |= {"rss_mib": 190.0 + i, "fds": 35.0, "threads": 16.0, "queue": float(i % 3)}
+            if name == "pyctl-b" and i:
+                row |= {"lag_p99_ms": float("nan") if i == 4 else 50.0 + i, "reconcile_p99_ms": 4.0}
+            series.append(row)
+    report = {
+        "nodes": 10,
+        "duration": 120.0,
+        "seed": 1,
+        "series": series,
+        "fault_log": [[30.0, "kill", "pyctl-a killed"], [40.0, "redis-empty", "gone 30 s"]],
+    }
+    src = tmp_path / "report.json"
+    src.write_text(json.dumps(report))
+    out = tmp_path / "soak.png"
+    assert _run("bench/soak_plot.py", str(src), str(out)) == [f"soak_plot: {out}"]
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
