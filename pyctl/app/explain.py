@@ -171,6 +171,9 @@ class Explanation:
     move: MoveAnswer | None = None
     #: why the plan has no rescue or move for it ("" when it has one)
     plan_note: str = ""
+    #: a pending pod of a gang none of whose pods runs yet: the domain its rescue makes room in,
+    #: and why that one (`gang_domain`; "" when none)
+    gang_domain: str = ""
     #: a running pod: why the evictor's rules keep it (None: it may be moved)
     evictor: str | None = None
     pdb_headroom: int | None = None
@@ -197,6 +200,7 @@ class Explanation:
             "rescue": self.rescue.to_json() if self.rescue is not None else None,
             "move": self.move.to_json() if self.move is not None else None,
             "plan_note": self.plan_note,
+            "gang_domain": self.gang_domain or None,
             "evictor": self.evictor,
             "pdb_headroom": self.pdb_headroom,
             "nodes": [n.to_json() for n in self.nodes],
@@ -408,11 +412,12 @@ def _explain_pending(
     blocked, note = _blocked(view, shape)
     held = [n for n, holder in view.reservations().items() if holder == p.key]
     rescue: RescueAnswer | None = None
-    plan_note = ""
+    plan_note = domain = ""
     if held:
         plan_note = f"a rescue in progress keeps node {', '.join(sorted(held))} for it"
     else:
         plan = _plan(view, cfg)
+        domain = plan.gang_domains.get(p.key, "")
         got = next((x for x in plan.rescues if x.pending == p.key), None)
         if got is not None:
             rescue = RescueAnswer(
@@ -450,6 +455,7 @@ def _explain_pending(
         blocked_note=note,
         rescue=rescue,
         plan_note=plan_note,
+        gang_domain=domain,
         verdict=verdict,
     )
 

@@ -108,6 +108,8 @@ def show(console: Console, e: Explanation) -> None:
         )
     if e.plan_note:
         console.print(escape(e.plan_note))
+    if e.gang_domain:
+        console.print(f"Its gang's domain: {escape(e.gang_domain)}")
     if e.state == "running":
         rule = e.evictor or "may be evicted"
         pdb = f"; PodDisruptionBudget allows {e.pdb_headroom}" if e.pdb_headroom is not None else ""

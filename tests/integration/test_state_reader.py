@@ -243,6 +243,10 @@ def check_explanations(t: Truth, cfg: Config) -> dict[str, Explanation]:
                 assert [m.pod for m in e.rescue.moves] == [m.pod for m in rescue.moves]
             elif key in t.plan.unrescued:
                 assert e.plan_note == f"no rescue: {t.plan.unrescued[key]}"
+            # why its gang's domain, as the controller's plan says it (none while a rescue in
+            # progress holds a node for it: then no plan is made for it)
+            if not e.plan_note.startswith("a rescue in progress"):
+                assert e.gang_domain == t.plan.gang_domains.get(key, "")
             if p.unschedulable and e.blocked:
                 blocked[e.blocked] += 1
             assert e.unschedulable == p.unschedulable
