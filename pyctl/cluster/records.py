@@ -312,6 +312,9 @@ class ZoneRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=Tru
     #: ``nvidia.com/gpu.shared`` replicas in the zone (allocatable, available)
     shared: int = 0
     shared_available: int = 0
+    #: its GPUs' link groups: the zones whose ``parent`` it is that hold ``nvidia.com/gpu``,
+    #: (allocatable, available) each, in zone name order (docs/fabric.md)
+    links: tuple[tuple[int, int], ...] = ()
 
 
 class NrtRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):

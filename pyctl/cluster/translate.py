@@ -75,6 +75,26 @@ class _Draft:
     gpus: int = 0
     gpus_used: int = 0
     mig: dict[str, int] = field(default_factory=dict)
+    #: its GPUs' link groups from NodeResourceTopology's nested zones: (GPUs, used) each
+    links: list[tuple[int, int]] = field(default_factory=list)
+
+
+def _grouped(d: _Draft) -> list[tuple[bool, int]]:
+    """Per GPU of `d` (whole, device plugin) whether it is in use and its link group's position
+    in `d.links`: group by group, the used ones first; usage the zone shows beyond its groups'
+    (NodeResourceTopology lagging the pods) fills the free GPUs in order, less usage frees them
+    from the last."""
+    rows = [(j < used, k) for k, (n, used) in enumerate(d.links) for j in range(n)]
+    extra = d.gpus_used - sum(1 for u, _ in rows if u)
+    order = range(len(rows)) if extra > 0 else range(len(rows) - 1, -1, -1)
+    for i in order:
+        if extra == 0:
+            break
+        used, k = rows[i]
+        if used != (extra > 0):
+            rows[i] = (extra > 0, k)
+            extra += -1 if extra > 0 else 1
+    return rows
 
 
 def pod_shape(p: PodRecord, node: NodeRecord | None = None, need: DraNeed | None = None) -> Shape:
@@ -326,6 +346,7 @@ def _drafts_from_nrt(
             z.gpus,
             z.gpus - z.gpus_available,
             {p: n for p, n, _ in z.mig},
+            [(n, n - a) for n, a in z.links],
         )
         for z in nrt.zones
     ]
@@ -466,9 +487,10 @@ class _ZoneBuilder:
     dra: DraModel | None
     dra_by_zone: dict[int, list[int]]
     positions: DraPositions | None
-    #: the next GPU's id and the next shared GPU's position in `laid`
+    #: the next GPU's id, the next shared GPU's position in `laid`, the next link group's number
     gid: int = 0
     next_shared: int = 0
+    next_link: int = 0
 
     def zone(self, zi: int, d: _Draft) -> Zone:
         """The zone of `d`, the `zi`-th in NUMA order."""
@@ -487,8 +509,10 @@ class _ZoneBuilder:
         )
 
     def _whole_gpus(self, d: _Draft) -> list[Gpu]:
-        """The zone's device-plugin GPUs: shared as laid out, the agent's exact, else in order."""
+        """The zone's device-plugin GPUs: shared as laid out, the agent's exact, else in order
+        (in their link groups where NodeResourceTopology nests them)."""
         gpus = []
+        grouped = _grouped(d) if d.links and sum(n for n, _ in d.links) == d.gpus else []
         for j in range(max(d.gpus, 0)):
             if self.shares:
                 sg = self.laid[self.next_shared]
@@ -503,9 +527,14 @@ class _ZoneBuilder:
                 pod = self.exact[1].get(i)
                 link = self.links.get(i)
                 gpus.append(Gpu(i, 1000, ((pod, 1000),), link) if pod else Gpu(i, link=link))
+            elif grouped:
+                # NodeResourceTopology's link groups (nested zones): node-wide group numbers
+                used, k = grouped[j]
+                gpus.append(Gpu(self.gid, 1000 if used else 0, link=self.next_link + k))
             else:
                 gpus.append(Gpu(self.gid, 1000 if j < d.gpus_used else 0))
             self.gid += 1
+        self.next_link += len(d.links)
         return gpus
 
     def _mig_gpus(self, d: _Draft) -> list[MigGpu]:

@@ -453,6 +453,34 @@ def _numa_id(name: str, where: str, ref: ObjectRef) -> int:
     return int(m.group(1))
 
 
+def _nrt_links(t: wire.Nrt, where: str, ref: ObjectRef) -> dict[str, tuple[tuple[int, int], ...]]:
+    """Zones nested in a NUMA zone (`parent`) that hold `nvidia.com/gpu`: the NUMA zone's name
+    -> each one's (allocatable, available) GPUs, in zone name order. The NRT API lets zones
+    nest; a zone of GPUs inside a NUMA node is read as one link group (an NVLink bridge, switch
+    or partition). Other nested zones are ignored."""
+    numa = {z.name for z in t.zones if z.type == "Node"}
+    found: dict[str, list[tuple[str, int, int]]] = {}
+    for z in t.zones:
+        if z.type == "Node" or z.parent not in numa:
+            continue
+        for r in z.resources:
+            if r.name != GPU:
+                continue
+            total = r.allocatable if r.allocatable is not None else r.capacity
+            avail = r.available if r.available is not None else total
+            try:
+                got = (z.name, _count(total), _count(avail))
+            except q.QuantityError as e:
+                raise DecodeError(
+                    f"{where}: zone {z.name}: {r.name}: {e}", "bad_quantity", ref
+                ) from None
+            found.setdefault(z.parent, []).append(got)
+    return {
+        p: tuple((n, min(a, n)) for _, n, a in sorted(groups) if n > 0)
+        for p, groups in found.items()
+    }
+
+
 def nrt_record(t: wire.Nrt) -> NrtRecord:
     meta = t.metadata
     where = _where("NodeResourceTopology", meta)
@@ -466,6 +494,7 @@ def nrt_record(t: wire.Nrt) -> NrtRecord:
             scope = a.value
     if not policy:
         policy = next((NRT_POLICIES[p] for p in t.topologyPolicies if p in NRT_POLICIES), "")
+    links = _nrt_links(t, where, ref)
     zones = []
     for z in t.zones:
         if z.type != "Node":
@@ -490,6 +519,7 @@ def nrt_record(t: wire.Nrt) -> NrtRecord:
                 raise DecodeError(
                     f"{where}: zone {z.name}: {r.name}: {e}", "bad_quantity", ref
                 ) from None
+        groups = links.get(z.name, ())
         zones.append(
             ZoneRecord(
                 _numa_id(z.name, where, ref),
@@ -502,6 +532,8 @@ def nrt_record(t: wire.Nrt) -> NrtRecord:
                 tuple(sorted(mig)),
                 shared,
                 shared_av,
+                # the groups must hold the zone's GPUs exactly, else they are not read
+                groups if sum(g for g, _ in groups) == gpus else (),
             )
         )
     rec = NrtRecord(meta.name, meta.resourceVersion, policy, scope[:MAX_TEXT_CHARS], tuple(zones))

@@ -232,6 +232,8 @@ class NrtResource(msgspec.Struct):
 class NrtZone(msgspec.Struct):
     name: Name = ""
     type: Text = "Node"
+    #: the zone this one is part of (a zone of GPUs inside a NUMA node: a link group)
+    parent: Name = ""
     resources: Annotated[list[NrtResource], msgspec.Meta(max_length=MAX_RESOURCES)] = []
 
 
