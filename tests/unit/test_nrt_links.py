@@ -47,7 +47,7 @@ def numa(i: int, gpus: int, available: int) -> dict[str, Any]:
     }
 
 
-def pair(name: str, parent: str, available: int, gpus: int = 2) -> dict[str, Any]:
+def pair(name: str, parent: str, available: int | str, gpus: int = 2) -> dict[str, Any]:
     return {
         "name": name,
         "type": "NVLink",
