@@ -65,3 +65,51 @@ async def test_nrt_crd_round_trips_and_rejects_malformed_objects(api: client.Api
             assert err.value.status == 422, err.value.body
     finally:
         await custom.delete_cluster_custom_object(NRT_GROUP, NRT_VERSION, NRT_PLURAL, spec.name)
+
+
+async def test_nested_zones_survive_the_api_server_and_are_read_as_link_groups(
+    api: client.ApiClient,
+) -> None:
+    """A NUMA zone with two nested zones of GPUs (`parent`), created through the real API server
+    with the CRD pyctl ships: what the server stores and returns decodes, through the
+    controller's own decode, to the NUMA zone's two link groups, and the model's GPUs carry
+    them (docs/fabric.md, "Link groups inside a node")."""
+    from pyctl.cluster.kube.decode import decode_object
+    from pyctl.cluster.records import NodeRecord, NrtRecord
+    from pyctl.cluster.translate import node_from_records
+
+    await apply_nrt_crd(api)
+    custom = client.CustomObjectsApi(api)
+    spec = GpuNodeSpec(f"nrt-{uuid.uuid4().hex[:6]}", numa_zones=1, gpus_per_zone=4)
+    obj: Any = nrt_manifest(spec, used={0: {"nvidia.com/gpu": 2}})
+    for name, available in (("nvlink-0", "1"), ("nvlink-1", "1")):
+        obj["zones"].append(
+            {
+                "name": name,
+                "type": "NVLink",
+                "parent": "node-0",
+                "resources": [
+                    {
+                        "name": "nvidia.com/gpu",
+                        "capacity": "2",
+                        "allocatable": "2",
+                        "available": available,
+                    }
+                ],
+            }
+        )
+    await custom.create_cluster_custom_object(NRT_GROUP, NRT_VERSION, NRT_PLURAL, obj)
+    try:
+        stored = await custom.get_cluster_custom_object(
+            NRT_GROUP, NRT_VERSION, NRT_PLURAL, spec.name
+        )
+        assert [z.get("parent") for z in stored["zones"]] == [None, "node-0", "node-0"]
+        rec = decode_object("NodeResourceTopology", stored)
+        assert isinstance(rec, NrtRecord)
+        assert [z.links for z in rec.zones] == [((2, 1), (2, 1))]
+        node = NodeRecord(spec.name, cpu_milli=64000, memory_mib=1 << 19, gpus=4)
+        model = node_from_records(node, rec, [])
+        got = [(g.used_milli, g.link) for z in model.zones for g in z.gpus]
+        assert got == [(1000, 0), (0, 0), (1000, 1), (0, 1)]
+    finally:
+        await custom.delete_cluster_custom_object(NRT_GROUP, NRT_VERSION, NRT_PLURAL, spec.name)
