@@ -31,7 +31,7 @@ from pyctl.cluster.bounds import (
     MAX_TEXT_CHARS,
     BoundsError,
 )
-from pyctl.cluster.gangs import pod_gang
+from pyctl.cluster.gangs import kueue_waiting, pod_gang
 from pyctl.cluster.kube import dra_decode, dra_wire, wire
 from pyctl.cluster.kube.sharing import (
     HAMI_ALLOCATED,
@@ -266,6 +266,10 @@ def pod_record(p: wire.Pod) -> PodRecord:
                 unsched, message = True, c.message[:200]
             break
     annotations = meta.annotations
+    if spec.schedulingGates and not spec.nodeName and not unsched:
+        # held back by Kueue until its group fits in one domain: pending too (gangs.py)
+        message = kueue_waiting([g.name for g in spec.schedulingGates], annotations)[:200]
+        unsched = bool(message)
     evict = ""
     if annotations:
         for a in EVICT_ANNOTATIONS:
