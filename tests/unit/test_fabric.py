@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -508,16 +509,13 @@ def test_a_kueue_gated_pod_with_a_required_topology_is_pending() -> None:
     assert not _kueue_pod("b0", ["kueue.x-k8s.io/admission"], node="n00").unschedulable
 
 
-def test_a_kueue_gated_group_is_rescued_inside_one_domain() -> None:
-    """The e2e's cluster: twelve 4-GPU nodes in three cliques, two full nodes per clique (one-GPU
-    replicas), and a Kueue pod group of 4 x 4 GPUs, all four gated. The planner places two of
-    them on the empty nodes of the clique it chose for the gang and makes room for the third by
-    evicting the replicas of a node of that same clique (one rescue per plan: the next round
-    does the fourth's)."""
+def _kueue_cluster(
+    evicted: tuple[str, ...] = (),
+) -> tuple[dict[str, Any], list[PodRecord], list[PodRecord]]:
+    """The e2e's cluster: twelve 4-GPU nodes in three cliques (n00-n03 uuid-1.0, ...), two full
+    nodes per clique (four one-GPU replicas each; none on the nodes in `evicted`), and a Kueue
+    pod group of 4 x 4 GPUs, all four gated."""
     from pyctl.cluster.records import NodeRecord
-    from pyctl.cluster.translate import models_of
-    from pyctl.core.policy import PlanLimits
-    from pyctl.workflows.compaction import plan_compaction
 
     nodes = {
         f"n{i:02}": NodeRecord(
@@ -530,7 +528,7 @@ def test_a_kueue_gated_group_is_rescued_inside_one_domain() -> None:
         )
         for i in range(12)
     }
-    full = ("n00", "n01", "n04", "n05", "n08", "n09")
+    full = [n for n in ("n00", "n01", "n04", "n05", "n08", "n09") if n not in evicted]
     replica = PodRecord(
         "ns", "r", phase="Running", cpu_milli=100, gpus=1, owner_kind="ReplicaSet",
         owner_name="small",
@@ -541,13 +539,35 @@ def test_a_kueue_gated_group_is_rescued_inside_one_domain() -> None:
         for k in range(4)
     ]
     group = [_kueue_pod(f"g{i}", ["kueue.x-k8s.io/admission"]) for i in range(4)]
-    assert all(p.unschedulable for p in group)
+    return nodes, pods, group
+
+
+def _plan_kueue(
+    nodes: dict[str, Any],
+    pods: list[PodRecord],
+    pending: list[PodRecord],
+    group: list[PodRecord],
+    reserved: dict[str, str],
+) -> CompactionPlan:
+    from pyctl.cluster.translate import models_of
+    from pyctl.core.policy import PlanLimits
+    from pyctl.workflows.compaction import plan_compaction
+
     models = models_of(nodes.values(), (), pods)
     work = Workload((Shape(cpu_milli=1000, gpus=4, gpu_milli=1000, gang=Gang(4, CLIQUE)),))
-    plan = plan_compaction(
-        models, nodes, [*pods, *group], (), work, pending=group,
-        limits=PlanLimits(max_moves=4, rescue_depth=4),
+    return plan_compaction(
+        models, nodes, [*pods, *group], (), work, pending=pending,
+        limits=PlanLimits(max_moves=4, rescue_depth=4), reserved=reserved,
     )  # fmt: skip
+
+
+def test_a_kueue_gated_group_is_rescued_inside_one_domain() -> None:
+    """The planner places two pods of the gated group on the empty nodes of the clique it chose
+    for the gang and makes room for the third by evicting the replicas of a node of that same
+    clique (one rescue per plan: a later round does the fourth's)."""
+    nodes, pods, group = _kueue_cluster()
+    assert all(p.unschedulable for p in group)
+    plan = _plan_kueue(nodes, pods, group, group, {})
     [rescue] = plan.rescues
     assert rescue.node in ("n00", "n01")  # clique uuid-1.0: the tie goes to the first by name
     assert len(rescue.moves) == 4
@@ -556,3 +576,23 @@ def test_a_kueue_gated_group_is_rescued_inside_one_domain() -> None:
     assert all(nodes[m.to_node].labels != nodes[rescue.node].labels for m in rescue.moves)
     assert set(plan.gang_domains) == {"ns/g0", "ns/g1", "ns/g2", "ns/g3"}
     assert "room made in uuid-1.0 (8 GPUs idle, 8 to free" in plan.gang_domains["ns/g0"]
+
+
+@pytest.mark.parametrize("evicted", [(), ("n00",)], ids=["evicting", "evicted"])
+def test_the_next_round_keeps_to_the_domain_a_rescue_of_the_gang_holds(
+    evicted: tuple[str, ...],
+) -> None:
+    """A rescue keeps n00 for the group's pod g0 (its replicas still there, or gone). No pod of
+    the group runs (Kueue admits it only whole), so the next round chooses the gang's domain
+    again: n00 is no destination, but it still counts for uuid-1.0, and the rescue of the next
+    pod frees n01 there; not a node of another clique, which uuid-1.0 without n00 (12 GPUs)
+    could not hold the gang."""
+    nodes, pods, group = _kueue_cluster(evicted)
+    plan = _plan_kueue(nodes, pods, group[1:], group, {"n00": "ns/g0"})
+    [rescue] = plan.rescues
+    assert rescue.node == "n01"
+    assert "room made in uuid-1.0" in plan.gang_domains["ns/g1"]
+    # the same round had n00 been kept for a pod of no gang: uuid-1.0 cannot hold the gang
+    plan = _plan_kueue(nodes, pods, group[1:], group, {"n00": "ns/other"})
+    [rescue] = plan.rescues
+    assert nodes[rescue.node].labels != nodes["n00"].labels

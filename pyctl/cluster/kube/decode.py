@@ -243,6 +243,21 @@ def _sum_requests(containers: list[wire.Container], meta: wire.Meta) -> dict[str
     return acc
 
 
+def _pending(p: wire.Pod) -> tuple[bool, str]:
+    """Whether the pod waits for room, and why: PodScheduled=False with reason Unschedulable,
+    or held back by Kueue until its group fits in one domain (`gangs.kueue_waiting`)."""
+    for c in p.status.conditions:
+        if c.type == "PodScheduled":
+            if c.status == "False" and c.reason == "Unschedulable":
+                return True, c.message[:200]
+            break
+    spec = p.spec
+    if spec.schedulingGates and not spec.nodeName:
+        why = kueue_waiting([g.name for g in spec.schedulingGates], p.metadata.annotations)
+        return bool(why), why[:200]
+    return False, ""
+
+
 def pod_record(p: wire.Pod) -> PodRecord:
     meta = p.metadata
     spec = p.spec
@@ -258,18 +273,8 @@ def pod_record(p: wire.Pod) -> PodRecord:
             break
     if owner is None and meta.ownerReferences:
         owner = meta.ownerReferences[0]
-    unsched = False
-    message = ""
-    for c in p.status.conditions:
-        if c.type == "PodScheduled":
-            if c.status == "False" and c.reason == "Unschedulable":
-                unsched, message = True, c.message[:200]
-            break
+    unsched, message = _pending(p)
     annotations = meta.annotations
-    if spec.schedulingGates and not spec.nodeName and not unsched:
-        # held back by Kueue until its group fits in one domain: pending too (gangs.py)
-        message = kueue_waiting([g.name for g in spec.schedulingGates], annotations)[:200]
-        unsched = bool(message)
     evict = ""
     if annotations:
         for a in EVICT_ANNOTATIONS:
