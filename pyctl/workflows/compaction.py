@@ -482,6 +482,7 @@ def plan_compaction(
         return next((p for p in by_node.get(node, ()) if p.key == key), None)
 
     moves, rescues, dropped = _verified(raw, fit, pod_of)
+    rescues += _holds(pending, pend, raw, rescues, models)
     unrescued = dict.fromkeys(raw.unrescued, "no set of moves within the limits makes room")
     unrescued.update(dropped)
     return CompactionPlan(moves, refused, len(items), rescues, unrescued, domains, derived)
@@ -534,6 +535,36 @@ def _pending(
                     domains[p.key] = why
             pend.append(policy.PendingPod(p.key, want, dest))
     return pend, domains
+
+
+def _holds(
+    pending: Sequence[PodRecord],
+    pend: Sequence[policy.PendingPod],
+    raw: policy.Plan,
+    rescues: Sequence[PlannedRescue],
+    models: Mapping[str, Node],
+) -> tuple[PlannedRescue, ...]:
+    """Room kept for the gated pending pods that fit now: a rescue with no evictions each, on
+    the first node by name among the pod's destinations with idle GPUs enough, one per node,
+    none on a node of another rescue. A scheduling gate holds such a pod back until its whole
+    group fits (Kueue admits a pod group only whole), so, unlike an unschedulable pod, it does
+    not take the room it fits in now; the rescue's reservation keeps that room (the extender
+    sends no other pod there) while the rounds make the rest of the group's."""
+    gated = {p.key for p in pending if p.gated}
+    if not gated:
+        return ()
+    settled = {r.pending for r in raw.rescues} | set(raw.unrescued)
+    taken = {r.node for r in rescues}
+    out: list[PlannedRescue] = []
+    for pp in pend:
+        if pp.key not in gated or pp.key in settled:
+            continue
+        for n in sorted(pp.allowed if pp.allowed is not None else models):
+            if n not in taken and n in models and _idle_gpus(models[n]) >= pp.shape.gpus:
+                taken.add(n)
+                out.append(PlannedRescue(pp.key, n, (), 0, 0.0))
+                break
+    return tuple(out)
 
 
 def _idle_gpus(n: Node) -> int:

@@ -564,35 +564,46 @@ def _plan_kueue(
 def test_a_kueue_gated_group_is_rescued_inside_one_domain() -> None:
     """The planner places two pods of the gated group on the empty nodes of the clique it chose
     for the gang and makes room for the third by evicting the replicas of a node of that same
-    clique (one rescue per plan: a later round does the fourth's)."""
+    clique (one rescue with evictions per plan: a later round does the fourth's). The gate keeps
+    the two that fit from taking their room, so the plan holds it for them: a rescue with no
+    evictions on each empty node of the clique."""
     nodes, pods, group = _kueue_cluster()
-    assert all(p.unschedulable for p in group)
+    assert all(p.unschedulable and p.gated for p in group)
     plan = _plan_kueue(nodes, pods, group, group, {})
-    [rescue] = plan.rescues
+    rescue, *holds = plan.rescues
     assert rescue.node in ("n00", "n01")  # clique uuid-1.0: the tie goes to the first by name
     assert len(rescue.moves) == 4
     # the replicas' replacements go to the other cliques (the empty nodes of this one are the
     # room of the group's first two pods)
     assert all(nodes[m.to_node].labels != nodes[rescue.node].labels for m in rescue.moves)
+    assert {(h.pending, h.node, h.moves) for h in holds} == {
+        ("ns/g0", "n02", ()),
+        ("ns/g1", "n03", ()),
+    }
     assert set(plan.gang_domains) == {"ns/g0", "ns/g1", "ns/g2", "ns/g3"}
     assert "room made in uuid-1.0 (8 GPUs idle, 8 to free" in plan.gang_domains["ns/g0"]
+    # the same pods refused by a scheduler (no gate) take the room they fit in themselves
+    ungated = [msgspec.structs.replace(p, gated=False) for p in group]
+    plan = _plan_kueue(nodes, pods, ungated, ungated, {})
+    assert [len(r.moves) for r in plan.rescues] == [4]
 
 
 @pytest.mark.parametrize("evicted", [(), ("n00",)], ids=["evicting", "evicted"])
 def test_the_next_round_keeps_to_the_domain_a_rescue_of_the_gang_holds(
     evicted: tuple[str, ...],
 ) -> None:
-    """A rescue keeps n00 for the group's pod g0 (its replicas still there, or gone). No pod of
-    the group runs (Kueue admits it only whole), so the next round chooses the gang's domain
-    again: n00 is no destination, but it still counts for uuid-1.0, and the rescue of the next
-    pod frees n01 there; not a node of another clique, which uuid-1.0 without n00 (12 GPUs)
-    could not hold the gang."""
+    """Rescues keep n00 (its replicas still there, or gone), n02 and n03 for pods of the group.
+    No pod of the group runs (Kueue admits it only whole), so the next round chooses the gang's
+    domain again: the kept nodes are no destination, but they still count for uuid-1.0, and the
+    rescue of the last pod frees n01 there; not a node of another clique, which uuid-1.0 without
+    them could not hold the gang."""
     nodes, pods, group = _kueue_cluster(evicted)
-    plan = _plan_kueue(nodes, pods, group[1:], group, {"n00": "ns/g0"})
+    kept = {"n00": "ns/g0", "n02": "ns/g1", "n03": "ns/g2"}
+    plan = _plan_kueue(nodes, pods, group[3:], group, kept)
     [rescue] = plan.rescues
     assert rescue.node == "n01"
-    assert "room made in uuid-1.0" in plan.gang_domains["ns/g1"]
-    # the same round had n00 been kept for a pod of no gang: uuid-1.0 cannot hold the gang
-    plan = _plan_kueue(nodes, pods, group[1:], group, {"n00": "ns/other"})
+    assert "room made in uuid-1.0" in plan.gang_domains["ns/g3"]
+    # the same round had the nodes been kept for pods of no gang: uuid-1.0 cannot hold it
+    plan = _plan_kueue(nodes, pods, group[3:], group, dict.fromkeys(kept, "ns/other"))
     [rescue] = plan.rescues
     assert nodes[rescue.node].labels != nodes["n00"].labels
