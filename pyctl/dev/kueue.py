@@ -8,8 +8,9 @@ through that Service with certificates its cert rotator makes. Here it is one pr
   ``kueue-ca`` the rotator checks) and a serving certificate for ``127.0.0.1`` (and the Service
   name the rotator checks), put in the Secret the rotator manages and in the webhook server's
   cert dir, so the rotator finds them valid and keeps them;
-- the CRDs from Kueue's module (``config/crd/bases``), those its kustomize patches give a
-  conversion webhook (``config/crd/patches/webhook_in_*.yaml``) with ``url:
+- the CRDs from Kueue's module (``config/crd/bases``), those its kustomization gives a
+  conversion webhook (the ``patches/webhook_in_*.yaml`` it applies; not ResourceFlavor's, which
+  it leaves commented out: v1beta2 ResourceFlavors do not convert) with ``url:
   https://127.0.0.1:<port>/convert`` and our CA;
 - the webhook configurations of its ``config/webhook/manifests.yaml``, only those of the pod
   integration and of Kueue's own kinds, each ``clientConfig`` a ``url`` on that port; the pod
@@ -89,11 +90,16 @@ def _load_all(path: Path) -> list[JsonObject]:
     return [d for d in docs if isinstance(d, dict)]
 
 
-def _plural_of_patch(name: str) -> str | None:
-    """`webhook_in_workloads.yaml` -> `workloads`."""
-    if name.startswith("webhook_in_") and name.endswith(".yaml"):
-        return name[len("webhook_in_") : -len(".yaml")]
-    return None
+def converted_plurals(kustomization: Path) -> set[str]:
+    """The CRDs (by plural) Kueue's CRD kustomization gives a conversion webhook: the patches
+    ``patches/webhook_in_<plural>.yaml`` it applies."""
+    doc = yaml.safe_load(kustomization.read_text())
+    out = set()
+    for patch in (doc.get("patches") or []) if isinstance(doc, dict) else []:
+        name = Path(str(patch.get("path", ""))).name if isinstance(patch, dict) else ""
+        if name.startswith("webhook_in_") and name.endswith(".yaml"):
+            out.add(name[len("webhook_in_") : -len(".yaml")])
+    return out
 
 
 class KueueManager(ExtraComponent):
@@ -143,11 +149,7 @@ class KueueManager(ExtraComponent):
 
     def crds(self) -> list[JsonObject]:
         """Kueue's CRDs, those with a conversion webhook pointed at this process."""
-        converted = {
-            p
-            for f in sorted((self.config / "crd" / "patches").iterdir())
-            if (p := _plural_of_patch(f.name)) is not None
-        }
+        converted = converted_plurals(self.config / "crd" / "kustomization.yaml")
         out = []
         for f in sorted((self.config / "crd" / "bases").glob("*.yaml")):
             for crd in _load_all(f):
