@@ -38,8 +38,9 @@ $(VENV)/.deps: requirements-dev.txt
 venv: $(VENV)/.deps
 
 # The Kubernetes control plane of the e2e tests (kube-apiserver, -scheduler, -controller-manager, etcd,
-# kwok), built from Go modules into $(PYCTL_CACHE)/control-plane/<versions>/bin, and kubectl and helm
-# into $(PYCTL_CACHE)/tools/<versions>/bin; a no-op once built.
+# kwok), built from Go modules into $(PYCTL_CACHE)/control-plane/<versions>/bin, kubectl and helm
+# into $(PYCTL_CACHE)/tools/<versions>/bin, and Kueue's manager into $(PYCTL_CACHE)/kueue/<version>;
+# a no-op once built.
 .PHONY: control-plane
 control-plane:
 	PYCTL_CACHE=$(PYCTL_CACHE) scripts/control-plane build

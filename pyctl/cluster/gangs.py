@@ -18,6 +18,11 @@ LeaderWorkerSet group or a hand-written "all of us in one clique" deployment say
 match the term's selector, in the term's namespaces, and carry the same term form the gang; its
 size is how many of them exist now (running or pending, not terminated or being deleted).
 
+A pod Kueue holds back (its scheduling gate `kueue.x-k8s.io/admission`) that asks for a required
+topology waits for room in one domain (Kueue TAS admits the group only where all of it fits): it is
+pending like an unschedulable pod (`kueue_waiting`), so a rescue may make that room. Without a
+required topology a Kueue-gated pod waits for quota only, which no eviction gives: not pending.
+
 The topology key is the gang's level. A gang of one pod is no gang (it fits any domain its pod
 fits). Bounded: a gang counts at most `MAX_GANG_PODS` pods.
 """
@@ -36,6 +41,8 @@ from pyctl.model import Gang
 KUEUE_REQUIRED = "kueue.x-k8s.io/podset-required-topology"
 KUEUE_GROUP = "kueue.x-k8s.io/pod-group-name"
 KUEUE_COUNT = "kueue.x-k8s.io/pod-group-total-count"
+#: the scheduling gate Kueue's pod webhook puts on the pods it manages, removed at admission
+KUEUE_ADMISSION_GATE = "kueue.x-k8s.io/admission"
 KAI_REQUIRED = "kai.scheduler/topology-required-placement"
 KAI_GROUP = "pod-group-name"
 LWS_EXCLUSIVE = "leaderworkerset.sigs.k8s.io/exclusive-topology"
@@ -72,6 +79,18 @@ def pod_gang(
             size = 0
         return PodGang(key, group[:MAX_NAME_CHARS], size)
     return None
+
+
+def kueue_waiting(gates: Iterable[str], annotations: Mapping[str, str]) -> str:
+    """Why an unbound pod waits for room in a domain though no scheduler has tried it ("": it
+    does not): Kueue holds it back (`KUEUE_ADMISSION_GATE`) and it asks for a required topology
+    (Kueue TAS admits its group only where all of it fits)."""
+    if KUEUE_ADMISSION_GATE not in gates:
+        return ""
+    key = annotations.get(KUEUE_REQUIRED, "").strip()
+    if not key or len(key) > MAX_KEY_CHARS or any(c.isspace() for c in key):
+        return ""
+    return f"waiting for Kueue to admit it (scheduling gate {KUEUE_ADMISSION_GATE}, {key})"
 
 
 def _own_term(p: PodRecord) -> PodTerm | None:

@@ -271,6 +271,9 @@ class PodRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True
     sharing: PodSharing | None = None
     #: the gang it says it belongs to (Kueue's or KAI's required topology; None: none said)
     gang: PodGang | None = None
+    #: pending because a scheduling gate holds it back (Kueue's admission, `gangs.kueue_waiting`),
+    #: not because a scheduler found no room: it does not take room that is free
+    gated: bool = False
 
     @property
     def key(self) -> str:

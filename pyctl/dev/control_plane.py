@@ -114,13 +114,16 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 @dataclass(frozen=True)
 class Binaries:
-    """Where ``scripts/control-plane`` put the binaries, kwok's stage file, kubectl and helm."""
+    """Where ``scripts/control-plane`` put the binaries, kwok's stage file, kubectl and helm,
+    and Kueue's manager with the part of its config the Kueue e2e reads (`pyctl.dev.kueue`)."""
 
     bin_dir: Path
     kwok_stages: Path
     versions: Mapping[str, str] = field(default_factory=dict)
     kubectl: Path | None = None
     helm: Path | None = None
+    kueue: Path | None = None
+    kueue_config: Path | None = None
 
     def path(self, component: str) -> Path:
         return self.bin_dir / component
@@ -178,6 +181,8 @@ def ensure_binaries(build_log: Path) -> Binaries:
         versions={k: v for k, v in values.items() if k.endswith("_VERSION")},
         kubectl=Path(values["KUBECTL"]) if values.get("KUBECTL") else None,
         helm=Path(values["HELM"]) if values.get("HELM") else None,
+        kueue=Path(values["KUEUE"]) if values.get("KUEUE") else None,
+        kueue_config=Path(values["KUEUE_CONFIG"]) if values.get("KUEUE_CONFIG") else None,
     )
 
 

@@ -417,7 +417,7 @@ def plan_compaction(
     pending: Sequence[PodRecord] = (),
     options: EvictorOptions | None = None,
     limits: policy.PlanLimits | None = None,
-    reserved: Iterable[str] = (),
+    reserved: Iterable[str] | Mapping[str, str] = (),
     dra: DraContext | None = None,
     dra_positions: Mapping[str, DraPositions] | None = None,
     round_cache: RoundCache | None = None,
@@ -426,7 +426,8 @@ def plan_compaction(
     """Plan evictions on the cluster the reconciler modelled (`models`, by node name; nodes it
     could not model are left out). `pending`: unschedulable pods to make room for; `reserved`:
     nodes whose room is promised to a rescue in progress (nothing else goes there, and nothing
-    is moved off them but by that rescue).
+    is moved off them but by that rescue); as a mapping, node -> the pending pod's key (the
+    nodes kept for a pod of a gang still count for that gang's domain: `_pending`).
 
     With `dra` (the cluster's DRA objects) and `dra_positions` (per node, where each pod's DRA
     devices sit, as translation found them), pods whose GPUs come from claims are placed exactly
@@ -470,7 +471,8 @@ def plan_compaction(
             chosen[id(p)] = item
     # in the order the pods were given (the planner breaks ties by it)
     items = [mp for p in all_pods if (mp := chosen.get(id(p))) is not None]
-    pend, domains = _pending(pending, all_pods, allowed, models, nodes, dra)
+    holders = dict(reserved) if isinstance(reserved, Mapping) else {}
+    pend, domains = _pending(pending, all_pods, allowed, models, nodes, dra, holders)
     model = FragmentationModel(Snapshot(tuple(models[n] for n in names)))
     raw = policy.plan(model, items, pend, workload, limits)
     cache.keep_only(names)
@@ -480,6 +482,7 @@ def plan_compaction(
         return next((p for p in by_node.get(node, ()) if p.key == key), None)
 
     moves, rescues, dropped = _verified(raw, fit, pod_of)
+    rescues += _holds(pending, pend, raw, rescues, models)
     unrescued = dict.fromkeys(raw.unrescued, "no set of moves within the limits makes room")
     unrescued.update(dropped)
     return CompactionPlan(moves, refused, len(items), rescues, unrescued, domains, derived)
@@ -492,9 +495,15 @@ def _pending(
     models: Mapping[str, Node],
     nodes: Mapping[str, NodeRecord],
     dra: DraContext | None,
+    holders: Mapping[str, str],
 ) -> tuple[list[policy.PendingPod], dict[str, str]]:
     """The pending pods to make room for, each with where the room may be (NodeFit; for a gang
-    none of whose pods runs yet, one domain: `gang_domain`), and why that domain, by pod."""
+    none of whose pods runs yet, one domain: `gang_domain`), and why that domain, by pod.
+
+    `holders`: the nodes rescues keep (node -> the pod they are kept for). They are no pod's
+    destination, but a node kept for a pod of the same gang still counts for the gang's domain:
+    until the gang's first pod lands (a Kueue pod group is admitted only whole), each round
+    keeps to the domain the earlier rounds began to free."""
     pend: list[policy.PendingPod] = []
     gangs: dict[str, Gang] = {}
     if pending:
@@ -518,12 +527,44 @@ def _pending(
             if gang is not None and dest is not None and id(gang) not in running:
                 k = (id(gang), dest)
                 if k not in chosen_domain:
-                    chosen_domain[k] = gang_domain(gang, want, dest, models, nodes)
+                    kept = frozenset(n for n, q in holders.items() if gangs.get(q) is gang)
+                    d, why = gang_domain(gang, want, dest | kept, models, nodes)
+                    chosen_domain[k] = (d - kept, why)
                 dest, why = chosen_domain[k]
                 if why:
                     domains[p.key] = why
             pend.append(policy.PendingPod(p.key, want, dest))
     return pend, domains
+
+
+def _holds(
+    pending: Sequence[PodRecord],
+    pend: Sequence[policy.PendingPod],
+    raw: policy.Plan,
+    rescues: Sequence[PlannedRescue],
+    models: Mapping[str, Node],
+) -> tuple[PlannedRescue, ...]:
+    """Room kept for the gated pending pods that fit now: a rescue with no evictions each, on
+    the first node by name among the pod's destinations with idle GPUs enough, one per node,
+    none on a node of another rescue. A scheduling gate holds such a pod back until its whole
+    group fits (Kueue admits a pod group only whole), so, unlike an unschedulable pod, it does
+    not take the room it fits in now; the rescue's reservation keeps that room (the extender
+    sends no other pod there) while the rounds make the rest of the group's."""
+    gated = {p.key for p in pending if p.gated}
+    if not gated:
+        return ()
+    settled = {r.pending for r in raw.rescues} | set(raw.unrescued)
+    taken = {r.node for r in rescues}
+    out: list[PlannedRescue] = []
+    for pp in pend:
+        if pp.key not in gated or pp.key in settled:
+            continue
+        for n in sorted(pp.allowed if pp.allowed is not None else models):
+            if n not in taken and n in models and _idle_gpus(models[n]) >= pp.shape.gpus:
+                taken.add(n)
+                out.append(PlannedRescue(pp.key, n, (), 0, 0.0))
+                break
+    return tuple(out)
 
 
 def _idle_gpus(n: Node) -> int:

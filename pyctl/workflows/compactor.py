@@ -72,7 +72,7 @@ class RoundInputs(TypedDict):
     pdbs: list[PdbRecord]
     workload: Workload
     pending: list[PodRecord]
-    reserved: set[str]
+    reserved: dict[str, str]
     dra: DraContext
     dra_positions: dict[str, DraPositions]
     exclude: dict[str, str]
@@ -114,7 +114,7 @@ def round_inputs(
         "pdbs": sorted(c.pdbs.values(), key=lambda b: b.key),
         "workload": reconciler.workload,
         "pending": pending,
-        "reserved": set(reservations),
+        "reserved": dict(reservations),
         "dra": DraContext(
             dict(c.device_classes),
             dict(c.claims),

@@ -198,13 +198,16 @@ async def _isolating(ctx: Context, wf: RescueWorkflow) -> RescueWorkflow:
     if not r.done:
         return _later(wf, ctx, _options(ctx).poll, r.reason or r.outcome)
     n = len(wf.data.pods)
+    # no evictions: a hold of room the pod fits in now, while a gate keeps it back
+    what = (
+        f"making room for this pod on {wf.node}: {n} eviction(s)"
+        if n
+        else (
+            f"keeping {wf.node} for this pod (it fits there now; its scheduling gate holds it back)"
+        )
+    )
     await ctx.gate.event(
-        "Pod",
-        wf.data.namespace,
-        wf.data.pod,
-        REASON,
-        f"pyctl is making room for this pod on {wf.node}: {n} eviction(s)",
-        uid=wf.data.uid,
+        "Pod", wf.data.namespace, wf.data.pod, REASON, f"pyctl is {what}", uid=wf.data.uid
     )
     return _set(wf, "evicting")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -448,3 +449,161 @@ def test_without_a_gang_the_rescue_frees_the_cheapest_node() -> None:
     [rescue] = plan.rescues
     assert rescue.node == "n08"
     assert plan.gang_domains == {}
+
+
+def _kueue_pod(name: str, gates: list[str], node: str = "", topology: bool = True) -> PodRecord:
+    """A pod of a Kueue pod group of 4 x 4 GPUs as its webhook leaves it, decoded from a watch
+    line: gated, PodScheduled=False with reason SchedulingGated (the API server's)."""
+    from pyctl.cluster.kube.decode import decode_watch_line
+
+    annotations = {"kueue.x-k8s.io/pod-group-total-count": "4"}
+    if topology:
+        annotations["kueue.x-k8s.io/podset-required-topology"] = CLIQUE
+    pod = {
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": f"u-{name}",
+            "resourceVersion": "7",
+            "labels": {
+                "kueue.x-k8s.io/queue-name": "gpus",
+                "kueue.x-k8s.io/pod-group-name": "tp",
+            },
+            "annotations": annotations,
+        },
+        "spec": {
+            "nodeName": node,
+            "schedulingGates": [{"name": g} for g in gates],
+            "containers": [
+                {"name": "c", "resources": {"requests": {"cpu": "1", "nvidia.com/gpu": "4"}}}
+            ],
+        },
+        "status": {
+            "phase": "Pending",
+            "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}
+            ],
+        },
+    }
+    _, rec, _ = decode_watch_line("Pod", json.dumps({"type": "ADDED", "object": pod}).encode())
+    assert isinstance(rec, PodRecord)
+    return rec
+
+
+def test_a_kueue_gated_pod_with_a_required_topology_is_pending() -> None:
+    """Kueue holds its pods back with a scheduling gate until TAS finds the group room in one
+    domain: no scheduler tries them, so no Unschedulable condition ever comes. Such a pod is
+    pending for pyctl; a Kueue-gated pod without a required topology (it waits for quota, which
+    no eviction gives), one past admission (only TAS's own gate left) and a bound pod are not."""
+    waiting = _kueue_pod("g0", ["kueue.x-k8s.io/admission", "kueue.x-k8s.io/topology"])
+    assert waiting.unschedulable
+    assert waiting.unschedulable_message == (
+        "waiting for Kueue to admit it (scheduling gate kueue.x-k8s.io/admission, "
+        "nvidia.com/gpu.clique)"
+    )
+    assert waiting.gang == PodGang(CLIQUE, "tp", 4)
+    assert not _kueue_pod("q0", ["kueue.x-k8s.io/admission"], topology=False).unschedulable
+    assert not _kueue_pod("a0", ["kueue.x-k8s.io/topology"]).unschedulable
+    assert not _kueue_pod("o0", ["example.com/other"]).unschedulable
+    assert not _kueue_pod("b0", ["kueue.x-k8s.io/admission"], node="n00").unschedulable
+
+
+def _kueue_cluster(
+    evicted: tuple[str, ...] = (),
+) -> tuple[dict[str, Any], list[PodRecord], list[PodRecord]]:
+    """The e2e's cluster: twelve 4-GPU nodes in three cliques (n00-n03 uuid-1.0, ...), two full
+    nodes per clique (four one-GPU replicas each; none on the nodes in `evicted`), and a Kueue
+    pod group of 4 x 4 GPUs, all four gated."""
+    from pyctl.cluster.records import NodeRecord
+
+    nodes = {
+        f"n{i:02}": NodeRecord(
+            f"n{i:02}",
+            gpu_model="H100-SXM5-80GB",
+            cpu_milli=64000,
+            memory_mib=1 << 20,
+            gpus=4,
+            labels=((CLIQUE, f"uuid-1.{i // 4}"),),
+        )
+        for i in range(12)
+    }
+    full = [n for n in ("n00", "n01", "n04", "n05", "n08", "n09") if n not in evicted]
+    replica = PodRecord(
+        "ns", "r", phase="Running", cpu_milli=100, gpus=1, owner_kind="ReplicaSet",
+        owner_name="small",
+    )  # fmt: skip
+    pods = [
+        msgspec.structs.replace(replica, name=f"r-{n}-{k}", uid=f"u-{n}-{k}", node=n)
+        for n in full
+        for k in range(4)
+    ]
+    group = [_kueue_pod(f"g{i}", ["kueue.x-k8s.io/admission"]) for i in range(4)]
+    return nodes, pods, group
+
+
+def _plan_kueue(
+    nodes: dict[str, Any],
+    pods: list[PodRecord],
+    pending: list[PodRecord],
+    group: list[PodRecord],
+    reserved: dict[str, str],
+) -> CompactionPlan:
+    from pyctl.cluster.translate import models_of
+    from pyctl.core.policy import PlanLimits
+    from pyctl.workflows.compaction import plan_compaction
+
+    models = models_of(nodes.values(), (), pods)
+    work = Workload((Shape(cpu_milli=1000, gpus=4, gpu_milli=1000, gang=Gang(4, CLIQUE)),))
+    return plan_compaction(
+        models, nodes, [*pods, *group], (), work, pending=pending,
+        limits=PlanLimits(max_moves=4, rescue_depth=4), reserved=reserved,
+    )  # fmt: skip
+
+
+def test_a_kueue_gated_group_is_rescued_inside_one_domain() -> None:
+    """The planner places two pods of the gated group on the empty nodes of the clique it chose
+    for the gang and makes room for the third by evicting the replicas of a node of that same
+    clique (one rescue with evictions per plan: a later round does the fourth's). The gate keeps
+    the two that fit from taking their room, so the plan holds it for them: a rescue with no
+    evictions on each empty node of the clique."""
+    nodes, pods, group = _kueue_cluster()
+    assert all(p.unschedulable and p.gated for p in group)
+    plan = _plan_kueue(nodes, pods, group, group, {})
+    rescue, *holds = plan.rescues
+    assert rescue.node in ("n00", "n01")  # clique uuid-1.0: the tie goes to the first by name
+    assert len(rescue.moves) == 4
+    # the replicas' replacements go to the other cliques (the empty nodes of this one are the
+    # room of the group's first two pods)
+    assert all(nodes[m.to_node].labels != nodes[rescue.node].labels for m in rescue.moves)
+    assert {(h.pending, h.node, h.moves) for h in holds} == {
+        ("ns/g0", "n02", ()),
+        ("ns/g1", "n03", ()),
+    }
+    assert set(plan.gang_domains) == {"ns/g0", "ns/g1", "ns/g2", "ns/g3"}
+    assert "room made in uuid-1.0 (8 GPUs idle, 8 to free" in plan.gang_domains["ns/g0"]
+    # the same pods refused by a scheduler (no gate) take the room they fit in themselves
+    ungated = [msgspec.structs.replace(p, gated=False) for p in group]
+    plan = _plan_kueue(nodes, pods, ungated, ungated, {})
+    assert [len(r.moves) for r in plan.rescues] == [4]
+
+
+@pytest.mark.parametrize("evicted", [(), ("n00",)], ids=["evicting", "evicted"])
+def test_the_next_round_keeps_to_the_domain_a_rescue_of_the_gang_holds(
+    evicted: tuple[str, ...],
+) -> None:
+    """Rescues keep n00 (its replicas still there, or gone), n02 and n03 for pods of the group.
+    No pod of the group runs (Kueue admits it only whole), so the next round chooses the gang's
+    domain again: the kept nodes are no destination, but they still count for uuid-1.0, and the
+    rescue of the last pod frees n01 there; not a node of another clique, which uuid-1.0 without
+    them could not hold the gang."""
+    nodes, pods, group = _kueue_cluster(evicted)
+    kept = {"n00": "ns/g0", "n02": "ns/g1", "n03": "ns/g2"}
+    plan = _plan_kueue(nodes, pods, group[3:], group, kept)
+    [rescue] = plan.rescues
+    assert rescue.node == "n01"
+    assert "room made in uuid-1.0" in plan.gang_domains["ns/g3"]
+    # the same round had the nodes been kept for pods of no gang: uuid-1.0 cannot hold it
+    plan = _plan_kueue(nodes, pods, group[3:], group, dict.fromkeys(kept, "ns/other"))
+    [rescue] = plan.rescues
+    assert nodes[rescue.node].labels != nodes["n00"].labels

@@ -31,7 +31,7 @@ from pyctl.cluster.bounds import (
     MAX_TEXT_CHARS,
     BoundsError,
 )
-from pyctl.cluster.gangs import pod_gang
+from pyctl.cluster.gangs import kueue_waiting, pod_gang
 from pyctl.cluster.kube import dra_decode, dra_wire, wire
 from pyctl.cluster.kube.sharing import (
     HAMI_ALLOCATED,
@@ -243,6 +243,22 @@ def _sum_requests(containers: list[wire.Container], meta: wire.Meta) -> dict[str
     return acc
 
 
+def _pending(p: wire.Pod) -> tuple[bool, str, bool]:
+    """Whether the pod waits for room, why, and whether a gate holds it back: PodScheduled=False
+    with reason Unschedulable, or held back by Kueue until its group fits in one domain
+    (`gangs.kueue_waiting`)."""
+    for c in p.status.conditions:
+        if c.type == "PodScheduled":
+            if c.status == "False" and c.reason == "Unschedulable":
+                return True, c.message[:200], False
+            break
+    spec = p.spec
+    if spec.schedulingGates and not spec.nodeName:
+        why = kueue_waiting([g.name for g in spec.schedulingGates], p.metadata.annotations)
+        return bool(why), why[:200], bool(why)
+    return False, "", False
+
+
 def pod_record(p: wire.Pod) -> PodRecord:
     meta = p.metadata
     spec = p.spec
@@ -258,13 +274,7 @@ def pod_record(p: wire.Pod) -> PodRecord:
             break
     if owner is None and meta.ownerReferences:
         owner = meta.ownerReferences[0]
-    unsched = False
-    message = ""
-    for c in p.status.conditions:
-        if c.type == "PodScheduled":
-            if c.status == "False" and c.reason == "Unschedulable":
-                unsched, message = True, c.message[:200]
-            break
+    unsched, message, gated = _pending(p)
     annotations = meta.annotations
     evict = ""
     if annotations:
@@ -332,6 +342,7 @@ def pod_record(p: wire.Pod) -> PodRecord:
         pod_gang(annotations, labels, owner.kind if owner else "", owner.name if owner else "")
         if annotations
         else None,
+        gated,
     )
     # the wire types bound every list and string; what is left are the amounts (a fast path,
     # since this runs for every pod event: the full check only when one is out of bounds)

@@ -175,6 +175,10 @@ class PodExtendedResourceClaimStatus(msgspec.Struct):
     resourceClaimName: Name = ""
 
 
+class SchedulingGate(msgspec.Struct):
+    name: Key = ""
+
+
 class PodSpec(msgspec.Struct):
     nodeName: Name = ""
     containers: Annotated[list[Container], ITEMS] = []
@@ -188,6 +192,7 @@ class PodSpec(msgspec.Struct):
     tolerations: Annotated[list[Toleration], ITEMS] = []
     topologySpreadConstraints: Annotated[list[TopologySpreadConstraint], ITEMS] = []
     resourceClaims: Annotated[list[PodResourceClaim], ITEMS] = []
+    schedulingGates: Annotated[list[SchedulingGate], ITEMS] = []
 
 
 class PodStatus(msgspec.Struct):
