@@ -9,7 +9,16 @@ import anyio
 import pytest
 
 from pyctl.app.config import ConfigError, load_config
-from pyctl.cluster.records import DRA_KINDS, FABRIC_KINDS, KINDS, Event, Kind, NodeRecord, PodRecord, Record
+from pyctl.cluster.records import (
+    DRA_KINDS,
+    FABRIC_KINDS,
+    KINDS,
+    Event,
+    Kind,
+    NodeRecord,
+    PodRecord,
+    Record,
+)
 from pyctl.cluster.sim.scenario import inference_day
 from pyctl.cluster.sim.source import SimClusterSource
 from pyctl.cluster.source import EventSink
