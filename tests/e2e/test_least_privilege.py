@@ -42,6 +42,12 @@ from pyctl.cluster.kube.actuator import KubeActuator
 from pyctl.cluster.kube.client import KubeApiError, connect
 from pyctl.dev.control_plane import ControlPlane, ExtraScheduler, free_port
 from pyctl.dev.extender import strict_config
+from pyctl.dev.fabric_crds import (
+    apply_fabric_crds,
+    clique_manifest,
+    delete_crds,
+    topology_manifest,
+)
 from pyctl.dev.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body
 from pyctl.dev.mig_manager import (
     STATE_LABEL,
@@ -95,6 +101,10 @@ DEFAULTS = {
     "/apis/topology.node.k8s.io/v1alpha2": "system:discovery (default)",
     # whether the API server serves DeviceTaintRules (DRA steering)
     "/apis/resource.k8s.io/v1": "system:discovery (default)",
+    # the fabric's sources (docs/fabric.md)
+    "/apis/kueue.x-k8s.io/v1beta1": "system:discovery (default)",
+    "/apis/kai.scheduler/v1alpha1": "system:discovery (default)",
+    "/apis/resource.nvidia.com/v1beta1": "system:discovery (default)",
 }
 
 
@@ -260,12 +270,26 @@ async def test_the_controller_needs_exactly_the_charts_rbac_and_admission_confin
     sched: ExtraScheduler | None = None
     pyctl: Pyctl | None = None
     redis = None
+    fabric_crds: list[str] = []
     try:
         # -- the chart, installed as users install it ---------------------------------------------
         apply_monitoring_crds(admin, tmp_path)
         restricted_namespace(admin, NS)
         kubectl(admin, "create", "namespace", PROTECTED)
         await apply_nrt_crd(api)
+        # the fabric's sources: a Kueue and a KAI Topology, a ComputeDomainClique (of a node this
+        # cluster does not have: the run's placements stay as they were)
+        fabric_crds = await apply_fabric_crds(api)
+        custom = client.CustomObjectsApi(api)
+        for group, version in (("kueue.x-k8s.io", "v1beta1"), ("kai.scheduler", "v1alpha1")):
+            await custom.create_cluster_custom_object(
+                group, version, "topologies",
+                topology_manifest(group, version, "lp", ["example.com/block", "example.com/rack"]),
+            )  # fmt: skip
+        await custom.create_namespaced_custom_object(
+            "resource.nvidia.com", "v1beta1", PROTECTED, "computedomaincliques",
+            clique_manifest(PROTECTED, "lp.u-1.1", {"lp-absent": "u-1.1"}),
+        )  # fmt: skip
         try:
             await core.delete_namespaced_config_map(CONFIGMAP, GPU_NS)
         except client.ApiException as exc:
@@ -506,6 +530,7 @@ async def test_the_controller_needs_exactly_the_charts_rbac_and_admission_confin
             if exc.status != 404:
                 raise
         await delete_nodes(api, [*specs, mig_spec])
+        await delete_crds(api, fabric_crds)
 
 
 @pytest.mark.anyio
@@ -525,10 +550,12 @@ async def test_observe_mode_uses_exactly_its_read_only_grants(
     core = client.CoreV1Api(api)
     spec = GpuNodeSpec("obs-gpu", labels={"pyctl.e2e/obs": "true"})
     pyctl: Pyctl | None = None
+    fabric_crds: list[str] = []
     try:
         apply_monitoring_crds(admin, tmp_path)
         restricted_namespace(admin, ns)
         await apply_nrt_crd(api)
+        fabric_crds = await apply_fabric_crds(api)
         await create_nodes(api, [spec])
         await core.create_namespaced_pod(
             "default", body(gpu_pod("obs-pod", 1, label="obs-e2e", node="obs-gpu"))
@@ -574,3 +601,4 @@ async def test_observe_mode_uses_exactly_its_read_only_grants(
         kubectl(admin, "delete", "namespace", ns, "--wait=false", check=False)
         kubectl(admin, "delete", "pod", "obs-pod", "--grace-period=0", check=False)
         await delete_nodes(api, [spec])
+        await delete_crds(api, fabric_crds)
