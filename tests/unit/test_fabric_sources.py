@@ -6,11 +6,13 @@ decoded from good and hostile objects, merged, filled in, and changed at run tim
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 
+from pyctl.cli.main import main
 from pyctl.cluster.bounds import MAX_CLIQUE_NODES, MAX_LEVELS, BoundsError
 from pyctl.cluster.kube.decode import DecodeError, decode_object, decode_watch_line
 from pyctl.cluster.kube.reflector import RESOURCES
@@ -400,3 +402,36 @@ def test_a_topologys_levels_join_the_fabric_and_say_where_they_came_from() -> No
     assert c.domains(RACK) == {}
     assert c.metric("pyctl_level_source", level=RACK, source="kueue/default") is None
     assert RACK not in c.r.domain_idle().levels
+
+
+def test_pyctl_score_on_a_dump_reads_the_topology_and_clique_objects(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A kubectl dump: four 4-GPU nodes with a rack label and no clique label (a 1-GPU pod on
+    one), Kueue's Topology
+    (as `kubectl get` gives it, in v1beta2) naming the rack level, and a ComputeDomainClique of
+    three of the nodes; a KAI Topology that is not one is left out, said."""
+    from tests.unit.test_kube_dump import node, pod
+
+    items: list[dict[str, Any]] = [
+        node(f"n{i}", 4, {RACK: f"r{i // 2}", HOSTNAME: f"n{i}"}) for i in range(4)
+    ]
+    items.append(pod("p0", "n3", gpus=1))
+    kueue = topology("kueue.x-k8s.io/v1beta2", "default")
+    kueue["spec"]["levels"] = [{"nodeLabel": RACK}, {"nodeLabel": HOSTNAME}]
+    bad_kai = topology("kai.scheduler/v1alpha1", "broken")
+    bad_kai["spec"] = ["levels"]
+    cdc = compute_domain_clique(clique="u.1")
+    cdc["daemons"] = [{"nodeName": f"n{i}", "cliqueID": "u.1", "ipAddress": "x"} for i in range(3)]
+    items += [kueue, bad_kai, cdc, topology("example.com/v1", "not-a-scheduler")]
+    f = tmp_path / "dump.json"
+    f.write_text(json.dumps({"kind": "List", "items": items}))
+    assert main(["score", str(f), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    levels = {lv["level"]: lv for lv in out["fabric"]["levels"]}
+    assert set(levels) == {CLIQUE, RACK}
+    assert (levels[CLIQUE]["domains"], levels[CLIQUE]["no_domain_nodes"]) == (1, 1)
+    assert levels[RACK]["domains"] == 2
+    assert [(lo["kind"], lo["name"], lo["reason"]) for lo in out["left_out"]["objects"]] == [
+        ("KaiTopology", "broken", "malformed")
+    ]
