@@ -162,6 +162,7 @@ class ClusterCache:
             dirty |= self._dra_index(old, r)
         if isinstance(r, _FABRIC_TYPES):
             self.fabric_version += 1
+            dirty &= self.nodes.keys()  # a clique's nodes this cluster has (a node comes later)
         if isinstance(r, PodRecord):
             if isinstance(old, PodRecord) and old.node and old.node != r.node:
                 self.pods_by_node[old.node].pop(key, None)
@@ -193,6 +194,7 @@ class ClusterCache:
                 dirty |= self._dra_index(old, None)
             if isinstance(old, _FABRIC_TYPES):
                 self.fabric_version += 1
+                dirty &= self.nodes.keys()
             if isinstance(old, PodRecord):
                 if old.node:
                     self.pods_by_node[old.node].pop(key, None)

@@ -538,12 +538,13 @@ class Reconciler:
             got = self._sources = (
                 version,
                 self.fabric_levels,
+                # each table copied in one step: the extender's threads may call this
                 fabric_levels(
                     self.fabric_levels,
-                    self.cache.kueue_topologies.values(),
-                    self.cache.kai_topologies.values(),
+                    list(self.cache.kueue_topologies.values()),
+                    list(self.cache.kai_topologies.values()),
                 ),
-                object_cliques(self.cache.cliques.values()),
+                object_cliques(list(self.cache.cliques.values())),
             )
         return got[2], got[3]
 

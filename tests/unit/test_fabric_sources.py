@@ -435,3 +435,19 @@ def test_pyctl_score_on_a_dump_reads_the_topology_and_clique_objects(
     assert [(lo["kind"], lo["name"], lo["reason"]) for lo in out["left_out"]["objects"]] == [
         ("KaiTopology", "broken", "malformed")
     ]
+
+
+def test_a_clique_object_dirties_the_nodes_it_names_that_the_cluster_has() -> None:
+    cache = ClusterCache()
+    cache.apply([Event("ADDED", _node("n1")), Event("ADDED", _node("n2"))])
+    v = cache.fabric_version
+    a = _clique("cd.a", {"n1": "u.1", "ghost": "u.1"})
+    assert cache.apply([Event("ADDED", a)]) == {"n1"}
+    b = _clique("cd.a", {"n2": "u.1", "ghost2": "u.1"})
+    assert cache.apply([Event("MODIFIED", b)]) == {"n1", "n2"}  # the old and the new nodes
+    assert cache.apply([Event("DELETED", CliqueRecord("nv", "cd.a"))]) == {"n2"}
+    assert cache.fabric_version == v + 3
+    # the same object listed again changes nothing
+    cache.replace("ComputeDomainClique", [a])
+    assert cache.replace("ComputeDomainClique", [a]) == set()
+    assert cache.fabric_version == v + 4
