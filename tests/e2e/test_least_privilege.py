@@ -11,7 +11,10 @@ chart installed) with only that identity, through
   topology-updater played by the test) and a pending 4-GPU replica, placed by a second
   kube-scheduler with pyctl's extender once compaction freed a zone;
 - a full MIG reconfiguration of a kwok A100 node, through the simulated mig-manager
-  (pyctl/dev/mig_manager.py), for two pending `3g.20gb` pods.
+  (pyctl/dev/mig_manager.py), for two pending `3g.20gb` pods;
+- the fabric's sources: the CRDs of Kueue's and KAI's `Topology` and the NVIDIA DRA driver's
+  `ComputeDomainClique` (pyctl/dev/fabric_crds.py), an object of each, the Topology objects'
+  levels read (`pyctl_level_source`).
 
 The API server's audit log (its policy records ServiceAccount requests at Metadata level) gives the
 calls the controller made: the test prints them as a table, asserts that none was refused (no 403)
@@ -281,11 +284,13 @@ async def test_the_controller_needs_exactly_the_charts_rbac_and_admission_confin
         # cluster does not have: the run's placements stay as they were)
         fabric_crds = await apply_fabric_crds(api)
         custom = client.CustomObjectsApi(api)
-        for group, version in (("kueue.x-k8s.io", "v1beta1"), ("kai.scheduler", "v1alpha1")):
+        for group, version, levels in (
+            ("kueue.x-k8s.io", "v1beta1", ["example.com/block", "example.com/rack"]),
+            ("kai.scheduler", "v1alpha1", ["example.com/hall", "example.com/rack"]),
+        ):
             await custom.create_cluster_custom_object(
-                group, version, "topologies",
-                topology_manifest(group, version, "lp", ["example.com/block", "example.com/rack"]),
-            )  # fmt: skip
+                group, version, "topologies", topology_manifest(group, version, "lp", levels)
+            )
         await custom.create_namespaced_custom_object(
             "resource.nvidia.com", "v1beta1", PROTECTED, "computedomaincliques",
             clique_manifest(PROTECTED, "lp.u-1.1", {"lp-absent": "u-1.1"}),
@@ -318,6 +323,20 @@ async def test_the_controller_needs_exactly_the_charts_rbac_and_admission_confin
             tg.start_soon(updater.run)
             tg.start_soon(mgr.run)
             await wait_until(pyctl.leader, "pyctl leader (as its ServiceAccount)", within=60)
+
+            def fabric_levels_read() -> bool:
+                text = pyctl.metrics()
+                return all(
+                    f'level="{lv}",source="{src}"}} 1' in text
+                    for lv, src in (
+                        ("example.com/rack", "kueue/lp"),
+                        ("example.com/block", "kueue/lp"),
+                        ("example.com/hall", "kai/lp"),
+                    )
+                )
+
+            # the Topology objects' levels, read through the API server as the ServiceAccount
+            await wait_until(fabric_levels_read, "the Topology objects' levels", within=60)
             await core.patch_node("lp-full", body({"spec": {"unschedulable": True}}))
             updater.hints["small-"] = [0, 1]
             small = gpu_deployment("small", 2, 1, "s", label=LABEL, selector=SEL)
