@@ -97,6 +97,27 @@ class Metrics:
             [*c, "level", "gpus_per_pod"],
             registry=r,
         )
+        self.level_source = Gauge(
+            "pyctl_level_source",
+            "A level the fabric reads (1) and where it came from: config, kueue/<Topology>, "
+            "kai/<Topology>",
+            [*c, "level", "source"],
+            registry=r,
+        )
+        self.clique_filled_nodes = Gauge(
+            "pyctl_clique_filled_nodes",
+            "Nodes without an nvidia.com/gpu.clique label whose clique came from "
+            "ComputeDomainClique objects",
+            c,
+            registry=r,
+        )
+        self.fabric_source_problems = Gauge(
+            "pyctl_fabric_source_problems",
+            "What the fabric's Topology and ComputeDomainClique objects had that pyctl left out "
+            "or overrode, by problem",
+            [*c, "problem"],
+            registry=r,
+        )
 
     def _mig(self) -> None:
         """MIG compute slices: idle, fragment and recoverable by a re-partition."""

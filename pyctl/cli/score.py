@@ -16,7 +16,7 @@ from pyctl.cli.errors import UserError, load_json
 from pyctl.cli.inputs import cluster_view, derived_workload, listed_of, say_left_out
 from pyctl.cluster.kube.dump import Listed, is_dump
 from pyctl.controller.view import left_out_json
-from pyctl.core.fabric import FabricScore, fabric_score
+from pyctl.core.fabric import DEFAULT_LEVELS, FabricScore, fabric_score
 from pyctl.core.fragmentation import (
     CATEGORIES,
     ClusterScore,
@@ -53,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     left_out = None
     dra = None
     labels = None
+    levels = DEFAULT_LEVELS
     view = None
     if listed is None:
         if fixed is None:
@@ -63,12 +64,13 @@ def run(args: argparse.Namespace) -> int:
         view = cluster_view(listed, fixed)
         workload = derived_workload(view, args.snapshot or "the cluster")
         model = FragmentationModel(view.snapshot())
-        # the node records' labels, as the controller passes them
-        labels = {n.name: dict(n.labels) for n in view.cache.nodes.values()}
+        # the node records' labels (cliques filled in from ComputeDomainClique objects) and the
+        # levels with the Topology objects', as the controller passes them
+        levels, labels = view.fabric_labels()
         dra = view.dra_report()
         left_out = view.left_out()
     result = model.score(workload)
-    fabric = fabric_score(model, workload, labels=labels)
+    fabric = fabric_score(model, workload, levels, labels)
     if args.json:
         out = result.to_json()
         out["fabric"] = fabric_json(fabric)

@@ -86,8 +86,14 @@ MAX_GANG_PODS: Final = 65_536
 MAX_DOMAINS_PER_LEVEL: Final = 4096
 #: a GPU's link group id on its node (the core keeps ids below 2**31 - 1 for groups it names)
 MAX_LINK_GROUP: Final = (1 << 30) - 1
-#: topology levels (label keys) pyctl models
+#: topology levels (label keys) pyctl models (also the most a Kueue or KAI `Topology` has)
 MAX_LEVELS: Final = 16
+#: nodes one `ComputeDomainClique` names (an NVLink clique: 18 nodes in an NVL72 rack; the CRD
+#: sets no bound, an object of the API server's 3 MiB could name some 30,000)
+MAX_CLIQUE_NODES: Final = 1024
+#: `ComputeDomainClique` objects whose nodes fill in a clique (one per ComputeDomain and clique);
+#: past it the rest (in namespace/name order) are left out, counted
+MAX_CLIQUE_OBJECTS: Final = 16384
 
 #: a workload shape's weight (a workload file may give counts instead of shares); the core
 #: normalises weights, so a sum that overflows to inf would silently weigh every shape 0

@@ -38,6 +38,9 @@ Kind: TypeAlias = Literal[
     "ResourceSlice",
     "ResourceClaim",
     "ResourceClaimTemplate",
+    "KueueTopology",
+    "KaiTopology",
+    "ComputeDomainClique",
 ]
 #: the kinds of Dynamic Resource Allocation (resource.k8s.io/v1), watched where served
 DRA_KINDS: tuple[Kind, ...] = (
@@ -46,7 +49,17 @@ DRA_KINDS: tuple[Kind, ...] = (
     "ResourceClaim",
     "ResourceClaimTemplate",
 )
-KINDS: tuple[Kind, ...] = ("Node", "Pod", "PodDisruptionBudget", "NodeResourceTopology", *DRA_KINDS)
+#: the sources of the fabric's levels and cliques (docs/fabric.md), watched where served: Kueue's
+#: and KAI's `Topology` objects, the NVIDIA DRA driver's `ComputeDomainClique` objects
+FABRIC_KINDS: tuple[Kind, ...] = ("KueueTopology", "KaiTopology", "ComputeDomainClique")
+KINDS: tuple[Kind, ...] = (
+    "Node",
+    "Pod",
+    "PodDisruptionBudget",
+    "NodeResourceTopology",
+    *DRA_KINDS,
+    *FABRIC_KINDS,
+)
 
 
 class Taint(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
@@ -328,6 +341,46 @@ class NrtRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True
     zones: tuple[ZoneRecord, ...] = ()
 
 
+class TopologyRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
+    """A scheduler's `Topology` object: its levels' node label keys as the object orders them
+    (the widest first), those pyctl could read; `dropped` counts the levels it could not (not a
+    label key, past `bounds.MAX_LEVELS`)."""
+
+    name: str
+    resource_version: str = ""
+    levels: tuple[str, ...] = ()
+    dropped: int = 0
+
+
+class KueueTopologyRecord(
+    TopologyRecord, frozen=True, array_like=True, omit_defaults=True, gc=False
+):
+    """Kueue's `Topology` (kueue.x-k8s.io/v1beta1)."""
+
+
+class KaiTopologyRecord(TopologyRecord, frozen=True, array_like=True, omit_defaults=True, gc=False):
+    """KAI's `Topology` (kai.scheduler/v1alpha1)."""
+
+
+class CliqueRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
+    """The NVIDIA DRA driver's `ComputeDomainClique` (resource.nvidia.com/v1beta1): the nodes of
+    one NVLink clique of a ComputeDomain, each with its clique id (`<ClusterUUID>.<CliqueID>`,
+    the value of `nvidia.com/gpu.clique`). `dropped` counts the daemons it names that pyctl
+    could not take (no node name, a clique id that is no label value, a node named twice,
+    past `bounds.MAX_CLIQUE_NODES`)."""
+
+    namespace: str
+    name: str
+    resource_version: str = ""
+    #: (node, clique id)
+    members: tuple[tuple[str, str], ...] = ()
+    dropped: int = 0
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
 Record: TypeAlias = (
     NodeRecord
     | PodRecord
@@ -337,12 +390,15 @@ Record: TypeAlias = (
     | SliceRecord
     | ClaimRecord
     | ClaimTemplateRecord
+    | KueueTopologyRecord
+    | KaiTopologyRecord
+    | CliqueRecord
 )
 
 
 def record_key(r: Record) -> str:
     """The record's identity within its kind: the name, or namespace/name."""
-    if isinstance(r, PodRecord | PdbRecord | ClaimRecord | ClaimTemplateRecord):
+    if isinstance(r, PodRecord | PdbRecord | ClaimRecord | ClaimTemplateRecord | CliqueRecord):
         return r.key
     return r.name
 
@@ -356,6 +412,9 @@ _KIND_OF: dict[type, Kind] = {
     SliceRecord: "ResourceSlice",
     ClaimRecord: "ResourceClaim",
     ClaimTemplateRecord: "ResourceClaimTemplate",
+    KueueTopologyRecord: "KueueTopology",
+    KaiTopologyRecord: "KaiTopology",
+    CliqueRecord: "ComputeDomainClique",
 }
 
 
@@ -385,6 +444,9 @@ _DECODERS: dict[str, msgspec.json.Decoder[Any]] = {
     "ResourceSlice": msgspec.json.Decoder(SliceRecord),
     "ResourceClaim": msgspec.json.Decoder(ClaimRecord),
     "ResourceClaimTemplate": msgspec.json.Decoder(ClaimTemplateRecord),
+    "KueueTopology": msgspec.json.Decoder(KueueTopologyRecord),
+    "KaiTopology": msgspec.json.Decoder(KaiTopologyRecord),
+    "ComputeDomainClique": msgspec.json.Decoder(CliqueRecord),
 }
 
 
@@ -437,6 +499,12 @@ def tombstone(ref: ObjectRef) -> Record | None:
         return ClaimRecord(ref.namespace, ref.name, ref.uid)
     if ref.kind == "ResourceClaimTemplate":
         return ClaimTemplateRecord(ref.namespace, ref.name)
+    if ref.kind == "KueueTopology":
+        return KueueTopologyRecord(ref.name)
+    if ref.kind == "KaiTopology":
+        return KaiTopologyRecord(ref.name)
+    if ref.kind == "ComputeDomainClique":
+        return CliqueRecord(ref.namespace, ref.name)
     return None
 
 
@@ -512,7 +580,8 @@ _TEXT_BOUNDS: dict[str, int | tuple[int, int]] = {
         ),
         _NAME,
     ),
-    **dict.fromkeys(("key", "topology_key"), _KEY),
+    **dict.fromkeys(("key", "topology_key", "levels"), _KEY),
+    "members": (_NAME, _VALUE),
     "value": _VALUE,
     **dict.fromkeys(("labels", "match_labels", "node_selector"), (_KEY, _VALUE)),
     "selectors": b.DRA_BOUNDS["selector_length"],
@@ -685,6 +754,16 @@ def check_record(r: Record) -> None:
         where = f"PodDisruptionBudget {r.namespace[:63]}/{r.name[:253]}"
         _name(where, r.namespace, r.name)
         _lists(where, match_labels=r.match_labels, match_expressions=r.match_expressions)
+    elif isinstance(r, TopologyRecord):
+        where = f"{record_kind(r)} {r.name[:253]}"
+        _name(where, r.name)
+        b.check_len(f"{where} levels", len(r.levels), b.MAX_LEVELS)
+        b.check(f"{where} levels left out", r.dropped, b.MAX_OBJECT_BYTES)
+    elif isinstance(r, CliqueRecord):
+        where = f"ComputeDomainClique {r.namespace[:63]}/{r.name[:253]}"
+        _name(where, r.namespace, r.name)
+        b.check_len(f"{where} daemons", len(r.members), b.MAX_CLIQUE_NODES)
+        b.check(f"{where} daemons left out", r.dropped, b.MAX_OBJECT_BYTES)
     else:
         _check_dra(r)
 

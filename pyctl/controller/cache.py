@@ -16,8 +16,11 @@ from pyctl.cluster.dra_records import (
     SliceRecord,
 )
 from pyctl.cluster.records import (
+    CliqueRecord,
     Event,
+    KaiTopologyRecord,
     Kind,
+    KueueTopologyRecord,
     NodeRecord,
     NrtRecord,
     PdbRecord,
@@ -41,9 +44,13 @@ def _nodes_of(r: Record) -> Iterable[str]:
                 yield d.node
     elif isinstance(r, ClaimRecord) and r.allocated_node:
         yield r.allocated_node
+    elif isinstance(r, CliqueRecord):
+        for node, _ in r.members:
+            yield node
 
 
 _DRA_TYPES = (DeviceClassRecord, SliceRecord, ClaimRecord, ClaimTemplateRecord)
+_FABRIC_TYPES = (KueueTopologyRecord, KaiTopologyRecord, CliqueRecord)
 
 
 def is_pending(p: PodRecord) -> bool:
@@ -66,6 +73,12 @@ class ClusterCache:
         self.slices: dict[str, SliceRecord] = {}
         self.claims: dict[str, ClaimRecord] = {}
         self.claim_templates: dict[str, ClaimTemplateRecord] = {}
+        #: the fabric's sources (docs/fabric.md), and a count of their changes (what the
+        #: reconciler's levels and cliques were built from)
+        self.kueue_topologies: dict[str, KueueTopologyRecord] = {}
+        self.kai_topologies: dict[str, KaiTopologyRecord] = {}
+        self.cliques: dict[str, CliqueRecord] = {}
+        self.fabric_version = 0
         self.pods_by_node: dict[str, dict[str, PodRecord]] = defaultdict(dict)
         self.slices_by_node: dict[str, dict[str, SliceRecord]] = defaultdict(dict)
         self.claims_by_node: dict[str, dict[str, ClaimRecord]] = defaultdict(dict)
@@ -94,6 +107,9 @@ class ClusterCache:
             "ResourceSlice": self.slices,  # type: ignore[dict-item]
             "ResourceClaim": self.claims,  # type: ignore[dict-item]
             "ResourceClaimTemplate": self.claim_templates,  # type: ignore[dict-item]
+            "KueueTopology": self.kueue_topologies,  # type: ignore[dict-item]
+            "KaiTopology": self.kai_topologies,  # type: ignore[dict-item]
+            "ComputeDomainClique": self.cliques,  # type: ignore[dict-item]
         }
         return tables[kind]
 
@@ -144,6 +160,9 @@ class ClusterCache:
             dirty.update(_nodes_of(old))
         if isinstance(r, _DRA_TYPES):
             dirty |= self._dra_index(old, r)
+        if isinstance(r, _FABRIC_TYPES):
+            self.fabric_version += 1
+            dirty &= self.nodes.keys()  # a clique's nodes this cluster has (a node comes later)
         if isinstance(r, PodRecord):
             if isinstance(old, PodRecord) and old.node and old.node != r.node:
                 self.pods_by_node[old.node].pop(key, None)
@@ -173,6 +192,9 @@ class ClusterCache:
             dirty.update(_nodes_of(old))
             if isinstance(old, _DRA_TYPES):
                 dirty |= self._dra_index(old, None)
+            if isinstance(old, _FABRIC_TYPES):
+                self.fabric_version += 1
+                dirty &= self.nodes.keys()
             if isinstance(old, PodRecord):
                 if old.node:
                     self.pods_by_node[old.node].pop(key, None)

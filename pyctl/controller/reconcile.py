@@ -30,10 +30,16 @@ from pyctl.cluster.translate import (
 )
 from pyctl.controller.cache import ClusterCache
 from pyctl.controller.domains import DomainIdle
+from pyctl.controller.fabric_sources import (
+    CliqueFill,
+    fabric_levels,
+    node_labels,
+    object_cliques,
+)
 from pyctl.controller.ignored import IgnoredObjects
 from pyctl.controller.summary import MAX_LEFT_OUT, Summary
 from pyctl.controller.workload import WorkloadScope, capped_workload
-from pyctl.core.fabric import DEFAULT_LEVELS, FabricScore, fabric_score, levels_for
+from pyctl.core.fabric import DEFAULT_LEVELS, FabricScore, Levels, fabric_score, levels_for
 from pyctl.core.fragmentation import (
     CATEGORIES,
     FragmentationModel,
@@ -207,6 +213,10 @@ class Reconciler:
         self._domain_labels: set[tuple[str, str]] = set()
         self._level_labels: set[str] = set()
         self._gang_labels: set[tuple[str, str]] = set()
+        #: the levels and cliques of Topology and ComputeDomainClique objects (fabric_sources.py),
+        #: for the cache's `fabric_version` and the configured levels they were built from
+        self._sources: tuple[int, tuple[str, ...], Levels, CliqueFill] | None = None
+        self._source_labels: set[tuple[str, str]] = set()
         #: each domain's idle GPU, node by node: the placement advice's tie order (domains.py)
         self._domain_idle = DomainIdle()
         self._domain_idle_for: tuple[Workload, tuple[str, ...]] | None = None
@@ -398,7 +408,7 @@ class Reconciler:
             node = previous
         self.models[name] = node
         self.scores[name] = score
-        self._domain_idle.update(name, dict(rec.labels), round(score.idle_gpu_milli))
+        self._domain_idle.update(name, self._fabric_labels(name, rec), round(score.idle_gpu_milli))
         self._rows[name] = _row(node, score)
         if dm is not None:
             self.dra_models[name] = dm
@@ -517,20 +527,46 @@ class Reconciler:
         self._export(summ)
         return summ
 
+    def fabric_sources(self) -> tuple[Levels, CliqueFill]:
+        """The levels the fabric reads (the configured ones, then those of Kueue's and KAI's
+        `Topology` objects) and the nodes' cliques from `ComputeDomainClique` objects
+        (docs/fabric.md), built again when one of those objects or the configured levels
+        change."""
+        version = self.cache.fabric_version
+        got = self._sources
+        if got is None or got[0] != version or got[1] != self.fabric_levels:
+            got = self._sources = (
+                version,
+                self.fabric_levels,
+                # each table copied in one step: the extender's threads may call this
+                fabric_levels(
+                    self.fabric_levels,
+                    list(self.cache.kueue_topologies.values()),
+                    list(self.cache.kai_topologies.values()),
+                ),
+                object_cliques(list(self.cache.cliques.values())),
+            )
+        return got[2], got[3]
+
+    def _fabric_labels(self, name: str, rec: NodeRecord) -> dict[str, str]:
+        """A node's labels as the fabric reads them (its clique filled in from the objects)."""
+        return node_labels(rec.labels, name, self.fabric_sources()[1])[0]
+
     def domain_idle(self) -> DomainIdle:
-        """Each topology domain's idle GPU, at the fabric pass's levels (the configured ones and
-        the gangs' keys), kept node by node as nodes are re-scored: the placement advice's tie
-        order (`pyctl.controller.domains`). Built again when the levels change."""
-        key = (self.workload, self.fabric_levels)
+        """Each topology domain's idle GPU, at the fabric pass's levels (the configured ones,
+        the `Topology` objects' and the gangs' keys), kept node by node as nodes are re-scored:
+        the placement advice's tie order (`pyctl.controller.domains`). Built again when the
+        levels change."""
+        key = (self.workload, self.fabric_sources()[0].levels)
         if self._domain_idle_for is None or (
             self._domain_idle_for[0] is not key[0] or self._domain_idle_for[1] != key[1]
         ):
-            levels = levels_for(self.workload, self.fabric_levels)
+            levels = levels_for(self.workload, key[1])
             if levels != self._domain_idle.levels:
                 self._domain_idle.relevel(
                     levels,
                     (  # read under the index's lock; the extender's threads may call this
-                        (n, dict(rec.labels), round(score.idle_gpu_milli))
+                        (n, self._fabric_labels(n, rec), round(score.idle_gpu_milli))
                         for n in list(self.models)
                         if (rec := self.cache.nodes.get(n)) is not None
                         and (score := self.scores.get(n)) is not None
@@ -547,14 +583,19 @@ class Reconciler:
             return self.fabric_last
         self._fabric_at = now
         self._fabric_workload = self.workload
-        keys = set(levels_for(self.workload, self.fabric_levels))
+        levels, fill = self.fabric_sources()
+        keys = set(levels_for(self.workload, levels.levels))
         labels: dict[str, dict[str, str]] = {}
+        said: Counter[str] = Counter()
         for name in self.models:
             rec = self.cache.nodes.get(name)
             if rec is not None:
-                mine = {k: v for k, v in rec.labels if k in keys}
+                full, what = node_labels(rec.labels, name, fill)
+                said[what] += 1
+                mine = {k: v for k, v in full.items() if k in keys}
                 if mine:
                     labels[name] = mine
+        self._export_sources(levels, fill, said["filled"], said["disagrees"])
         gangs = any(s.gang is not None for s in self.workload.shapes)
         if not labels and not gangs:
             self.fabric_last = None
@@ -562,12 +603,32 @@ class Reconciler:
             snap = Snapshot(tuple(self.models[n] for n in sorted(self.models)))
             try:
                 self.fabric_last = fabric_score(
-                    FragmentationModel(snap), self.workload, self.fabric_levels, labels
+                    FragmentationModel(snap), self.workload, levels.levels, labels
                 )
             except ValueError as e:  # the models and M passed the core already
                 log.error("fabric pass failed; kept the last", extra={"error": str(e)[:300]})
         self._export_fabric(self.fabric_last)
         return self.fabric_last
+
+    def _export_sources(self, levels: Levels, fill: CliqueFill, filled: int, disagree: int) -> None:
+        """Where the levels came from (`pyctl_level_source`), the nodes whose clique came from
+        `ComputeDomainClique` objects, and what of those sources was left out."""
+        m, c = self.metrics, self.cluster
+        now = {(lv, levels.origin[lv]) for lv in levels.levels}
+        for gone in self._source_labels - now:
+            m.level_source.remove(c, *gone)
+        for k in now:
+            m.level_source.labels(c, *k).set(1)
+        self._source_labels = now
+        m.clique_filled_nodes.labels(c).set(filled)
+        for problem, n in (
+            ("levels_past_bound", levels.dropped),
+            ("clique_objects_past_bound", fill.objects_left_out),
+            ("clique_daemons_unread", fill.items_left_out),
+            ("clique_conflicts", fill.conflicts),
+            ("clique_label_disagrees", disagree),
+        ):
+            m.fabric_source_problems.labels(c, problem).set(n)
 
     def _export_fabric(self, f: FabricScore | None) -> None:
         m, c = self.metrics, self.cluster

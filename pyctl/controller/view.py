@@ -20,6 +20,7 @@ from pyctl.cluster.dra.zones import model_gpus
 from pyctl.cluster.kube.dump import Listed
 from pyctl.cluster.records import KINDS, PodRecord
 from pyctl.controller.cache import ClusterCache
+from pyctl.controller.fabric_sources import node_labels
 from pyctl.controller.ignored import Ignored, IgnoredObjects
 from pyctl.controller.reconcile import Reconciler
 from pyctl.controller.workload import WorkloadScope
@@ -42,6 +43,16 @@ class ListedView:
     @property
     def workload(self) -> Workload:
         return self.reconciler.workload
+
+    def fabric_labels(self) -> tuple[tuple[str, ...], dict[str, dict[str, str]]]:
+        """The levels the fabric reads (the default ones, then those of the listing's Kueue and
+        KAI `Topology` objects) and each node's labels with its clique from the listing's
+        `ComputeDomainClique` objects where it has no label, as the controller's pass reads
+        them (docs/fabric.md)."""
+        levels, fill = self.reconciler.fabric_sources()
+        return levels.levels, {
+            n.name: node_labels(n.labels, n.name, fill)[0] for n in self.cache.nodes.values()
+        }
 
     def live_pods(self) -> list[PodRecord]:
         """The pods that have not terminated, in the listing's order."""

@@ -39,6 +39,10 @@ DEFAULT_LEVELS: Final[tuple[str, ...]] = (
     "topology.kubernetes.io/zone",
 )
 
+#: the node's own label: a level of Kueue's and KAI's `Topology` objects (their narrowest, when
+#: present), but a node is not a domain: never a level here
+HOSTNAME: Final = "kubernetes.io/hostname"
+
 #: a Kubernetes label value (at most 63 characters, alphanumeric at both ends)
 _VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$")
 
@@ -109,6 +113,40 @@ class FabricScore:
     @property
     def no_domain_gpu_milli(self) -> float:
         return sum(self.node_no_domain.values())
+
+
+@dataclass(frozen=True, slots=True)
+class Levels:
+    """The levels the fabric pass reads (`merge_levels`) and where each came from."""
+
+    levels: tuple[str, ...]
+    #: level -> its source: "config", or the first object that named it
+    origin: Mapping[str, str]
+    #: distinct levels of objects not modelled for want of room (past `MAX_LEVELS`)
+    dropped: int = 0
+
+
+def merge_levels(
+    configured: Iterable[str], objects: Iterable[tuple[str, Sequence[str]]] = ()
+) -> Levels:
+    """The configured levels, then those of each object (`(source, levels)`: a Kueue or KAI
+    `Topology`, whose levels run from the widest to the narrowest) not yet among them, each
+    object's narrowest first, objects in the order given. The hostname level is a node, not a
+    domain: skipped. At most `MAX_LEVELS`; the objects' levels past it are counted, not
+    modelled (gangs' keys come after all of these, `levels_for`)."""
+    out = list(dict.fromkeys(configured))[:MAX_LEVELS]
+    origin = dict.fromkeys(out, "config")
+    dropped: set[str] = set()
+    for source, levels in objects:
+        for key in reversed(levels):
+            if key == HOSTNAME or key in origin:
+                continue
+            if len(out) >= MAX_LEVELS:
+                dropped.add(key)
+                continue
+            out.append(key)
+            origin[key] = source
+    return Levels(tuple(out), origin, len(dropped))
 
 
 def levels_for(workload: Workload, levels: Iterable[str] = DEFAULT_LEVELS) -> tuple[str, ...]:

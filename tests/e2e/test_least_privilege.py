@@ -11,7 +11,10 @@ chart installed) with only that identity, through
   topology-updater played by the test) and a pending 4-GPU replica, placed by a second
   kube-scheduler with pyctl's extender once compaction freed a zone;
 - a full MIG reconfiguration of a kwok A100 node, through the simulated mig-manager
-  (pyctl/dev/mig_manager.py), for two pending `3g.20gb` pods.
+  (pyctl/dev/mig_manager.py), for two pending `3g.20gb` pods;
+- the fabric's sources: the CRDs of Kueue's and KAI's `Topology` and the NVIDIA DRA driver's
+  `ComputeDomainClique` (pyctl/dev/fabric_crds.py), an object of each, the Topology objects'
+  levels read (`pyctl_level_source`).
 
 The API server's audit log (its policy records ServiceAccount requests at Metadata level) gives the
 calls the controller made: the test prints them as a table, asserts that none was refused (no 403)
@@ -42,6 +45,12 @@ from pyctl.cluster.kube.actuator import KubeActuator
 from pyctl.cluster.kube.client import KubeApiError, connect
 from pyctl.dev.control_plane import ControlPlane, ExtraScheduler, free_port
 from pyctl.dev.extender import strict_config
+from pyctl.dev.fabric_crds import (
+    apply_fabric_crds,
+    clique_manifest,
+    delete_crds,
+    topology_manifest,
+)
 from pyctl.dev.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body
 from pyctl.dev.mig_manager import (
     STATE_LABEL,
@@ -95,6 +104,10 @@ DEFAULTS = {
     "/apis/topology.node.k8s.io/v1alpha2": "system:discovery (default)",
     # whether the API server serves DeviceTaintRules (DRA steering)
     "/apis/resource.k8s.io/v1": "system:discovery (default)",
+    # the fabric's sources (docs/fabric.md)
+    "/apis/kueue.x-k8s.io/v1beta1": "system:discovery (default)",
+    "/apis/kai.scheduler/v1alpha1": "system:discovery (default)",
+    "/apis/resource.nvidia.com/v1beta1": "system:discovery (default)",
 }
 
 
@@ -260,12 +273,28 @@ async def test_the_controller_needs_exactly_the_charts_rbac_and_admission_confin
     sched: ExtraScheduler | None = None
     pyctl: Pyctl | None = None
     redis = None
+    fabric_crds: list[str] = []
     try:
         # -- the chart, installed as users install it ---------------------------------------------
         apply_monitoring_crds(admin, tmp_path)
         restricted_namespace(admin, NS)
         kubectl(admin, "create", "namespace", PROTECTED)
         await apply_nrt_crd(api)
+        # the fabric's sources: a Kueue and a KAI Topology, a ComputeDomainClique (of a node this
+        # cluster does not have: the run's placements stay as they were)
+        fabric_crds = await apply_fabric_crds(api)
+        custom = client.CustomObjectsApi(api)
+        for group, version, levels in (
+            ("kueue.x-k8s.io", "v1beta1", ["example.com/block", "example.com/rack"]),
+            ("kai.scheduler", "v1alpha1", ["example.com/hall", "example.com/rack"]),
+        ):
+            await custom.create_cluster_custom_object(
+                group, version, "topologies", topology_manifest(group, version, "lp", levels)
+            )
+        await custom.create_namespaced_custom_object(
+            "resource.nvidia.com", "v1beta1", PROTECTED, "computedomaincliques",
+            clique_manifest(PROTECTED, "lp.u-1.1", {"lp-absent": "u-1.1"}),
+        )  # fmt: skip
         try:
             await core.delete_namespaced_config_map(CONFIGMAP, GPU_NS)
         except client.ApiException as exc:
@@ -294,6 +323,20 @@ async def test_the_controller_needs_exactly_the_charts_rbac_and_admission_confin
             tg.start_soon(updater.run)
             tg.start_soon(mgr.run)
             await wait_until(pyctl.leader, "pyctl leader (as its ServiceAccount)", within=60)
+
+            def fabric_levels_read() -> bool:
+                text = pyctl.metrics()
+                return all(
+                    f'level="{lv}",source="{src}"}} 1' in text
+                    for lv, src in (
+                        ("example.com/rack", "kueue/lp"),
+                        ("example.com/block", "kueue/lp"),
+                        ("example.com/hall", "kai/lp"),
+                    )
+                )
+
+            # the Topology objects' levels, read through the API server as the ServiceAccount
+            await wait_until(fabric_levels_read, "the Topology objects' levels", within=60)
             await core.patch_node("lp-full", body({"spec": {"unschedulable": True}}))
             updater.hints["small-"] = [0, 1]
             small = gpu_deployment("small", 2, 1, "s", label=LABEL, selector=SEL)
@@ -506,6 +549,7 @@ async def test_the_controller_needs_exactly_the_charts_rbac_and_admission_confin
             if exc.status != 404:
                 raise
         await delete_nodes(api, [*specs, mig_spec])
+        await delete_crds(api, fabric_crds)
 
 
 @pytest.mark.anyio
@@ -525,10 +569,12 @@ async def test_observe_mode_uses_exactly_its_read_only_grants(
     core = client.CoreV1Api(api)
     spec = GpuNodeSpec("obs-gpu", labels={"pyctl.e2e/obs": "true"})
     pyctl: Pyctl | None = None
+    fabric_crds: list[str] = []
     try:
         apply_monitoring_crds(admin, tmp_path)
         restricted_namespace(admin, ns)
         await apply_nrt_crd(api)
+        fabric_crds = await apply_fabric_crds(api)
         await create_nodes(api, [spec])
         await core.create_namespaced_pod(
             "default", body(gpu_pod("obs-pod", 1, label="obs-e2e", node="obs-gpu"))
@@ -574,3 +620,4 @@ async def test_observe_mode_uses_exactly_its_read_only_grants(
         kubectl(admin, "delete", "namespace", ns, "--wait=false", check=False)
         kubectl(admin, "delete", "pod", "obs-pod", "--grace-period=0", check=False)
         await delete_nodes(api, [spec])
+        await delete_crds(api, fabric_crds)

@@ -339,6 +339,41 @@ def claim_template() -> dict[str, Any]:
     }
 
 
+def topology(api_version: str, name: str = "fabric") -> dict[str, Any]:
+    """Kueue's (kueue.x-k8s.io/v1beta1) or KAI's (kai.scheduler/v1alpha1) Topology."""
+    return {
+        "apiVersion": api_version,
+        "kind": "Topology",
+        "metadata": {"name": name, "uid": f"uid-topology-{name}"},
+        "spec": {
+            "levels": [
+                {"nodeLabel": "network.topology.nvidia.com/spine"},
+                {"nodeLabel": "nvidia.com/gpu.clique"},
+                {"nodeLabel": "kubernetes.io/hostname"},
+            ]
+        },
+    }
+
+
+def compute_domain_clique(cd: str = "cd-uid", clique: str = "uuid-a.1") -> dict[str, Any]:
+    """The NVIDIA DRA driver's ComputeDomainClique (resource.nvidia.com/v1beta1)."""
+    return {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "ComputeDomainClique",
+        "metadata": {"name": f"{cd}.{clique}", "namespace": "nvidia-dra-driver-gpu"},
+        "daemons": [
+            {
+                "nodeName": n,
+                "ipAddress": f"10.0.0.{i}",
+                "cliqueID": clique,
+                "index": i,
+                "status": "Ready",
+            }
+            for i, n in enumerate(("a", "c"))
+        ],
+    }
+
+
 TEMPLATES: dict[str, list[Any]] = {
     "Node": [node("a"), node("c", gpus=4), node("s", gpus=0)],
     "Pod": [
@@ -367,6 +402,10 @@ TEMPLATES: dict[str, list[Any]] = {
     ],
     "ResourceClaim": [claim("a", allocated=True), claim("q"), shared_claim()],
     "ResourceClaimTemplate": [claim_template()],
+    # the fabric's sources (docs/fabric.md)
+    "KueueTopology": [topology("kueue.x-k8s.io/v1beta1")],
+    "KaiTopology": [topology("kai.scheduler/v1alpha1")],
+    "ComputeDomainClique": [compute_domain_clique()],
 }
 
 # -- mutations ------------------------------------------------------------------------------------

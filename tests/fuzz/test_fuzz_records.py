@@ -65,10 +65,14 @@ RECORDS: dict[Kind, Any] = {
     "Pod": pod("ml", "p", "gpu-1"),
     "PodDisruptionBudget": pdb("ml", "llm"),
     "NodeResourceTopology": nrt("gpu-1"),
-    # DRA records, decoded from the fuzz tier's templates (the simulated NVIDIA driver's objects)
+    # DRA records, decoded from the fuzz tier's templates (the simulated NVIDIA driver's
+    # objects), and the fabric's sources
     **{
         k: decode_object(k, json.dumps(gen.TEMPLATES[k][-1]).encode())
-        for k in ("DeviceClass", "ResourceSlice", "ResourceClaim", "ResourceClaimTemplate")
+        for k in (
+            *("DeviceClass", "ResourceSlice", "ResourceClaim", "ResourceClaimTemplate"),
+            *("KueueTopology", "KaiTopology", "ComputeDomainClique"),
+        )
     },
 }
 ENCODED = st.sampled_from(KINDS).flatmap(

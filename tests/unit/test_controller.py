@@ -9,7 +9,16 @@ import anyio
 import pytest
 
 from pyctl.app.config import ConfigError, load_config
-from pyctl.cluster.records import DRA_KINDS, KINDS, Event, Kind, NodeRecord, PodRecord, Record
+from pyctl.cluster.records import (
+    DRA_KINDS,
+    FABRIC_KINDS,
+    KINDS,
+    Event,
+    Kind,
+    NodeRecord,
+    PodRecord,
+    Record,
+)
 from pyctl.cluster.sim.scenario import inference_day
 from pyctl.cluster.sim.source import SimClusterSource
 from pyctl.cluster.source import EventSink
@@ -160,7 +169,7 @@ async def test_store_outage_keeps_serving_then_catches_up() -> None:
     ctl.store_ok = True
     # list everything, then the store goes away while events keep coming
     await ctl.replace("Node", [NodeRecord("n1", gpus=8)], "1")
-    for kind in ("Pod", "PodDisruptionBudget", "NodeResourceTopology", *DRA_KINDS):
+    for kind in ("Pod", "PodDisruptionBudget", "NodeResourceTopology", *DRA_KINDS, *FABRIC_KINDS):
         await ctl.replace(kind, [], "1")
     await ctl._flush()
     assert ctl.ready() == (True, "ok")

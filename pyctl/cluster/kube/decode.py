@@ -32,7 +32,7 @@ from pyctl.cluster.bounds import (
     BoundsError,
 )
 from pyctl.cluster.gangs import kueue_waiting, pod_gang
-from pyctl.cluster.kube import dra_decode, dra_wire, wire
+from pyctl.cluster.kube import dra_decode, dra_wire, fabric_decode, wire
 from pyctl.cluster.kube.sharing import (
     HAMI_ALLOCATED,
     HAMI_SCHEDULER,
@@ -560,6 +560,9 @@ _WIRE: Final[dict[str, type[Any]]] = {
     "ResourceSlice": dra_wire.ResourceSlice,
     "ResourceClaim": dra_wire.ResourceClaim,
     "ResourceClaimTemplate": dra_wire.ResourceClaimTemplate,
+    "KueueTopology": wire.Topology,
+    "KaiTopology": wire.Topology,
+    "ComputeDomainClique": wire.ComputeDomainClique,
 }
 _TO_RECORD: Final[dict[str, Callable[[Any], Record]]] = {
     "Node": node_record,
@@ -570,9 +573,21 @@ _TO_RECORD: Final[dict[str, Callable[[Any], Record]]] = {
     "ResourceSlice": dra_decode.slice_record,
     "ResourceClaim": dra_decode.claim_record,
     "ResourceClaimTemplate": dra_decode.claim_template_record,
+    "KueueTopology": fabric_decode.kueue_topology_record,
+    "KaiTopology": fabric_decode.kai_topology_record,
+    "ComputeDomainClique": fabric_decode.clique_record,
 }
 _DECODERS: Final = {k: msgspec.json.Decoder(v) for k, v in _WIRE.items()}
-_CHECKED_AFTER: Final = frozenset(("DeviceClass", "ResourceClaim", "ResourceClaimTemplate"))
+_CHECKED_AFTER: Final = frozenset(
+    (
+        "DeviceClass",
+        "ResourceClaim",
+        "ResourceClaimTemplate",
+        "KueueTopology",
+        "KaiTopology",
+        "ComputeDomainClique",
+    )
+)
 _LINE: Final = msgspec.json.Decoder(wire.WatchLine)
 _STATUS: Final = msgspec.json.Decoder(wire.Status)
 

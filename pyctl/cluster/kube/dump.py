@@ -114,6 +114,23 @@ class Listed:
         return DraContext.of(classes, slices, claims, templates)
 
 
+#: kinds whose name in a dump is not pyctl's: Kueue's and KAI's `Topology` (by API group)
+_BY_GROUP: dict[tuple[str, str], Kind] = {
+    ("kueue.x-k8s.io", "Topology"): "KueueTopology",
+    ("kai.scheduler", "Topology"): "KaiTopology",
+}
+
+
+def _kind(o: Mapping[str, Any]) -> Kind | None:
+    kind = o.get("kind")
+    if kind in KINDS:
+        return kind  # type: ignore[no-any-return]
+    api = o.get("apiVersion")
+    if isinstance(kind, str) and isinstance(api, str):
+        return _BY_GROUP.get((api.partition("/")[0], kind))
+    return None
+
+
 def read_dump(data: Any, name: str = "kubectl dump") -> Listed:
     """The objects of a dump whose kind the controller watches, decoded as a list's items are;
     an item that does not decode is left out with its reason. Items of other kinds are skipped.
@@ -125,9 +142,9 @@ def read_dump(data: Any, name: str = "kubectl dump") -> Listed:
         raise DumpError(f"{name}: 'items' must be a list")
     listed = Listed({k: [] for k in KINDS})
     for i, o in enumerate(items):
-        if not isinstance(o, Mapping) or o.get("kind") not in KINDS:
+        kind = _kind(o) if isinstance(o, Mapping) else None
+        if kind is None:
             continue
-        kind: Kind = o["kind"]
         try:
             listed.records[kind].append(decode_object(kind, o))
         except DecodeError as e:

@@ -92,6 +92,21 @@ RESOURCES: Final[Mapping[Kind, Resource]] = {
         namespaced=True,
         optional=True,
     ),
+    # the fabric's sources (docs/fabric.md): the levels of Kueue's and KAI's Topology objects and
+    # the NVIDIA DRA driver's cliques, watched where their CRDs are served
+    "KueueTopology": Resource(
+        "KueueTopology", "kueue.x-k8s.io/v1beta1", "topologies", namespaced=False, optional=True
+    ),
+    "KaiTopology": Resource(
+        "KaiTopology", "kai.scheduler/v1alpha1", "topologies", namespaced=False, optional=True
+    ),
+    "ComputeDomainClique": Resource(
+        "ComputeDomainClique",
+        "resource.nvidia.com/v1beta1",
+        "computedomaincliques",
+        namespaced=True,
+        optional=True,
+    ),
 }
 
 

@@ -3,7 +3,7 @@ decoding a watch event skips everything else without building the generated mode
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 
@@ -267,3 +267,28 @@ class WatchLine(msgspec.Struct):
 
     type: str
     object: msgspec.Raw
+
+
+# -- the fabric's sources (docs/fabric.md): each item of a list is read on its own when the record
+# is made (`kube/fabric_decode.py`), so one bad level or daemon is left out, not the object
+
+
+class TopologySpec(msgspec.Struct):
+    levels: list[Any] | None = None
+
+
+class Topology(msgspec.Struct):
+    """Kueue's (kueue.x-k8s.io/v1beta1) and KAI's (kai.scheduler/v1alpha1) `Topology`: the same
+    shape, `spec.levels[].nodeLabel`, the widest level first."""
+
+    metadata: Meta = msgspec.field(default_factory=Meta)
+    spec: TopologySpec = msgspec.field(default_factory=TopologySpec)
+
+
+class ComputeDomainClique(msgspec.Struct):
+    """The NVIDIA DRA driver's `ComputeDomainClique` (resource.nvidia.com/v1beta1): `daemons`
+    of `{nodeName, ipAddress, cliqueID, index, status}` (api/nvidia.com/resource/v1beta1/
+    computedomainclique.go), at the object's top level."""
+
+    metadata: Meta = msgspec.field(default_factory=Meta)
+    daemons: list[Any] | None = None

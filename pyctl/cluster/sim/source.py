@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 import anyio
 import anyio.lowlevel
 
-from pyctl.cluster.records import DRA_KINDS, Event, Kind, Record
+from pyctl.cluster.records import DRA_KINDS, FABRIC_KINDS, Event, Kind, Record
 from pyctl.cluster.sim.cluster import Clock, SimCluster, SimPod
 from pyctl.cluster.sim.record import Recorder
 from pyctl.cluster.sim.scenario import Scenario
@@ -130,7 +130,8 @@ class SimClusterSource:
         await sink.replace("Node", [c.node_record(n) for n in c.nodes], rv())
         await sink.replace("NodeResourceTopology", [c.nrt_record(n.name) for n in c.nodes], rv())
         await sink.replace("PodDisruptionBudget", [], rv())
-        for kind in DRA_KINDS:  # the simulated cluster has no DRA driver
+        # the simulated cluster has no DRA driver, and no Topology or ComputeDomainClique objects
+        for kind in (*DRA_KINDS, *FABRIC_KINDS):
             await sink.replace(kind, [], rv())
         await sink.replace("Pod", [], rv())
         if self.lockstep is not None:
