@@ -65,7 +65,9 @@ def plot_series(csv_path: Path, png: Path, cliques: int, title: str) -> None:
     x = [int(r[0]) for r in body]
     fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=100)
     for k, name in enumerate(head[1:], start=1):
-        ax.plot(x, [float(r[k]) for r in body], label=name, lw=2 if name.startswith("pyctl") else 1.2)
+        ax.plot(
+            x, [float(r[k]) for r in body], label=name, lw=2 if name.startswith("pyctl") else 1.2
+        )
     ax.set_xlabel("GPU request arrived, % of capacity")
     ax.set_ylabel(f"whole cliques (of {cliques})")
     ax.set_title(title, fontsize=9)

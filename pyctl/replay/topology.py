@@ -560,10 +560,11 @@ def gang_pyctl(c: Cluster, g: GangArrival) -> list[tuple[int, Assignment]] | Non
 
 @dataclass(frozen=True)
 class RepairBudget:
-    """pyctl-repair's protocol (docs/topology-replay.md, "Repair"): a repair round for the
-    pending gangs, oldest first, each time another `every_pct` of the capacity has arrived, and
-    one for a gang the moment it finds no clique; the planner's limits for one gang's repair;
-    the eviction budget."""
+    """The protocol of the policies that repair (docs/topology-replay.md, "Repair"): a repair
+    round for the pending gangs, oldest first, each time another `every_pct` of the capacity
+    has arrived, and one for a gang the moment it finds no clique; the planner's limits for one
+    gang's repair; the eviction budget; and, for a policy that also defragments, the planner's
+    defragmentation in each round."""
 
     #: evictions, counted over the run, are at most this % of the pods arrived so far
     evict_pct: float = 2.0
@@ -576,11 +577,10 @@ class RepairBudget:
     rescue_depth: int = 3
     rescue_budget: int = 4096
     max_moves: int = 64
-    #: each repair round also runs the planner's defragmentation (the controller's rounds do),
-    #: at most `round_moves` moves a round, each lowering F(M) by more than `min_gain`
-    defragment: bool = False
+    #: a defragmenting policy's rounds: at most `round_moves` moves a round, each lowering F(M)
+    #: by more than `min_gain` milli-GPU (the trace replay's: docs/simulator.md)
     round_moves: int = 20
-    min_gain: float = 1000.0
+    min_gain: float = 1.0
     #: defragmentation stops at this share of the eviction budget (the rest is the repairs')
     defrag_share: float = 0.75
 
@@ -663,7 +663,9 @@ class Repair:
         """The planner's defragmentation over every single pod placed (the controller's round),
         within `allowance` evictions; the moves made."""
         b = self.budget
-        n = min(b.round_moves, allowance - int((1.0 - b.defrag_share) * (allowance + self.evictions)))
+        n = min(
+            b.round_moves, allowance - int((1.0 - b.defrag_share) * (allowance + self.evictions))
+        )
         if n <= 0:
             return 0
         c = self.c
@@ -733,6 +735,8 @@ class Policy:
     doc: str
     #: pending gangs are repaired (`Repair`)
     repair: bool = False
+    #: and each repair round runs the planner's defragmentation (`Repair.defragment`)
+    defragment: bool = False
 
 
 POLICIES: tuple[Policy, ...] = (
@@ -747,6 +751,14 @@ POLICIES: tuple[Policy, ...] = (
         gang_pyctl,
         "pyctl, and pending gangs repaired by the controller's domain rule and planner",
         repair=True,
+    ),
+    Policy(
+        "pyctl-compact",
+        choose_pyctl,
+        gang_pyctl,
+        "pyctl-repair, and the planner's defragmentation every round",
+        repair=True,
+        defragment=True,
     ),
 )
 POLICY_NAMES: tuple[str, ...] = tuple(p.name for p in POLICIES)
@@ -873,7 +885,7 @@ def run(
                 elif not repair(tag, g):
                     still.append((tag, g))
             pending = still
-        if fix is not None and fix.budget.defragment and arrived * 100 >= next_repair * cap:
+        if fix is not None and pol.defragment and arrived * 100 >= next_repair * cap:
             fix.defragment(fix.allowance(out.pods_arrived))
             out.evictions = fix.evictions
         if fix is not None:

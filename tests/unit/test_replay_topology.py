@@ -246,3 +246,33 @@ def test_the_replays_clique_is_the_controllers_gang_domain_decision(seed: int) -
             assert (where, why) == (dest, "")
         else:
             assert where == frozenset(c.names[i] for i in c.fabric.cliques[clique]), why
+
+
+def test_defragmentation_moves_single_pods_within_the_budget_and_never_a_gangs() -> None:
+    # a gang of 4 x 4 in c0, one 1-GPU pod on each of n01 and n04: for M's 4-GPU shape, one of
+    # them moved beside the other frees a whole node (F(M) falls by 3 GPUs' worth)
+    c = T.Cluster(three_cliques(), M)
+    fix = T.Repair(c)
+    assert T.gang_pyctl(c, GANG4) is not None
+    _place(c, fix, "a", 1, ONE)
+    _place(c, fix, "b", 4, ONE)
+    assert fix.defragment(0) == 0
+    assert fix.defragment(4) == 1  # one move suffices; then no move lowers F(M)
+    assert fix.evictions == 1
+    assert {fix.pods["a"][0], fix.pods["b"][0]} in ({1}, {4})
+    assert [c.idle(i) for i in (0, 3, 6, 9)] == [0, 0, 0, 0]
+    assert fix.defragment(4) == 0
+
+
+def test_a_repairing_run_keeps_its_evictions_within_the_budget() -> None:
+    trace = load_trace(TINY)
+    v = T.Variant(domain_nodes=5, gang_share=0.5)
+    for policy in ("pyctl-repair", "pyctl-compact"):
+        r = T.run(trace, policy, 5, v)
+        assert r.evictions <= 0.02 * r.pods_arrived  # 2% of 39 pods: none here
+        assert r.last.gangs_placed <= r.last.gangs_arrived
+    loose = T.run(trace, "pyctl-compact", 1, v, T.RepairBudget(evict_pct=20.0))
+    assert 0 < loose.evictions <= 0.20 * loose.pods_arrived
+    assert loose.unallocated_pct() < T.run(trace, "pyctl", 1, v).unallocated_pct()
+    tight = T.run(trace, "pyctl-compact", 1, v, T.RepairBudget(evict_pct=0.0))
+    assert tight.evictions == 0
