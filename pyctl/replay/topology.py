@@ -14,7 +14,11 @@ The variant (`Variant`, seeded):
   (`cpu_per_gpu`, `mem_per_gpu` per GPU) that must all run inside one domain of the clique level;
 - the replay stops once the arrived GPU request (trace tasks and gangs, placed or not) reaches
   `stop_pct` of the GPU capacity. Arrival only, as in the FGD protocol (docs/simulator.md): a trace
-  task that fits nowhere fails, a gang that no domain holds stays pending (never partly placed).
+  task that fits nowhere fails, a gang that no domain holds stays pending (never partly placed);
+- the policies that repair (`Repair`) make room for a pending gang with the controller's
+  decisions: the clique by `pyctl.core.fabric.cheapest_domain` (the rule of the controller's
+  `gang_domain`), the moves of single pods by the one planner (`pyctl.core.policy.plan`), every
+  move an eviction within a budget (`RepairBudget`).
 
 Every policy places through the core's model (`pyctl.core.fragmentation.FragmentationModel`, the
 same code the controller and the extender run): a pod's placement on a node (which GPUs, which
