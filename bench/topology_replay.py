@@ -1,8 +1,9 @@
 """The trace replay with a fabric (issue 33, part 6; docs/topology-replay.md): the default openb
 trace's nodes in NVLink cliques and leaves, gangs added to its arrivals, replayed under
 topology-blind FGD, Kueue TAS BestFit, Kueue TAS with LeastFreeCapacity for pods without a
-topology request, KAI/Volcano domain bin-packing and pyctl (placement only: the repair of a
-pending gang is not part of this replay), one run per policy and seed, seeds 42.. .
+topology request, KAI/Volcano domain bin-packing, pyctl (placement only) and pyctl-repair (pending
+gangs repaired by moving single pods out of the clique the controller chooses, within an eviction
+budget of --evict-pct of the pods arrived), one run per policy and seed, seeds 42.. .
 
 Usage: python bench/topology_replay.py TRACE_DIR [--seeds N] [--gang-share F] [--policies A,B]
        [--csv PATH] [--png PATH]
@@ -10,7 +11,8 @@ Per policy (medians over the seeds, at 100% arrived): unallocated GPU %, gang GP
 % (GPUs of the gangs placed / GPUs of the gangs arrived), gangs pending, whole cliques, pods
 evicted %. The whole cliques at each percent arrived (median over the seeds) go to --csv and,
 plotted, to --png. Last line: `topology_replay: at 100% arrived (median of N seeds), unallocated
-GPU / gang demand served: fgd U% / G%, ..., pyctl U% / G%; evicted 0.00%`.
+GPU / gang demand served: fgd U% / G%, ..., pyctl-repair U% / G%; evicted E%` (E: the most of
+any policy).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 
 from _common import REPO
 
-from pyctl.replay.topology import POLICY_NAMES, TopologyRun, Variant, run
+from pyctl.replay.topology import POLICY_NAMES, RepairBudget, TopologyRun, Variant, run
 from pyctl.replay.trace import TraceError, load_trace
 
 
@@ -63,7 +65,9 @@ def plot_series(csv_path: Path, png: Path, cliques: int, title: str) -> None:
     x = [int(r[0]) for r in body]
     fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=100)
     for k, name in enumerate(head[1:], start=1):
-        ax.plot(x, [float(r[k]) for r in body], label=name, lw=2 if name == "pyctl" else 1.2)
+        ax.plot(
+            x, [float(r[k]) for r in body], label=name, lw=2 if name.startswith("pyctl") else 1.2
+        )
     ax.set_xlabel("GPU request arrived, % of capacity")
     ax.set_ylabel(f"whole cliques (of {cliques})")
     ax.set_title(title, fontsize=9)
@@ -82,6 +86,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--gang-share", type=float, default=Variant().gang_share)
     ap.add_argument("--domain-nodes", type=int, default=Variant().domain_nodes)
     ap.add_argument("--policies", default=",".join(POLICY_NAMES))
+    ap.add_argument(
+        "--evict-pct",
+        type=float,
+        default=RepairBudget().evict_pct,
+        help="pyctl-repair's eviction budget, %% of the pods arrived (default 2)",
+    )
     ap.add_argument("--csv", default=str(REPO / "docs" / "img" / "topology-replay.csv"))
     ap.add_argument("--png", default=str(REPO / "docs" / "img" / "topology-replay.png"))
     ap.add_argument("--no-plot", action="store_true")
@@ -99,10 +109,11 @@ def main(argv: list[str]) -> int:
         )
         return 2
     v = Variant(gang_share=args.gang_share, domain_nodes=args.domain_nodes)
+    budget = RepairBudget(evict_pct=args.evict_pct)
     seeds = list(range(42, 42 + args.seeds))
     runs: dict[str, list[TopologyRun]] = {}
     for p in policies:
-        runs[p] = [run(trace, p, s, v) for s in seeds]
+        runs[p] = [run(trace, p, s, v, budget) for s in seeds]
     first = runs[policies[0]][0]
     print(
         f"trace default: {trace.node_count} nodes, {trace.gpu_count} GPUs, {first.cliques} cliques"

@@ -53,6 +53,37 @@ def valid_domain(value: str) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class DomainChoice:
+    """The domain a rescue makes room in for a gang none of whose pods runs (`cheapest_domain`)."""
+
+    domain: str
+    #: whole GPUs of the domain no pod uses
+    idle: int
+    #: GPUs still to free for the whole gang there (its GPUs less `idle`, at least 0)
+    to_free: int
+
+
+def cheapest_domain(need: int, gpus: Mapping[str, tuple[int, int]]) -> DomainChoice | None:
+    """The one rule, for the controller (`pyctl.workflows.compaction.gang_domain`) and the
+    topology replay alike, of where to make room for a gang needing `need` whole GPUs in one
+    domain, given each candidate domain's (idle whole GPUs, all GPUs): the domain cheapest to
+    free for the whole gang (the fewest GPUs to free: `need` less its idle GPUs), ties to the
+    one with the least idle GPU (the tightest), then by name; only domains with GPUs enough for
+    the gang. None when none has."""
+    best: tuple[int, int, str] | None = None
+    for domain, (idle, total) in gpus.items():
+        if total < need:
+            continue
+        cand = (max(need - idle, 0), idle, domain)
+        if best is None or cand < best:
+            best = cand
+    if best is None:
+        return None
+    to_free, idle, domain = best
+    return DomainChoice(domain, idle, to_free)
+
+
+@dataclass(frozen=True, slots=True)
 class GangDemand:
     """A gang of the workload: `pods` pods of `shape` (its index in the workload) in one domain."""
 

@@ -14,7 +14,11 @@ The variant (`Variant`, seeded):
   (`cpu_per_gpu`, `mem_per_gpu` per GPU) that must all run inside one domain of the clique level;
 - the replay stops once the arrived GPU request (trace tasks and gangs, placed or not) reaches
   `stop_pct` of the GPU capacity. Arrival only, as in the FGD protocol (docs/simulator.md): a trace
-  task that fits nowhere fails, a gang that no domain holds stays pending (never partly placed).
+  task that fits nowhere fails, a gang that no domain holds stays pending (never partly placed);
+- the policies that repair (`Repair`) make room for a pending gang with the controller's
+  decisions: the clique by `pyctl.core.fabric.cheapest_domain` (the rule of the controller's
+  `gang_domain`), the moves of single pods by the one planner (`pyctl.core.policy.plan`), every
+  move an eviction within a budget (`RepairBudget`).
 
 Every policy places through the core's model (`pyctl.core.fragmentation.FragmentationModel`, the
 same code the controller and the extender run): a pod's placement on a node (which GPUs, which
@@ -31,6 +35,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from pyctl.controller.domains import DomainIdle
+from pyctl.core import policy as planner
+from pyctl.core.fabric import cheapest_domain
 from pyctl.core.fragmentation import FragmentationModel, derive_workload, shape_dict
 from pyctl.core.inputs import ShapeInput
 from pyctl.core.types import Assignment, RankedRaw
@@ -553,12 +559,188 @@ def gang_pyctl(c: Cluster, g: GangArrival) -> list[tuple[int, Assignment]] | Non
     return None
 
 
+# ---- repair: pyctl with repair ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RepairBudget:
+    """The protocol of the policies that repair (docs/topology-replay.md, "Repair"): a repair
+    round for the pending gangs, oldest first, each time another `every_pct` of the capacity
+    has arrived, and one for a gang the moment it finds no clique; the planner's limits for one
+    gang's repair; the eviction budget; and, for a policy that also defragments, the planner's
+    defragmentation in each round."""
+
+    #: evictions, counted over the run, are at most this % of the pods arrived so far
+    evict_pct: float = 2.0
+    #: a repair round each time the arrived GPU request passes another `every_pct` % of capacity
+    every_pct: int = 1
+    #: the planner's limits (`PlanLimits`): most evictions to free one node (the controller's
+    #: `workflow.rescue_depth`), candidate sets per rescue (its `rescue_budget`), and most
+    #: evictions one gang's repair may take (the controller plans 3 a round; the replay makes a
+    #: gang's rounds at once)
+    rescue_depth: int = 3
+    rescue_budget: int = 4096
+    max_moves: int = 64
+    #: a defragmenting policy's rounds: at most `round_moves` moves a round, each lowering F(M)
+    #: by more than `min_gain` milli-GPU (the trace replay's: docs/simulator.md)
+    round_moves: int = 20
+    min_gain: float = 1.0
+    #: defragmentation stops at this share of the eviction budget (the rest is the repairs')
+    defrag_share: float = 0.75
+
+
+@dataclass(frozen=True)
+class RepairOutcome:
+    """One gang's repair: the clique chosen (None for a one-pod gang: no domain), the plan's
+    moves as made (pod key, from node, to node), and the gang's pods as placed (empty: it stays
+    pending)."""
+
+    clique: str | None
+    moves: tuple[tuple[str, int, int], ...]
+    placed: tuple[tuple[int, Assignment], ...]
+
+
+class Repair:
+    """pyctl with repair: the single pods placed (the movable ones: unconstrained, never a
+    gang's), the evictions made, and the repair of a pending gang. The decisions are the
+    controller's: the clique by `pyctl.core.fabric.cheapest_domain` (the rule of
+    `pyctl.workflows.compaction.gang_domain`), the moves by the one planner
+    (`pyctl.core.policy.plan`, the controller's `FragmentModel.plan`) with the gang's pods as
+    pending pods allowed on the clique's nodes alone."""
+
+    def __init__(self, c: Cluster, budget: RepairBudget | None = None) -> None:
+        self.c = c
+        self.budget = budget or RepairBudget()
+        self.index = {n: i for i, n in enumerate(c.names)}
+        #: pod key -> (node, assignment, shape) of each single pod placed
+        self.pods: dict[str, tuple[int, Assignment, Shape]] = {}
+        self.evictions = 0
+        self.repairs = 0
+        self._dest: dict[Shape, tuple[int, ...]] = {}
+
+    def placed(self, key: str, i: int, a: Assignment, shape: Shape) -> None:
+        self.pods[key] = (i, a, shape)
+
+    def dest(self, shape: Shape) -> tuple[int, ...]:
+        """The nodes whose capacity admits a pod of `shape` (the scheduler's resource filter)."""
+        hit = self._dest.get(shape)
+        if hit is None:
+            c = self.c
+            hit = self._dest[shape] = tuple(
+                i
+                for i in range(len(c.names))
+                if c.gpus[i] >= shape.gpus
+                and c.cpu_cap[i] >= shape.cpu_milli
+                and c.mem_cap[i] >= shape.memory_mib
+            )
+        return hit
+
+    def clique_for(self, g: GangArrival) -> str | None:
+        """The clique the controller would make room in for `g` (none of whose pods runs):
+        `cheapest_domain` over each clique's idle whole GPUs and GPUs, on the nodes of `dest`."""
+        c = self.c
+        gpus: dict[str, tuple[int, int]] = {}
+        for i in self.dest(g.shape):
+            name = c.fabric.clique_of[i]
+            idle, total = gpus.get(name, (0, 0))
+            gpus[name] = (idle + sum(1 for u in c.used[i] if u == 0), total + c.gpus[i])
+        best = cheapest_domain(g.pods * g.shape.gpus, gpus)
+        return None if best is None else best.domain
+
+    def allowance(self, pods_arrived: int) -> int:
+        return int(self.budget.evict_pct / 100 * pods_arrived) - self.evictions
+
+    def _apply_moves(self, moves: Sequence[planner.Move]) -> list[tuple[str, int, int]]:
+        c = self.c
+        out = []
+        for m in moves:
+            i, a, shape = self.pods[m.pod]
+            j = self.index[m.to_node]
+            c.apply(i, a, place=False)
+            c.apply(j, m.assignment)
+            self.pods[m.pod] = (j, m.assignment, shape)
+            out.append((m.pod, i, j))
+        self.evictions += len(out)
+        return out
+
+    def defragment(self, allowance: int) -> int:
+        """The planner's defragmentation over every single pod placed (the controller's round),
+        within `allowance` evictions; the moves made."""
+        b = self.budget
+        n = min(
+            b.round_moves, allowance - int((1.0 - b.defrag_share) * (allowance + self.evictions))
+        )
+        if n <= 0:
+            return 0
+        c = self.c
+        movable = [
+            planner.MovablePod(key, c.names[i], a, shape)
+            for key, (i, a, shape) in self.pods.items()
+        ]
+        limits = planner.PlanLimits(max_moves=n, min_gain=b.min_gain, rescue_depth=0)
+        plan = planner.plan(c.model, movable, [], c.workload, limits)
+        return len(self._apply_moves(plan.moves))
+
+    def repair(self, g: GangArrival, allowance: int, tag: str) -> RepairOutcome | None:
+        """Make room for pending gang `g` and place it whole, within `allowance` evictions;
+        None when the planner finds no room for every pod of the gang (nothing moves then)."""
+        if allowance <= 0:
+            return None
+        c = self.c
+        b = self.budget
+        dest = self.dest(g.shape)
+        clique = self.clique_for(g) if g.shape.gang is not None else None
+        if g.shape.gang is not None:
+            if clique is None:
+                return None
+            members = set(c.fabric.cliques[clique])
+            where: Sequence[int] = [i for i in dest if i in members]
+        else:
+            where = dest
+        allowed = frozenset(c.names[i] for i in where)
+        on = set(where)
+        movable = [
+            planner.MovablePod(key, c.names[i], a, shape)
+            for key, (i, a, shape) in self.pods.items()
+            if i in on
+        ]
+        pending = [planner.PendingPod(f"{tag}/{k}", g.shape, allowed) for k in range(g.pods)]
+        limits = planner.PlanLimits(
+            max_moves=min(b.max_moves, allowance),
+            rescue_depth=b.rescue_depth,
+            max_rescues=g.pods,
+            rescue_budget=b.rescue_budget,
+            defragment=False,
+        )
+        plan = planner.plan(c.model, movable, pending, c.workload, limits)
+        if plan.unrescued:
+            return None
+        moves = self._apply_moves(plan.moves)
+        self.repairs += 1
+        # the rescued pods where their room was held for them, the others by the policy
+        done: list[tuple[int, Assignment]] = []
+        for r in plan.rescues:
+            i = self.index[r.node]
+            c.apply(i, r.assignment)
+            done.append((i, r.assignment))
+        rest = _trial(c, g.shape, g.pods - len(done), where, choose_pyctl)
+        if rest is None:
+            for i, a in reversed(done):
+                c.apply(i, a, place=False)
+            return RepairOutcome(clique, tuple(moves), ())
+        return RepairOutcome(clique, tuple(moves), tuple(done + rest))
+
+
 @dataclass(frozen=True)
 class Policy:
     name: str
     single: Chooser
     gang: Callable[[Cluster, GangArrival], list[tuple[int, Assignment]] | None]
     doc: str
+    #: pending gangs are repaired (`Repair`)
+    repair: bool = False
+    #: and each repair round runs the planner's defragmentation (`Repair.defragment`)
+    defragment: bool = False
 
 
 POLICIES: tuple[Policy, ...] = (
@@ -567,6 +749,21 @@ POLICIES: tuple[Policy, ...] = (
     Policy("kueue-lfc", choose_lfc, gang_kueue_bestfit, "Kueue TAS: pods LeastFreeCapacity"),
     Policy("kai-binpack", choose_fgd, gang_binpack, "KAI/Volcano domain bin-packing"),
     Policy("pyctl", choose_pyctl, gang_pyctl, "pyctl: the policy and the domain order"),
+    Policy(
+        "pyctl-repair",
+        choose_pyctl,
+        gang_pyctl,
+        "pyctl, and pending gangs repaired by the controller's domain rule and planner",
+        repair=True,
+    ),
+    Policy(
+        "pyctl-compact",
+        choose_pyctl,
+        gang_pyctl,
+        "pyctl-repair, and the planner's defragmentation every round",
+        repair=True,
+        defragment=True,
+    ),
 )
 POLICY_NAMES: tuple[str, ...] = tuple(p.name for p in POLICIES)
 
@@ -628,20 +825,41 @@ def workload_of(arrived: Sequence[Arrival]) -> Workload:
     return derive_workload(shapes)
 
 
-def run(trace: Trace, policy: str, seed: int, variant: Variant | None = None) -> TopologyRun:
-    """One replay of the variant (`seed`) under `policy` (one of `POLICY_NAMES`)."""
+def run(
+    trace: Trace,
+    policy: str,
+    seed: int,
+    variant: Variant | None = None,
+    budget: RepairBudget | None = None,
+) -> TopologyRun:
+    """One replay of the variant (`seed`) under `policy` (one of `POLICY_NAMES`; `budget`: the
+    repair's, for a policy that repairs)."""
     v = variant or Variant()
     pol = {p.name: p for p in POLICIES}[policy]
     t0 = time.perf_counter()
     fabric = build_fabric(trace, v, seed)
     stream = arrivals(trace, v, seed)
     c = Cluster(fabric, workload_of(stream))
+    fix = Repair(c, budget) if pol.repair else None
     cap = trace.gpu_count * GPU_MILLI
     out = TopologyRun(policy, seed, cap, len(fabric.cliques))
     arrived = 0
     next_pct = 1
+    next_repair = fix.budget.every_pct if fix is not None else 0
     gangs = [0, 0, 0, 0]  # arrived, placed, milli arrived, milli placed
-    for a in stream:
+    pending: list[tuple[str, GangArrival]] = []
+
+    def repair(tag: str, g: GangArrival) -> bool:
+        assert fix is not None
+        got = fix.repair(g, fix.allowance(out.pods_arrived), tag)
+        out.evictions = fix.evictions
+        if got is None or not got.placed:
+            return False
+        gangs[1] += 1
+        gangs[3] += g.gpu_milli
+        return True
+
+    for n, a in enumerate(stream):
         if isinstance(a, GangArrival):
             gangs[0] += 1
             gangs[2] += a.gpu_milli
@@ -649,6 +867,8 @@ def run(trace: Trace, policy: str, seed: int, variant: Variant | None = None) ->
             if pol.gang(c, a) is not None:
                 gangs[1] += 1
                 gangs[3] += a.gpu_milli
+            elif fix is not None and not repair(f"gang-{n}", a):
+                pending.append((f"gang-{n}", a))
         else:
             out.pods_arrived += 1
             got = pol.single(c, a, None)
@@ -656,7 +876,25 @@ def run(trace: Trace, policy: str, seed: int, variant: Variant | None = None) ->
                 out.tasks_failed += 1
             else:
                 c.apply(got[0], got[1]["assignment"])
+                if fix is not None:
+                    fix.placed(f"pod-{n}", got[0], got[1]["assignment"], a)
         arrived += _request(a)
+        if fix is not None and pending and arrived * 100 >= next_repair * cap:
+            # a repair round: the pending gangs, oldest first (each tried as it arrives first)
+            still = []
+            for tag, g in pending:
+                if pol.gang(c, g) is not None:
+                    gangs[1] += 1
+                    gangs[3] += g.gpu_milli
+                elif not repair(tag, g):
+                    still.append((tag, g))
+            pending = still
+        if fix is not None and pol.defragment and arrived * 100 >= next_repair * cap:
+            fix.defragment(fix.allowance(out.pods_arrived))
+            out.evictions = fix.evictions
+        if fix is not None:
+            while arrived * 100 >= next_repair * cap:
+                next_repair += fix.budget.every_pct
         while next_pct <= v.stop_pct and arrived * 100 >= next_pct * cap:
             out.checkpoints.append(
                 Checkpoint(

@@ -28,7 +28,7 @@ from pyctl.cluster.translate import (
     shape_of,
 )
 from pyctl.core import policy
-from pyctl.core.fabric import valid_domain
+from pyctl.core.fabric import cheapest_domain, valid_domain
 from pyctl.core.fragmentation import FragmentationModel
 from pyctl.core.inputs import AssignmentInput
 from pyctl.model import Gang, Node, Shape, Snapshot, Workload
@@ -585,11 +585,11 @@ def gang_domain(
 ) -> tuple[frozenset[str], str]:
     """Where a rescue makes room for a pod of `gang` none of whose pods runs yet: the nodes of
     one domain of its level among `dest` (the scheduler's filters), the one cheapest to free
-    for the whole gang (the fewest GPUs to free: its `pods` x `want.gpus` less the domain's
-    idle GPUs), ties to the one with the least idle GPU (the tightest), then by name; only
-    domains with GPUs enough for the gang. So each round frees room in the same domain until
-    the gang's first pod lands there (then NodeFit confines the others to it). Returns `dest`
-    and "" when no domain of `dest` can hold the gang."""
+    for the whole gang (`pyctl.core.fabric.cheapest_domain`: the fewest GPUs to free, its
+    `pods` x `want.gpus` less the domain's idle GPUs; ties to the one with the least idle GPU,
+    then by name; only domains with GPUs enough for the gang). So each round frees room in the
+    same domain until the gang's first pod lands there (then NodeFit confines the others to
+    it). Returns `dest` and "" when no domain of `dest` can hold the gang."""
     need = gang.pods * want.gpus
     per: dict[str, list[str]] = {}
     for n in sorted(dest):
@@ -599,24 +599,22 @@ def gang_domain(
         v = dict(rec.labels).get(gang.key)
         if v is not None and valid_domain(v):
             per.setdefault(v, []).append(n)
-    best: tuple[int, int, str] | None = None
-    for domain, members in per.items():
-        total = sum(_all_gpus(models[n]) for n in members)
-        idle = sum(_idle_gpus(models[n]) for n in members)
-        if total < need:
-            continue
-        cand = (max(need - idle, 0), idle, domain)
-        if best is None or cand < best:
-            best = cand
+    gpus = {
+        domain: (
+            sum(_idle_gpus(models[n]) for n in members),
+            sum(_all_gpus(models[n]) for n in members),
+        )
+        for domain, members in per.items()
+    }
+    best = cheapest_domain(need, gpus)
     if best is None:
         return dest, ""
-    to_free, idle, domain = best
     why = (
         f"gang of {gang.pods} x {want.gpus} GPUs in one {gang.key} domain, none running yet: "
-        f"room made in {domain} ({idle} GPUs idle, {to_free} to free; the cheapest of "
-        f"{len(per)} domain(s) to free for the whole gang)"
+        f"room made in {best.domain} ({best.idle} GPUs idle, {best.to_free} to free; the "
+        f"cheapest of {len(per)} domain(s) to free for the whole gang)"
     )
-    return frozenset(per[domain]), why
+    return frozenset(per[best.domain]), why
 
 
 def _both_ways(model: Node, rec: NodeRecord) -> bool:

@@ -112,11 +112,13 @@ def test_the_topology_replay_bench_runs(tmp_path: Path) -> None:
     assert re.fullmatch(
         r"topology_replay: at 100% arrived \(median of 2 seeds\), unallocated GPU / gang demand "
         rf"served: fgd {cell}, kueue-bestfit {cell}, kueue-lfc {cell}, kai-binpack {cell}, "
-        rf"pyctl {cell}; evicted 0\.00%",
+        rf"pyctl {cell}, pyctl-repair {cell}, pyctl-compact {cell}; evicted \d\.\d\d%",
         lines[-1],
     ), lines[-1]
     rows = out.read_text().splitlines()
-    assert rows[0] == "arrived_pct,fgd,kueue-bestfit,kueue-lfc,kai-binpack,pyctl"
+    assert rows[0] == (
+        "arrived_pct,fgd,kueue-bestfit,kueue-lfc,kai-binpack,pyctl,pyctl-repair,pyctl-compact"
+    )
     assert [r.split(",")[0] for r in rows[1:]] == [str(p) for p in range(1, 101)]
     assert (tmp_path / "whole.png").stat().st_size > 0
 
