@@ -402,6 +402,26 @@ class _Round:
         )  # fmt: skip
 
 
+GANG_KEPT = "a running pod of a gang that must share one domain (moving it could break the domain)"
+
+
+def _keep_gangs_whole(
+    pods: Sequence[PodRecord], chosen: dict[int, policy.MovablePod], refused: dict[str, str]
+) -> None:
+    """Moves never break a gang's domain: a running pod that says its gang (Kueue's or KAI's
+    required topology, a LeaderWorkerSet group: `PodRecord.gang`) is not moved. (A gang of
+    required pod affinity needs no rule here: NodeFit keeps its pods' destinations in the
+    domain of the others.)"""
+    said = [p for p in pods if p.gang is not None and p.node]
+    if not said:
+        return
+    members = gangs_of(said)
+    for p in said:
+        if p.key in members and id(p) in chosen:
+            del chosen[id(p)]
+            refused[p.key] = GANG_KEPT
+
+
 def _nodes_of(pods: Iterable[PodRecord], keys: Mapping[str, str]) -> frozenset[str]:
     if not keys:
         return frozenset()
@@ -469,6 +489,7 @@ def plan_compaction(
         refused.update(block.refused)
         for p, item in block.items:
             chosen[id(p)] = item
+    _keep_gangs_whole(all_pods, chosen, refused)
     # in the order the pods were given (the planner breaks ties by it)
     items = [mp for p in all_pods if (mp := chosen.get(id(p))) is not None]
     holders = dict(reserved) if isinstance(reserved, Mapping) else {}

@@ -607,3 +607,41 @@ def test_the_next_round_keeps_to_the_domain_a_rescue_of_the_gang_holds(
     plan = _plan_kueue(nodes, pods, group[3:], group, dict.fromkeys(kept, "ns/other"))
     [rescue] = plan.rescues
     assert nodes[rescue.node].labels != nodes["n00"].labels
+
+
+@pytest.mark.parametrize("gang", [True, False])
+def test_a_running_pod_of_a_gang_is_not_moved(gang: bool) -> None:
+    """Two 4-GPU nodes of one clique: a one-GPU pod on n0, three on n1; M asks for 4 GPUs, so
+    defragmentation moves n0's pod to n1 (frees a whole node). When n0's pod and one of n1's say
+    they are a Kueue gang, the move is refused (it could take a gang's pod out of its domain);
+    without the gang, the control, it is planned."""
+    from pyctl.cluster.records import NodeRecord
+    from pyctl.cluster.translate import models_of
+    from pyctl.workflows.compaction import GANG_KEPT, plan_compaction
+
+    nodes = {
+        n: NodeRecord(n, gpu_model="H100-SXM5-80GB", cpu_milli=64000, memory_mib=1 << 20, gpus=4,
+                      labels=((CLIQUE, "a"),))
+        for n in ("n0", "n1")
+    }  # fmt: skip
+    said = PodGang(CLIQUE, "tp", 2) if gang else None
+    pods = [
+        PodRecord("ns", "g0", "u-g0", node="n0", phase="Running", cpu_milli=1000, gpus=1,
+                  owner_kind="ReplicaSet", owner_name="tp", gang=said),
+        PodRecord("ns", "g1", "u-g1", node="n1", phase="Running", cpu_milli=1000, gpus=1,
+                  owner_kind="ReplicaSet", owner_name="tp", gang=said),
+        *(
+            PodRecord("ns", f"r{i}", f"u-r{i}", node="n1", phase="Running", cpu_milli=1000,
+                      gpus=1, owner_kind="ReplicaSet", owner_name="web")
+            for i in range(2)
+        ),
+    ]  # fmt: skip
+    models = models_of(nodes.values(), (), pods)
+    work = Workload((Shape(cpu_milli=1000, gpus=4, gpu_milli=1000),))
+    plan = plan_compaction(models, nodes, pods, (), work)
+    moved = [m.pod for m in plan.moves]
+    if gang:
+        assert moved == []
+        assert plan.refused["ns/g0"] == GANG_KEPT
+    else:
+        assert moved == ["ns/g0"]
