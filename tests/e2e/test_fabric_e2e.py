@@ -81,6 +81,39 @@ def gauge(text: str, name: str, **labels: str) -> float | None:
     return samples(text, name).get(tuple(sorted(labels.items())))
 
 
+async def replicas_on_full_nodes(
+    api: client.ApiClient, nodes: tuple[str, ...], full: tuple[str, ...]
+) -> None:
+    """24 one-GPU replicas (tier `s`) on the four-GPU nodes `full` (the others cordoned
+    meanwhile, then uncordoned), under a PodDisruptionBudget of `maxUnavailable: 2`."""
+    core, apps, policy = client.CoreV1Api(api), client.AppsV1Api(api), client.PolicyV1Api(api)
+    for n in nodes:
+        if n not in full:
+            await core.patch_node(n, body({"spec": {"unschedulable": True}}))
+    await apps.create_namespaced_deployment("default", body(deployment("small", 24, 1, "s")))
+
+    async def placed() -> bool:
+        pods = running(await tier_pods(core, "s"))
+        return len(pods) == 24 and {p.spec.node_name for p in pods} == set(full)
+
+    await wait_until(placed, "24 replicas on the six full nodes", within=120)
+    for n in nodes:
+        await core.patch_node(n, body({"spec": {"unschedulable": None}}))
+    pdb = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "small", "namespace": "default"},
+        "spec": {"maxUnavailable": 2, "selector": {"matchLabels": {"app": LABEL, "tier": "s"}}},
+    }
+    await policy.create_namespaced_pod_disruption_budget("default", body(pdb))
+
+    async def pdb_ready() -> bool:
+        got = await policy.read_namespaced_pod_disruption_budget("small", "default")
+        return bool(got.status and got.status.disruptions_allowed == 2)
+
+    await wait_until(pdb_ready, "the PDB to allow two disruptions", within=60)
+
+
 @pytest.mark.anyio
 async def test_pyctl_frees_one_clique_for_a_group_that_must_share_one(
     control_plane: ControlPlane,
@@ -127,34 +160,7 @@ async def test_pyctl_frees_one_clique_for_a_group_that_must_share_one(
         pyctl.start("f0")
         sched.start()
         # -- 24 replicas on the two first nodes of each clique (the others cordoned) ----------
-        for n in NODES:
-            if n not in FULL:
-                await core.patch_node(n, body({"spec": {"unschedulable": True}}))
-        await apps.create_namespaced_deployment("default", body(deployment("small", 24, 1, "s")))
-
-        async def placed() -> bool:
-            pods = running(await tier_pods(core, "s"))
-            return len(pods) == 24 and {p.spec.node_name for p in pods} == set(FULL)
-
-        await wait_until(placed, "24 replicas on the six full nodes", within=120)
-        for n in NODES:
-            await core.patch_node(n, body({"spec": {"unschedulable": None}}))
-        pdb = {
-            "apiVersion": "policy/v1",
-            "kind": "PodDisruptionBudget",
-            "metadata": {"name": "small", "namespace": "default"},
-            "spec": {
-                "maxUnavailable": 2,
-                "selector": {"matchLabels": {"app": LABEL, "tier": "s"}},
-            },
-        }
-        await policy.create_namespaced_pod_disruption_budget("default", body(pdb))
-
-        async def pdb_ready() -> bool:
-            got = await policy.read_namespaced_pod_disruption_budget("small", "default")
-            return bool(got.status and got.status.disruptions_allowed == 2)
-
-        await wait_until(pdb_ready, "the PDB to allow two disruptions", within=60)
+        await replicas_on_full_nodes(api, NODES, FULL)
 
         async def domains_seen() -> bool:
             return gauge(pyctl.metrics(), "pyctl_level_domains", cluster="e2e", level=CLIQUE) == 3

@@ -35,7 +35,7 @@ from pyctl.dev.gpu_nodes import GpuNodeSpec, body, node_manifest, wait_nodes_rea
 from pyctl.dev.kueue import QUEUE_LABEL, KueueManager
 from tests.e2e.conftest import WaitTimeout, wait_until
 from tests.e2e.test_crash_e2e import ControllerProcess
-from tests.e2e.test_fabric_e2e import deployment, running, tier_pods
+from tests.e2e.test_fabric_e2e import replicas_on_full_nodes, running, tier_pods
 from tests.redis_servers import RedisServer
 
 pytestmark = [pytest.mark.e2e]
@@ -254,34 +254,7 @@ async def test_kueue_admits_the_group_once_pyctl_has_freed_a_clique(
         # -- 24 replicas on the two first nodes of each clique, placed through pyctl's extender --
         pyctl.start("k0")
         sched.start()
-        for n in NODES:
-            if n not in FULL:
-                await core.patch_node(n, body({"spec": {"unschedulable": True}}))
-        await apps.create_namespaced_deployment("default", body(deployment("small", 24, 1, "s")))
-
-        async def placed() -> bool:
-            pods = running(await tier_pods(core, "s"))
-            return len(pods) == 24 and {p.spec.node_name for p in pods} == set(FULL)
-
-        await wait_until(placed, "24 replicas on the six full nodes", within=120)
-        for n in NODES:
-            await core.patch_node(n, body({"spec": {"unschedulable": None}}))
-        pdb = {
-            "apiVersion": "policy/v1",
-            "kind": "PodDisruptionBudget",
-            "metadata": {"name": "small", "namespace": "default"},
-            "spec": {
-                "maxUnavailable": 2,
-                "selector": {"matchLabels": {"app": LABEL, "tier": "s"}},
-            },
-        }
-        await policy.create_namespaced_pod_disruption_budget("default", body(pdb))
-
-        async def pdb_ready() -> bool:
-            got = await policy.read_namespaced_pod_disruption_budget("small", "default")
-            return bool(got.status and got.status.disruptions_allowed == 2)
-
-        await wait_until(pdb_ready, "the PDB to allow two disruptions", within=60)
+        await replicas_on_full_nodes(api, NODES, FULL)
         # -- without pyctl: Kueue keeps the group out ------------------------------------------
         assert pyctl.kill() is None, f"pyctl exited by itself: see {tmp_path}"
         for i in range(4):
