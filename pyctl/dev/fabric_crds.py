@@ -8,12 +8,11 @@ with the fields pyctl reads as their projects' CRDs declare them (Kueue's
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from kubernetes_asyncio import client
 
-from pyctl.dev.gpu_nodes import body
+from pyctl.dev.gpu_nodes import apply_crd
 
 #: (group, version, plural, kind, scope) of each
 FABRIC_CRDS: tuple[tuple[str, str, str, str, str], ...] = (
@@ -83,24 +82,11 @@ def crd_manifest(group: str, version: str, plural: str, kind: str, scope: str) -
 async def apply_fabric_crds(api: client.ApiClient, within: float = 30.0) -> list[str]:
     """Create the CRDs that are missing and wait until each is Established; returns the names of
     those it created (a cluster with the real Kueue keeps its own)."""
-    ext = client.ApiextensionsV1Api(api)
     created = []
     for spec in FABRIC_CRDS:
         crd = crd_manifest(*spec)
-        name = crd["metadata"]["name"]
-        try:
-            await ext.create_custom_resource_definition(body(crd))
-            created.append(name)
-        except client.ApiException as exc:
-            if exc.status != 409:
-                raise
-        async with asyncio.timeout(within):
-            while True:
-                got = await ext.read_custom_resource_definition(name)
-                conditions = (got.status.conditions or []) if got.status else []
-                if any(c.type == "Established" and c.status == "True" for c in conditions):
-                    break
-                await asyncio.sleep(0.1)
+        if await apply_crd(api, crd, within):
+            created.append(str(crd["metadata"]["name"]))
     return created
 
 

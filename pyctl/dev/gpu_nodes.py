@@ -188,25 +188,31 @@ def nrt_crd_manifest() -> JsonObject:
     return crd
 
 
-async def apply_nrt_crd(api: client.ApiClient, within: float = 30.0) -> None:
-    """Create the NodeResourceTopology CRD (if missing) and wait until it is Established."""
-    crd = nrt_crd_manifest()
-    name = as_object(crd.get("metadata"), f"{NRT_CRD}: metadata").get("name")
+async def apply_crd(api: client.ApiClient, crd: JsonObject, within: float = 30.0) -> bool:
+    """Create a CRD (if missing) and wait until it is Established; whether it was created."""
+    name = as_object(crd.get("metadata"), "CRD: metadata").get("name")
     if not isinstance(name, str):
-        raise ValueError(f"{NRT_CRD}: metadata.name is not a string")
+        raise ValueError("CRD: metadata.name is not a string")
     ext = client.ApiextensionsV1Api(api)
+    created = True
     try:
         await ext.create_custom_resource_definition(body(crd))
     except client.ApiException as exc:
         if exc.status != 409:
             raise
+        created = False
     async with asyncio.timeout(within):
         while True:
             got = await ext.read_custom_resource_definition(name)
             conditions = (got.status.conditions or []) if got.status else []
             if any(c.type == "Established" and c.status == "True" for c in conditions):
-                return
+                return created
             await asyncio.sleep(0.1)
+
+
+async def apply_nrt_crd(api: client.ApiClient, within: float = 30.0) -> None:
+    """Create the NodeResourceTopology CRD (if missing) and wait until it is Established."""
+    await apply_crd(api, nrt_crd_manifest(), within)
 
 
 async def _bounded(jobs: Iterable[Any], concurrency: int) -> list[Any]:
