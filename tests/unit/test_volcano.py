@@ -92,7 +92,7 @@ def test_a_hypernodes_bad_members_are_left_out_and_counted_the_object_stays() ->
         {"type": "HyperNode", "selector": {"regexMatch": {"pattern": "^rack"}}},
         _node_member("labelMatch", {"matchExpressions": [{"key": RACK, "operator": "Near"}]}),
         _node_member("labelMatch", {"matchLabels": {"bad key!": "x"}}),
-        _node_member("labelMatch", {}),  # every node: not a member list
+        _node_member("labelMatch", {}),  # matches no node in Volcano
         _node_member("labelMatch", {"matchExpressions": [{"key": RACK, "operator": "In"}]}),
         _node_member("regexMatch", {"pattern": "^gpu-[0-9]+$"}),
     )

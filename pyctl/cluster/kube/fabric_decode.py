@@ -193,7 +193,7 @@ def _label_selector(raw: object) -> Selector | None:
     except msgspec.ValidationError:
         return None
     if not sel.matchLabels and not sel.matchExpressions:
-        return None  # every node: not a member list anyone means
+        return None  # Volcano matches no node with it (nodeMatchSelector)
     for k, v in sel.matchLabels.items():
         if not valid_label_key(k) or not (v == "" or valid_domain(v)):
             return None
