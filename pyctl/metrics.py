@@ -100,7 +100,7 @@ class Metrics:
         self.level_source = Gauge(
             "pyctl_level_source",
             "A level the fabric reads (1) and where it came from: config, kueue/<Topology>, "
-            "kai/<Topology>",
+            "kai/<Topology>, volcano/hypernodes",
             [*c, "level", "source"],
             registry=r,
         )
@@ -113,8 +113,8 @@ class Metrics:
         )
         self.fabric_source_problems = Gauge(
             "pyctl_fabric_source_problems",
-            "What the fabric's Topology and ComputeDomainClique objects had that pyctl left out "
-            "or overrode, by problem",
+            "What the fabric's Topology, ComputeDomainClique and HyperNode objects had that "
+            "pyctl left out or overrode, by problem",
             [*c, "problem"],
             registry=r,
         )

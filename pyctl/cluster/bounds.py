@@ -94,6 +94,15 @@ MAX_CLIQUE_NODES: Final = 1024
 #: `ComputeDomainClique` objects whose nodes fill in a clique (one per ComputeDomain and clique);
 #: past it the rest (in namespace/name order) are left out, counted
 MAX_CLIQUE_OBJECTS: Final = 16384
+#: members one Volcano `HyperNode` names (nodes, patterns, label selectors, HyperNodes)
+MAX_HYPERNODE_MEMBERS: Final = 1024
+#: Volcano `HyperNode` objects read (in name order; past it the rest are left out, counted)
+MAX_HYPERNODES: Final = 16384
+#: a `HyperNode` member's `regexMatch.pattern` (the CRD sets no bound); see
+#: `fabric_decode.safe_pattern` for the patterns read at all
+MAX_PATTERN_CHARS: Final = 256
+#: `regexMatch` members read over all `HyperNode` objects (each is tried on every node's name)
+MAX_HYPERNODE_PATTERNS: Final = 64
 
 #: a workload shape's weight (a workload file may give counts instead of shares); the core
 #: normalises weights, so a sum that overflows to inf would silently weigh every shape 0

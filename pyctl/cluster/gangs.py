@@ -12,6 +12,11 @@ Read from what users write on their pods:
   (label `leaderworkerset.sigs.k8s.io/group-key`), its size the annotation
   `leaderworkerset.sigs.k8s.io/size` (leader and workers: the whole group, also before all its
   pods exist);
+- Volcano: a PodGroup (`scheduling.volcano.sh/v1beta1`) whose `spec.networkTopology.mode` is
+  `hard` (the CRD's default); its pods are those whose annotation `scheduling.k8s.io/group-name`
+  (or `scheduling.volcano.sh/group-name`) names it, in its namespace; the gang's size is its
+  `minMember` (or the pods that exist, if more), its level the synthetic key of its
+  `highestTierAllowed` (`fabric_sources.tier_key`; a `soft` PodGroup is no gang);
 - a required pod affinity term whose topology key
 is not the hostname and whose selector matches the pod's own labels (in its own namespace), as a
 LeaderWorkerSet group or a hand-written "all of us in one clique" deployment says: the pods that
@@ -48,6 +53,18 @@ KAI_GROUP = "pod-group-name"
 LWS_EXCLUSIVE = "leaderworkerset.sigs.k8s.io/exclusive-topology"
 LWS_GROUP = "leaderworkerset.sigs.k8s.io/group-key"
 LWS_SIZE = "leaderworkerset.sigs.k8s.io/size"
+#: the annotations that name a pod's Volcano PodGroup (the first wins)
+VOLCANO_GROUP = ("scheduling.k8s.io/group-name", "scheduling.volcano.sh/group-name")
+
+
+def volcano_group(annotations: Mapping[str, str]) -> str:
+    """The Volcano PodGroup a pod's annotations name ("": none, or no object name)."""
+    for key in VOLCANO_GROUP:
+        name = annotations.get(key)
+        if name:
+            ok = len(name) <= MAX_NAME_CHARS and all(c.isalnum() or c in "-." for c in name)
+            return name if ok and name.isascii() else ""
+    return ""
 
 
 def pod_gang(
@@ -112,8 +129,12 @@ def _own_term(p: PodRecord) -> PodTerm | None:
     return None
 
 
-def gangs_of(pods: Iterable[PodRecord]) -> dict[str, Gang]:
-    """Pod key -> its gang, for every pod in a gang of at least two pods."""
+def gangs_of(
+    pods: Iterable[PodRecord], pod_groups: Mapping[str, tuple[str, int]] | None = None
+) -> dict[str, Gang]:
+    """Pod key -> its gang, for every pod in a gang of at least two pods. `pod_groups`: the
+    Volcano PodGroups that are gangs, `namespace/name` -> (level key, minMember)
+    (`fabric_sources.volcano_gangs`)."""
     groups: defaultdict[tuple[str, PodTerm], list[str]] = defaultdict(list)
     said: defaultdict[tuple[str, str, str], list[str]] = defaultdict(list)
     sizes: dict[tuple[str, str, str], int] = {}
@@ -125,6 +146,13 @@ def gangs_of(pods: Iterable[PodRecord]) -> dict[str, Gang]:
             said[named].append(p.key)
             sizes[named] = max(sizes.get(named, 0), p.gang.size)
             continue
+        if p.pod_group and pod_groups:
+            vg = pod_groups.get(f"{p.namespace}/{p.pod_group}")
+            if vg is not None:
+                named = (p.namespace, f"volcano:{p.pod_group}", vg[0])
+                said[named].append(p.key)
+                sizes[named] = vg[1]
+                continue
         t = _own_term(p)
         if t is None:
             continue

@@ -41,6 +41,8 @@ Kind: TypeAlias = Literal[
     "KueueTopology",
     "KaiTopology",
     "ComputeDomainClique",
+    "HyperNode",
+    "PodGroup",
 ]
 #: the kinds of Dynamic Resource Allocation (resource.k8s.io/v1), watched where served
 DRA_KINDS: tuple[Kind, ...] = (
@@ -50,8 +52,15 @@ DRA_KINDS: tuple[Kind, ...] = (
     "ResourceClaimTemplate",
 )
 #: the sources of the fabric's levels and cliques (docs/fabric.md), watched where served: Kueue's
-#: and KAI's `Topology` objects, the NVIDIA DRA driver's `ComputeDomainClique` objects
-FABRIC_KINDS: tuple[Kind, ...] = ("KueueTopology", "KaiTopology", "ComputeDomainClique")
+#: and KAI's `Topology` objects, the NVIDIA DRA driver's `ComputeDomainClique` objects, Volcano's
+#: `HyperNode` tree (levels) and `PodGroup` objects (gangs of a `networkTopology`)
+FABRIC_KINDS: tuple[Kind, ...] = (
+    "KueueTopology",
+    "KaiTopology",
+    "ComputeDomainClique",
+    "HyperNode",
+    "PodGroup",
+)
 KINDS: tuple[Kind, ...] = (
     "Node",
     "Pod",
@@ -287,6 +296,10 @@ class PodRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True
     #: pending because a scheduling gate holds it back (Kueue's admission, `gangs.kueue_waiting`),
     #: not because a scheduler found no room: it does not take room that is free
     gated: bool = False
+    #: the Volcano PodGroup it belongs to (annotation `scheduling.k8s.io/group-name`, or
+    #: `scheduling.volcano.sh/group-name`), in its namespace: a gang where that PodGroup's
+    #: `networkTopology` is hard (`gangs.gangs_of`)
+    pod_group: str = ""
 
     @property
     def key(self) -> str:
@@ -381,6 +394,46 @@ class CliqueRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=T
         return f"{self.namespace}/{self.name}"
 
 
+class HyperNodeRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
+    """Volcano's `HyperNode` (topology.volcano.sh/v1alpha1): one domain of its tier (1 the
+    narrowest) and its members, those pyctl could read. `tier` 0: none pyctl models (absent, not a
+    number in 1..`bounds.MAX_LEVELS`). `dropped` counts the members it could not take (no or
+    several selectors, a name that is no DNS subdomain, a pattern that is not `safe_pattern`,
+    a selector that does not decode, past `bounds.MAX_HYPERNODE_MEMBERS`)."""
+
+    name: str
+    resource_version: str = ""
+    tier: int = 0
+    tier_name: str = ""
+    #: member nodes by name (`exactMatch`)
+    nodes: tuple[str, ...] = ()
+    #: member nodes by a pattern on their name (`regexMatch`)
+    patterns: tuple[str, ...] = ()
+    #: member nodes by their labels (`labelMatch`)
+    label_selectors: tuple[Selector, ...] = ()
+    #: member HyperNodes by name
+    children: tuple[str, ...] = ()
+    dropped: int = 0
+
+
+class PodGroupRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
+    """Volcano's `PodGroup` (scheduling.volcano.sh/v1beta1): `min_member` and, where its
+    `networkTopology` is `hard`, the highest tier its pods may span (`tier`, or `tier_name` to be
+    found among the HyperNodes' `tierName`s; 0 and "": none)."""
+
+    namespace: str
+    name: str
+    resource_version: str = ""
+    min_member: int = 0
+    hard: bool = False
+    tier: int = 0
+    tier_name: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
 Record: TypeAlias = (
     NodeRecord
     | PodRecord
@@ -393,12 +446,16 @@ Record: TypeAlias = (
     | KueueTopologyRecord
     | KaiTopologyRecord
     | CliqueRecord
+    | HyperNodeRecord
+    | PodGroupRecord
 )
 
 
 def record_key(r: Record) -> str:
     """The record's identity within its kind: the name, or namespace/name."""
-    if isinstance(r, PodRecord | PdbRecord | ClaimRecord | ClaimTemplateRecord | CliqueRecord):
+    if isinstance(
+        r, PodRecord | PdbRecord | ClaimRecord | ClaimTemplateRecord | CliqueRecord | PodGroupRecord
+    ):
         return r.key
     return r.name
 
@@ -415,6 +472,8 @@ _KIND_OF: dict[type, Kind] = {
     KueueTopologyRecord: "KueueTopology",
     KaiTopologyRecord: "KaiTopology",
     CliqueRecord: "ComputeDomainClique",
+    HyperNodeRecord: "HyperNode",
+    PodGroupRecord: "PodGroup",
 }
 
 
@@ -447,6 +506,8 @@ _DECODERS: dict[str, msgspec.json.Decoder[Any]] = {
     "KueueTopology": msgspec.json.Decoder(KueueTopologyRecord),
     "KaiTopology": msgspec.json.Decoder(KaiTopologyRecord),
     "ComputeDomainClique": msgspec.json.Decoder(CliqueRecord),
+    "HyperNode": msgspec.json.Decoder(HyperNodeRecord),
+    "PodGroup": msgspec.json.Decoder(PodGroupRecord),
 }
 
 
@@ -505,6 +566,10 @@ def tombstone(ref: ObjectRef) -> Record | None:
         return KaiTopologyRecord(ref.name)
     if ref.kind == "ComputeDomainClique":
         return CliqueRecord(ref.namespace, ref.name)
+    if ref.kind == "HyperNode":
+        return HyperNodeRecord(ref.name)
+    if ref.kind == "PodGroup":
+        return PodGroupRecord(ref.namespace, ref.name)
     return None
 
 
@@ -577,6 +642,7 @@ _TEXT_BOUNDS: dict[str, int | tuple[int, int]] = {
             *("scheduler", "extended_claim", "claim", "template", "generated", "pod_claim_name"),
             *("class_name", "driver", "pool", "device", "counter_set", "request", "resource"),
             *("namespaces", "values"),
+            *("nodes", "children", "tier_name", "pod_group"),
         ),
         _NAME,
     ),
@@ -585,6 +651,7 @@ _TEXT_BOUNDS: dict[str, int | tuple[int, int]] = {
     "value": _VALUE,
     **dict.fromkeys(("labels", "match_labels", "node_selector"), (_KEY, _VALUE)),
     "selectors": b.DRA_BOUNDS["selector_length"],
+    "patterns": b.MAX_PATTERN_CHARS,
 }
 #: fields whose bound differs in one struct: a device attribute's value (a string attribute of
 #: k8s.io/api/resource/v1 is at most 64 characters; a version 64 too)
@@ -764,6 +831,20 @@ def check_record(r: Record) -> None:
         _name(where, r.namespace, r.name)
         b.check_len(f"{where} daemons", len(r.members), b.MAX_CLIQUE_NODES)
         b.check(f"{where} daemons left out", r.dropped, b.MAX_OBJECT_BYTES)
+    elif isinstance(r, HyperNodeRecord):
+        where = f"HyperNode {r.name[:253]}"
+        _name(where, r.name)
+        b.check(f"{where} tier", r.tier, b.MAX_LEVELS)
+        members = len(r.nodes) + len(r.patterns) + len(r.label_selectors) + len(r.children)
+        b.check_len(f"{where} members", members, b.MAX_HYPERNODE_MEMBERS)
+        b.check(f"{where} members left out", r.dropped, b.MAX_OBJECT_BYTES)
+        for s in r.label_selectors:
+            _selector(where, s)
+    elif isinstance(r, PodGroupRecord):
+        where = f"PodGroup {r.namespace[:63]}/{r.name[:253]}"
+        _name(where, r.namespace, r.name)
+        b.check(f"{where} minMember", r.min_member, b.MAX_GANG_PODS)
+        b.check(f"{where} tier", r.tier, b.MAX_LEVELS)
     else:
         _check_dra(r)
 

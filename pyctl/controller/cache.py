@@ -18,12 +18,14 @@ from pyctl.cluster.dra_records import (
 from pyctl.cluster.records import (
     CliqueRecord,
     Event,
+    HyperNodeRecord,
     KaiTopologyRecord,
     Kind,
     KueueTopologyRecord,
     NodeRecord,
     NrtRecord,
     PdbRecord,
+    PodGroupRecord,
     PodRecord,
     Record,
     record_key,
@@ -47,10 +49,22 @@ def _nodes_of(r: Record) -> Iterable[str]:
     elif isinstance(r, CliqueRecord):
         for node, _ in r.members:
             yield node
+    elif isinstance(r, HyperNodeRecord):
+        yield from r.nodes
+
+
+def _names_nodes_by_rule(*records: Record | None) -> bool:
+    """Whether a HyperNode holds nodes other than by name (a pattern, labels, HyperNodes below
+    it): a change to it may change any node's domains."""
+    return any(
+        isinstance(r, HyperNodeRecord) and bool(r.patterns or r.label_selectors or r.children)
+        for r in records
+    )
 
 
 _DRA_TYPES = (DeviceClassRecord, SliceRecord, ClaimRecord, ClaimTemplateRecord)
-_FABRIC_TYPES = (KueueTopologyRecord, KaiTopologyRecord, CliqueRecord)
+#: the sources of the levels and the filled-in labels (a PodGroup changes gangs, read with M)
+_FABRIC_TYPES = (KueueTopologyRecord, KaiTopologyRecord, CliqueRecord, HyperNodeRecord)
 
 
 def is_pending(p: PodRecord) -> bool:
@@ -78,6 +92,9 @@ class ClusterCache:
         self.kueue_topologies: dict[str, KueueTopologyRecord] = {}
         self.kai_topologies: dict[str, KaiTopologyRecord] = {}
         self.cliques: dict[str, CliqueRecord] = {}
+        self.hypernodes: dict[str, HyperNodeRecord] = {}
+        #: Volcano's PodGroups (gangs where their networkTopology is hard), by namespace/name
+        self.pod_groups: dict[str, PodGroupRecord] = {}
         self.fabric_version = 0
         self.pods_by_node: dict[str, dict[str, PodRecord]] = defaultdict(dict)
         self.slices_by_node: dict[str, dict[str, SliceRecord]] = defaultdict(dict)
@@ -110,6 +127,8 @@ class ClusterCache:
             "KueueTopology": self.kueue_topologies,  # type: ignore[dict-item]
             "KaiTopology": self.kai_topologies,  # type: ignore[dict-item]
             "ComputeDomainClique": self.cliques,  # type: ignore[dict-item]
+            "HyperNode": self.hypernodes,  # type: ignore[dict-item]
+            "PodGroup": self.pod_groups,  # type: ignore[dict-item]
         }
         return tables[kind]
 
@@ -163,6 +182,8 @@ class ClusterCache:
         if isinstance(r, _FABRIC_TYPES):
             self.fabric_version += 1
             dirty &= self.nodes.keys()  # a clique's nodes this cluster has (a node comes later)
+            if _names_nodes_by_rule(r, old):
+                dirty |= self.nodes.keys()
         if isinstance(r, PodRecord):
             if isinstance(old, PodRecord) and old.node and old.node != r.node:
                 self.pods_by_node[old.node].pop(key, None)
@@ -195,6 +216,8 @@ class ClusterCache:
             if isinstance(old, _FABRIC_TYPES):
                 self.fabric_version += 1
                 dirty &= self.nodes.keys()
+                if _names_nodes_by_rule(old):
+                    dirty |= self.nodes.keys()
             if isinstance(old, PodRecord):
                 if old.node:
                     self.pods_by_node[old.node].pop(key, None)

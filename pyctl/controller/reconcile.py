@@ -35,6 +35,7 @@ from pyctl.controller.fabric_sources import (
     fabric_levels,
     node_labels,
     object_cliques,
+    volcano_gangs,
 )
 from pyctl.controller.ignored import IgnoredObjects
 from pyctl.controller.summary import MAX_LEFT_OUT, Summary
@@ -295,7 +296,10 @@ class Reconciler:
         # GPU and MIG pods only: a CPU-only shape would count every idle GPU as fragment (FGD's
         # definition), which says nothing about GPU placement on a mixed pool
         shapes = []
-        gangs = gangs_of(self.cache.pods.values())
+        gangs = gangs_of(
+            self.cache.pods.values(),
+            volcano_gangs(self.cache.pod_groups.values(), self.fabric_sources()[1].hypernodes),
+        )
         for p in self.cache.pods.values():
             if p.terminated or not self.scope.admits(p):
                 continue
@@ -529,22 +533,26 @@ class Reconciler:
 
     def fabric_sources(self) -> tuple[Levels, CliqueFill]:
         """The levels the fabric reads (the configured ones, then those of Kueue's and KAI's
-        `Topology` objects) and the nodes' cliques from `ComputeDomainClique` objects
-        (docs/fabric.md), built again when one of those objects or the configured levels
-        change."""
+        `Topology` objects and the HyperNodes' tiers) and the nodes' cliques from
+        `ComputeDomainClique` objects and domains from HyperNodes (docs/fabric.md), built again
+        when one of those objects or the configured levels change."""
         version = self.cache.fabric_version
         got = self._sources
         if got is None or got[0] != version or got[1] != self.fabric_levels:
+            # each table copied in one step: the extender's threads may call this
+            fill = object_cliques(
+                list(self.cache.cliques.values()), list(self.cache.hypernodes.values())
+            )
             got = self._sources = (
                 version,
                 self.fabric_levels,
-                # each table copied in one step: the extender's threads may call this
                 fabric_levels(
                     self.fabric_levels,
                     list(self.cache.kueue_topologies.values()),
                     list(self.cache.kai_topologies.values()),
+                    fill.hypernodes.tiers,
                 ),
-                object_cliques(list(self.cache.cliques.values())),
+                fill,
             )
         return got[2], got[3]
 
@@ -627,6 +635,10 @@ class Reconciler:
             ("clique_daemons_unread", fill.items_left_out),
             ("clique_conflicts", fill.conflicts),
             ("clique_label_disagrees", disagree),
+            ("hypernodes_past_bound", fill.hypernodes.objects_left_out),
+            ("hypernode_members_unread", fill.hypernodes.items_left_out),
+            ("hypernode_patterns_past_bound", fill.hypernodes.patterns_left_out),
+            ("hypernode_conflicts", fill.hypernodes.conflicts),
         ):
             m.fabric_source_problems.labels(c, problem).set(n)
 

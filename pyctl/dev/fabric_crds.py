@@ -1,13 +1,17 @@
-"""The CRDs of the fabric's sources (docs/fabric.md), for test clusters without Kueue, KAI or the
-NVIDIA DRA driver: Kueue's `Topology` (kueue.x-k8s.io/v1beta1), KAI's `Topology`
-(kai.scheduler/v1alpha1) and the DRA driver's `ComputeDomainClique` (resource.nvidia.com/v1beta1),
+"""The CRDs of the fabric's sources (docs/fabric.md), for test clusters without Kueue, KAI, the
+NVIDIA DRA driver or Volcano: Kueue's `Topology` (kueue.x-k8s.io/v1beta1), KAI's `Topology`
+(kai.scheduler/v1alpha1), the DRA driver's `ComputeDomainClique` (resource.nvidia.com/v1beta1),
+Volcano's `HyperNode` (topology.volcano.sh/v1alpha1) and `PodGroup` (scheduling.volcano.sh/v1beta1),
 with the fields pyctl reads as their projects' CRDs declare them (Kueue's
 `apis/kueue/v1beta1/topology_types.go`, KAI's `kai.scheduler_topologies.yaml`, the driver's
-`api/nvidia.com/resource/v1beta1/computedomainclique.go`) and anything else kept.
+`api/nvidia.com/resource/v1beta1/computedomainclique.go`, volcano-sh/apis'
+`pkg/apis/topology/v1alpha1/hypernode_types.go` and `pkg/apis/scheduling/v1beta1/types.go`) and
+anything else kept (a member's selector, a PodGroup's other fields: minimal schemas).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from kubernetes_asyncio import client
@@ -19,6 +23,8 @@ FABRIC_CRDS: tuple[tuple[str, str, str, str, str], ...] = (
     ("kueue.x-k8s.io", "v1beta1", "topologies", "Topology", "Cluster"),
     ("kai.scheduler", "v1alpha1", "topologies", "Topology", "Cluster"),
     ("resource.nvidia.com", "v1beta1", "computedomaincliques", "ComputeDomainClique", "Namespaced"),
+    ("topology.volcano.sh", "v1alpha1", "hypernodes", "HyperNode", "Cluster"),
+    ("scheduling.volcano.sh", "v1beta1", "podgroups", "PodGroup", "Namespaced"),
 )
 
 _LEVELS: dict[str, Any] = {
@@ -52,8 +58,51 @@ _DAEMONS: dict[str, Any] = {
 }
 
 
+#: Volcano's objects: the fields pyctl reads typed, the rest (a member's selector, a PodGroup's
+#: other fields, the status) kept as written
+_OPEN: dict[str, Any] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+_HYPERNODE: dict[str, Any] = {
+    "type": "object",
+    "required": ["tier"],
+    "properties": {
+        "tier": {"type": "integer", "minimum": 0},
+        "tierName": {"type": "string", "maxLength": 253},
+        "members": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "type": {"type": "string", "enum": ["Node", "HyperNode"]},
+                    "selector": _OPEN,
+                },
+            },
+        },
+    },
+}
+_PODGROUP: dict[str, Any] = {
+    "type": "object",
+    "x-kubernetes-preserve-unknown-fields": True,
+    "properties": {
+        "minMember": {"type": "integer", "minimum": 0},
+        "networkTopology": {
+            "type": "object",
+            "properties": {
+                "mode": {"type": "string", "enum": ["hard", "soft"], "default": "hard"},
+                "highestTierAllowed": {"type": "integer", "minimum": 0},
+                "highestTierName": {"type": "string", "maxLength": 253},
+            },
+        },
+    },
+}
+
+
 def crd_manifest(group: str, version: str, plural: str, kind: str, scope: str) -> dict[str, Any]:
-    top: dict[str, Any] = {"spec": _LEVELS} if kind == "Topology" else {"daemons": _DAEMONS}
+    top: dict[str, Any] = {
+        "Topology": {"spec": _LEVELS},
+        "ComputeDomainClique": {"daemons": _DAEMONS},
+        "HyperNode": {"spec": _HYPERNODE, "status": _OPEN},
+        "PodGroup": {"spec": _PODGROUP, "status": _OPEN},
+    }[kind]
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -121,4 +170,33 @@ def clique_manifest(namespace: str, name: str, nodes: dict[str, str]) -> dict[st
             {"nodeName": n, "ipAddress": f"10.0.0.{i}", "cliqueID": c, "index": i}
             for i, (n, c) in enumerate(sorted(nodes.items()))
         ],
+    }
+
+
+def hypernode_manifest(
+    name: str, tier: int, nodes: Sequence[str] = (), children: Sequence[str] = ()
+) -> dict[str, Any]:
+    """A Volcano `HyperNode` of `tier` holding `nodes` and the HyperNodes `children` by name."""
+    members = [{"type": "Node", "selector": {"exactMatch": {"name": n}}} for n in nodes]
+    members += [{"type": "HyperNode", "selector": {"exactMatch": {"name": c}}} for c in children]
+    return {
+        "apiVersion": "topology.volcano.sh/v1alpha1",
+        "kind": "HyperNode",
+        "metadata": {"name": name},
+        "spec": {"tier": tier, "members": members},
+    }
+
+
+def pod_group_manifest(
+    namespace: str, name: str, min_member: int, tier: int, mode: str = "hard"
+) -> dict[str, Any]:
+    """A Volcano `PodGroup` of `min_member` pods whose `networkTopology` allows up to `tier`."""
+    return {
+        "apiVersion": "scheduling.volcano.sh/v1beta1",
+        "kind": "PodGroup",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "minMember": min_member,
+            "networkTopology": {"mode": mode, "highestTierAllowed": tier},
+        },
     }

@@ -12,9 +12,10 @@ chart installed) with only that identity, through
   kube-scheduler with pyctl's extender once compaction freed a zone;
 - a full MIG reconfiguration of a kwok A100 node, through the simulated mig-manager
   (pyctl/dev/mig_manager.py), for two pending `3g.20gb` pods;
-- the fabric's sources: the CRDs of Kueue's and KAI's `Topology` and the NVIDIA DRA driver's
-  `ComputeDomainClique` (pyctl/dev/fabric_crds.py), an object of each, the Topology objects'
-  levels read (`pyctl_level_source`).
+- the fabric's sources: the CRDs of Kueue's and KAI's `Topology`, the NVIDIA DRA driver's
+  `ComputeDomainClique` and Volcano's `HyperNode` and `PodGroup` (pyctl/dev/fabric_crds.py), an
+  object of each, the Topology objects' levels and the HyperNodes' tiers read
+  (`pyctl_level_source`).
 
 The API server's audit log (its policy records ServiceAccount requests at Metadata level) gives the
 calls the controller made: the test prints them as a table, asserts that none was refused (no 403)
@@ -49,6 +50,8 @@ from pyctl.dev.fabric_crds import (
     apply_fabric_crds,
     clique_manifest,
     delete_crds,
+    hypernode_manifest,
+    pod_group_manifest,
     topology_manifest,
 )
 from pyctl.dev.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body
@@ -108,6 +111,8 @@ DEFAULTS = {
     "/apis/kueue.x-k8s.io/v1beta1": "system:discovery (default)",
     "/apis/kai.scheduler/v1alpha1": "system:discovery (default)",
     "/apis/resource.nvidia.com/v1beta1": "system:discovery (default)",
+    "/apis/topology.volcano.sh/v1alpha1": "system:discovery (default)",
+    "/apis/scheduling.volcano.sh/v1beta1": "system:discovery (default)",
 }
 
 
@@ -295,6 +300,19 @@ async def test_the_controller_needs_exactly_the_charts_rbac_and_admission_confin
             "resource.nvidia.com", "v1beta1", PROTECTED, "computedomaincliques",
             clique_manifest(PROTECTED, "lp.u-1.1", {"lp-absent": "u-1.1"}),
         )  # fmt: skip
+        # Volcano: a rack of a node this cluster does not have, under a block, and a hard PodGroup
+        # of no pods
+        for hn in (
+            hypernode_manifest("lp-rack", 1, nodes=["lp-absent"]),
+            hypernode_manifest("lp-block", 2, children=["lp-rack"]),
+        ):
+            await custom.create_cluster_custom_object(
+                "topology.volcano.sh", "v1alpha1", "hypernodes", hn
+            )
+        await custom.create_namespaced_custom_object(
+            "scheduling.volcano.sh", "v1beta1", PROTECTED, "podgroups",
+            pod_group_manifest(PROTECTED, "lp", 2, 1),
+        )  # fmt: skip
         try:
             await core.delete_namespaced_config_map(CONFIGMAP, GPU_NS)
         except client.ApiException as exc:
@@ -332,11 +350,14 @@ async def test_the_controller_needs_exactly_the_charts_rbac_and_admission_confin
                         ("example.com/rack", "kueue/lp"),
                         ("example.com/block", "kueue/lp"),
                         ("example.com/hall", "kai/lp"),
+                        ("volcano.sh/hypernode-tier-1", "volcano/hypernodes"),
+                        ("volcano.sh/hypernode-tier-2", "volcano/hypernodes"),
                     )
                 )
 
-            # the Topology objects' levels, read through the API server as the ServiceAccount
-            await wait_until(fabric_levels_read, "the Topology objects' levels", within=60)
+            # the Topology objects' levels and the HyperNodes' tiers, read through the API
+            # server as the ServiceAccount
+            await wait_until(fabric_levels_read, "the fabric's sources' levels", within=60)
             await core.patch_node("lp-full", body({"spec": {"unschedulable": True}}))
             updater.hints["small-"] = [0, 1]
             small = gpu_deployment("small", 2, 1, "s", label=LABEL, selector=SEL)

@@ -374,6 +374,42 @@ def compute_domain_clique(cd: str = "cd-uid", clique: str = "uuid-a.1") -> dict[
     }
 
 
+def hypernode(name: str = "rack-1", tier: int = 1) -> dict[str, Any]:
+    """Volcano's HyperNode (topology.volcano.sh/v1alpha1): a member of each selector, and one
+    HyperNode member."""
+    return {
+        "apiVersion": "topology.volcano.sh/v1alpha1",
+        "kind": "HyperNode",
+        "metadata": {"name": name, "uid": f"uid-hypernode-{name}"},
+        "spec": {
+            "tier": tier,
+            "tierName": "rack",
+            "members": [
+                {"type": "Node", "selector": {"exactMatch": {"name": "a"}}},
+                {"type": "Node", "selector": {"regexMatch": {"pattern": "^c[0-9]*$"}}},
+                {
+                    "type": "Node",
+                    "selector": {"labelMatch": {"matchLabels": {"example.com/rack": "r1"}}},
+                },
+                {"type": "HyperNode", "selector": {"exactMatch": {"name": "block-1"}}},
+            ],
+        },
+    }
+
+
+def pod_group(name: str = "llm", mode: str = "hard") -> dict[str, Any]:
+    """Volcano's PodGroup (scheduling.volcano.sh/v1beta1) with a networkTopology."""
+    return {
+        "apiVersion": "scheduling.volcano.sh/v1beta1",
+        "kind": "PodGroup",
+        "metadata": {"name": name, "namespace": "ml", "uid": f"uid-podgroup-{name}"},
+        "spec": {
+            "minMember": 4,
+            "networkTopology": {"mode": mode, "highestTierAllowed": 1},
+        },
+    }
+
+
 TEMPLATES: dict[str, list[Any]] = {
     "Node": [node("a"), node("c", gpus=4), node("s", gpus=0)],
     "Pod": [
@@ -406,6 +442,8 @@ TEMPLATES: dict[str, list[Any]] = {
     "KueueTopology": [topology("kueue.x-k8s.io/v1beta1")],
     "KaiTopology": [topology("kai.scheduler/v1alpha1")],
     "ComputeDomainClique": [compute_domain_clique()],
+    "HyperNode": [hypernode()],
+    "PodGroup": [pod_group()],
 }
 
 # -- mutations ------------------------------------------------------------------------------------

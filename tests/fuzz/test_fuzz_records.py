@@ -71,7 +71,7 @@ RECORDS: dict[Kind, Any] = {
         k: decode_object(k, json.dumps(gen.TEMPLATES[k][-1]).encode())
         for k in (
             *("DeviceClass", "ResourceSlice", "ResourceClaim", "ResourceClaimTemplate"),
-            *("KueueTopology", "KaiTopology", "ComputeDomainClique"),
+            *("KueueTopology", "KaiTopology", "ComputeDomainClique", "HyperNode", "PodGroup"),
         )
     },
 }

@@ -58,6 +58,8 @@ def test_the_new_kinds_are_optional_resources_where_their_crds_serve_them() -> N
         "KueueTopology": ("/apis/kueue.x-k8s.io/v1beta1/topologies", True),
         "KaiTopology": ("/apis/kai.scheduler/v1alpha1/topologies", True),
         "ComputeDomainClique": ("/apis/resource.nvidia.com/v1beta1/computedomaincliques", True),
+        "HyperNode": ("/apis/topology.volcano.sh/v1alpha1/hypernodes", True),
+        "PodGroup": ("/apis/scheduling.volcano.sh/v1beta1/podgroups", True),
     }
     assert RESOURCES["ComputeDomainClique"].path("nv") == (
         "/apis/resource.nvidia.com/v1beta1/namespaces/nv/computedomaincliques"

@@ -31,7 +31,7 @@ from pyctl.cluster.bounds import (
     MAX_TEXT_CHARS,
     BoundsError,
 )
-from pyctl.cluster.gangs import kueue_waiting, pod_gang
+from pyctl.cluster.gangs import kueue_waiting, pod_gang, volcano_group
 from pyctl.cluster.kube import dra_decode, dra_wire, fabric_decode, wire
 from pyctl.cluster.kube.sharing import (
     HAMI_ALLOCATED,
@@ -343,6 +343,7 @@ def pod_record(p: wire.Pod) -> PodRecord:
         if annotations
         else None,
         gated,
+        volcano_group(annotations) if annotations else "",
     )
     # the wire types bound every list and string; what is left are the amounts (a fast path,
     # since this runs for every pod event: the full check only when one is out of bounds)
@@ -563,6 +564,8 @@ _WIRE: Final[dict[str, type[Any]]] = {
     "KueueTopology": wire.Topology,
     "KaiTopology": wire.Topology,
     "ComputeDomainClique": wire.ComputeDomainClique,
+    "HyperNode": wire.HyperNode,
+    "PodGroup": wire.PodGroup,
 }
 _TO_RECORD: Final[dict[str, Callable[[Any], Record]]] = {
     "Node": node_record,
@@ -576,6 +579,8 @@ _TO_RECORD: Final[dict[str, Callable[[Any], Record]]] = {
     "KueueTopology": fabric_decode.kueue_topology_record,
     "KaiTopology": fabric_decode.kai_topology_record,
     "ComputeDomainClique": fabric_decode.clique_record,
+    "HyperNode": fabric_decode.hypernode_record,
+    "PodGroup": fabric_decode.podgroup_record,
 }
 _DECODERS: Final = {k: msgspec.json.Decoder(v) for k, v in _WIRE.items()}
 _CHECKED_AFTER: Final = frozenset(
@@ -586,6 +591,8 @@ _CHECKED_AFTER: Final = frozenset(
         "KueueTopology",
         "KaiTopology",
         "ComputeDomainClique",
+        "HyperNode",
+        "PodGroup",
     )
 )
 _LINE: Final = msgspec.json.Decoder(wire.WatchLine)

@@ -114,16 +114,21 @@ class Listed:
         return DraContext.of(classes, slices, claims, templates)
 
 
-#: kinds whose name in a dump is not pyctl's: Kueue's and KAI's `Topology` (by API group)
+#: kinds read by API group: Kueue's and KAI's `Topology` (whose name in a dump is not pyctl's),
+#: Volcano's `HyperNode` and `PodGroup` (other schedulers have a `PodGroup` of their own)
 _BY_GROUP: dict[tuple[str, str], Kind] = {
     ("kueue.x-k8s.io", "Topology"): "KueueTopology",
     ("kai.scheduler", "Topology"): "KaiTopology",
+    ("topology.volcano.sh", "HyperNode"): "HyperNode",
+    ("scheduling.volcano.sh", "PodGroup"): "PodGroup",
 }
+#: pyctl's kinds whose real name other groups use too: read only from their own group
+_GROUPED: frozenset[str] = frozenset(("HyperNode", "PodGroup"))
 
 
 def _kind(o: Mapping[str, Any]) -> Kind | None:
     kind = o.get("kind")
-    if kind in KINDS:
+    if kind in KINDS and kind not in _GROUPED:
         return kind  # type: ignore[no-any-return]
     api = o.get("apiVersion")
     if isinstance(kind, str) and isinstance(api, str):

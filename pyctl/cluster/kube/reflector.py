@@ -107,6 +107,13 @@ RESOURCES: Final[Mapping[Kind, Resource]] = {
         namespaced=True,
         optional=True,
     ),
+    # Volcano's HyperNode tree (levels) and its PodGroups (gangs of a hard networkTopology)
+    "HyperNode": Resource(
+        "HyperNode", "topology.volcano.sh/v1alpha1", "hypernodes", namespaced=False, optional=True
+    ),
+    "PodGroup": Resource(
+        "PodGroup", "scheduling.volcano.sh/v1beta1", "podgroups", namespaced=True, optional=True
+    ),
 }
 
 

@@ -292,3 +292,33 @@ class ComputeDomainClique(msgspec.Struct):
 
     metadata: Meta = msgspec.field(default_factory=Meta)
     daemons: list[Any] | None = None
+
+
+class HyperNodeSpec(msgspec.Struct):
+    tier: Any = None
+    tierName: Any = None
+    members: list[Any] | None = None
+
+
+class HyperNode(msgspec.Struct):
+    """Volcano's `HyperNode` (topology.volcano.sh/v1alpha1, cluster-scoped): `spec.tier`,
+    `spec.tierName`, `spec.members[]` of `{type: Node|HyperNode, selector: {exactMatch: {name},
+    regexMatch: {pattern}, labelMatch: LabelSelector}}` (volcano-sh/apis
+    pkg/apis/topology/v1alpha1/hypernode_types.go)."""
+
+    metadata: Meta = msgspec.field(default_factory=Meta)
+    spec: HyperNodeSpec = msgspec.field(default_factory=HyperNodeSpec)
+
+
+class PodGroupSpec(msgspec.Struct):
+    minMember: Any = None
+    networkTopology: Any = None
+
+
+class PodGroup(msgspec.Struct):
+    """Volcano's `PodGroup` (scheduling.volcano.sh/v1beta1): `spec.minMember` and
+    `spec.networkTopology{mode, highestTierAllowed, highestTierName}` (volcano-sh/apis
+    pkg/apis/scheduling/v1beta1/types.go)."""
+
+    metadata: Meta = msgspec.field(default_factory=Meta)
+    spec: PodGroupSpec = msgspec.field(default_factory=PodGroupSpec)

@@ -1,0 +1,370 @@
+"""Volcano as a source of the fabric (docs/fabric.md): `HyperNode` objects give each node a
+domain at each tier (the synthetic levels `volcano.sh/hypernode-tier-<t>`), and a `PodGroup`
+whose `networkTopology` is hard makes its pods a gang at the tier it allows; decoded from good
+and hostile objects, resolved through nested HyperNodes, read by the controller and on a dump."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pyctl.cli.main import main
+from pyctl.cluster.bounds import MAX_HYPERNODE_MEMBERS, MAX_HYPERNODE_PATTERNS
+from pyctl.cluster.gangs import gangs_of, volcano_group
+from pyctl.cluster.kube.decode import DecodeError, decode_object
+from pyctl.cluster.kube.dump import read_dump
+from pyctl.cluster.kube.fabric_decode import safe_pattern
+from pyctl.cluster.records import (
+    Event,
+    HyperNodeRecord,
+    NodeRecord,
+    PodGroupRecord,
+    PodRecord,
+    Selector,
+    check_record,
+    decode_record,
+    encode_record,
+    record_key,
+)
+from pyctl.controller import fabric_sources as fs
+from pyctl.controller.cache import ClusterCache
+from pyctl.controller.reconcile import Reconciler
+from pyctl.metrics import Metrics
+from pyctl.model import Gang
+from tests.fuzz.gen import hypernode, pod_group
+
+T1, T2, T3 = fs.tier_key(1), fs.tier_key(2), fs.tier_key(3)
+RACK = "example.com/rack"
+
+
+def _enc(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc).encode()
+
+
+def _members(*items: Any) -> dict[str, Any]:
+    doc = hypernode("h")
+    doc["spec"]["members"] = list(items)
+    return doc
+
+
+def _node_member(how: str, value: Any) -> dict[str, Any]:
+    return {"type": "Node", "selector": {how: value}}
+
+
+# -- decode -----------------------------------------------------------------------------------
+
+
+def test_a_hypernode_decodes_to_its_tier_and_members() -> None:
+    rec = decode_object("HyperNode", _enc(hypernode("rack-1", tier=1)))
+    assert rec == HyperNodeRecord(
+        "rack-1",
+        tier=1,
+        tier_name="rack",
+        nodes=("a",),
+        patterns=("^c[0-9]*$",),
+        label_selectors=(Selector(((RACK, "r1"),)),),
+        children=("block-1",),
+    )
+    assert record_key(rec) == "rack-1"
+    check_record(rec)
+    assert decode_record("HyperNode", encode_record(rec)) == rec
+
+
+def test_a_hypernodes_bad_members_are_left_out_and_counted_the_object_stays() -> None:
+    doc = _members(
+        _node_member("exactMatch", {"name": "good"}),
+        "not a member",
+        {"type": "Rack", "selector": {"exactMatch": {"name": "x"}}},
+        {"type": "Node"},  # no selector
+        {"type": "Node", "selector": {"exactMatch": {"name": "x"}, "regexMatch": {"pattern": "x"}}},
+        _node_member("exactMatch", {"name": "Not_A_Name"}),
+        _node_member("exactMatch", {"name": "n" * 254}),
+        _node_member("exactMatch", {"name": "good"}),  # named twice
+        _node_member("regexMatch", {"pattern": "(a+)+$"}),  # catastrophic backtracking
+        _node_member("regexMatch", {"pattern": "[unclosed"}),
+        _node_member("regexMatch", {"pattern": "x" * 257}),
+        _node_member("regexMatch", {"pattern": 7}),
+        {"type": "HyperNode", "selector": {"regexMatch": {"pattern": "^rack"}}},
+        _node_member("labelMatch", {"matchExpressions": [{"key": RACK, "operator": "Near"}]}),
+        _node_member("labelMatch", {"matchLabels": {"bad key!": "x"}}),
+        _node_member("labelMatch", {}),  # matches no node in Volcano
+        _node_member("labelMatch", {"matchExpressions": [{"key": RACK, "operator": "In"}]}),
+        _node_member("regexMatch", {"pattern": "^gpu-[0-9]+$"}),
+    )
+    doc["spec"]["tier"] = "2"
+    doc["spec"]["tierName"] = "t" * 300
+    rec = decode_object("HyperNode", _enc(doc))
+    assert isinstance(rec, HyperNodeRecord)
+    assert (rec.tier, rec.tier_name, rec.nodes, rec.patterns) == (
+        0,
+        "",
+        ("good",),
+        ("^gpu-[0-9]+$",),
+    )
+    assert rec.dropped == 16
+    check_record(rec)
+
+
+@pytest.mark.parametrize("tier", [0, -1, 17, 2.5, True, None])
+def test_a_tier_pyctl_cannot_model_is_none(tier: Any) -> None:
+    doc = hypernode("h")
+    doc["spec"]["tier"] = tier
+    rec = decode_object("HyperNode", _enc(doc))
+    assert isinstance(rec, HyperNodeRecord)
+    assert rec.tier == 0
+
+
+def test_a_hypernode_naming_more_members_than_the_bound_keeps_the_first() -> None:
+    doc = _members(
+        *(_node_member("exactMatch", {"name": f"n{i}"}) for i in range(MAX_HYPERNODE_MEMBERS + 5))
+    )
+    rec = decode_object("HyperNode", _enc(doc))
+    assert isinstance(rec, HyperNodeRecord)
+    assert (len(rec.nodes), rec.dropped) == (MAX_HYPERNODE_MEMBERS, 5)
+
+
+@pytest.mark.parametrize(
+    "spec", [["members"], {"members": "all"}, {"members": {"type": "Node"}}, "x"]
+)
+def test_a_hypernode_that_is_not_one_is_refused_with_its_reason(spec: Any) -> None:
+    doc = hypernode("h")
+    doc["spec"] = spec
+    with pytest.raises(DecodeError):
+        decode_object("HyperNode", _enc(doc))
+
+
+def test_patterns_that_backtrack_badly_are_not_read() -> None:
+    for good in ("^node-[0-9]+$", "^rack1-n[0-9]{2}$", "gpu", "^(a|b)-x.*$", "^h100-(sxm|pcie)-1$"):
+        assert safe_pattern(good) is not None, good
+    for bad in ("(a+)+$", "a*a*b", "(x|xx)+y", r"(\w)\1", "(?=x)x", "(?!x)y", "[", "", None, 3):
+        assert safe_pattern(bad) is None, bad
+    # what is read stays fast on the longest node name (a search, as Volcano's Go regexp does)
+    p = safe_pattern(".*x")
+    assert p is not None
+    t = time.perf_counter()
+    for _ in range(100):
+        p.search("a" * 253)
+    assert time.perf_counter() - t < 1.0
+
+
+def test_a_podgroup_decodes_hard_or_soft_with_its_tier() -> None:
+    rec = decode_object("PodGroup", _enc(pod_group("llm")))
+    assert rec == PodGroupRecord("ml", "llm", min_member=4, hard=True, tier=1)
+    assert record_key(rec) == "ml/llm"
+    assert decode_record("PodGroup", encode_record(rec)) == rec
+    soft = decode_object("PodGroup", _enc(pod_group("llm", mode="soft")))
+    assert isinstance(soft, PodGroupRecord)
+    assert not soft.hard
+    # the CRD's default mode is hard
+    doc = pod_group("d")
+    doc["spec"]["networkTopology"] = {"highestTierName": "rack"}
+    named = decode_object("PodGroup", _enc(doc))
+    assert named == PodGroupRecord("ml", "d", min_member=4, hard=True, tier_name="rack")
+    # no networkTopology: no tier, never a gang
+    doc["spec"] = {"minMember": 2}
+    assert decode_object("PodGroup", _enc(doc)) == PodGroupRecord("ml", "d", min_member=2)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "want"),
+    [
+        ("minMember", -1, ("min_member", 0)),
+        ("minMember", "4", ("min_member", 0)),
+        ("minMember", 10**30, ("min_member", 0)),
+        ("networkTopology", {"highestTierAllowed": 0}, ("tier", 0)),
+        ("networkTopology", {"highestTierAllowed": "1"}, ("tier", 0)),
+        ("networkTopology", {"highestTierAllowed": 99}, ("tier", 0)),
+        ("networkTopology", {"mode": ["hard"], "highestTierAllowed": 1}, ("hard", False)),
+        ("networkTopology", "hard", ("hard", False)),
+    ],
+)
+def test_a_podgroups_hostile_fields_are_no_gang_never_an_error(
+    field: str, value: Any, want: tuple[str, Any]
+) -> None:
+    doc = pod_group("x")
+    doc["spec"][field] = value
+    rec = decode_object("PodGroup", _enc(doc))
+    assert getattr(rec, want[0]) == want[1]
+    check_record(rec)
+
+
+def test_a_pods_podgroup_annotation_is_on_its_record() -> None:
+    assert volcano_group({"scheduling.k8s.io/group-name": "llm"}) == "llm"
+    assert volcano_group({"scheduling.volcano.sh/group-name": "llm"}) == "llm"
+    assert volcano_group({"scheduling.k8s.io/group-name": "bad name!"}) == ""
+    assert volcano_group({"scheduling.k8s.io/group-name": "x" * 254}) == ""
+    from tests.unit.test_kube_dump import pod
+
+    doc = pod("w0", "", gpus=4)
+    doc["metadata"]["annotations"] = {"scheduling.k8s.io/group-name": "llm"}
+    rec = decode_object("Pod", _enc(doc))
+    assert isinstance(rec, PodRecord)
+    assert rec.pod_group == "llm"
+
+
+# -- the tree -----------------------------------------------------------------------------------
+
+
+def _hn(name: str, tier: int, **members: Any) -> HyperNodeRecord:
+    return HyperNodeRecord(name, tier=tier, **members)
+
+
+def _tree() -> list[HyperNodeRecord]:
+    """rack-1 {n0, n1} and rack-2 {by pattern ^n[23]$} under block-1; rack-3 {by label} under
+    block-2; both blocks under the spine (tier 3)."""
+    return [
+        _hn("rack-1", 1, tier_name="rack", nodes=("n0", "n1")),
+        _hn("rack-2", 1, tier_name="rack", patterns=("^n[23]$",)),
+        _hn("rack-3", 1, tier_name="rack", label_selectors=(Selector(((RACK, "r3"),)),)),
+        _hn("block-1", 2, children=("rack-1", "rack-2")),
+        _hn("block-2", 2, children=("rack-3",)),
+        _hn("spine", 3, tier_name="spine", children=("block-1", "block-2")),
+    ]
+
+
+def test_a_nodes_domain_at_each_tier_is_the_hypernode_that_holds_it_through_the_tree() -> None:
+    fill = fs.HyperNodeFill(_tree())
+    assert fill.tiers == (1, 2, 3)
+    assert fill.domains("n0", ()) == {T1: "rack-1", T2: "block-1", T3: "spine"}
+    assert fill.domains("n3", ()) == {T1: "rack-2", T2: "block-1", T3: "spine"}
+    assert fill.domains("n9", ((RACK, "r3"),)) == {T1: "rack-3", T2: "block-2", T3: "spine"}
+    assert fill.domains("n9", ((RACK, "r4"),)) == {}
+    assert fill.domains("n33", ()) == {}  # the pattern is a search: ^n[23]$ is not n33
+    assert fill.tier_names == {"rack": 1, "spine": 3}
+    assert fill.conflicts == 0
+
+
+def test_a_node_two_hypernodes_of_one_tier_hold_has_no_domain_there_counted() -> None:
+    fill = fs.HyperNodeFill([*_tree(), _hn("rack-9", 1, nodes=("n0",))])
+    # n0 is in rack-1 and rack-9 (tier 1), and through rack-1 in block-1 and the spine
+    assert fill.domains("n0", ()) == {T2: "block-1", T3: "spine"}
+    assert fill.conflicts == 1
+
+
+def test_a_cycle_of_hypernodes_ends_and_bounds_are_counted() -> None:
+    cyc = [_hn("a", 1, nodes=("n0",), children=("b",)), _hn("b", 2, children=("a",))]
+    assert fs.HyperNodeFill(cyc).domains("n0", ()) == {T1: "a", T2: "b"}
+    many = [_hn(f"r{i:03}", 1, patterns=(f"^n{i}$",)) for i in range(MAX_HYPERNODE_PATTERNS + 3)]
+    fill = fs.HyperNodeFill(many)
+    assert fill.patterns_left_out == 3
+    assert fill.domains("n1", ()) == {T1: "r001"}
+    assert fill.domains(f"n{MAX_HYPERNODE_PATTERNS + 1}", ()) == {}
+
+
+def test_the_tiers_join_the_levels_narrowest_first_after_the_topologies() -> None:
+    levels = fs.fabric_levels(["nvidia.com/gpu.clique"], tiers=(3, 1, 2))
+    assert levels.levels == ("nvidia.com/gpu.clique", T1, T2, T3)
+    assert levels.origin[T2] == fs.VOLCANO_SOURCE
+
+
+# -- gangs --------------------------------------------------------------------------------------
+
+
+def _pod(name: str, group: str, ns: str = "ml", node: str = "") -> PodRecord:
+    return PodRecord(ns, name, node=node, gpus=4, pod_group=group)
+
+
+def test_a_hard_podgroup_is_a_gang_at_its_tier_and_a_soft_one_is_none() -> None:
+    fill = fs.HyperNodeFill(_tree())
+    groups = [
+        PodGroupRecord("ml", "hard", min_member=4, hard=True, tier=2),
+        PodGroupRecord("ml", "soft", min_member=4, hard=False, tier=2),
+        PodGroupRecord("ml", "named", min_member=2, hard=True, tier_name="rack"),
+        PodGroupRecord("ml", "unknown", min_member=2, hard=True, tier_name="row"),
+    ]
+    vg = fs.volcano_gangs(groups, fill)
+    assert vg == {"ml/hard": (T2, 4), "ml/named": (T1, 2)}
+    pods = [
+        _pod("h0", "hard", node="n0"),
+        _pod("h1", "hard"),  # two of four exist: the gang is minMember
+        *(_pod(f"s{i}", "soft") for i in range(4)),
+        *(_pod(f"n{i}", "named") for i in range(3)),  # more pods than minMember: the pods
+        *(_pod(f"u{i}", "unknown") for i in range(2)),
+        _pod("other", "hard", ns="elsewhere"),  # another namespace's PodGroup of the name
+    ]
+    gangs = gangs_of(pods, vg)
+    assert gangs["ml/h0"] == gangs["ml/h1"] == Gang(4, T2)
+    assert gangs["ml/n0"] == Gang(3, T1)
+    assert set(gangs) == {"ml/h0", "ml/h1", "ml/n0", "ml/n1", "ml/n2"}
+    # without the PodGroups nothing is a gang (as the compaction planner reads pods today)
+    assert gangs_of(pods) == {}
+
+
+# -- the controller and a dump ------------------------------------------------------------------
+
+
+def _node(name: str) -> NodeRecord:
+    return NodeRecord(name, gpu_model="H100-SXM5-80GB", cpu_milli=64000, memory_mib=1 << 20, gpus=4)
+
+
+def test_the_controller_reads_the_tree_as_levels_and_a_hard_podgroup_as_a_gang() -> None:
+    cache = ClusterCache()
+    cache.apply([Event("ADDED", _node(f"n{i}")) for i in range(4)])
+    r = Reconciler(cache, Metrics(), "t")
+    for n in cache.nodes:
+        r.reconcile(n)
+    dirty = cache.apply([Event("ADDED", h) for h in _tree()])
+    assert dirty == {"n0", "n1", "n2", "n3"}  # a pattern or a subtree may hold any node
+    for n in sorted(dirty):
+        r.reconcile(n)
+    cache.apply(
+        [
+            Event("ADDED", PodGroupRecord("ml", "llm", min_member=4, hard=True, tier=1)),
+            *(Event("ADDED", _pod(f"w{i}", "llm")) for i in range(4)),
+        ]
+    )
+    assert r.refresh_workload()
+    gangs = [s.gang for s in r.workload.shapes if s.gang is not None]
+    assert gangs == [Gang(4, T1)]
+    f = r.fabric(60.0)
+    assert f is not None
+    domains = {(d.level, d.name): d.nodes for d in f.domains}
+    assert domains[(T1, "rack-1")] == domains[(T1, "rack-2")] == 2
+    assert domains[(T2, "block-1")] == 4
+    get = r.metrics.registry.get_sample_value
+    assert get("pyctl_level_source", {"cluster": "t", "level": T3, "source": "volcano/hypernodes"})
+    idle = r.domain_idle()
+    assert idle.rows()["n2"][0][idle.levels.index(T1)] == "rack-2"  # the advice's order too
+    # a soft PodGroup is no gang
+    cache.apply([Event("MODIFIED", PodGroupRecord("ml", "llm", min_member=4, tier=1))])
+    r.refresh_workload()
+    assert all(s.gang is None for s in r.workload.shapes)
+    # the HyperNodes gone: so are their levels
+    cache.apply([Event("DELETED", h) for h in _tree()])
+    f = r.fabric(120.0)
+    assert f is None or not any(d.level.startswith("volcano.sh/") for d in f.domains)
+
+
+def test_pyctl_score_on_a_dump_reads_hypernodes_and_only_volcanos_podgroups(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.unit.test_kube_dump import node, pod
+
+    items: list[dict[str, Any]] = [node(f"n{i}", 4, {}) for i in range(4)]
+    for i in range(2):
+        p = pod(f"w{i}", "", gpus=4)
+        p["metadata"]["annotations"] = {"scheduling.k8s.io/group-name": "llm"}
+        items.append(p)
+    for name, members in (("rack-a", ["n0", "n1"]), ("rack-b", ["n2", "n3"])):
+        h = hypernode(name)
+        h["spec"]["members"] = [_node_member("exactMatch", {"name": m}) for m in members]
+        items.append(h)
+    pg = pod_group("llm")
+    pg["metadata"]["namespace"] = items[4]["metadata"]["namespace"]
+    kai = copy.deepcopy(pg)
+    kai["apiVersion"] = "scheduling.run.ai/v2alpha2"  # KAI's PodGroup: not Volcano's
+    items += [pg, kai]
+    listed = read_dump({"kind": "List", "items": items})
+    assert len(listed.records["PodGroup"]) == 1
+    assert len(listed.records["HyperNode"]) == 2
+    f = tmp_path / "dump.json"
+    f.write_text(json.dumps({"kind": "List", "items": items}))
+    assert main(["score", str(f), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    levels = {lv["level"]: lv for lv in out["fabric"]["levels"]}
+    assert levels[T1]["domains"] == 2
