@@ -406,16 +406,19 @@ GANG_KEPT = "a running pod of a gang that must share one domain (moving it could
 
 
 def _keep_gangs_whole(
-    pods: Sequence[PodRecord], chosen: dict[int, policy.MovablePod], refused: dict[str, str]
+    pods: Sequence[PodRecord],
+    chosen: dict[int, policy.MovablePod],
+    refused: dict[str, str],
+    pod_groups: Mapping[str, tuple[str, int]] | None = None,
 ) -> None:
     """Moves never break a gang's domain: a running pod that says its gang (Kueue's or KAI's
-    required topology, a LeaderWorkerSet group: `PodRecord.gang`) is not moved. (A gang of
-    required pod affinity needs no rule here: NodeFit keeps its pods' destinations in the
-    domain of the others.)"""
-    said = [p for p in pods if p.gang is not None and p.node]
+    required topology, a LeaderWorkerSet group: `PodRecord.gang`; a Volcano PodGroup that is a
+    gang, `pod_groups`) is not moved. (A gang of required pod affinity needs no rule here:
+    NodeFit keeps its pods' destinations in the domain of the others.)"""
+    said = [p for p in pods if p.node and (p.gang is not None or (pod_groups and p.pod_group))]
     if not said:
         return
-    members = gangs_of(said)
+    members = gangs_of(said, pod_groups)
     for p in said:
         if p.key in members and id(p) in chosen:
             del chosen[id(p)]
@@ -439,6 +442,8 @@ def plan_compaction(
     limits: policy.PlanLimits | None = None,
     reserved: Iterable[str] | Mapping[str, str] = (),
     dra: DraContext | None = None,
+    pod_groups: Mapping[str, tuple[str, int]] | None = None,
+    domain_labels: Mapping[str, Mapping[str, str]] | None = None,
     dra_positions: Mapping[str, DraPositions] | None = None,
     round_cache: RoundCache | None = None,
     exclude: Mapping[str, str] | None = None,
@@ -459,7 +464,12 @@ def plan_compaction(
 
     `exclude`: pod key -> why it is not to be moved now (e.g. its last move was abandoned; listed
     in `refused`). A pod whose shape the core cannot model stays where it is (its usage still
-    counts) and is never a pending pod to make room for."""
+    counts) and is never a pending pod to make room for.
+
+    `pod_groups`: Volcano's PodGroups that are gangs (`namespace/name` -> (level key, minMember):
+    `fabric_sources.volcano_gangs`), and `domain_labels` each node's domains at levels no node
+    label says (node -> level key -> domain: the HyperNodes' tiers), so a Volcano gang is
+    rescued in one domain and its running pods are not moved, as any gang's."""
     all_pods = [p for p in pods if not p.terminated]
     names = sorted(n for n in models if n in nodes)
     by_node: dict[str, list[PodRecord]] = {}
@@ -489,11 +499,13 @@ def plan_compaction(
         refused.update(block.refused)
         for p, item in block.items:
             chosen[id(p)] = item
-    _keep_gangs_whole(all_pods, chosen, refused)
+    _keep_gangs_whole(all_pods, chosen, refused, pod_groups)
     # in the order the pods were given (the planner breaks ties by it)
     items = [mp for p in all_pods if (mp := chosen.get(id(p))) is not None]
     holders = dict(reserved) if isinstance(reserved, Mapping) else {}
-    pend, domains = _pending(pending, all_pods, allowed, models, nodes, dra, holders)
+    pend, domains = _pending(
+        pending, all_pods, allowed, models, nodes, dra, holders, pod_groups, domain_labels
+    )
     model = FragmentationModel(Snapshot(tuple(models[n] for n in names)))
     raw = policy.plan(model, items, pend, workload, limits)
     cache.keep_only(names)
@@ -517,6 +529,8 @@ def _pending(
     nodes: Mapping[str, NodeRecord],
     dra: DraContext | None,
     holders: Mapping[str, str],
+    pod_groups: Mapping[str, tuple[str, int]] | None = None,
+    domain_labels: Mapping[str, Mapping[str, str]] | None = None,
 ) -> tuple[list[policy.PendingPod], dict[str, str]]:
     """The pending pods to make room for, each with where the room may be (NodeFit; for a gang
     none of whose pods runs yet, one domain: `gang_domain`), and why that domain, by pod.
@@ -530,7 +544,7 @@ def _pending(
     if pending:
         keys = {p.key for p in all_pods}
         fresh = [p for p in pending if p.key not in keys and not p.terminated]
-        gangs = gangs_of([*all_pods, *fresh])
+        gangs = gangs_of([*all_pods, *fresh], pod_groups)
     # the gangs with a pod on a node: NodeFit confines the others to that pod's domain
     running = (
         {id(g) for p in all_pods if p.node and (g := gangs.get(p.key)) is not None}
@@ -549,7 +563,7 @@ def _pending(
                 k = (id(gang), dest)
                 if k not in chosen_domain:
                     kept = frozenset(n for n, q in holders.items() if gangs.get(q) is gang)
-                    d, why = gang_domain(gang, want, dest | kept, models, nodes)
+                    d, why = gang_domain(gang, want, dest | kept, models, nodes, domain_labels)
                     chosen_domain[k] = (d - kept, why)
                 dest, why = chosen_domain[k]
                 if why:
@@ -603,6 +617,7 @@ def gang_domain(
     dest: frozenset[str],
     models: Mapping[str, Node],
     nodes: Mapping[str, NodeRecord],
+    domains: Mapping[str, Mapping[str, str]] | None = None,
 ) -> tuple[frozenset[str], str]:
     """Where a rescue makes room for a pod of `gang` none of whose pods runs yet: the nodes of
     one domain of its level among `dest` (the scheduler's filters), the one cheapest to free
@@ -610,7 +625,9 @@ def gang_domain(
     `pods` x `want.gpus` less the domain's idle GPUs; ties to the one with the least idle GPU,
     then by name; only domains with GPUs enough for the gang). So each round frees room in the
     same domain until the gang's first pod lands there (then NodeFit confines the others to
-    it). Returns `dest` and "" when no domain of `dest` can hold the gang."""
+    it). A node's domain is its label of the level's key, else its domain there in `domains`
+    (node -> level key -> domain: Volcano's HyperNode tiers). Returns `dest` and "" when no
+    domain of `dest` can hold the gang."""
     need = gang.pods * want.gpus
     per: dict[str, list[str]] = {}
     for n in sorted(dest):
@@ -618,6 +635,8 @@ def gang_domain(
         if rec is None or model is None:
             continue
         v = dict(rec.labels).get(gang.key)
+        if v is None and domains:
+            v = domains.get(n, {}).get(gang.key)
         if v is not None and valid_domain(v):
             per.setdefault(v, []).append(n)
     gpus = {

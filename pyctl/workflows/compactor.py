@@ -17,6 +17,7 @@ from pyctl.cluster.dra.context import DraContext
 from pyctl.cluster.records import NodeRecord, PdbRecord, PodRecord
 from pyctl.cluster.translate import DraPositions
 from pyctl.controller.cache import ClusterCache
+from pyctl.controller.fabric_sources import volcano_gangs
 from pyctl.controller.reconcile import Reconciler
 from pyctl.core.policy import PlanLimits
 from pyctl.metrics import Metrics
@@ -76,6 +77,26 @@ class RoundInputs(TypedDict):
     dra: DraContext
     dra_positions: dict[str, DraPositions]
     exclude: dict[str, str]
+    pod_groups: dict[str, tuple[str, int]]
+    domain_labels: dict[str, dict[str, str]]
+
+
+def _volcano(cache: ClusterCache, reconciler: Reconciler) -> _VolcanoInputs:
+    """Volcano's PodGroups that are gangs and each node's domains at the HyperNodes' tiers (none
+    when the cluster has no HyperNodes)."""
+    fill = reconciler.fabric_sources()[1].hypernodes
+    if not fill.tiers:
+        return {"pod_groups": {}, "domain_labels": {}}
+    domains = {n: fill.domains(n, rec.labels) for n, rec in list(cache.nodes.items())}
+    return {
+        "pod_groups": volcano_gangs(list(cache.pod_groups.values()), fill),
+        "domain_labels": {n: d for n, d in domains.items() if d},
+    }
+
+
+class _VolcanoInputs(TypedDict):
+    pod_groups: dict[str, tuple[str, int]]
+    domain_labels: dict[str, dict[str, str]]
 
 
 def round_inputs(
@@ -124,6 +145,7 @@ def round_inputs(
         ),
         "dra_positions": dict(reconciler.dra_positions),
         "exclude": dict(exclude or {}),
+        **_volcano(c, reconciler),
     }
 
 

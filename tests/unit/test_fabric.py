@@ -371,12 +371,14 @@ def test_the_levels_and_the_interval_are_settings() -> None:
         load_config(env={"PYCTL_FABRIC_LEVELS": ",".join(f"k{i}" for i in range(17))})
 
 
-def _gang_cluster(gang: bool) -> tuple[CompactionPlan, dict[str, str]]:
+def _gang_cluster(gang: bool, volcano: bool = False) -> tuple[CompactionPlan, dict[str, str]]:
     """Twelve 4-GPU nodes in cliques a (n00-n03), b (n04-n07), c (n08-n11). Clique a: two
     one-GPU replicas on each node (8 GPUs idle, 8 to free for a gang of 4 x 4 GPUs); b: three
     on each (4 idle); c: one on n08 and four on each other node (3 idle, 13 to free). No node has
     4 GPUs free: the group's first pod is unschedulable. The single cheapest node to free is n08
-    (one eviction), in the clique that could hold the gang only after 12 more."""
+    (one eviction), in the clique that could hold the gang only after 12 more. With `volcano`,
+    the cliques are tier-1 HyperNodes (no node label says them) and the gang a Volcano PodGroup
+    with a hard `networkTopology` at tier 1."""
     from pyctl.cluster.records import NodeRecord
     from pyctl.cluster.translate import models_of
     from pyctl.core.policy import PlanLimits
@@ -390,7 +392,7 @@ def _gang_cluster(gang: bool) -> tuple[CompactionPlan, dict[str, str]]:
             cpu_milli=64000,
             memory_mib=1 << 20,
             gpus=4,
-            labels=((CLIQUE, c),),
+            labels=() if volcano else ((CLIQUE, c),),
         )
         for n, c in cliques.items()
     }
@@ -412,20 +414,26 @@ def _gang_cluster(gang: bool) -> tuple[CompactionPlan, dict[str, str]]:
                     owner_name="web",
                 )
             )
-    first = _pod("g0", {"lws": "grp"}) if gang else PodRecord("ns", "g0", gpus=4)
+    if volcano:
+        group = [PodRecord("ns", f"g{i}", gpus=4, pod_group="pg") for i in range(4)]
+    elif gang:
+        group = [_pod(f"g{i}", {"lws": "grp"}) for i in range(4)]
+    else:
+        group = [PodRecord("ns", "g0", gpus=4)]
     pending = [
         msgspec.structs.replace(
             q, uid=f"u-{q.name}", phase="Pending", unschedulable=True, cpu_milli=1000
         )
-        for q in (
-            [first, *(_pod(f"g{i}", {"lws": "grp"}) for i in range(1, 4))] if gang else [first]
-        )
+        for q in group
     ]
     models = models_of(nodes.values(), (), pods)
     work = Workload((Shape(cpu_milli=1000, gpus=4, gpu_milli=1000),))
+    tier1 = "volcano.sh/hypernode-tier-1"
     plan = plan_compaction(
         models, nodes, [*pods, *pending], (), work, pending=pending[:1],
         limits=PlanLimits(max_moves=4, rescue_depth=4),
+        pod_groups={"ns/pg": (tier1, 4)} if volcano else None,
+        domain_labels={n: {tier1: f"hn-{c}"} for n, c in cliques.items()} if volcano else None,
     )  # fmt: skip
     return plan, cliques
 
@@ -439,6 +447,22 @@ def test_a_gangs_rescue_makes_room_in_the_domain_cheapest_to_free_for_the_whole_
         "ns/g0": (
             "gang of 4 x 4 GPUs in one nvidia.com/gpu.clique domain, none running yet: room made "
             "in a (8 GPUs idle, 8 to free; the cheapest of 3 domain(s) to free for the whole gang)"
+        )
+    }
+
+
+def test_a_volcano_gangs_rescue_makes_room_in_one_hypernode() -> None:
+    """The same cluster with the cliques as tier-1 HyperNodes and the gang a Volcano PodGroup
+    (hard `networkTopology`, tier 1): the same domain, named by its HyperNode."""
+    plan, cliques = _gang_cluster(gang=True, volcano=True)
+    [rescue] = plan.rescues
+    assert cliques[rescue.node] == "a"
+    assert len(rescue.moves) == 2
+    assert plan.gang_domains == {
+        "ns/g0": (
+            "gang of 4 x 4 GPUs in one volcano.sh/hypernode-tier-1 domain, none running yet: room "
+            "made in hn-a (8 GPUs idle, 8 to free; the cheapest of 3 domain(s) to free for the "
+            "whole gang)"
         )
     }
 
@@ -609,12 +633,12 @@ def test_the_next_round_keeps_to_the_domain_a_rescue_of_the_gang_holds(
     assert nodes[rescue.node].labels != nodes["n00"].labels
 
 
-@pytest.mark.parametrize("gang", [True, False])
-def test_a_running_pod_of_a_gang_is_not_moved(gang: bool) -> None:
+@pytest.mark.parametrize("gang", ["kueue", "volcano", ""])
+def test_a_running_pod_of_a_gang_is_not_moved(gang: str) -> None:
     """Two 4-GPU nodes of one clique: a one-GPU pod on n0, three on n1; M asks for 4 GPUs, so
     defragmentation moves n0's pod to n1 (frees a whole node). When n0's pod and one of n1's say
-    they are a Kueue gang, the move is refused (it could take a gang's pod out of its domain);
-    without the gang, the control, it is planned."""
+    they are a Kueue gang (or a Volcano PodGroup that is a gang), the move is refused (it could
+    take a gang's pod out of its domain); without the gang, the control, it is planned."""
     from pyctl.cluster.records import NodeRecord
     from pyctl.cluster.translate import models_of
     from pyctl.workflows.compaction import GANG_KEPT, plan_compaction
@@ -624,12 +648,13 @@ def test_a_running_pod_of_a_gang_is_not_moved(gang: bool) -> None:
                       labels=((CLIQUE, "a"),))
         for n in ("n0", "n1")
     }  # fmt: skip
-    said = PodGang(CLIQUE, "tp", 2) if gang else None
+    said = PodGang(CLIQUE, "tp", 2) if gang == "kueue" else None
+    group = "tp" if gang == "volcano" else ""
     pods = [
         PodRecord("ns", "g0", "u-g0", node="n0", phase="Running", cpu_milli=1000, gpus=1,
-                  owner_kind="ReplicaSet", owner_name="tp", gang=said),
+                  owner_kind="ReplicaSet", owner_name="tp", gang=said, pod_group=group),
         PodRecord("ns", "g1", "u-g1", node="n1", phase="Running", cpu_milli=1000, gpus=1,
-                  owner_kind="ReplicaSet", owner_name="tp", gang=said),
+                  owner_kind="ReplicaSet", owner_name="tp", gang=said, pod_group=group),
         *(
             PodRecord("ns", f"r{i}", f"u-r{i}", node="n1", phase="Running", cpu_milli=1000,
                       gpus=1, owner_kind="ReplicaSet", owner_name="web")
@@ -638,7 +663,8 @@ def test_a_running_pod_of_a_gang_is_not_moved(gang: bool) -> None:
     ]  # fmt: skip
     models = models_of(nodes.values(), (), pods)
     work = Workload((Shape(cpu_milli=1000, gpus=4, gpu_milli=1000),))
-    plan = plan_compaction(models, nodes, pods, (), work)
+    groups = {"ns/tp": ("volcano.sh/hypernode-tier-1", 2)} if gang == "volcano" else None
+    plan = plan_compaction(models, nodes, pods, (), work, pod_groups=groups)
     moved = [m.pod for m in plan.moves]
     if gang:
         assert moved == []
