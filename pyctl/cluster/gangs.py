@@ -5,6 +5,11 @@ Read from what users write on their pods:
 - Kueue: the pod annotation `kueue.x-k8s.io/podset-required-topology` (the level's label key);
   the gang is the pod group (label `kueue.x-k8s.io/pod-group-name`, its size the annotation
   `kueue.x-k8s.io/pod-group-total-count`) or else the pod's owner (a Job's pods);
+  with only `kueue.x-k8s.io/podset-slice-required-topology` and `kueue.x-k8s.io/podset-slice-size`
+  (PodSet slices: every slice of that many pods in one domain of the slice's level), each slice
+  is a gang of the slice's size (with both, the required topology of the whole group is read:
+  the larger demand). `kueue.x-k8s.io/podset-preferred-topology` is no gang (Kueue falls back to
+  wider levels, then spreads);
 - KAI: the annotation `kai.scheduler/topology-required-placement` (the level); the gang is the
   pod group (annotation `pod-group-name`) or else the owner;
 - LeaderWorkerSet: the pod annotation `leaderworkerset.sigs.k8s.io/exclusive-topology` (the
@@ -46,6 +51,8 @@ from pyctl.model import Gang
 KUEUE_REQUIRED = "kueue.x-k8s.io/podset-required-topology"
 KUEUE_GROUP = "kueue.x-k8s.io/pod-group-name"
 KUEUE_COUNT = "kueue.x-k8s.io/pod-group-total-count"
+KUEUE_SLICE_REQUIRED = "kueue.x-k8s.io/podset-slice-required-topology"
+KUEUE_SLICE_SIZE = "kueue.x-k8s.io/podset-slice-size"
 #: the scheduling gate Kueue's pod webhook puts on the pods it manages, removed at admission
 KUEUE_ADMISSION_GATE = "kueue.x-k8s.io/admission"
 KAI_REQUIRED = "kai.scheduler/topology-required-placement"
@@ -76,6 +83,7 @@ def pod_gang(
         (KUEUE_REQUIRED, KUEUE_GROUP, True),
         (KAI_REQUIRED, KAI_GROUP, False),
         (LWS_EXCLUSIVE, LWS_GROUP, True),
+        (KUEUE_SLICE_REQUIRED, KUEUE_GROUP, True),
     ):
         key = annotations.get(required)
         if not key:
@@ -89,11 +97,18 @@ def pod_gang(
             group = f"{owner_kind}/{owner_name}"
         if not group:
             return None
-        count = {KUEUE_REQUIRED: KUEUE_COUNT, LWS_EXCLUSIVE: LWS_SIZE}.get(required)
+        count = {
+            KUEUE_REQUIRED: KUEUE_COUNT,
+            LWS_EXCLUSIVE: LWS_SIZE,
+            KUEUE_SLICE_REQUIRED: KUEUE_SLICE_SIZE,
+        }.get(required)
         raw = annotations.get(count, "") if count else ""
         size = int(raw) if raw.isdigit() and len(raw) <= 6 else 0
         if not 1 <= size <= MAX_GANG_PODS:
             size = 0
+        if required == KUEUE_SLICE_REQUIRED:
+            # a slice of unknown size, or of one pod, binds no pods together
+            return PodGang(key, group[:MAX_NAME_CHARS], size, slice=True) if size > 1 else None
         return PodGang(key, group[:MAX_NAME_CHARS], size)
     return None
 
@@ -104,7 +119,7 @@ def kueue_waiting(gates: Iterable[str], annotations: Mapping[str, str]) -> str:
     (Kueue TAS admits its group only where all of it fits)."""
     if KUEUE_ADMISSION_GATE not in gates:
         return ""
-    key = annotations.get(KUEUE_REQUIRED, "").strip()
+    key = (annotations.get(KUEUE_REQUIRED) or annotations.get(KUEUE_SLICE_REQUIRED) or "").strip()
     if not key or len(key) > MAX_KEY_CHARS or any(c.isspace() for c in key):
         return ""
     return f"waiting for Kueue to admit it (scheduling gate {KUEUE_ADMISSION_GATE}, {key})"
@@ -138,8 +153,14 @@ def gangs_of(
     groups: defaultdict[tuple[str, PodTerm], list[str]] = defaultdict(list)
     said: defaultdict[tuple[str, str, str], list[str]] = defaultdict(list)
     sizes: dict[tuple[str, str, str], int] = {}
+    sliced: dict[str, Gang] = {}
     for p in pods:
         if p.terminated or p.deleting:
+            continue
+        if p.gang is not None and p.gang.slice:
+            # every slice is a gang of the slice's size (which pods make a slice is Kueue's)
+            g = Gang(min(p.gang.size, MAX_GANG_PODS), p.gang.key)
+            sliced[p.key] = g
             continue
         if p.gang is not None:
             named = (p.namespace, p.gang.group, p.gang.key)
@@ -158,7 +179,7 @@ def gangs_of(
             continue
         scope = "*" if t.all_namespaces else ",".join(sorted(t.namespaces or (p.namespace,)))
         groups[(scope, t)].append(p.key)
-    out: dict[str, Gang] = {}
+    out: dict[str, Gang] = dict(sliced)
     for group, members in said.items():
         n = max(len(members), sizes[group])
         if n < 2:

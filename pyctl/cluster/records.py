@@ -250,6 +250,8 @@ class PodGang(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, 
     key: str
     group: str
     size: int = 0
+    #: Kueue's PodSet slices: every `size` pods of the group are a gang of their own
+    slice: bool = False
 
 
 class PodRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):

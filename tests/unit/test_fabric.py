@@ -260,6 +260,38 @@ def test_kueue_and_kai_annotations_say_the_gang() -> None:
     assert got["ns/p0"] == Gang(4, CLIQUE)
 
 
+def test_kueue_podset_slices_are_gangs_of_the_slice_size() -> None:
+    """A Job of 8 pods with `podset-slice-required-topology` on the clique and
+    `podset-slice-size: 4`: every pod is in a gang of 4 at the clique (each slice in one domain;
+    which pods make a slice is Kueue's). A slice of one pod, or of no size, binds none; the
+    preferred topology is no gang; a gated pod of a slice waits for Kueue like a required one."""
+    from pyctl.cluster.gangs import kueue_waiting, pod_gang
+
+    sliced = {
+        "kueue.x-k8s.io/podset-slice-required-topology": CLIQUE,
+        "kueue.x-k8s.io/podset-slice-size": "4",
+    }
+    g = pod_gang(sliced, {}, "Job", "train")
+    assert g == PodGang(CLIQUE, "Job/train", 4, slice=True)
+    pods = [PodRecord("ns", f"p{i}", gpus=8, gang=g) for i in range(8)]
+    got = gangs_of(pods)
+    assert len(got) == 8
+    assert set(got.values()) == {Gang(4, CLIQUE)}
+    one = {**sliced, "kueue.x-k8s.io/podset-slice-size": "1"}
+    assert pod_gang(one, {}, "Job", "train") is None
+    unsized = {"kueue.x-k8s.io/podset-slice-required-topology": CLIQUE}
+    assert pod_gang(unsized, {}, "Job", "train") is None
+    preferred = {"kueue.x-k8s.io/podset-preferred-topology": CLIQUE}
+    assert pod_gang(preferred, {}, "Job", "train") is None
+    # with the whole group's required topology too: the whole group (the larger demand)
+    both = {**sliced, "kueue.x-k8s.io/podset-required-topology": "network.topology.nvidia.com/leaf"}
+    g = pod_gang(both, {}, "Job", "train")
+    assert g is not None
+    assert (g.key, g.slice) == ("network.topology.nvidia.com/leaf", False)
+    assert kueue_waiting(["kueue.x-k8s.io/admission"], sliced)
+    assert not kueue_waiting(["kueue.x-k8s.io/admission"], preferred)
+
+
 def test_a_leaderworkerset_group_is_a_gang_of_its_size() -> None:
     """LWS copies `exclusive-topology` onto its pods with the group's key label and the group's
     size (leader and workers): the gang is the group, of that size before all its pods exist."""
