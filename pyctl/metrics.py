@@ -113,8 +113,8 @@ class Metrics:
         )
         self.fabric_source_problems = Gauge(
             "pyctl_fabric_source_problems",
-            "What the fabric's Topology, ComputeDomainClique and HyperNode objects had that "
-            "pyctl left out or overrode, by problem",
+            "What the fabric's Topology, ComputeDomainClique and HyperNode objects and the "
+            "nodes' link scores had that pyctl left out or overrode, by problem",
             [*c, "problem"],
             registry=r,
         )

@@ -600,10 +600,12 @@ class Reconciler:
             if rec is not None:
                 full, what = node_labels(rec.labels, name, fill)
                 said[what] += 1
+                if rec.sharing is not None and rec.sharing.links_error:
+                    said["link_scores"] += 1
                 mine = {k: v for k, v in full.items() if k in keys}
                 if mine:
                     labels[name] = mine
-        self._export_sources(levels, fill, said["filled"], said["disagrees"])
+        self._export_sources(levels, fill, said["filled"], said["disagrees"], said["link_scores"])
         gangs = any(s.gang is not None for s in self.workload.shapes)
         if not labels and not gangs:
             self.fabric_last = None
@@ -618,9 +620,12 @@ class Reconciler:
         self._export_fabric(self.fabric_last)
         return self.fabric_last
 
-    def _export_sources(self, levels: Levels, fill: CliqueFill, filled: int, disagree: int) -> None:
+    def _export_sources(
+        self, levels: Levels, fill: CliqueFill, filled: int, disagree: int, link_scores: int = 0
+    ) -> None:
         """Where the levels came from (`pyctl_level_source`), the nodes whose clique came from
-        `ComputeDomainClique` objects, and what of those sources was left out."""
+        `ComputeDomainClique` objects, and what of those sources was left out (with the nodes
+        whose link scores, HAMi's `hami.io/node-nvidia-score`, were left out)."""
         m, c = self.metrics, self.cluster
         now = {(lv, levels.origin[lv]) for lv in levels.levels}
         for gone in self._source_labels - now:
@@ -639,6 +644,7 @@ class Reconciler:
             ("hypernode_members_unread", fill.hypernodes.items_left_out),
             ("hypernode_patterns_past_bound", fill.hypernodes.patterns_left_out),
             ("hypernode_conflicts", fill.hypernodes.conflicts),
+            ("link_scores_left_out", link_scores),
         ):
             m.fabric_source_problems.labels(c, problem).set(n)
 

@@ -453,3 +453,20 @@ def test_a_clique_object_dirties_the_nodes_it_names_that_the_cluster_has() -> No
     cache.replace("ComputeDomainClique", [a])
     assert cache.replace("ComputeDomainClique", [a]) == set()
     assert cache.fabric_version == v + 4
+
+
+def test_nodes_whose_link_scores_were_left_out_are_counted() -> None:
+    """Two HAMi nodes whose `hami.io/node-nvidia-score` could not be read (one broken, one
+    oversized) and one whose scores read: the pass counts the two, and scores all three."""
+    from pyctl.cluster.kube.sharing import HAMI_REGISTER, HAMI_SCORE, node_sharing
+    from tests.unit.test_hami_links import PAIRS, register, scores
+
+    def hami(name: str, score: str) -> NodeRecord:
+        sharing = node_sharing({}, {HAMI_REGISTER: register(), HAMI_SCORE: score}, {})
+        return NodeRecord(name, cpu_milli=64000, memory_mib=1 << 19, sharing=sharing)
+
+    c = _Cluster([hami("h0", "{broken"), hami("h1", " " * (1 << 20)), hami("h2", scores(PAIRS))])
+    c.now += 60
+    c.r.fabric(c.now)
+    assert c.metric("pyctl_fabric_source_problems", problem="link_scores_left_out") == 2
+    assert sorted(c.r.scores) == ["h0", "h1", "h2"]
