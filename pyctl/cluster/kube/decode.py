@@ -42,6 +42,7 @@ from pyctl.cluster.kube.sharing import (
     pod_sharing,
 )
 from pyctl.cluster.records import (
+    FABRIC_KINDS,
     Constraints,
     Kind,
     NodeRecord,
@@ -465,6 +466,13 @@ def _numa_id(name: str, where: str, ref: ObjectRef) -> int:
     return int(m.group(1))
 
 
+def _nrt_amounts(r: wire.NrtResource) -> tuple[str | int, str | int]:
+    """A zone resource's (allocatable, available): capacity when no allocatable is given, and
+    all of it available when no available is."""
+    total = r.allocatable if r.allocatable is not None else r.capacity
+    return total, r.available if r.available is not None else total
+
+
 def _nrt_links(t: wire.Nrt, where: str, ref: ObjectRef) -> dict[str, tuple[tuple[int, int], ...]]:
     """Zones nested in a NUMA zone (`parent`) that hold `nvidia.com/gpu`: the NUMA zone's name
     -> each one's (allocatable, available) GPUs, in zone name order. The NRT API lets zones
@@ -478,8 +486,7 @@ def _nrt_links(t: wire.Nrt, where: str, ref: ObjectRef) -> dict[str, tuple[tuple
         for r in z.resources:
             if r.name != GPU:
                 continue
-            total = r.allocatable if r.allocatable is not None else r.capacity
-            avail = r.available if r.available is not None else total
+            total, avail = _nrt_amounts(r)
             try:
                 got = (z.name, _count(total), _count(avail))
             except q.QuantityError as e:
@@ -514,8 +521,7 @@ def nrt_record(t: wire.Nrt) -> NrtRecord:
         cpu = cpu_av = mem = mem_av = gpus = gpus_av = shared = shared_av = 0
         mig = []
         for r in z.resources:
-            total = r.allocatable if r.allocatable is not None else r.capacity
-            avail = r.available if r.available is not None else total
+            total, avail = _nrt_amounts(r)
             try:
                 if r.name == "cpu":
                     cpu, cpu_av = _cpu(total), _cpu(avail)
@@ -584,16 +590,7 @@ _TO_RECORD: Final[dict[str, Callable[[Any], Record]]] = {
 }
 _DECODERS: Final = {k: msgspec.json.Decoder(v) for k, v in _WIRE.items()}
 _CHECKED_AFTER: Final = frozenset(
-    (
-        "DeviceClass",
-        "ResourceClaim",
-        "ResourceClaimTemplate",
-        "KueueTopology",
-        "KaiTopology",
-        "ComputeDomainClique",
-        "HyperNode",
-        "PodGroup",
-    )
+    ("DeviceClass", "ResourceClaim", "ResourceClaimTemplate", *FABRIC_KINDS)
 )
 _LINE: Final = msgspec.json.Decoder(wire.WatchLine)
 _STATUS: Final = msgspec.json.Decoder(wire.Status)
