@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 from pyctl.cluster.kube import reflector as rf
-from pyctl.cluster.kube.client import KubeApiError, KubeClient
+from pyctl.cluster.kube.client import KubeApiError, KubeClient, Response
 from pyctl.cluster.kube.decode import WatchError
 from pyctl.cluster.kube.reflector import RESOURCES, Reflector, ReflectorOptions
 from pyctl.cluster.records import Event, Kind, NodeRecord, ObjectRef, Record
@@ -261,3 +261,86 @@ async def test_a_watch_that_ends_at_once_with_nothing_backs_off() -> None:
     r, _, backoff = _reflector([])
     assert await _watch(r, _Sink()) == "10"
     assert backoff.calls == ["sleep"]
+
+
+@dataclass
+class _Discovery:
+    """An API server's discovery: group-version -> the plurals it serves (absent: 404)."""
+
+    served: dict[str, list[str]]
+    asked: list[str] = field(default_factory=list)
+
+    async def request(self, method: str, path: str, **_: Any) -> Response:
+        self.asked.append(path)
+        gv = path.removeprefix("/apis/")
+        if gv not in self.served:
+            return Response(404, b"{}", {})
+        body = {"resources": [{"name": p} for p in self.served[gv]]}
+        return Response(200, json.dumps(body).encode(), {})
+
+
+class _ReplaceSink(_Sink):
+    def __init__(self) -> None:
+        super().__init__()
+        self.replaced: list[tuple[Kind, int]] = []
+
+    async def replace(self, kind: Kind, records: Sequence[Record], resource_version: str) -> None:
+        self.replaced.append((kind, len(records)))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("served", "version"),
+    [
+        ({"kueue.x-k8s.io/v1beta2": ["topologies"], "kueue.x-k8s.io/v1beta1": ["topologies"]},
+         "kueue.x-k8s.io/v1beta2"),
+        ({"kueue.x-k8s.io/v1beta1": ["topologies"]}, "kueue.x-k8s.io/v1beta1"),
+        ({"kueue.x-k8s.io/v1beta2": ["topologies"]}, "kueue.x-k8s.io/v1beta2"),
+        # v1beta2 served without the kind: the next version is looked at
+        ({"kueue.x-k8s.io/v1beta2": ["workloads"], "kueue.x-k8s.io/v1beta1": ["topologies"]},
+         "kueue.x-k8s.io/v1beta1"),
+        ({"kueue.x-k8s.io/v1beta2": ["workloads"]}, None),
+        ({}, None),
+    ],
+)  # fmt: skip
+async def test_an_optional_kind_is_watched_at_the_first_version_served(
+    served: dict[str, list[str]], version: str | None
+) -> None:
+    """Kueue's Topology: v1beta2 where served, else v1beta1 (a Kueue before v1beta2, or one past
+    v1beta1); neither: absent, the sink told it holds none."""
+    api = _Discovery(served)
+    r = Reflector(cast(KubeClient, api), "KueueTopology", ReflectorOptions())
+    sink = _ReplaceSink()
+    present = await r._present(sink)
+    assert present is (version is not None)
+    assert r.stats.present is present
+    if version is None:
+        assert sink.replaced == [("KueueTopology", 0)]
+        assert r.resource == RESOURCES["KueueTopology"]
+    else:
+        assert sink.replaced == []
+        assert r.resource.group_version == version
+        assert r._path == f"/apis/{version}/topologies"
+    # the kind's versions looked at in order, each at most once
+    assert (
+        api.asked
+        == [f"/apis/{gv}" for gv in ("kueue.x-k8s.io/v1beta2", "kueue.x-k8s.io/v1beta1")][
+            : len(api.asked)
+        ]
+    )
+
+
+@pytest.mark.anyio
+async def test_a_version_that_goes_away_gives_way_to_the_next_and_back() -> None:
+    """A Kueue upgraded past v1beta1 (or rolled back): the next look finds the other version."""
+    api = _Discovery({"kueue.x-k8s.io/v1beta1": ["topologies"]})
+    r = Reflector(cast(KubeClient, api), "KueueTopology", ReflectorOptions())
+    sink = _ReplaceSink()
+    assert await r._present(sink)
+    assert r.resource.group_version == "kueue.x-k8s.io/v1beta1"
+    api.served = {"kueue.x-k8s.io/v1beta2": ["topologies"]}
+    assert await r._present(sink)
+    assert r._path == "/apis/kueue.x-k8s.io/v1beta2/topologies"
+    api.served = {}
+    assert not await r._present(sink)
+    assert sink.replaced == [("KueueTopology", 0)]

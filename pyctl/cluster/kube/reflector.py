@@ -24,7 +24,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final, cast
 
 import aiohttp
@@ -49,6 +49,9 @@ class Resource:
     namespaced: bool
     #: only watched when the API server serves it (a CRD): discovered, re-checked periodically
     optional: bool = False
+    #: other group-versions of the same kind, of the same shape, tried in order when the API
+    #: server does not serve `group_version` (an optional kind only)
+    fallbacks: tuple[str, ...] = ()
 
     def path(self, namespace: str = "") -> str:
         base = "/api/v1" if self.group_version == "v1" else f"/apis/{self.group_version}"
@@ -59,6 +62,10 @@ class Resource:
     @property
     def discovery_path(self) -> str:
         return "/api/v1" if self.group_version == "v1" else f"/apis/{self.group_version}"
+
+    def versions(self) -> tuple[Resource, ...]:
+        """This resource, then its `fallbacks` as resources of their own."""
+        return (self, *(replace(self, group_version=gv, fallbacks=()) for gv in self.fallbacks))
 
 
 RESOURCES: Final[Mapping[Kind, Resource]] = {
@@ -94,8 +101,15 @@ RESOURCES: Final[Mapping[Kind, Resource]] = {
     ),
     # the fabric's sources (docs/fabric.md): the levels of Kueue's and KAI's Topology objects and
     # the NVIDIA DRA driver's cliques, watched where their CRDs are served
+    # Kueue's storage version since v0.15, then the one older Kueues serve alone (the same
+    # shape: `spec.levels[].nodeLabel`)
     "KueueTopology": Resource(
-        "KueueTopology", "kueue.x-k8s.io/v1beta1", "topologies", namespaced=False, optional=True
+        "KueueTopology",
+        "kueue.x-k8s.io/v1beta2",
+        "topologies",
+        namespaced=False,
+        optional=True,
+        fallbacks=("kueue.x-k8s.io/v1beta1",),
     ),
     "KaiTopology": Resource(
         "KaiTopology", "kai.scheduler/v1alpha1", "topologies", namespaced=False, optional=True
@@ -279,6 +293,8 @@ class Reflector:
         self.kind = kind
         #: where the kind is served (`RESOURCES[kind]` unless given: another version, a test CRD)
         self.resource = resource or RESOURCES[kind]
+        #: the versions looked for, in order (the one served is `resource`)
+        self._versions = self.resource.versions()
         self.options = options or ReflectorOptions()
         self.stats = ReflectorStats()
         self._clock = clock
@@ -380,15 +396,34 @@ class Reflector:
     # -- an optional kind --------------------------------------------------------------------------
 
     async def _present(self, sink: EventSink) -> bool | None:
-        """Whether the API server serves the resource now (its group-version's discovery);
+        """Whether the API server serves the resource now (its group-version's discovery, else
+        that of each fallback version in turn: the first served is listed and watched);
         None if it could not say (unreachable, an error status)."""
+        for version in self._versions:
+            served = await self._serves(version)
+            if served is None:
+                return None
+            if not served:
+                continue
+            if self.stats.present is not True or version != self.resource:
+                log.info("%s: served by the API server as %s; watching it", self.kind,
+                         version.group_version)  # fmt: skip
+            if version != self.resource:
+                self.resource = version
+                self._path = version.path(self.options.namespace)
+            self.stats.present = True
+            return True
+        await self._absent(sink, wait=False)
+        return False
+
+    async def _serves(self, version: Resource) -> bool | None:
+        """Whether `version`'s discovery lists the kind's plural (None: could not say)."""
         try:
-            resp = await self.kube.request("GET", self.resource.discovery_path)
+            resp = await self.kube.request("GET", version.discovery_path)
         except CONNECTION_ERRORS as e:
             self._error(e)
             return None
         if resp.status == 404:
-            await self._absent(sink, wait=False)
             return False
         if not resp.ok:
             self._error(resp.error())
@@ -398,13 +433,7 @@ class Reflector:
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             self._error(e)
             return None
-        if not any(r.name == self.resource.plural for r in served):
-            await self._absent(sink, wait=False)
-            return False
-        if self.stats.present is not True:
-            log.info("%s: served by the API server; watching it", self.kind)
-        self.stats.present = True
-        return True
+        return any(r.name == version.plural for r in served)
 
     async def _absent(self, sink: EventSink, wait: bool = True) -> None:
         """The kind is not served: the sink holds none of it (said once per absence)."""
