@@ -39,7 +39,11 @@ threads of a replica that lived through the run, Redis memory: the end within 10
 at a tenth of the run), and event-to-state plus reconcile p99 under 1 s during steady churn.
 
 Usage: python bench/soak.py [--nodes 100] [--duration 600] [--seed 1] [--faults LIST]
-       [--faults-per-kind N] [--redis single|cluster] [--work-dir DIR] [--json F] [--keep]
+       [--faults-per-kind N] [--redis single|cluster] [--pool-fill 2.1]
+       [--big-per-pool-node 0.25] [--work-dir DIR] [--json F] [--keep]
+(`--pool-fill` and `--big-per-pool-node` set how much rescue work there is: replicas per node of
+the rescue pool and the 4-GPU pods kept pending there; higher values leave fewer pool nodes free,
+so more rescues, and so evictions.)
 The last line: `soak: <D> s, <N> nodes[, Redis Cluster], faults <kind> <n> ..., workflows
 started <s> done <d> rolled back <r> abandoned <a> open <o> lost <l>, invariant violations <V>,
 rss at 10% <M> MiB at end <E> MiB`. Exit status 1 when V > 0.
@@ -860,8 +864,10 @@ class Soak:
         if missing:
             raise RuntimeError(f"{missing} nodes not Ready after 120 s")
         # Deployments under PDBs, and those of the churn (no PDB)
-        # about 2 replicas per pool node (3.5 per Deployment on average): no pool node free
-        self.deployments = [f"svc-{i}" for i in range(max(2, round(0.6 * len(self.pool))))]
+        # `--pool-fill` replicas per pool node (3.5 per Deployment on average; the default, about
+        # 2, leaves few pool nodes free)
+        n_svc = round(self.args.pool_fill / 3.5 * len(self.pool))
+        self.deployments = [f"svc-{i}" for i in range(max(2, n_svc))]
         self.churners = [f"churn-{i}" for i in range(max(3, len(self.gpu_nodes) // 5))]
         start = round(2.4 * len(self.gpu_nodes) / len(self.churners))
         for d in self.deployments + self.churners:
@@ -969,7 +975,7 @@ class Soak:
                     if done or now - t > limit or (name not in pods and now - t > 30):
                         await self._delete(api, name)
                         group.pop(name)
-            want_big = max(1, len(self.pool) // 4)
+            want_big = max(1, int(self.args.big_per_pool_node * len(self.pool)))
             while len(big) < want_big:
                 name = self._name("big")
                 big[name] = now
@@ -1668,6 +1674,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--redis-outage", type=float, default=30.0)
     p.add_argument("--proxy-window", type=float, default=60.0)
     p.add_argument("--pod-life", type=float, default=120.0, help="mean life of a churn pod, s")
+    p.add_argument(
+        "--pool-fill",
+        type=float,
+        default=2.1,
+        help="1-GPU replicas under PDBs per rescue-pool node, on average",
+    )
+    p.add_argument(
+        "--big-per-pool-node",
+        type=float,
+        default=0.25,
+        help="pending 4-GPU pods kept asked for, per rescue-pool node",
+    )
     p.add_argument(
         "--drain",
         type=float,
