@@ -34,7 +34,13 @@ from pyctl.workflows.compaction import (
 from pyctl.workflows.engine import Engine, Workflow, WorkflowData
 from pyctl.workflows.evictor import EvictorOptions
 from pyctl.workflows.gate import Gate
-from pyctl.workflows.loop import WORKFLOW_INTERVAL, WorkflowGauge, collector_paused, run_every
+from pyctl.workflows.loop import (
+    COMPACTION_PHASE,
+    WORKFLOW_INTERVAL,
+    WorkflowGauge,
+    collector_paused,
+    run_every,
+)
 
 log = logging.getLogger("pyctl.compaction")
 
@@ -347,4 +353,4 @@ class Compactor:
             self._track(await self.engine.workflows(), self.engine.now())
 
     async def run(self, leader: Callable[[], bool]) -> None:
-        await run_every(self.interval, self.tick, leader, "compaction")
+        await run_every(self.interval, self.tick, leader, "compaction", COMPACTION_PHASE)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pyctl.controller.reconcile import Reconciler
 from pyctl.workflows.dra_taints import TaintRule, steering_rules
 from pyctl.workflows.gate import Gate
-from pyctl.workflows.loop import WORKFLOW_INTERVAL, run_every
+from pyctl.workflows.loop import DRA_STEERING_PHASE, WORKFLOW_INTERVAL, run_every
 
 log = logging.getLogger("pyctl.dra_steering")
 
@@ -62,4 +62,4 @@ class DraSteering:
                     self.deleted += 1
 
     async def run(self, leader: Callable[[], bool]) -> None:
-        await run_every(self.interval, self.tick, leader, "DRA steering")
+        await run_every(self.interval, self.tick, leader, "DRA steering", DRA_STEERING_PHASE)

@@ -36,13 +36,28 @@ async def guarded(what: str, call: Callable[[], Awaitable[None]]) -> None:
         log.exception("%s tick failed; will retry", what)
 
 
+#: when each loop's first round runs after every node is scored, as a share of its interval:
+#: the compactor's at once (a restarted controller plans, and resumes its workflows, without
+#: waiting an interval), the others' spread over the interval, so that the loops' rounds, each
+#: in a worker thread sharing the GIL, do not start together (docs/scale.md)
+COMPACTION_PHASE: Final = 0.0
+DRA_STEERING_PHASE: Final = 0.25
+MIG_PHASE: Final = 0.5
+
+
 async def run_every(
-    interval: float, tick: Callable[[bool], Awaitable[None]], leader: Callable[[], bool], what: str
+    interval: float,
+    tick: Callable[[bool], Awaitable[None]],
+    leader: Callable[[], bool],
+    what: str,
+    phase: float = 1.0,
 ) -> None:
-    """Call `tick(is_leader)` every `interval` seconds; a failing tick is logged and retried."""
+    """Call `tick(is_leader)` every `interval` seconds, the first time `phase` intervals after
+    the loop starts; a failing tick is logged and retried."""
+    await anyio.sleep(interval * phase)
     while True:
-        await anyio.sleep(interval)
         await guarded(what, lambda: tick(leader()))
+        await anyio.sleep(interval)
 
 
 _pause_lock = threading.Lock()

@@ -27,7 +27,13 @@ from pyctl.metrics import Metrics
 from pyctl.model import Node, Snapshot
 from pyctl.workflows.engine import Engine
 from pyctl.workflows.gate import Gate
-from pyctl.workflows.loop import WORKFLOW_INTERVAL, WorkflowGauge, collector_paused, run_every
+from pyctl.workflows.loop import (
+    MIG_PHASE,
+    WORKFLOW_INTERVAL,
+    WorkflowGauge,
+    collector_paused,
+    run_every,
+)
 from pyctl.workflows.mig_reconfig import KIND, STEPS, TAINT_KEY, MigOptions, workflow_for
 
 log = logging.getLogger("pyctl.mig_loop")
@@ -234,4 +240,4 @@ class MigLoop:
         self.gauge.export(await self.engine.advance_all())
 
     async def run(self, leader: Callable[[], bool]) -> None:
-        await run_every(self.interval, self.tick, leader, "MIG loop")
+        await run_every(self.interval, self.tick, leader, "MIG loop", MIG_PHASE)
