@@ -21,6 +21,7 @@ import atexit
 import base64
 import contextlib
 import ctypes
+import functools
 import json
 import os
 import re
@@ -310,12 +311,20 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def _child_setup(nice: int) -> None:  # pragma: no cover - runs in the child
+    _die_with_parent()
+    if nice:
+        os.nice(nice)
+
+
 @dataclass
 class Component:
     name: str
     argv: list[str]
     log: Path
     env: Mapping[str, str] | None = None
+    #: the process's niceness (0: the default priority)
+    nice: int = 0
     process: subprocess.Popen[bytes] | None = None
     _log_file: IO[bytes] | None = None
 
@@ -332,7 +341,7 @@ class Component:
                 stderr=subprocess.STDOUT,
                 env=dict(self.env) if self.env is not None else None,
                 start_new_session=True,  # its own process group: killpg reaches all of it
-                preexec_fn=_die_with_parent,
+                preexec_fn=functools.partial(_child_setup, self.nice),
             )
         except OSError as exc:
             self._close_log()
@@ -426,6 +435,7 @@ class ControlPlane:
         components: tuple[str, ...] = COMPONENTS,
         extra_args: Mapping[str, Sequence[str]] | None = None,
         audit: bool = False,
+        nice: int = 0,
     ) -> None:
         self.binaries = binaries
         self.work_dir = work_dir
@@ -435,6 +445,8 @@ class ControlPlane:
         # Per component: "--flag=value" items that replace the default flag of the same name, or are
         # added (e.g. {"kube-apiserver": ["--min-request-timeout=30"]}).
         self.extra_args = extra_args or {}
+        #: the niceness of every component (and of the extra ones started on this plane)
+        self.nice = nice
         self.pki = work_dir / "pki"
         self.log_dir = work_dir / "logs"
         self.kubeconfig = work_dir / "admin.kubeconfig"
@@ -500,8 +512,9 @@ class ControlPlane:
         override = {a.partition("=")[0] for a in extra}
         args = [a for a in args if a.partition("=")[0] not in override] + extra
         return Component(
-            name, [str(self.binaries.path(name)), *args], self.log_dir / f"{name}.log", env
-        )
+            name, [str(self.binaries.path(name)), *args], self.log_dir / f"{name}.log", env,
+            self.nice,
+        )  # fmt: skip
 
     # -- components --------------------------------------------------------------------------------
 
@@ -792,7 +805,7 @@ class _ExtraComponent:
         raise NotImplementedError
 
     def _launch(self, what: str, probe: Callable[[], str | None]) -> None:
-        component = Component(self.name, list(self.argv), self.log)
+        component = Component(self.name, list(self.argv), self.log, nice=self.plane.nice)
         self.component = component
         component.start()
         try:
