@@ -858,6 +858,9 @@ class SizeResult:
     compaction_rounds: int = 0
     compaction_s: float = float("nan")
     compaction_max_s: float = float("nan")
+    #: the first round after start-up (it derives every node) and its CPU time
+    compaction_first_s: float = float("nan")
+    compaction_first_cpu_s: float = float("nan")
     #: the rounds' own work: the median of the round thread's CPU time
     compaction_cpu_s: float = float("nan")
     #: MIG rounds after start-up: their median
@@ -893,8 +896,9 @@ class SizeResult:
             f"{self.calls_on_server} of {self.calls_all} calls answered on the server's "
             f"thread); "
             f"plan: compaction {self.compaction_s:.2f} s (median of {self.compaction_rounds} "
-            f"rounds, longest {self.compaction_max_s:.2f} s; CPU time median "
-            f"{self.compaction_cpu_s:.2f} s), MIG {self.mig_plan_s:.2f} s; "
+            f"rounds, longest {self.compaction_max_s:.2f} s, the first "
+            f"{self.compaction_first_s:.2f} s with CPU time {self.compaction_first_cpu_s:.2f} s; "
+            f"CPU time median {self.compaction_cpu_s:.2f} s), MIG {self.mig_plan_s:.2f} s; "
             f"gc: {self.gc_full} full collections, {self.gc_full_s:.2f} s in all"
         )
 
@@ -1040,19 +1044,19 @@ class Bench:
             ctl.start()
             if self.args.profile:
                 spy = self._profile(ctl, n)
-            await self._startup(ctl, res)
-            settled = time.monotonic()
+            scored = await self._startup(ctl, res)
             await asyncio.sleep(self.args.settle)
             res.rss_steady_mib = ctl.status().get("VmRSS", 0) / 2**20
             res.redis_mib = (int(r.info("memory")["used_memory"]) - base_mem) / 2**20
             await self._churn(api, ctl, res)
             await self._bursts(api, ctl, res)
-            # planning: every round of each loop since start-up (they run every 30 s), from
+            # planning: every round of each loop since every node was scored (the loops start
+            # then; they run every 30 s), from
             # pyctl's log line per round (the rounds shared the process with the churn and the
             # bursts above: their median and their longest)
             deadline = time.monotonic() + 90
             while True:
-                rounds = self._rounds(ctl, settled)
+                rounds = self._rounds(ctl, scored)
                 if all(rounds.values()) or time.monotonic() > deadline:
                     break
                 await asyncio.sleep(1)
@@ -1060,7 +1064,9 @@ class Bench:
             res.compaction_rounds = len(comp)
             res.compaction_s = statistics.median(comp) if comp else float("nan")
             res.compaction_max_s = max(comp, default=float("nan"))
-            cpu = self._rounds(ctl, settled, "cpu_seconds")["compaction"]
+            cpu = self._rounds(ctl, scored, "cpu_seconds")["compaction"]
+            if comp:
+                res.compaction_first_s, res.compaction_first_cpu_s = comp[0], cpu[0]
             res.compaction_cpu_s = statistics.median(cpu) if cpu else float("nan")
             res.mig_plan_s = statistics.median(migp) if migp else float("nan")
             res.rss_peak_mib = ctl.status().get("VmHWM", 0) / 2**20
@@ -1102,7 +1108,9 @@ class Bench:
             stderr=(self.work / f"py-spy-{n}.log").open("wb"),
         )  # fmt: skip
 
-    async def _startup(self, ctl: Pyctl, res: SizeResult) -> None:
+    async def _startup(self, ctl: Pyctl, res: SizeResult) -> float:
+        """Waits for every node scored and /readyz; returns when the bench read the log line
+        `every node scored` (monotonic)."""
         deadline = time.monotonic() + 600
         ready = None
         while time.monotonic() < deadline:
@@ -1130,6 +1138,7 @@ class Bench:
             (c0, b0), (c1, b1) = ctl.cpu_at(max(listed)), ctl.cpu_at(scored)
             res.first_score_after_list_cpu_s = c1 - c0
             res.others_cpu_after_list_s = (b1 - b0) - (c1 - c0)
+        return scored
 
     # -- freshness under churn ---------------------------------------------------------------------
 
