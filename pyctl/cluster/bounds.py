@@ -145,7 +145,9 @@ Key: TypeAlias = Annotated[str, msgspec.Meta(max_length=MAX_KEY_CHARS)]
 Text: TypeAlias = Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS)]
 Labels: TypeAlias = Annotated[dict[Key, Text], msgspec.Meta(max_length=MAX_LABELS)]
 Int32: TypeAlias = Annotated[int, msgspec.Meta(ge=INT32[0], le=INT32[1])]
-Values: TypeAlias = Annotated[list[Text], msgspec.Meta(max_length=MAX_VALUES)]
+#: a selector requirement's values: label values, or node names for a node selector's
+#: `matchFields` on `metadata.name` (the longer: a DNS subdomain), as the records bound them
+Values: TypeAlias = Annotated[list[Name], msgspec.Meta(max_length=MAX_VALUES)]
 Names: TypeAlias = Annotated[list[Name], msgspec.Meta(max_length=MAX_ITEMS)]
 
 

@@ -126,6 +126,28 @@ def test_lists_and_strings_beyond_the_bounds_are_malformed_and_named() -> None:
     assert "priority" in str(e)
 
 
+@pytest.mark.parametrize("length", [253, 254])
+def test_a_node_affinity_value_is_held_to_the_records_bound_when_decoded(length: int) -> None:
+    """A selector requirement's value longer than a node name is refused by the decoder, as
+    `check_record` would refuse the record (the fuzz found a 254-character hostname value that
+    decoded to a record the store then refused)."""
+    term = {"matchExpressions": [
+        {"key": "kubernetes.io/hostname", "operator": "In", "values": ["x" * length, "b"]}
+    ]}  # fmt: skip
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [term]
+    }}}  # fmt: skip
+    obj = pod({"cpu": "1"}, affinity=affinity)
+    if length > bounds.MAX_NAME_CHARS:
+        e = refused("Pod", obj)
+        assert e.reason == "malformed"
+        assert "values" in str(e)
+    else:
+        rec = decode_object("Pod", json.dumps(obj).encode())
+        assert isinstance(rec, PodRecord)
+        check_record(rec)
+
+
 def test_too_large_and_too_deep_objects() -> None:
     obj = pod({"cpu": "1"})
     obj["metadata"]["annotations"] = {"big": "x" * bounds.MAX_OBJECT_BYTES}
