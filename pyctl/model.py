@@ -32,6 +32,10 @@ class Gpu:
     #: its link group on the node (GPUs of one group share an NVLink bridge, switch or Fabric
     #: Manager partition; docs/fabric.md); None: not known
     link: int | None = None
+    #: its link groups at given sizes, (size, group) by size: the group among groups of at most
+    #: `size` GPUs (the NVIDIA DRA driver's Fabric Manager partitions, `partition<size>`);
+    #: `link` is the level of any size
+    link_levels: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,9 +13,11 @@ from typing import Any, cast
 
 from pyctl.cluster.bounds import (
     MAX_GANG_PODS,
+    MAX_GPUS_PER_NODE,
     MAX_KEY_CHARS,
     MAX_LABELS,
     MAX_LINK_GROUP,
+    MAX_LINK_LEVELS,
     MAX_TEXT_CHARS,
     MAX_WEIGHT,
 )
@@ -181,7 +183,7 @@ def _gpus(z: Mapping[str, Any], key: str, where: str) -> list[Gpu]:
     for j, g in enumerate(_list(z.get(key, []), f"{where}.{key}")):
         gw = f"{where}.{key}[{j}]"
         g = _obj(g, gw)
-        _known(g, {"id", "used_milli", "pods", "link"}, gw)
+        _known(g, {"id", "used_milli", "pods", "link", "link_levels"}, gw)
         gid = _int(g, "id", gw, default=None)
         gw = f"{where}.{key}[id={gid}]"
         used = _int(g, "used_milli", gw)
@@ -192,8 +194,44 @@ def _gpus(z: Mapping[str, Any], key: str, where: str) -> list[Gpu]:
             link = _int(g, "link", gw)
             if link > MAX_LINK_GROUP:
                 raise SnapshotError(f"{gw}.link: {link} is above {MAX_LINK_GROUP}")
-        gpus.append(Gpu(gid, used, _holders(g.get("pods", {}), gw, used), link))
+        levels = _link_levels(g.get("link_levels"), f"{gw}.link_levels")
+        gpus.append(Gpu(gid, used, _holders(g.get("pods", {}), gw, used), link, levels))
     return gpus
+
+
+def _link_levels(raw: Any, where: str) -> tuple[tuple[int, int], ...]:
+    """A GPU's link groups at given sizes, {"size": group}, as (size, group) by size."""
+    if raw is None:
+        return ()
+    d = _obj(raw, where)
+    if len(d) > MAX_LINK_LEVELS:
+        raise SnapshotError(f"{where}: {len(d)} levels, more than {MAX_LINK_LEVELS}")
+    out = []
+    for k in d:
+        size = int(k) if isinstance(k, str) and k.isascii() and k.isdigit() else 0
+        if not 1 <= size <= MAX_GPUS_PER_NODE:
+            raise SnapshotError(
+                f"{where}[{str(k)[:32]!r}]: expected a size of 1..{MAX_GPUS_PER_NODE} GPUs"
+            )
+        group = _int(d, k, where)
+        if group > MAX_LINK_GROUP:
+            raise SnapshotError(f"{where}[{k!r}]: {group} is above {MAX_LINK_GROUP}")
+        out.append((size, group))
+    return tuple(sorted(out))
+
+
+def _check_link_levels(where: str, zones: Sequence[Zone]) -> None:
+    """No link group of a level of size N holds more than N GPUs (the core's rule)."""
+    held: dict[tuple[int, int], int] = {}
+    for z in zones:
+        for g in z.gpus + z.dra_gpus:
+            for lv in g.link_levels:
+                held[lv] = held.get(lv, 0) + 1
+    for (size, group), n in sorted(held.items()):
+        if n > size:
+            raise SnapshotError(
+                f"{where}: link group {group} of level {size} holds {n} GPUs, more than {size}"
+            )
 
 
 def _node(raw: Any, i: int) -> Node:
@@ -216,6 +254,7 @@ def _node(raw: Any, i: int) -> Node:
             if gid in gpu_ids:
                 raise SnapshotError(f"{where}.zones[numa={z.numa}]: GPU id {gid} appears twice")
             gpu_ids.add(gid)
+    _check_link_levels(where, zones)
     return Node(
         name=name,
         gpu_model=_str(n, "gpu_model", where, ""),
@@ -387,7 +426,7 @@ def _zone_to_json(z: Zone) -> JsonObject:
         "mig": [_mig_to_json(m) for m in z.mig],
     }
     if z.dra_gpus:
-        out["dra_gpus"] = [{"id": g.id, "used_milli": g.used_milli} for g in z.dra_gpus]
+        out["dra_gpus"] = [_gpu_to_json(g, pods=False) for g in z.dra_gpus]
     return out
 
 
@@ -408,12 +447,14 @@ def _mig_to_json(m: MigGpu) -> JsonObject:
     return out
 
 
-def _gpu_to_json(g: Gpu) -> JsonObject:
+def _gpu_to_json(g: Gpu, pods: bool = True) -> JsonObject:
     out: JsonObject = {"id": g.id, "used_milli": g.used_milli}
-    if g.holders:
+    if pods and g.holders:
         out["pods"] = dict(g.holders)
     if g.link is not None:
         out["link"] = g.link
+    if g.link_levels:
+        out["link_levels"] = {str(size): group for size, group in g.link_levels}
     return out
 
 

@@ -223,6 +223,8 @@ def describe(s: Shape) -> str:
     parts = [gpu, f"{s.cpu_milli / 1000:g} CPU", f"{s.memory_mib} MiB"]
     if s.dra:
         parts.append("through DRA claims" + (", NUMA-aligned" if s.numa_aligned else ""))
+    if s.link_group:
+        parts.append("its GPUs in one link group")
     return ", ".join(parts)
 
 

@@ -189,7 +189,8 @@ def print_dra(report: JsonObject) -> None:
             kinds += f", {n['dynamic_mig_gpus']} DynamicMIG"
         if n["static_mig_gpus"]:
             kinds += f", {n['static_mig_gpus']} MIG"
-        console.print(f"DRA {name}: {kinds}; zones by {n['zones_by']}")
+        links = f"; link groups by {n['links_by']}" if n.get("links_by") else ""
+        console.print(f"DRA {name}: {kinds}; zones by {n['zones_by']}{links}")
         if n["both_ways"]:
             console.print(f"  {name}: GPUs managed both by the device plugin and by a DRA driver")
         for note in as_list(n["notes"], "notes"):

@@ -86,6 +86,10 @@ MAX_GANG_PODS: Final = 65_536
 MAX_DOMAINS_PER_LEVEL: Final = 4096
 #: a GPU's link group id on its node (the core keeps ids below 2**31 - 1 for groups it names)
 MAX_LINK_GROUP: Final = (1 << 30) - 1
+#: levels of link groups of given sizes a node may publish (the NVIDIA DRA driver's Fabric
+#: Manager partitions: sizes 1, 2, 4 and 8 on an 8-GPU board); a level's size is at most
+#: `MAX_GPUS_PER_NODE`
+MAX_LINK_LEVELS: Final = 16
 #: topology levels (label keys) pyctl models (also the most a Kueue or KAI `Topology` has)
 MAX_LEVELS: Final = 16
 #: nodes one `ComputeDomainClique` names (an NVLink clique: 18 nodes in an NVL72 rack; the CRD

@@ -111,6 +111,7 @@ def pod_shape(p: PodRecord, node: NodeRecord | None = None, need: DraNeed | None
             mig_profile=need.mig_profile,
             dra=True,
             numa_aligned=need.numa_aligned,
+            link_group=need.link_group,
         )
     # shares only where the pod or its node says so (most pods: neither)
     if p.sharing is not None or (p.gpus and node is not None and node.sharing is not None):
@@ -579,10 +580,10 @@ class _ZoneBuilder:
             if self.positions is not None:
                 for pod, milli in g.holders:
                     self.positions.setdefault(pod, []).append(("dra_gpus", zi, gi, milli))
-            return Gpu(self.gid, g.used_milli, tuple(g.holders))
+            return Gpu(self.gid, g.used_milli, tuple(g.holders), link_levels=g.link_levels)
         if self.positions is not None and g.holder and g.used_milli:
             self.positions.setdefault(g.holder, []).append(("dra_gpus", zi, gi))
-        return Gpu(self.gid, g.used_milli)
+        return Gpu(self.gid, g.used_milli, link_levels=g.link_levels)
 
     def _dra_mig(self, zi: int, mi: int, g: ModelGpu) -> MigGpu:
         """A DRA MIG GPU (at zone `zi`, position `mi`), its instances' users' positions noted."""

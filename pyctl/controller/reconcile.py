@@ -602,10 +602,15 @@ class Reconciler:
                 said[what] += 1
                 if rec.sharing is not None and rec.sharing.links_error:
                     said["link_scores"] += 1
+                dm = self.dra_models.get(name)
+                if dm is not None and dm.links_left_out:
+                    said["partitions"] += 1
                 mine = {k: v for k, v in full.items() if k in keys}
                 if mine:
                     labels[name] = mine
-        self._export_sources(levels, fill, said["filled"], said["disagrees"], said["link_scores"])
+        self._export_sources(
+            levels, fill, said["filled"], said["disagrees"], said["link_scores"], said["partitions"]
+        )
         gangs = any(s.gang is not None for s in self.workload.shapes)
         if not labels and not gangs:
             self.fabric_last = None
@@ -621,11 +626,18 @@ class Reconciler:
         return self.fabric_last
 
     def _export_sources(
-        self, levels: Levels, fill: CliqueFill, filled: int, disagree: int, link_scores: int = 0
+        self,
+        levels: Levels,
+        fill: CliqueFill,
+        filled: int,
+        disagree: int,
+        link_scores: int = 0,
+        partitions: int = 0,
     ) -> None:
         """Where the levels came from (`pyctl_level_source`), the nodes whose clique came from
         `ComputeDomainClique` objects, and what of those sources was left out (with the nodes
-        whose link scores, HAMi's `hami.io/node-nvidia-score`, were left out)."""
+        whose link scores, HAMi's `hami.io/node-nvidia-score`, or whose Fabric Manager
+        partitions, the DRA driver's `partitionN`, were left out)."""
         m, c = self.metrics, self.cluster
         now = {(lv, levels.origin[lv]) for lv in levels.levels}
         for gone in self._source_labels - now:
@@ -645,6 +657,7 @@ class Reconciler:
             ("hypernode_patterns_past_bound", fill.hypernodes.patterns_left_out),
             ("hypernode_conflicts", fill.hypernodes.conflicts),
             ("link_scores_left_out", link_scores),
+            ("fm_partitions_left_out", partitions),
         ):
             m.fabric_source_problems.labels(c, problem).set(n)
 

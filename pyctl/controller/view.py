@@ -95,6 +95,7 @@ class ListedView:
             dm = model_gpus(nd, n.gpu_model)
             out_nodes[n.name] = {
                 "zones_by": dm.basis,
+                "links_by": dm.links,
                 "gpus": sum(1 for g in dm.gpus if g.whole),
                 "dynamic_mig_gpus": sum(1 for g in dm.gpus if g.dynamic),
                 "static_mig_gpus": sum(1 for g in dm.gpus if not g.whole and not g.dynamic),

@@ -16,7 +16,7 @@ from typing import Any
 from pyctl import _core
 from pyctl.core.inputs import AssignmentInput, ClusterColumns, ShapeInput
 from pyctl.core.types import Assignment
-from pyctl.model import Shape, Snapshot, Workload
+from pyctl.model import Gpu, Shape, Snapshot, Workload
 
 CATEGORIES: tuple[str, ...] = tuple(_core.CATEGORY_NAMES)
 
@@ -39,6 +39,10 @@ def snapshot_columns(s: Snapshot) -> ClusterColumns:
         gpu_ids=[],
         gpu_used_milli=[],
         gpu_link_groups=[],
+        node_link_offsets=[0],
+        link_sizes=[],
+        link_gpu_ids=[],
+        link_groups=[],
         mig_offsets=[0],
         mig_gpu_ids=[],
         instance_offsets=[0],
@@ -74,10 +78,12 @@ def snapshot_columns(s: Snapshot) -> ClusterColumns:
                 c["gpu_ids"].append(g.id)
                 c["gpu_used_milli"].append(g.used_milli)
                 c["gpu_link_groups"].append(-1 if g.link is None else g.link)
+                _link_entries(c, g, False)
             c["gpu_offsets"].append(len(c["gpu_ids"]))
             for g in z.dra_gpus:
                 c["dra_gpu_ids"].append(g.id)
                 c["dra_gpu_used_milli"].append(g.used_milli)
+                _link_entries(c, g, True)
             c["dra_gpu_offsets"].append(len(c["dra_gpu_ids"]))
             for m in z.mig:
                 c["mig_gpu_ids"].append(m.gpu)
@@ -91,7 +97,18 @@ def snapshot_columns(s: Snapshot) -> ClusterColumns:
                 c["instance_offsets"].append(len(c["instance_profiles"]))
             c["mig_offsets"].append(len(c["mig_gpu_ids"]))
         c["zone_offsets"].append(len(c["zone_numa"]))
+        c["node_link_offsets"].append(len(c["link_gpu_ids"]))
     return c
+
+
+def _link_entries(c: ClusterColumns, g: Gpu, dra: bool) -> None:
+    """A whole GPU's link groups at given sizes as the node's link entries, and for a DRA GPU
+    its group of any size too (size 0; a device-plugin GPU's is in `gpu_link_groups`)."""
+    levels = [(0, g.link)] if dra and g.link is not None else []
+    for size, group in (*levels, *g.link_levels):
+        c["link_sizes"].append(size)
+        c["link_gpu_ids"].append(g.id)
+        c["link_groups"].append(group)
 
 
 #: the last workload's shapes as the core reads them (M is the same object for many calls: every

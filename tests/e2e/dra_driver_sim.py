@@ -15,6 +15,12 @@ What it publishes, per node (pool name = node name, driver `gpu.nvidia.com`, one
   `cudaDriverVersion`, `addressingMode`) and the standard ones (`resource.kubernetes.io/numaNode`
   as an int, or as a list of ints when `numa_lists` is set - the `DRAListTypeAttributes` form;
   `pcieRoot`, `pciBusID`), capacity `memory`;
+* with `fm_partitions` (the driver's alpha gate `FabricManagerPartitioning`), every full GPU
+  device also carries `gpuModuleID` (its position on the node, from 1) and `partition<N>` for
+  N = 1, 2, 4, 8 up to the node's GPU count: the id of the partition of N GPUs that holds it,
+  numbered as Fabric Manager does on an 8-GPU board (the partition of 8 is 1, those of 4 are 2
+  and 3, those of 2 are 4 to 7, those of 1 are 8 to 15; `deviceinfo.go`,
+  `addFabricManagerAttributes`); MIG devices carry none;
 * a MIG-capable GPU in DynamicMIG mode (`dynamic_mig`): one slice with a shared counter set
   `gpu-<minor>-counter-set` (the per-GPU maxima of `multiprocessors`, `copy-engines`, `decoders`,
   `encoders`, `jpeg-engines`, `ofa-engines`, `memory`, and one `memory-slice-<i>` counter per
@@ -108,6 +114,23 @@ class SimNode:
     gpus: Sequence[SimGpu]
     #: profile -> placements to publish instead of the catalog's (start, size) (a disagreement)
     profile_placements: Mapping[str, Sequence[tuple[int, int]]] = field(default_factory=dict)
+    #: publish the Fabric Manager attributes (`gpuModuleID`, `partition<N>`) on full GPUs
+    fm_partitions: bool = False
+
+
+def fm_attrs(node: SimNode, g: SimGpu) -> dict[str, Any]:
+    """The Fabric Manager attributes of a full GPU (none without `node.fm_partitions`)."""
+    if not node.fm_partitions:
+        return {}
+    n = len(node.gpus)
+    i = next(k for k, x in enumerate(node.gpus) if x is g)
+    out: dict[str, Any] = {"gpuModuleID": {"int": i + 1}}
+    first = 1
+    for size in (8, 4, 2, 1):
+        if size <= n:
+            out[f"partition{size}"] = {"int": first + i // size}
+            first += -(-n // size)
+    return out
 
 
 def _gpu_attrs(node: str, g: SimGpu) -> dict[str, Any]:
@@ -167,7 +190,7 @@ def dynamic_gpu(node: SimNode, g: SimGpu) -> tuple[dict[str, Any], list[dict[str
     attrs = _gpu_attrs(node.name, g)
     full = {
         "name": f"gpu-{g.minor}",
-        "attributes": attrs,
+        "attributes": attrs | fm_attrs(node, g),
         "capacity": {k: _q(v) for k, v in maxima.items()},
         "consumesCounters": [{"counterSet": set_name, "counters": dict(all_counters)}],
     }
@@ -212,7 +235,7 @@ def slices_for(node: SimNode, generation: int = 1) -> list[dict[str, Any]]:
             whole.append(
                 {
                     "name": f"gpu-{g.minor}",
-                    "attributes": _gpu_attrs(node.name, g),
+                    "attributes": _gpu_attrs(node.name, g) | fm_attrs(node, g),
                     "allowMultipleAllocations": True,
                     "capacity": {
                         "memory": {
@@ -228,7 +251,7 @@ def slices_for(node: SimNode, generation: int = 1) -> list[dict[str, Any]]:
             whole.append(
                 {
                     "name": f"gpu-{g.minor}",
-                    "attributes": _gpu_attrs(node.name, g),
+                    "attributes": _gpu_attrs(node.name, g) | fm_attrs(node, g),
                     "capacity": {"memory": _q(mem * 2**20)},
                 }
             )

@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
@@ -222,24 +222,7 @@ def _fragment(node: Node, shape: Shape, w: float, out: Score) -> None:
             if not usable:
                 fail = "numa_split"
     other = "mig_geometry" if cpu_ok else (fail or "lack_cpu")
-    # link groups (docs/fabric.md): a shape that needs one group, on a node that publishes links,
-    # can use a GPU only if its group holds enough usable GPUs; an unlisted GPU is alone
-    links = any(g.link is not None for z in zones for g in z.gpus)
-    room: dict[object, int] = {}
-    if shape.link_group and shape.gpus >= 2 and shape.mig_profile is None and links:
-        for zi, z in enumerate(zones):
-            for g in z.gpus:
-                free = 1000 - g.used_milli
-                if zi in usable and free > 0 and free >= shape.gpu_milli:
-                    k = ("g", g.link) if g.link is not None else ("alone", g.id)
-                    room[k] = room.get(k, 0) + 1
-
-    def split(g: Gpu) -> bool:
-        if not (shape.link_group and shape.gpus >= 2 and links):
-            return False
-        k = ("g", g.link) if g.link is not None else ("alone", g.id)
-        return room.get(k, 0) < shape.gpus
-
+    _, split = _link_split(node, shape, usable)
     for zi, z in enumerate(zones):
         if shape.mig_profile is None:
             for g in z.gpus:
@@ -278,6 +261,51 @@ def _fragment(node: Node, shape: Shape, w: float, out: Score) -> None:
                         mig(zi, c, fail)
                     elif zi not in usable:
                         mig(zi, c, "numa_split")
+
+
+def _link_level(node: Node, shape: Shape) -> dict[int, int] | None:
+    """docs/fabric.md: the link groups {GPU id: group} a shape that needs its GPUs in one group
+    uses: those of the smallest level of at least its GPUs (`Gpu.link_levels`; `Gpu.link` is
+    the level of any size) that lists a GPU of the shape's source; None: no constraint."""
+    if not (shape.link_group and shape.gpus >= 2 and shape.mig_profile is None):
+        return None
+    levels: dict[float, dict[int, tuple[int, bool]]] = {}
+    for z in node.zones:
+        for dra, gpus in ((False, z.gpus), (True, z.dra_gpus)):
+            for g in gpus:
+                if g.link is not None:
+                    levels.setdefault(math.inf, {})[g.id] = (g.link, dra)
+                for n, group in g.link_levels:
+                    levels.setdefault(n, {})[g.id] = (group, dra)
+    for size in sorted(levels):
+        lv = levels[size]
+        if size >= shape.gpus and any(dra == shape.dra for _, dra in lv.values()):
+            return {gid: group for gid, (group, _) in lv.items()}
+    return None
+
+
+def _link_split(
+    node: Node, shape: Shape, usable: set[int]
+) -> tuple[dict[int, int] | None, Callable[[Gpu], bool]]:
+    """The shape's link groups (`_link_level`), and whether a GPU of the shape's source lacks
+    room in its group: the group (a GPU the level does not list is alone) holds fewer usable
+    GPUs (with the share, in a usable zone) than the shape needs."""
+    level = _link_level(node, shape)
+
+    def key(g: Gpu) -> tuple[str, int]:
+        return ("g", level[g.id]) if level is not None and g.id in level else ("alone", g.id)
+
+    room: dict[tuple[str, int], int] = {}
+    for zi, z in enumerate(node.zones):
+        for g in z.dra_gpus if shape.dra else z.gpus:
+            free = 1000 - g.used_milli
+            if zi in usable and free > 0 and free >= shape.gpu_milli:
+                room[key(g)] = room.get(key(g), 0) + 1
+
+    def split(g: Gpu) -> bool:
+        return level is not None and room.get(key(g), 0) < shape.gpus
+
+    return level, split
 
 
 def _has_dra(node: Node) -> bool:
@@ -374,6 +402,8 @@ def _fragment_dra(node: Node, shape: Shape, cpu_ok: bool, gpu: Any, mig: Any) ->
     def ok_or(zi: int) -> str | None:
         return fail if fail else (None if zi in usable else "numa_split")
 
+    level, split = _link_split(node, shape, usable)
+
     for zi, z in enumerate(zones):
         for dra, gpus in ((False, z.gpus), (True, z.dra_gpus)):
             for g in gpus:
@@ -390,6 +420,8 @@ def _fragment_dra(node: Node, shape: Shape, cpu_ok: bool, gpu: Any, mig: Any) ->
                     gpu(zi, f, "stranded")
                 elif zi not in usable:
                     gpu(zi, f, "numa_split")
+                elif split(g):
+                    gpu(zi, f, "link_split")
         for m in z.mig:
             assert mm is not None
             idle = _mig_idle(m, node.gpu_model)
@@ -412,7 +444,8 @@ def _fragment_dra(node: Node, shape: Shape, cpu_ok: bool, gpu: Any, mig: Any) ->
                     and shape.gpu_milli == 1000
                     and not m.instances
                 ):
-                    cat = ok_or(zi)
+                    # under a level of link groups a MIG GPU taken whole is a group of its own
+                    cat = ok_or(zi) or ("link_split" if level is not None else None)
                     if idle and cat:
                         mig(zi, idle, cat)
                 elif idle:

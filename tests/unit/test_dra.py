@@ -588,10 +588,23 @@ def random_dra_node(rnd: random.Random, name: str) -> Any:
     m = mig.model("H100-80GB")
     zones = []
     gid = 0
+    # the DRA GPUs' Fabric Manager partitions on some nodes (the k-th DRA GPU in partition
+    # k // size of each size; some unlisted, hence alone), NVLink groups on some plugin GPUs
+    sizes = rnd.choice([(), (), (1, 2, 4, 8), (2, 4), (2,)])
+    links = rnd.choice([False, False, True])
+    k = 0
     for z in range(rnd.choice([1, 2, 4])):
-        plugin = [Gpu(gid + i, rnd.choice([0, 1000, 500])) for i in range(rnd.choice([0, 0, 2]))]
+        plugin = [
+            Gpu(gid + i, rnd.choice([0, 1000, 500]), link=(gid + i) // 2 if links else None)
+            for i in range(rnd.choice([0, 0, 2]))
+        ]
         gid += len(plugin)
-        dra_gpus = [Gpu(gid + i, rnd.choice([0, 0, 1000])) for i in range(rnd.choice([0, 2, 4]))]
+        dra_gpus = []
+        for i in range(rnd.choice([0, 2, 4])):
+            listed = rnd.random() < 0.9
+            levels = tuple((size, k // size) for size in sizes) if listed else ()
+            dra_gpus.append(Gpu(gid + i, rnd.choice([0, 0, 1000]), link_levels=levels))
+            k += 1
         gid += len(dra_gpus)
         migs = []
         for _ in range(rnd.choice([0, 0, 1, 2])):
@@ -635,6 +648,10 @@ DRA_SHAPES = [
     Shape(cpu_milli=8000, gpus=2, gpu_milli=1000, dra=True, numa_aligned=True),
     Shape(cpu_milli=8000, gpus=4, gpu_milli=1000, dra=True, numa_aligned=True),
     Shape(cpu_milli=8000, gpus=3, gpu_milli=1000, dra=True),
+    Shape(cpu_milli=8000, gpus=2, gpu_milli=1000, dra=True, link_group=True),
+    Shape(cpu_milli=8000, gpus=4, gpu_milli=1000, dra=True, link_group=True),
+    Shape(cpu_milli=8000, gpus=3, gpu_milli=1000, dra=True, numa_aligned=True, link_group=True),
+    Shape(cpu_milli=4000, gpus=2, gpu_milli=1000, link_group=True),
     Shape(cpu_milli=2000, gpus=1, mig_profile="3g.40gb", dra=True),
     Shape(cpu_milli=2000, gpus=1, mig_profile="1g.10gb", dra=True),
     Shape(cpu_milli=2000, gpus=1, mig_profile="1g.20gb", dra=True),

@@ -51,6 +51,11 @@ def nodes(draw: st.DrawFn, name: str) -> Node:
     gpu_model = draw(st.sampled_from(MIG_MODELS)) if mig else draw(st.sampled_from(["V100", "T4"]))
     zones = []
     gid = 0
+    # link groups at given sizes on some nodes (Fabric Manager partitions: the k-th whole GPU
+    # in group k // size of each size; some GPUs unlisted, hence alone)
+    sizes = draw(st.sampled_from([(), (), (2,), (1, 2, 4), (1, 2, 4, 8), (4,)]))
+    any_size = draw(st.booleans())
+    whole = 0
     for numa in range(draw(st.integers(1, 4))):
         cpu = draw(st.sampled_from([8000, 16000, 32000]))
         mem = draw(st.sampled_from([0, 65536, 131072]))
@@ -58,8 +63,12 @@ def nodes(draw: st.DrawFn, name: str) -> Node:
         for _ in range(draw(st.integers(0, 4))):
             used = draw(st.sampled_from([0, 0, 250, 500, 700, 1000, 1000]))
             # link groups (docs/fabric.md) on some nodes: NVLink pairs, or none known
-            gpus.append(Gpu(gid, used, link=draw(st.sampled_from([None, 0, 0, 1, 2]))))
+            link = draw(st.sampled_from([None, 0, 0, 1, 2])) if any_size else None
+            listed = draw(st.integers(0, 5)) > 0
+            levels = tuple((size, whole // size) for size in sizes) if listed else ()
+            gpus.append(Gpu(gid, used, link=link, link_levels=levels))
             gid += 1
+            whole += 1
         migs = []
         if mig and draw(st.booleans()):
             migs.append(MigGpu(gid, _place_random(draw, gpu_model)))
@@ -180,6 +189,77 @@ def test_policy_none_is_fgd(node: Node, shape: Shape) -> None:
     s = Shape(shape.cpu_milli, 0, shape.gpus, milli, None, shape.gpu_models, 1.0)
     got = score(Snapshot((plain,)), Workload((s,))).fragment_gpu_milli
     assert _close(got, ref.fgd_node_fragment(plain.zones, s, plain.gpu_model))
+
+
+@st.composite
+def linked_nodes(draw: st.DrawFn) -> Node:
+    """A node whose whole GPUs (of the device plugin, a DRA driver, or both: then the DRA GPUs
+    publish the sized levels, the plugin's a level of any size) publish link groups at several
+    sizes (the k-th GPU in group k // size; some unlisted, hence alone), and on some nodes a
+    level of any size too."""
+    sizes = draw(st.sampled_from([(2,), (1, 2, 4), (1, 2, 4, 8), (2, 4), (4,)]))
+    any_size = draw(st.booleans())
+    kind = draw(st.sampled_from(["plugin", "dra", "both"]))
+    zones = []
+    gid = 0
+    for numa in range(draw(st.integers(1, 2))):
+        plugin: list[Gpu] = []
+        dra_gpus: list[Gpu] = []
+        for _ in range(draw(st.integers(0, 8))):
+            dra = kind == "dra" or (kind == "both" and draw(st.booleans()))
+            sized = kind != "both" or dra
+            listed = sized and draw(st.integers(0, 7)) > 0
+            levels = tuple((size, gid // size) for size in sizes) if listed else ()
+            some = any_size and (kind != "both" or not dra)
+            link = draw(st.sampled_from([None, 0, 1])) if some else None
+            used = draw(st.sampled_from([0, 0, 0, 500, 1000]))
+            (dra_gpus if dra else plugin).append(Gpu(gid, used, link=link, link_levels=levels))
+            gid += 1
+        zones.append(Zone(numa, 64000, 0, 1 << 20, 0, tuple(plugin), (), tuple(dra_gpus)))
+    # the twin covers device-plugin shapes on a DRA node under none and best-effort only
+    policies = ["none", "best-effort"]
+    if kind == "plugin":
+        policies += ["restricted", "single-numa-node"]
+    return Node("n", "H100", draw(st.sampled_from(policies)), zones=tuple(zones))
+
+
+@st.composite
+def linked_shapes(draw: st.DrawFn) -> Shape:
+    dra = draw(st.booleans())
+    return Shape(
+        1000,
+        0,
+        draw(st.integers(1, 5)),
+        draw(st.sampled_from([1000, 1000, 500])),
+        dra=dra,
+        numa_aligned=dra and draw(st.booleans()),
+        link_group=draw(st.integers(0, 3)) > 0,
+        weight=draw(st.integers(1, 3)),
+    )
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(linked_nodes(), st.lists(linked_shapes(), min_size=1, max_size=3), linked_shapes())
+def test_link_levels_agree_with_the_reference_and_the_delta(
+    node: Node, shape_list: list[Shape], task: Shape
+) -> None:
+    """docs/fabric.md: a shape of g GPUs that needs one link group uses the smallest level of
+    at least g GPUs of its source; the core and the twin agree, and a placement's delta is the
+    score's change."""
+    w = Workload(tuple(shape_list))
+    m = FragmentationModel(Snapshot((node,)))
+    before = m.score(w)
+    got = before.nodes[0]
+    want = ref.score_node(node, w)
+    assert _close(got.fragment_gpu_milli, want.frag_gpu), (got, want)
+    for c in ref.CATS:
+        assert _close(got.categories[c], want.cats[c]), c
+    d = m.place_delta("n", task, w)
+    if d is None:
+        return
+    m.apply("n", d.assignment)
+    after = m.score(w)
+    assert _close(after.fragment_gpu_milli - before.fragment_gpu_milli, d.fragment_gpu_milli)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

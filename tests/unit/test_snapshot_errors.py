@@ -53,6 +53,26 @@ def _mutate(path: list[Any], value: Any) -> dict[str, Any]:
         (["nodes", 0, "zones", 0, "cpu_milli"], "32", "cpu_milli: expected a number, got str"),
         (["nodes", 0, "zones", 0, "cores"], 32, "unknown field(s) cores"),
         (["nodes", 0, "zones"], [], "a node needs at least one NUMA zone"),
+        (
+            ["nodes", 0, "zones", 0, "gpus", 0, "link_levels"],
+            {"two": 0},
+            "gpus[id=0].link_levels['two']: expected a size of 1..1024 GPUs",
+        ),
+        (
+            ["nodes", 0, "zones", 0, "gpus", 0, "link_levels"],
+            {"2": -1},
+            "gpus[id=0].link_levels.2: must not be negative",
+        ),
+        (
+            ["nodes", 0, "zones", 0, "gpus", 0, "link_levels"],
+            {str(k): 0 for k in range(1, 18)},
+            "gpus[id=0].link_levels: 17 levels, more than 16",
+        ),
+        (
+            ["nodes", 0, "zones", 0, "gpus"],
+            [{"id": i, "used_milli": 0, "link_levels": {"1": 5}} for i in range(2)],
+            "nodes['gpu-a']: link group 5 of level 1 holds 2 GPUs, more than 1",
+        ),
     ],
 )
 def test_snapshot_errors(path: list[Any], value: Any, message: str) -> None:
@@ -162,3 +182,17 @@ def test_cli_json_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert out["cluster"]["fragment_gpu_milli"] == sum(
         n["fragment_gpu_milli"] for n in out["nodes"]
     )
+
+
+def test_link_levels_round_trip_on_both_kinds_of_gpu() -> None:
+    from pyctl.snapshot import snapshot_to_json
+
+    s = copy.deepcopy(SNAP)
+    z = s["nodes"][0]["zones"][0]
+    z["gpus"][0]["link_levels"] = {"2": 3, "1": 7}
+    z["dra_gpus"] = [{"id": 99, "used_milli": 0, "link": 1, "link_levels": {"4": 1}}]
+    snap = load_snapshot(s)
+    zone = snap.nodes[0].zones[0]
+    assert zone.gpus[0].link_levels == ((1, 7), (2, 3))
+    assert (zone.dra_gpus[0].link, zone.dra_gpus[0].link_levels) == (1, ((4, 1),))
+    assert load_snapshot(snapshot_to_json(snap)) == snap

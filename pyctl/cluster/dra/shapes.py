@@ -1,7 +1,9 @@
 """Claims -> shapes (docs/dra.md): what a pod's claims ask of GPUs (`DraNeed`). A request whose
 devices are all whole GPUs asks for `count` GPUs; all MIG devices of one profile, for that
 profile; all shares of shared GPUs, for that share of each. A `matchAttribute` constraint on
-`numaNode` or `pcieRoot` over its GPU requests makes the shape NUMA-aligned. Anything else
+`numaNode` or `pcieRoot` over its GPU requests makes the shape NUMA-aligned; one on the NVIDIA
+driver's `partitionN` (its GPUs in one Fabric Manager partition) makes it a link-group shape
+(docs/fabric.md). Anything else
 (selectors pyctl cannot evaluate, devices of several kinds, `All` mode, several MIG devices) is
 "unknown" with a reason.
 """
@@ -15,6 +17,7 @@ from typing import Final
 from pyctl.cluster.dra import capacity as dc
 from pyctl.cluster.dra.claims import Catalogue, KindIndex, Unknown, effective, pod_claim_specs
 from pyctl.cluster.dra.devices import NUMA_ATTRIBUTE, PCIE_ATTRIBUTE, DeviceView
+from pyctl.cluster.dra.partitions import partition_size
 from pyctl.cluster.dra_records import ClaimSpec, PodClaim, Request
 
 ALIGN_ATTRIBUTES: Final = frozenset({NUMA_ATTRIBUTE, PCIE_ATTRIBUTE})
@@ -35,6 +38,8 @@ class DraNeed:
     movable: bool = True
     #: the pod has claims at all
     claims: int = 0
+    #: its GPUs must be one link group (a `matchAttribute` on `gpu.nvidia.com/partitionN`)
+    link_group: bool = False
 
 
 def share_need(req: Request, devices: Sequence[DeviceView], claim: str) -> int:
@@ -52,11 +57,28 @@ def share_need(req: Request, devices: Sequence[DeviceView], claim: str) -> int:
     return max(1, max(got))
 
 
-def claim_need(
-    spec: ClaimSpec, cat: Catalogue, index: KindIndex, claim: str
-) -> tuple[int, str | None, bool, int]:
-    """(GPUs, MIG profile, aligned, share of each GPU in milli-GPU) of one claim; raises
-    `Unknown`."""
+@dataclass(frozen=True)
+class ClaimNeed:
+    """What one claim asks of GPUs."""
+
+    gpus: int
+    profile: str | None
+    #: its GPU requests share a NUMA node (or PCIe root)
+    aligned: bool
+    #: the share of each GPU in milli-GPU
+    milli: int
+    #: its GPU requests share a Fabric Manager partition
+    link_group: bool = False
+
+
+def _covers(c_requests: Sequence[str], spec: ClaimSpec, gpu_requests: list[str]) -> bool:
+    """Whether a constraint over `c_requests` (none: every request) covers the GPU requests."""
+    covered = set(c_requests) if c_requests else {r.name for r in spec.requests}
+    return set(gpu_requests) <= {r.split("/")[0] for r in covered}
+
+
+def claim_need(spec: ClaimSpec, cat: Catalogue, index: KindIndex, claim: str) -> ClaimNeed:
+    """What one claim asks of GPUs; raises `Unknown`."""
     gpus = 0
     profiles: list[str] = []
     milli: set[int] = set()
@@ -93,13 +115,15 @@ def claim_need(
         raise Unknown(f"{claim}: asks for MIG devices together with other GPUs (not modelled)")
     if len(milli) > 1:
         raise Unknown(f"{claim}: asks for GPU shares of different sizes (not modelled)")
-    aligned = False
+    aligned = link = False
     for c in spec.constraints:
-        if c.match_attribute in ALIGN_ATTRIBUTES:
-            covered = set(c.requests) if c.requests else {r.name for r in spec.requests}
-            if set(gpu_requests) <= {r.split("/")[0] for r in covered}:
-                aligned = True
-    return gpus, (profiles[0] if profiles else None), aligned, min(milli, default=1000)
+        if c.match_attribute in ALIGN_ATTRIBUTES and _covers(c.requests, spec, gpu_requests):
+            aligned = True
+        if partition_size(c.match_attribute) and _covers(c.requests, spec, gpu_requests):
+            link = True
+    return ClaimNeed(
+        gpus, (profiles[0] if profiles else None), aligned, min(milli, default=1000), link
+    )
 
 
 def pod_need(
@@ -112,6 +136,7 @@ def pod_need(
     gpus = 0
     profile: str | None = None
     aligned_all = True
+    link_all = True
     claims_with_gpus = 0
     milli: set[int] = set()
     try:
@@ -119,14 +144,16 @@ def pod_need(
             where = f"{namespace}/{pc.claim_name or pc.template or pc.name}"
             if spec is None:
                 raise Unknown(f"{where}: the claim (or its template) is not known yet")
-            g, p, aligned, share = claim_need(spec, cat, index, where)
+            cn = claim_need(spec, cat, index, where)
+            g, p = cn.gpus, cn.profile
             if g:
-                milli.add(share)
+                milli.add(cn.milli)
                 if len(milli) > 1:
                     raise Unknown(f"{where}: GPU shares of different sizes (not modelled)")
             if g or p:
                 claims_with_gpus += 1
-                aligned_all = aligned_all and (aligned or g <= 1)
+                aligned_all = aligned_all and (cn.aligned or g <= 1)
+                link_all = link_all and cn.link_group
             if p is not None:
                 if profile is not None or gpus:
                     raise Unknown(f"{where}: MIG devices together with other GPUs (not modelled)")
@@ -136,6 +163,15 @@ def pod_need(
                 raise Unknown(f"{where}: MIG devices together with other GPUs (not modelled)")
     except Unknown as e:
         return DraNeed(unknown=str(e), movable=movable, claims=len(claims))
-    # GPUs of several claims are aligned only if one claim holds them all
-    aligned = gpus > 1 and aligned_all and claims_with_gpus == 1
-    return DraNeed(gpus, profile, aligned, min(milli, default=1000), "", movable, len(claims))
+    # GPUs of several claims are aligned (or in one partition) only if one claim holds them all
+    one = gpus > 1 and claims_with_gpus == 1
+    return DraNeed(
+        gpus,
+        profile,
+        one and aligned_all,
+        min(milli, default=1000),
+        "",
+        movable,
+        len(claims),
+        one and link_all,
+    )

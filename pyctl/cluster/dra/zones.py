@@ -2,7 +2,9 @@
 A GPU's zone is its `numaNode` (the lowest of a list), else, when no GPU of the node publishes
 one, its `pcieRoot` (zones numbered in the order of the roots), else one zone. A dynamic MIG
 GPU's placements are checked against pyctl's MIG catalog; where the counters disagree with the
-catalog it says so and trusts the published slices.
+catalog it says so and trusts the published slices. Whole GPUs carry the link groups of the
+driver's Fabric Manager partitions (`pyctl.cluster.dra.partitions`), where the node publishes
+them whole.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from pyctl.cluster.dra.devices import MEMORY_SLICE_COUNTER, gpu_model_name, placement_start
 from pyctl.cluster.dra.node import NodeDevices, PhysicalGpu
+from pyctl.cluster.dra.partitions import read_partitions
 
 if TYPE_CHECKING:
     from pyctl.core.mig import GpuModel, MigProfile
@@ -35,6 +38,9 @@ class ModelGpu:
     dynamic: bool = False
     instances: list[tuple[str, int, bool, str | None]] = field(default_factory=list)
     free_slices: int | None = None
+    #: a whole GPU's link groups at given sizes, (size, group) by size (its Fabric Manager
+    #: partitions)
+    link_levels: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass
@@ -48,6 +54,10 @@ class DraModel:
     roots: dict[str, int]
     notes: list[str]
     product: str = ""
+    #: where its GPUs' link groups come from ("" if none): the partition sizes read
+    links: str = ""
+    #: why the node's Fabric Manager partitions were left out ("" if they were not)
+    links_left_out: str = ""
 
 
 def _full_profile(m: GpuModel) -> str | None:
@@ -79,6 +89,9 @@ def model_gpus(nd: NodeDevices, gpu_model: str = "") -> DraModel:
             catalog = mig.model(name)
         except ValueError:
             notes.append(f"MIG devices on a GPU model pyctl's MIG catalog does not know ({name!r})")
+    parts = read_partitions([g.whole for g in gpus if g.whole is not None])
+    if parts.left_out:
+        notes.append(f"Fabric Manager partitions left out (no link groups): {parts.left_out}")
     out: list[ModelGpu] = []
     for g in gpus:
         if basis == "numaNode":
@@ -95,17 +108,43 @@ def model_gpus(nd: NodeDevices, gpu_model: str = "") -> DraModel:
             if d.shared:
                 milli, holders = nd.shares(d)
                 out.append(
-                    ModelGpu(zone, g, True, milli, nd.holder(d), holders=holders, shared=True)
+                    ModelGpu(
+                        zone,
+                        g,
+                        True,
+                        milli,
+                        nd.holder(d),
+                        holders=holders,
+                        shared=True,
+                        link_levels=parts.levels.get(d.id, ()),
+                    )
                 )
                 continue
             used = nd.in_use(d)
-            out.append(ModelGpu(zone, g, True, 1000 if used else 0, nd.holder(d)))
+            levels = parts.levels.get(d.id, ())
+            out.append(
+                ModelGpu(zone, g, True, 1000 if used else 0, nd.holder(d), link_levels=levels)
+            )
             continue
         if catalog is None:
             continue  # said above: MIG devices of an unknown model are left out
         out.append(_mig_gpu(nd, g, zone, catalog, notes))
     zones = sorted({m.zone for m in out})
-    return DraModel(basis, out, zones, roots if basis == "pcieRoot" else {}, notes, product)
+    links = (
+        "Fabric Manager partitions (" + ", ".join(f"partition{n}" for n in parts.sizes) + ")"
+        if parts.sizes
+        else ""
+    )
+    return DraModel(
+        basis,
+        out,
+        zones,
+        roots if basis == "pcieRoot" else {},
+        notes,
+        product,
+        links,
+        parts.left_out,
+    )
 
 
 def _mig_gpu(nd: NodeDevices, g: PhysicalGpu, zone: int, m: GpuModel, notes: list[str]) -> ModelGpu:

@@ -2,10 +2,11 @@
 //! where the node would put it with the least fragment growth, or removing a task that is there.
 //! `delta = F_n(M) after - F_n(M) before` (negative: the change reduces fragmentation).
 
+use super::model::LinkLevel;
 use super::model::{MigGpu, MigInstance, Node, GPU_MILLI};
 use super::score::{
-    admission, allows_node, device_view, dynamic_placements, mig_need, node_model, on_node,
-    score_node, MigNeed, Providers, RecoverMemo,
+    admission, allows_node, device_view, dynamic_placements, link_level, mig_need, node_model,
+    on_node, score_node, MigNeed, Providers, RecoverMemo,
 };
 use super::workload::Shape;
 use crate::error::{CoreError, CoreResult};
@@ -342,6 +343,7 @@ pub(crate) fn candidates(node: &Node, shape: &Shape) -> Vec<Assignment> {
     if adm.fail.is_some() {
         return Vec::new();
     }
+    let level = link_level(node, shape, need);
     let mut out = Vec::new();
     for set in candidate_sets(node, shape, need, adm.usable) {
         let Some((cpu, memory)) = host.take(set) else {
@@ -356,7 +358,9 @@ pub(crate) fn candidates(node: &Node, shape: &Shape) -> Vec<Assignment> {
         match need {
             MigNeed::Profile(p) => mig_candidates(node, shape, &zones, p, &base, &mut out),
             MigNeed::Unavailable => {}
-            MigNeed::None if shape.dra => dra_candidates(node, shape, need, zones, &base, &mut out),
+            MigNeed::None if shape.dra => {
+                dra_candidates(node, shape, need, level, zones, &base, &mut out)
+            }
             MigNeed::None if shape.gpus == 1 => {
                 // every eligible GPU in the set is a candidate (FGD tries each)
                 for &zi in &zones {
@@ -370,8 +374,8 @@ pub(crate) fn candidates(node: &Node, shape: &Shape) -> Vec<Assignment> {
                     }
                 }
             }
-            MigNeed::None if shape.link_group && !node.links.is_empty() => {
-                link_candidates(node, shape, &zones, &base, &mut out)
+            MigNeed::None if level.is_some() => {
+                link_candidates(node, shape, level, &zones, &base, &mut out)
             }
             MigNeed::None => out.extend(whole_gpus_candidate(node, shape, zones, base)),
         }
@@ -425,11 +429,14 @@ type DraDevice = (usize, Option<usize>, Option<usize>);
 
 /// A whole/shared-GPU DRA shape on zones `zones`: whole/shared DRA GPUs with the share, and free
 /// dynamic MIG GPUs taken whole; zones with the fewest eligible devices first. One GPU: each
-/// device is a candidate; several: the first ones in that order.
+/// device is a candidate; several: the first ones in that order, or, under a level of link
+/// groups (`level`), the first ones of each group with room (a dynamic MIG GPU is a group of
+/// its own).
 fn dra_candidates(
     node: &Node,
     shape: &Shape,
     need: MigNeed,
+    level: Option<&LinkLevel>,
     mut zones: Vec<usize>,
     base: &Assignment,
     out: &mut Vec<Assignment>,
@@ -471,6 +478,21 @@ fn dra_candidates(
                 .iter()
                 .map(|dev| as_assignment(std::slice::from_ref(dev))),
         );
+    } else if let Some(level) = level {
+        let mut groups: Vec<(u32, Vec<DraDevice>)> = Vec::new();
+        for &dev in &devices {
+            let (zi, Some(gi), _) = dev else { continue };
+            let g = level.group_of(node.zones[zi].dra_gpus[gi].0);
+            match groups.iter_mut().find(|x| x.0 == g) {
+                Some(x) => x.1.push(dev),
+                None => groups.push((g, vec![dev])),
+            }
+        }
+        for (_, picked) in groups {
+            if let Some(picked) = picked.get(..want) {
+                out.push(as_assignment(picked));
+            }
+        }
     } else if let Some(picked) = devices.get(..want) {
         out.push(as_assignment(picked));
     }
@@ -508,16 +530,18 @@ fn whole_gpus_candidate(
     (gpus.len() == want).then_some(Assignment { gpus, ..base })
 }
 
-/// Several GPUs in one link group on zones `zones` (a node that publishes links): per group with
-/// enough eligible GPUs there, its first ones (lowest zone, then position), groups in order of
-/// their first GPU's id.
+/// Several GPUs in one link group of `level` on zones `zones`: per group with enough eligible
+/// GPUs there, its first ones (lowest zone, then position), groups in the order their first GPU
+/// is found.
 fn link_candidates(
     node: &Node,
     shape: &Shape,
+    level: Option<&LinkLevel>,
     zones: &[usize],
     base: &Assignment,
     out: &mut Vec<Assignment>,
 ) {
+    let Some(level) = level else { return };
     let want = shape.gpus as usize;
     // (group, its eligible GPUs as (zone, position, milli))
     type Slots = Vec<(usize, usize, u32)>;
@@ -527,7 +551,7 @@ fn link_candidates(
             if f < shape.gpu_milli || f == 0 {
                 continue;
             }
-            let g = node.link_of(id).unwrap_or(0);
+            let g = level.group_of(id);
             let slot = (zi, gi, shape.gpu_milli);
             match groups.iter_mut().find(|x| x.0 == g) {
                 Some(x) => x.1.push(slot),

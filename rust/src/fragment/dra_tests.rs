@@ -230,3 +230,36 @@ fn a_free_dynamic_gpu_is_a_whole_gpu_for_dra() {
     assert!(apply(&mut placed, &bad, true).is_err());
     assert_eq!(placed, before);
 }
+
+#[test]
+fn under_a_level_of_link_groups_a_dynamic_gpu_taken_whole_is_a_group_of_its_own() {
+    // DRA GPUs 0 and 1 in one partition of two, and a free dynamic MIG GPU (id 2) that no
+    // level lists: a DRA pair that needs one group can use the partition, not the MIG GPU
+    let mut n = node("H100-80GB", &[(&[], &[0, 0], &[&[]])]);
+    let pair = Shape {
+        link_group: true,
+        ..dra(2, false)
+    };
+    let m = [pair.clone()];
+    let mut memo = RecoverMemo::new();
+    let s = score_node(&n, &m, &mut memo);
+    // no level yet: every device usable
+    assert_eq!((s.fragment_gpu_milli, s.fragment_mig_slices), (0.0, 0.0));
+    n.links = vec![super::model::LinkLevel {
+        size: 2,
+        groups: vec![(0, 0), (1, 0)],
+        plugin: false,
+        dra: true,
+    }];
+    let s = score_node(&n, &m, &mut memo);
+    assert_eq!(s.fragment_gpu_milli, 0.0);
+    assert_eq!(mig_cat(&s, Category::LinkSplit), 7.0);
+    let d = place_delta(&n, &pair, &m, &mut memo).unwrap();
+    assert_eq!(d.assignment.dra_gpus, vec![(0, 0, 1000), (0, 1, 1000)]);
+    assert!(d.assignment.dyn_whole.is_empty());
+    // with one of the partition's GPUs used, the pair has no placement
+    n.zones[0].dra_gpus[1].1 = 0;
+    assert!(place_delta(&n, &pair, &m, &mut memo).is_none());
+    let s = score_node(&n, &m, &mut memo);
+    assert_eq!(cat(&s, Category::LinkSplit), 1000.0);
+}

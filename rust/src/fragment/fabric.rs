@@ -426,3 +426,240 @@ mod link_tests {
         assert_eq!(ids, vec![6, 7]);
     }
 }
+
+/// Link groups at several sizes (the NVIDIA DRA driver's Fabric Manager partitions): a shape
+/// of g GPUs needs a group of the smallest level of at least g GPUs.
+#[cfg(test)]
+mod partition_tests {
+    use crate::fragment::delta::{apply, place_delta};
+    use crate::fragment::model::{Cluster, ClusterColumns, ANY_SIZE};
+    use crate::fragment::score::{score_node, Category, RecoverMemo};
+    use crate::fragment::{Node, Shape};
+
+    /// Link entries: (level size, GPU id, group).
+    type Entries = Vec<(i64, i64, i64)>;
+
+    /// The partitions of an 8-GPU board as Fabric Manager numbers them: one of 8 (id 0), two
+    /// of 4 (1, 2), four of 2 (3..=6), eight of 1 (7..=14); (size, GPU, partition id).
+    fn partitions() -> Entries {
+        let mut out = Vec::new();
+        for size in [1i64, 2, 4, 8] {
+            for g in 0..8 {
+                out.push((size, g, 8 / size - 1 + g / size));
+            }
+        }
+        out
+    }
+
+    /// One 8-GPU node, one zone, its GPUs of the device plugin or (`dra`) a DRA driver, in
+    /// the partitions of `links`; `used` GPUs busy.
+    fn node_with(used: &[i64], dra: bool, links: &[(i64, i64, i64)]) -> ClusterColumns {
+        let ids: Vec<i64> = (0..8).collect();
+        let used: Vec<i64> = (0..8)
+            .map(|g| if used.contains(&g) { 1000 } else { 0 })
+            .collect();
+        let (plugin, drag) = if dra { (0, 8) } else { (8, 0) };
+        ClusterColumns {
+            node_names: vec!["n".into()],
+            node_models: vec!["H100".into()],
+            node_policies: vec!["none".into()],
+            node_cpu_static: vec![false],
+            node_memory_static: vec![false],
+            zone_offsets: vec![0, 1],
+            zone_numa: vec![0],
+            zone_cpu_milli: vec![64_000],
+            zone_cpu_used: vec![0],
+            zone_memory_mib: vec![1 << 20],
+            zone_memory_used: vec![0],
+            gpu_offsets: vec![0, plugin],
+            gpu_ids: if dra { vec![] } else { ids.clone() },
+            gpu_used_milli: if dra { vec![] } else { used.clone() },
+            dra_gpu_offsets: vec![0, drag],
+            dra_gpu_ids: if dra { ids } else { vec![] },
+            dra_gpu_used_milli: if dra { used } else { vec![] },
+            mig_offsets: vec![0, 0],
+            instance_offsets: vec![0],
+            node_link_offsets: vec![0, links.len()],
+            link_sizes: links.iter().map(|l| l.0).collect(),
+            link_gpu_ids: links.iter().map(|l| l.1).collect(),
+            link_groups: links.iter().map(|l| l.2).collect(),
+            ..ClusterColumns::default()
+        }
+    }
+
+    fn fm(used: &[i64], dra: bool) -> Node {
+        Cluster::from_columns(&node_with(used, dra, &partitions()))
+            .unwrap()
+            .nodes
+            .remove(0)
+    }
+
+    fn shape(gpus: u32, dra: bool) -> Shape {
+        Shape {
+            cpu_milli: 1000,
+            gpus,
+            gpu_milli: 1000,
+            weight: 1.0,
+            link_group: true,
+            dra,
+            ..Shape::default()
+        }
+    }
+
+    fn link_split(n: &Node, s: Shape) -> (f64, f64) {
+        let sc = score_node(n, &[s], &mut RecoverMemo::new());
+        (
+            sc.categories[Category::LinkSplit as usize],
+            sc.fragment_gpu_milli,
+        )
+    }
+
+    #[test]
+    fn the_levels_are_read_smallest_first() {
+        let n = fm(&[], true);
+        let sizes: Vec<u32> = n.links.iter().map(|l| l.size).collect();
+        assert_eq!(sizes, vec![1, 2, 4, 8]);
+        assert!(n.links.iter().all(|l| l.dra && !l.plugin));
+        // a shape of g GPUs: the smallest level of at least g, of its own source
+        let size = |dra: bool, g: u32| n.link_level(dra, g).map(|l| l.size);
+        assert_eq!(size(true, 2), Some(2));
+        assert_eq!(size(true, 3), Some(4));
+        assert_eq!(size(true, 8), Some(8));
+        assert_eq!(size(true, 9), None);
+        assert_eq!(size(false, 2), None);
+    }
+
+    #[test]
+    fn one_idle_gpu_per_partition2_is_link_split_for_a_two_gpu_partition_shape() {
+        for dra in [true, false] {
+            let n = fm(&[1, 3, 5, 7], dra);
+            assert_eq!(link_split(&n, shape(2, dra)), (4000.0, 4000.0), "dra {dra}");
+            // two idle GPUs in each partition4: link_split for four GPUs too
+            assert_eq!(link_split(&n, shape(4, dra)), (4000.0, 4000.0), "dra {dra}");
+            // one GPU needs no group; nor does a shape that does not ask
+            assert_eq!(link_split(&n, shape(1, dra)), (0.0, 0.0));
+            let blind = Shape {
+                link_group: false,
+                ..shape(2, dra)
+            };
+            assert_eq!(link_split(&n, blind), (0.0, 0.0));
+        }
+    }
+
+    #[test]
+    fn one_partition4_free_serves_four_gpus_and_two_pairs() {
+        for dra in [true, false] {
+            let n = fm(&[4, 5, 6, 7], dra);
+            assert_eq!(link_split(&n, shape(4, dra)), (0.0, 0.0), "dra {dra}");
+            assert_eq!(link_split(&n, shape(2, dra)), (0.0, 0.0), "dra {dra}");
+            // a pair shape takes a whole partition2; two of them fill the partition4
+            let mut n = n;
+            let m = [shape(2, dra), shape(4, dra)];
+            let mut taken = Vec::new();
+            for _ in 0..2 {
+                let d = place_delta(&n, &shape(2, dra), &m, &mut RecoverMemo::new()).expect("fits");
+                let a = &d.assignment;
+                let mut ids: Vec<usize> = a.gpus.iter().chain(&a.dra_gpus).map(|g| g.1).collect();
+                ids.sort_unstable();
+                taken.push(ids);
+                apply(&mut n, &d.assignment, true).unwrap();
+            }
+            taken.sort();
+            assert_eq!(taken, vec![vec![0, 1], vec![2, 3]], "dra {dra}");
+        }
+    }
+
+    #[test]
+    fn placement_keeps_partitions_whole() {
+        // idle GPUs 0, 2, 3, 5: only partition2 (2,3) can take a pair
+        for dra in [true, false] {
+            let n = fm(&[1, 4, 6, 7], dra);
+            let d = place_delta(
+                &n,
+                &shape(2, dra),
+                &[shape(2, dra)],
+                &mut RecoverMemo::new(),
+            )
+            .expect("fits");
+            let a = &d.assignment;
+            let ids: Vec<usize> = a.gpus.iter().chain(&a.dra_gpus).map(|g| g.1).collect();
+            assert_eq!(ids, vec![2, 3], "dra {dra}");
+            // no partition4 has four idle GPUs: a four-GPU shape has no placement
+            assert!(
+                place_delta(
+                    &n,
+                    &shape(4, dra),
+                    &[shape(2, dra)],
+                    &mut RecoverMemo::new()
+                )
+                .is_none(),
+                "dra {dra}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_level_of_one_source_does_not_bind_the_other() {
+        // the device plugin's NVLink groups (a level of any size) on GPUs 0..8, with 4 DRA
+        // GPUs beside them that publish no groups: a DRA pair shape is unconstrained
+        let mut c = node_with(&[0, 2, 4, 6], false, &[]);
+        c.gpu_link_groups = (0..8).map(|g| g / 2).collect();
+        c.dra_gpu_offsets = vec![0, 4];
+        c.dra_gpu_ids = (8..12).collect();
+        c.dra_gpu_used_milli = vec![0, 1000, 0, 1000];
+        let n = Cluster::from_columns(&c).unwrap().nodes.remove(0);
+        assert_eq!(n.links.len(), 1);
+        assert_eq!(n.links[0].size, ANY_SIZE);
+        let s = score_node(&n, &[shape(2, true)], &mut RecoverMemo::new());
+        assert_eq!(s.categories[Category::LinkSplit as usize], 0.0);
+        // the plugin pair shape: the four lone GPUs are link_split (the DRA GPUs: no access)
+        let s = score_node(&n, &[shape(2, false)], &mut RecoverMemo::new());
+        assert_eq!(s.categories[Category::LinkSplit as usize], 4000.0);
+        assert_eq!(s.categories[Category::NoAccess as usize], 2000.0);
+        // idle DRA GPUs 8, 9, 10: in one group of a level of any size (entries of size 0),
+        // and 8 and 10 in two groups of a level of size 2 (9 unlisted there: alone)
+        c.dra_gpu_used_milli = vec![0, 0, 0, 1000];
+        c.node_link_offsets = vec![0, 5];
+        c.link_sizes = vec![2, 2, 0, 0, 0];
+        c.link_gpu_ids = vec![8, 10, 8, 9, 10];
+        c.link_groups = vec![0, 1, 0, 0, 0];
+        let n = Cluster::from_columns(&c).unwrap().nodes.remove(0);
+        let sizes: Vec<(u32, bool, bool)> =
+            n.links.iter().map(|l| (l.size, l.plugin, l.dra)).collect();
+        assert_eq!(sizes, vec![(2, false, true), (ANY_SIZE, true, true)]);
+        // a DRA pair uses the level of size 2: no two idle GPUs share a group
+        let s = score_node(&n, &[shape(2, true)], &mut RecoverMemo::new());
+        assert_eq!(s.categories[Category::LinkSplit as usize], 3000.0);
+        // three DRA GPUs: the level of any size, where the three are one group
+        let s = score_node(&n, &[shape(3, true)], &mut RecoverMemo::new());
+        assert_eq!(s.categories[Category::LinkSplit as usize], 0.0);
+        assert_eq!(s.fragment_gpu_milli, 4000.0); // the plugin's idle GPUs: no access
+    }
+
+    #[test]
+    fn bad_link_entries_are_refused_naming_the_node() {
+        let bad: Vec<(&str, Entries)> = vec![
+            ("not a whole GPU", vec![(2, 8, 0)]),
+            ("listed twice", vec![(2, 0, 0), (2, 0, 1)]),
+            ("holds 3 GPUs", vec![(2, 0, 0), (2, 1, 0), (2, 2, 0)]),
+            ("level size -1", vec![(-1, 0, 0)]),
+            ("out of range", vec![(2, 0, -1)]),
+            ("out of range", vec![(2, 0, i64::MAX)]),
+            ("out of range", vec![(2, -3, 0)]),
+        ];
+        for (why, links) in bad {
+            let e = Cluster::from_columns(&node_with(&[], true, &links)).unwrap_err();
+            assert_eq!(e.field, "nodes[\"n\"].links", "{why}: {e}");
+            assert!(e.message.contains(why), "{why}: {e}");
+        }
+        // the offsets must describe the entries
+        let mut c = node_with(&[], true, &partitions());
+        c.node_link_offsets = vec![0, 3];
+        let e = Cluster::from_columns(&c).unwrap_err();
+        assert_eq!(e.field, "node_link_offsets");
+        let mut c = node_with(&[], true, &partitions());
+        c.link_groups.pop();
+        let e = Cluster::from_columns(&c).unwrap_err();
+        assert_eq!(e.field, "link_groups");
+    }
+}

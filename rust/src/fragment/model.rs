@@ -107,23 +107,48 @@ pub struct Node {
     pub gpu_replicas: u32,
     /// Memory of each GPU in MiB (0: unknown), for shapes that ask for GPU memory.
     pub gpu_memory_mib: u64,
-    /// Link groups of its device-plugin GPUs, (GPU id, group) sorted by id: GPUs of one group
-    /// share an NVLink bridge, switch or Fabric Manager partition. Empty: nothing is known of
-    /// the links (no constraint); a GPU not listed on a node with links is a group of its own.
-    pub links: Vec<(u32, u32)>,
+    /// Link groups of its whole GPUs (device plugin and DRA), level by level, smallest size
+    /// first: GPUs of one group share an NVLink bridge, switch or Fabric Manager partition.
+    /// Empty: nothing is known of the links (no constraint).
+    pub links: Vec<LinkLevel>,
+}
+
+/// The size of a level of link groups of any size (a one-level source: NVLink groups, HAMi's
+/// link scores, nested NodeResourceTopology zones).
+pub const ANY_SIZE: u32 = u32::MAX;
+
+/// One level of a node's link groups: groups of at most `size` GPUs (the Fabric Manager
+/// partitions of that size), or of any size (`ANY_SIZE`). A GPU it does not list is a group of
+/// its own at this level.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LinkLevel {
+    pub size: u32,
+    /// (GPU id, group), sorted by id.
+    pub groups: Vec<(u32, u32)>,
+    /// It lists some GPU of the device plugin / of a DRA driver.
+    pub plugin: bool,
+    pub dra: bool,
+}
+
+impl LinkLevel {
+    /// The group of GPU `id` at this level.
+    pub fn group_of(&self, id: u32) -> u32 {
+        match self.groups.binary_search_by_key(&id, |&(g, _)| g) {
+            Ok(i) => self.groups[i].1,
+            // a group of its own, apart from every listed group
+            Err(_) => u32::MAX - (id % (u32::MAX / 2)),
+        }
+    }
 }
 
 impl Node {
-    /// The link group of GPU `id` (None: the node publishes no links).
-    pub fn link_of(&self, id: u32) -> Option<u32> {
-        if self.links.is_empty() {
-            return None;
-        }
-        Some(match self.links.binary_search_by_key(&id, |&(g, _)| g) {
-            Ok(i) => self.links[i].1,
-            // a group of its own, apart from every listed group
-            Err(_) => u32::MAX - (id % (u32::MAX / 2)),
-        })
+    /// The level of link groups a shape of `gpus` GPUs from one source (`dra`) that needs one
+    /// group uses: the smallest level at least that large that lists a GPU of that source.
+    /// None: no constraint (no such level).
+    pub fn link_level(&self, dra: bool, gpus: u32) -> Option<&LinkLevel> {
+        self.links
+            .iter()
+            .find(|l| l.size >= gpus && if dra { l.dra } else { l.plugin })
     }
 
     pub fn idle_gpu_milli(&self) -> u64 {
@@ -153,8 +178,17 @@ pub struct ClusterColumns {
     pub gpu_offsets: Vec<usize>,
     pub gpu_ids: Vec<i64>,
     pub gpu_used_milli: Vec<i64>,
-    /// Optional, aligned with `gpu_ids`: each GPU's link group (-1: none).
+    /// Optional, aligned with `gpu_ids`: each GPU's link group at the level of any size (-1:
+    /// none).
     pub gpu_link_groups: Vec<i64>,
+    /// Optional (empty: none): link groups of whole GPUs of either source at given sizes. Node
+    /// i owns entries `node_link_offsets[i]..node_link_offsets[i + 1]`; entry k puts GPU
+    /// `link_gpu_ids[k]` in group `link_groups[k]` of the level of size `link_sizes[k]` (0:
+    /// the level of any size).
+    pub node_link_offsets: Vec<usize>,
+    pub link_sizes: Vec<i64>,
+    pub link_gpu_ids: Vec<i64>,
+    pub link_groups: Vec<i64>,
     pub mig_offsets: Vec<usize>,
     pub mig_gpu_ids: Vec<i64>,
     pub instance_offsets: Vec<usize>,
@@ -299,6 +333,16 @@ fn check_columns(c: &ClusterColumns, dra_offsets: &[usize]) -> CoreResult<()> {
         if len != 0 && len != nm {
             return Err(CoreError::new(what, "length differs from mig_gpu_ids"));
         }
+    }
+    let l = c.link_gpu_ids.len();
+    for (what, len) in [
+        ("link_sizes", c.link_sizes.len()),
+        ("link_groups", c.link_groups.len()),
+    ] {
+        same_length(what, len, l, false, "link_gpu_ids")?;
+    }
+    if !(c.node_link_offsets.is_empty() && l == 0) {
+        offsets_ok(&c.node_link_offsets, n, l, "node_link_offsets")?;
     }
     offsets_ok(&c.zone_offsets, n, z, "zone_offsets")?;
     offsets_ok(dra_offsets, z, d, "dra_gpu_offsets")?;
@@ -567,8 +611,11 @@ impl<'a> NodeReader<'a> {
         let zr = self.zone_range(policy)?;
         let mig = self.mig_model(zr.clone())?;
         self.model = mig.map(|(m, _)| m);
-        let links = self.links(zr.clone())?;
-        let zones = zr.map(|zi| self.zone(zi)).collect::<CoreResult<Vec<_>>>()?;
+        let zones = zr
+            .clone()
+            .map(|zi| self.zone(zi))
+            .collect::<CoreResult<Vec<_>>>()?;
+        let links = self.links(zr, &zones)?;
         let gpu_replicas = match c.node_gpu_replicas.get(i) {
             None => 1,
             Some(&r) if (1..=MAX_REPLICAS).contains(&r) => r as u32,
@@ -598,37 +645,137 @@ impl<'a> NodeReader<'a> {
         })
     }
 
-    /// The link groups of the node's device-plugin GPUs (zones `zr`), sorted by GPU id.
-    fn links(&self, zr: std::ops::Range<usize>) -> CoreResult<Vec<(u32, u32)>> {
+    /// The node's levels of link groups, smallest size first: the device-plugin GPUs' groups
+    /// of any size (`gpu_link_groups`, zones `zr`), then the node's link entries. An entry
+    /// names a whole GPU of the node, once per level, with a group in 0..u32::MAX/2; a level
+    /// of size N has no group of more than N GPUs.
+    fn links(&self, zr: std::ops::Range<usize>, zones: &[Zone]) -> CoreResult<Vec<LinkLevel>> {
         let c = self.c;
-        if c.gpu_link_groups.is_empty() || zr.is_empty() {
+        let field = || self.field("links");
+        // (size, GPU id, group)
+        let mut entries: Vec<(u32, u32, u32)> = Vec::new();
+        if !c.gpu_link_groups.is_empty() && !zr.is_empty() {
+            for gi in c.gpu_offsets[zr.start]..c.gpu_offsets[zr.end] {
+                let group = c.gpu_link_groups[gi];
+                if group >= 0 {
+                    entries.push((
+                        ANY_SIZE,
+                        link_id(c.gpu_ids[gi], field)?,
+                        link_group(group, field)?,
+                    ));
+                }
+            }
+        }
+        if !c.node_link_offsets.is_empty() {
+            for k in c.node_link_offsets[self.i]..c.node_link_offsets[self.i + 1] {
+                let size = match c.link_sizes[k] {
+                    0 => ANY_SIZE,
+                    s if (1..ANY_SIZE as i64).contains(&s) => s as u32,
+                    s => {
+                        return Err(CoreError::new(
+                            field(),
+                            format!("level size {s} is out of range (0: any, else 1..{ANY_SIZE})"),
+                        ))
+                    }
+                };
+                let id = link_id(c.link_gpu_ids[k], field)?;
+                entries.push((size, id, link_group(c.link_groups[k], field)?));
+            }
+        }
+        if entries.is_empty() {
             return Ok(Vec::new());
         }
-        let mut out = Vec::new();
-        for gi in c.gpu_offsets[zr.start]..c.gpu_offsets[zr.end] {
-            let group = c.gpu_link_groups[gi];
-            if group < 0 {
-                continue;
-            }
-            let (Ok(id), Ok(group)) = (u32::try_from(c.gpu_ids[gi]), u32::try_from(group)) else {
+        // the node's whole GPUs: id -> published by a DRA driver
+        let mut whole: Vec<(u32, bool)> = zones
+            .iter()
+            .flat_map(|z| {
+                z.gpus
+                    .iter()
+                    .map(|&(id, _)| (id, false))
+                    .chain(z.dra_gpus.iter().map(|&(id, _)| (id, true)))
+            })
+            .collect();
+        whole.sort_unstable();
+        entries.sort_unstable();
+        let mut levels: Vec<LinkLevel> = Vec::new();
+        for (k, &(size, id, group)) in entries.iter().enumerate() {
+            let Ok(w) = whole.binary_search_by_key(&id, |&(g, _)| g) else {
                 return Err(CoreError::new(
-                    self.field("gpus.link"),
-                    format!(
-                        "link group {group} of GPU {} is out of range",
-                        c.gpu_ids[gi]
-                    ),
+                    field(),
+                    format!("GPU {id} is not a whole GPU of the node"),
                 ));
             };
-            if group >= u32::MAX / 2 {
+            if k > 0 && entries[k - 1].0 == size && entries[k - 1].1 == id {
                 return Err(CoreError::new(
-                    self.field("gpus.link"),
-                    format!("link group {group} is out of range (0..{})", u32::MAX / 2),
+                    field(),
+                    format!("GPU {id} is listed twice at level {}", size_name(size)),
                 ));
             }
-            out.push((id, group));
+            if levels.last().map(|l| l.size) != Some(size) {
+                levels.push(LinkLevel {
+                    size,
+                    groups: Vec::new(),
+                    plugin: false,
+                    dra: false,
+                });
+            }
+            if let Some(level) = levels.last_mut() {
+                level.groups.push((id, group));
+                if whole[w].1 {
+                    level.dra = true;
+                } else {
+                    level.plugin = true;
+                }
+            }
         }
-        out.sort_unstable();
-        Ok(out)
+        for level in levels.iter().filter(|l| l.size != ANY_SIZE) {
+            let mut groups: Vec<u32> = level.groups.iter().map(|&(_, g)| g).collect();
+            groups.sort_unstable();
+            for run in groups.chunk_by(|a, b| a == b) {
+                if run.len() > level.size as usize {
+                    return Err(CoreError::new(
+                        field(),
+                        format!(
+                            "group {} of level {} holds {} GPUs",
+                            run[0],
+                            level.size,
+                            run.len()
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(levels)
+    }
+}
+
+/// A level's size in words.
+fn size_name(size: u32) -> String {
+    if size == ANY_SIZE {
+        "any".into()
+    } else {
+        size.to_string()
+    }
+}
+
+/// A GPU id of a link entry, within u32.
+fn link_id(id: i64, field: impl Fn() -> String) -> CoreResult<u32> {
+    u32::try_from(id).map_err(|_| {
+        CoreError::new(
+            field(),
+            format!("GPU id {id} of a link group is out of range"),
+        )
+    })
+}
+
+/// A link group number, within 0..u32::MAX/2 (the numbers above are the unlisted GPUs').
+fn link_group(group: i64, field: impl Fn() -> String) -> CoreResult<u32> {
+    match u32::try_from(group) {
+        Ok(g) if g < u32::MAX / 2 => Ok(g),
+        _ => Err(CoreError::new(
+            field(),
+            format!("link group {group} is out of range (0..{})", u32::MAX / 2),
+        )),
     }
 }
 
@@ -1149,6 +1296,7 @@ mod tests {
         c.dra_gpu_offsets.push(0);
         c.mig_offsets.push(0);
         c.instance_offsets.push(0);
+        c.node_link_offsets.push(0);
         for i in 0..nodes {
             c.node_names.push(format!("node-{i}"));
             c.node_models.push("A100-SXM4-40GB".into());
@@ -1205,6 +1353,21 @@ mod tests {
                 c.mig_offsets.push(c.mig_gpu_ids.len());
             }
             c.zone_offsets.push(c.zone_numa.len());
+            // some whole GPUs (ids of either source) in groups of two at a level of size 2
+            let first = c.zone_offsets[i];
+            let wholes: Vec<i64> = c.gpu_ids[c.gpu_offsets[first]..]
+                .iter()
+                .chain(&c.dra_gpu_ids[c.dra_gpu_offsets[first]..])
+                .copied()
+                .collect();
+            for id in wholes {
+                if rng.below(2) == 0 {
+                    c.link_sizes.push(2);
+                    c.link_gpu_ids.push(id);
+                    c.link_groups.push(id / 2);
+                }
+            }
+            c.node_link_offsets.push(c.link_gpu_ids.len());
         }
         c
     }
@@ -1217,6 +1380,13 @@ mod tests {
             let c = random_columns(&mut rng, nodes);
             let cl = Cluster::from_columns(&c).unwrap();
             assert_eq!(cl.nodes.len(), c.node_names.len());
+            let listed: usize = cl
+                .nodes
+                .iter()
+                .flat_map(|n| &n.links)
+                .map(|l| l.groups.len())
+                .sum();
+            assert_eq!(listed, c.link_gpu_ids.len());
             let zones: Vec<&Zone> = cl.nodes.iter().flat_map(|n| &n.zones).collect();
             assert_eq!(zones.len(), c.zone_numa.len());
             // free = capacity - used, zone by zone
@@ -1267,7 +1437,10 @@ mod tests {
             let mut c = random_columns(&mut rng, 2);
             for _ in 0..1 + rng.below(3) {
                 let v = values[rng.below(values.len() as u64) as usize];
-                let cols: [&mut Vec<i64>; 13] = [
+                let cols: [&mut Vec<i64>; 16] = [
+                    &mut c.link_sizes,
+                    &mut c.link_gpu_ids,
+                    &mut c.link_groups,
                     &mut c.zone_numa,
                     &mut c.zone_cpu_milli,
                     &mut c.zone_cpu_used,
@@ -1290,7 +1463,8 @@ mod tests {
                     let at = rng.below(col.len() as u64) as usize;
                     col[at] = v;
                 }
-                let offs: [&mut Vec<usize>; 5] = [
+                let offs: [&mut Vec<usize>; 6] = [
+                    &mut c.node_link_offsets,
                     &mut c.zone_offsets,
                     &mut c.gpu_offsets,
                     &mut c.mig_offsets,

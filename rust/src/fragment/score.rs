@@ -9,7 +9,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 
-use super::model::{Cluster, MigGpu, Node, Zone, GPU_MILLI};
+use super::model::{Cluster, LinkLevel, MigGpu, Node, Zone, GPU_MILLI};
 use super::workload::Shape;
 use crate::mig::catalog::{Catalog, GpuModel, Placement};
 use crate::mig::placement::place;
@@ -612,6 +612,7 @@ pub fn add_shape_fragment(
         let view = DraView {
             shape,
             need,
+            rooms: link_rooms(node, shape, need, fail, usable),
             model: node_model(node),
             fail,
             other,
@@ -654,7 +655,7 @@ fn plain_zones(
                         Category::Stranded
                     } else if !in_u {
                         Category::NumaSplit
-                    } else if lacks_room(&rooms, node, id, shape.gpus) {
+                    } else if lacks_room(&rooms, id, shape.gpus) {
                         Category::LinkSplit
                     } else {
                         continue;
@@ -691,54 +692,77 @@ fn plain_zones(
     }
 }
 
-/// Usable GPUs per link group (group, count), for a shape that needs one group on a node that
-/// publishes links; None otherwise (no constraint). A GPU is usable when it has the shape's
-/// share and its zone is one the Topology Manager admits.
-fn link_rooms(
-    node: &Node,
+/// The level of link groups a shape that needs its GPUs in one group uses on `node`
+/// (`Node::link_level`); None: no constraint (the shape does not ask, asks one GPU, is a MIG
+/// shape, or the node publishes no level for it).
+pub(crate) fn link_level<'a>(
+    node: &'a Node,
+    shape: &Shape,
+    need: MigNeed,
+) -> Option<&'a LinkLevel> {
+    if !shape.link_group || shape.gpus < 2 || need != MigNeed::None {
+        return None;
+    }
+    node.link_level(shape.dra, shape.gpus)
+}
+
+/// The usable GPUs of each link group at a shape's level: a GPU of the shape's source is
+/// usable when it has the shape's share and its zone is one the shape is admitted in.
+struct Rooms<'a> {
+    level: &'a LinkLevel,
+    /// The group of each usable GPU, sorted.
+    groups: Vec<u32>,
+}
+
+impl Rooms<'_> {
+    /// Whether GPU `id`'s group has fewer than `want` usable GPUs.
+    fn lacks(&self, id: u32, want: u32) -> bool {
+        let g = self.level.group_of(id);
+        let from = self.groups.partition_point(|&x| x < g);
+        let to = self.groups.partition_point(|&x| x <= g);
+        ((to - from) as u64) < want as u64
+    }
+}
+
+/// The rooms of a shape that needs one link group (None: no constraint, or the shape is not
+/// admitted at all).
+fn link_rooms<'a>(
+    node: &'a Node,
     shape: &Shape,
     need: MigNeed,
     fail: Option<Category>,
     usable: u64,
-) -> Option<Vec<(u32, u32)>> {
-    if !shape.link_group || shape.gpus < 2 || need != MigNeed::None || fail.is_some() {
+) -> Option<Rooms<'a>> {
+    if fail.is_some() {
         return None;
     }
-    if node.links.is_empty() {
-        return None;
-    }
-    let mut rooms: Vec<(u32, u32)> = Vec::new();
+    let level = link_level(node, shape, need)?;
+    let mut groups = Vec::new();
     for (zi, z) in node.zones.iter().take(64).enumerate() {
         if usable & (1u64 << zi) == 0 {
             continue;
         }
-        for &(id, f) in &z.gpus {
+        for &(id, f) in z.gpus_of(shape.dra) {
             if f >= shape.gpu_milli && f > 0 {
-                let g = node.link_of(id).unwrap_or(0);
-                match rooms.iter_mut().find(|r| r.0 == g) {
-                    Some(r) => r.1 += 1,
-                    None => rooms.push((g, 1)),
-                }
+                groups.push(level.group_of(id));
             }
         }
     }
-    Some(rooms)
+    groups.sort_unstable();
+    Some(Rooms { level, groups })
 }
 
-/// Whether GPU `id`'s link group has fewer than `want` usable GPUs (`link_rooms`; None is no
-/// constraint).
-fn lacks_room(rooms: &Option<Vec<(u32, u32)>>, node: &Node, id: u32, want: u32) -> bool {
-    let Some(rooms) = rooms else {
-        return false;
-    };
-    let g = node.link_of(id).unwrap_or(0);
-    rooms.iter().find(|r| r.0 == g).map_or(0, |r| r.1) < want
+/// Whether GPU `id` lacks room in its link group (`rooms`; None is no constraint).
+fn lacks_room(rooms: &Option<Rooms<'_>>, id: u32, want: u32) -> bool {
+    rooms.as_ref().is_some_and(|r| r.lacks(id, want))
 }
 
 /// One shape's view of a node with DRA devices: why each kind of idle capacity is fragment.
 struct DraView<'a> {
     shape: &'a Shape,
     need: MigNeed,
+    /// The shape's link groups with room, when it needs one group.
+    rooms: Option<Rooms<'a>>,
     model: Option<&'static GpuModel>,
     /// Why the shape cannot be admitted at all, if it cannot.
     fail: Option<Category>,
@@ -764,7 +788,7 @@ impl DraView<'_> {
     /// Whole/shared GPUs of both sources in one zone.
     fn whole_gpus(&self, zi: usize, in_u: bool, z: &Zone, acc: &mut Acc<'_>) {
         for (dra, list) in [(false, &z.gpus), (true, &z.dra_gpus)] {
-            for &(_, f) in list {
+            for &(id, f) in list {
                 if f == 0 {
                     continue;
                 }
@@ -778,6 +802,8 @@ impl DraView<'_> {
                     Category::Stranded
                 } else if !in_u {
                     Category::NumaSplit
+                } else if lacks_room(&self.rooms, id, self.shape.gpus) {
+                    Category::LinkSplit
                 } else {
                     continue;
                 };
@@ -832,10 +858,13 @@ impl DraView<'_> {
                 }
             }
             (MigNeed::None, _) if dynamic_whole(self.shape, g) => {
-                if idle > 0 {
-                    if let Some(c) = self.unusable(in_u) {
-                        acc.mig(zi, idle as f64, c);
-                    }
+                // under a level of link groups the GPU is a group of its own (no level lists
+                // a MIG GPU): no room for a shape of several GPUs
+                let cat = self
+                    .unusable(in_u)
+                    .or(self.rooms.as_ref().map(|_| Category::LinkSplit));
+                if let (true, Some(c)) = (idle > 0, cat) {
+                    acc.mig(zi, idle as f64, c);
                 }
             }
             _ => {
