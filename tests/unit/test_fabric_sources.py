@@ -55,12 +55,16 @@ def test_the_new_kinds_are_optional_resources_where_their_crds_serve_them() -> N
     assert set(FABRIC_KINDS) <= set(KINDS)
     paths = {k: (RESOURCES[k].path(), RESOURCES[k].optional) for k in FABRIC_KINDS}
     assert paths == {
-        "KueueTopology": ("/apis/kueue.x-k8s.io/v1beta1/topologies", True),
+        "KueueTopology": ("/apis/kueue.x-k8s.io/v1beta2/topologies", True),
         "KaiTopology": ("/apis/kai.scheduler/v1alpha1/topologies", True),
         "ComputeDomainClique": ("/apis/resource.nvidia.com/v1beta1/computedomaincliques", True),
         "HyperNode": ("/apis/topology.volcano.sh/v1alpha1/hypernodes", True),
         "PodGroup": ("/apis/scheduling.volcano.sh/v1beta1/podgroups", True),
     }
+    # Kueue's older version, watched where v1beta2 is not served (test_reflector_watch.py)
+    assert [v.path() for v in RESOURCES["KueueTopology"].versions()][1:] == [
+        "/apis/kueue.x-k8s.io/v1beta1/topologies"
+    ]
     assert RESOURCES["ComputeDomainClique"].path("nv") == (
         "/apis/resource.nvidia.com/v1beta1/namespaces/nv/computedomaincliques"
     )
