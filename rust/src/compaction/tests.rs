@@ -460,3 +460,141 @@ fn pending_tasks_of_a_shape_no_rescue_can_place_are_all_unrescued() {
     assert_eq!(p.rescues.len(), 1);
     assert_eq!(p.rescues[0].pending, 3);
 }
+
+/// A share of one GPU (`milli` of it) on node `node`'s GPU 0.
+fn share_on(node: usize, milli: u32) -> Movable<Shape, Assignment> {
+    Movable {
+        node,
+        task: Shape {
+            gpu_milli: milli,
+            ..gpus(1)
+        },
+        place: Assignment {
+            cpu: vec![],
+            memory: vec![],
+            gpus: vec![(0, 0, milli)],
+            mig: None,
+            ..Default::default()
+        },
+        allowed: None,
+        pdb: None,
+        group: None,
+    }
+}
+
+/// Two one-GPU nodes, 0.7 + 0.2 and 0.6 + 0.3 used; M = one shape, a 0.2 share. Each GPU's
+/// 0.1 free is a fragment (F(M) = 200): no single move fits anywhere, but exchanging the 0.2
+/// and the 0.3, or the 0.7 and the 0.6, fills one GPU and leaves 0.2 free on the other, which a
+/// 0.2 share can use (F(M) = 0).
+fn slivers() -> (Cluster, Vec<Movable<Shape, Assignment>>, Vec<Shape>) {
+    let c = cluster(&[vec![900], vec![900]], true);
+    let movable = vec![
+        share_on(0, 700),
+        share_on(0, 200),
+        share_on(1, 600),
+        share_on(1, 300),
+    ];
+    let shapes = vec![Shape {
+        gpu_milli: 200,
+        ..gpus(1)
+    }];
+    (c, movable, shapes)
+}
+
+#[test]
+fn a_swap_repairs_slivers_no_single_move_can() {
+    let (c, movable, shapes) = slivers();
+    let no_rescue = Limits {
+        rescue_depth: 0,
+        ..Limits::default()
+    };
+    let mut v = ClusterView::new(c.clone(), &shapes);
+    assert!((v.frag(0) + v.frag(1) - 200.0).abs() < 1e-6);
+    let p = plan(&mut v, &input(&movable, &[], &[], &[]), &no_rescue);
+    assert!(p.moves.is_empty(), "without swaps: {:?}", p.moves);
+
+    let swaps = Limits {
+        swap_nodes: 2,
+        ..no_rescue.clone()
+    };
+    let mut v = ClusterView::new(c.clone(), &shapes);
+    let p = plan(&mut v, &input(&movable, &[], &[], &[]), &swaps);
+    let moved: Vec<(usize, usize, usize)> = p.moves.iter().map(|m| (m.pod, m.from, m.to)).collect();
+    // the two exchanges tie: the first pair found (pods in movable order), the 0.7 and the 0.6
+    assert_eq!(moved, vec![(0, 0, 1), (2, 1, 0)]);
+    for m in &p.moves {
+        assert!(
+            (m.gain - 100.0).abs() < 1e-6,
+            "half the fall each: {}",
+            m.gain
+        );
+    }
+    assert!(
+        (v.frag(0) + v.frag(1)).abs() < 1e-6,
+        "the view is left as planned"
+    );
+
+    // a fall of 100 per move is below a min_gain of 150: no swap
+    let dear = Limits {
+        min_gain: 150.0,
+        ..swaps.clone()
+    };
+    let mut v = ClusterView::new(c.clone(), &shapes);
+    assert!(plan(&mut v, &input(&movable, &[], &[], &[]), &dear)
+        .moves
+        .is_empty());
+
+    // room for one move only: the plan keeps it for the swap rather than spend it on nothing
+    let one = Limits {
+        max_moves: 1,
+        ..swaps.clone()
+    };
+    let mut v = ClusterView::new(c, &shapes);
+    assert!(plan(&mut v, &input(&movable, &[], &[], &[]), &one)
+        .moves
+        .is_empty());
+}
+
+#[test]
+fn a_swap_respects_allowed_nodes_groups_and_the_node_count() {
+    let (c, mut movable, shapes) = slivers();
+    let swaps = Limits {
+        rescue_depth: 0,
+        swap_nodes: 2,
+        ..Limits::default()
+    };
+    // one node considered: no pair of nodes
+    let mut v = ClusterView::new(c.clone(), &shapes);
+    let one_node = Limits {
+        swap_nodes: 1,
+        ..swaps.clone()
+    };
+    assert!(plan(&mut v, &input(&movable, &[], &[], &[]), &one_node)
+        .moves
+        .is_empty());
+    // two pods of one group never move together
+    for (k, g) in [(0, 7), (2, 7), (1, 8), (3, 8)] {
+        movable[k].group = Some(g);
+    }
+    let mut v = ClusterView::new(c.clone(), &shapes);
+    assert!(plan(&mut v, &input(&movable, &[], &[], &[]), &swaps)
+        .moves
+        .is_empty());
+    // with the 0.2 and the 0.3 in different groups, they are exchanged
+    movable[3].group = Some(9);
+    let mut v = ClusterView::new(c.clone(), &shapes);
+    let p = plan(&mut v, &input(&movable, &[], &[], &[]), &swaps);
+    let moved: Vec<usize> = p.moves.iter().map(|m| m.pod).collect();
+    assert_eq!(moved, vec![1, 3]);
+    for m in &mut movable {
+        m.group = None;
+    }
+    // the 0.6 and the 0.3 may be only on node 1: no exchange
+    movable[2].allowed = Some(0);
+    movable[3].allowed = Some(0);
+    let sets = vec![vec![0b10u64]];
+    let mut v = ClusterView::new(c, &shapes);
+    assert!(plan(&mut v, &input(&movable, &[], &sets, &[]), &swaps)
+        .moves
+        .is_empty());
+}
