@@ -174,7 +174,6 @@ class ReplayCompaction(TypedDict, total=False):
     reserve: float
     rescue_depth: int
     rescue_budget: int
-    swap_nodes: int
 
 
 class EventCompaction(TypedDict, total=False):

@@ -193,9 +193,7 @@ class Compaction:
     milli-GPU (the controller's planner); evictions never above `budget` x arrived pods, of
     which periodic rounds use at most `1 - reserve` (the rest is kept for pods that would
     otherwise fail, once a task has failed). A task that fits nowhere is rescued by the
-    planner with up to `rescue_depth` evictions, trying at most `rescue_budget` sets of pods.
-    With `swap_nodes` > 0 the rounds also weigh exchanges of two pods among that many nodes of
-    highest F_n(M) (the planner's `swap_nodes`; 0, the default: none)."""
+    planner with up to `rescue_depth` evictions, trying at most `rescue_budget` sets of pods."""
 
     every: int = 20
     budget: float = 0.02
@@ -204,7 +202,6 @@ class Compaction:
     reserve: float = 0.25
     rescue_depth: int = 2
     rescue_budget: int = 64
-    swap_nodes: int = 0
 
     def as_dict(self) -> ReplayCompaction:
         return ReplayCompaction(
@@ -215,7 +212,6 @@ class Compaction:
             reserve=self.reserve,
             rescue_depth=self.rescue_depth,
             rescue_budget=self.rescue_budget,
-            swap_nodes=self.swap_nodes,
         )
 
 

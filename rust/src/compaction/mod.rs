@@ -15,13 +15,6 @@
 //! 2. **Defragmentation**: greedily the single move (one pod off its node, re-placed where the
 //!    policy puts it, not on its own node) that lowers the cluster's F(M) the most, counting the
 //!    fall on the source and the rise on the destination, while the fall exceeds `min_gain`.
-//!    With `swap_nodes` > 0 a second kind of step competes: the exchange of two pods on two
-//!    different nodes among the `swap_nodes` nodes with the highest F_n(M) (each re-placed on
-//!    the other's node where the policy puts it there, the two nodes' F(M) counted with both
-//!    moves made), which no single move finds when neither pod fits beside the other. A swap
-//!    costs two moves and is taken when its fall per move beats the best single move's (and is
-//!    at least `min_gain` per move); when it does but only one move is left in the plan, the
-//!    plan stops there (the move is kept for the swap of a later plan).
 //!
 //! Which pods may move at all (the evictor's rules, budgets with no headroom) is decided by the
 //! caller, and so is where each may go (`allowed`: its scheduling constraints, NodeFit). Pods
@@ -77,9 +70,6 @@ pub struct Limits {
     pub rescue_budget: usize,
     /// Run the defragmentation part.
     pub defragment: bool,
-    /// Two-pod exchanges during defragmentation among this many nodes of highest F_n(M)
-    /// (0: none).
-    pub swap_nodes: usize,
 }
 
 impl Default for Limits {
@@ -92,7 +82,6 @@ impl Default for Limits {
             max_rescues: 1,
             rescue_budget: 4096,
             defragment: true,
-            swap_nodes: 0,
         }
     }
 }
@@ -529,44 +518,28 @@ impl<V: View> Planner<'_, '_, V> {
         let mut dests: Vec<Option<Dest<V::Place>>> = Vec::new();
         dests.resize_with(ids.len(), || None);
         while self.room_left() {
-            let single = self
-                .best_move(&per_node, &mut fall, &slot, &mut dests)
-                .filter(|(_, _, change)| -change >= self.limits.min_gain);
-            let swap = if self.limits.swap_nodes > 0 {
-                self.best_swap(&per_node).filter(|s| {
-                    -s.change / 2.0 >= self.limits.min_gain
-                        && single
-                            .as_ref()
-                            .is_none_or(|(_, _, c)| -s.change / 2.0 > -c + 1e-9)
-                })
-            } else {
-                None
-            };
-            let touched = if let Some(s) = swap {
-                if self.plan.moves.len() + 2 > self.limits.max_moves {
-                    break; // the swap is worth more per move: keep the last move for it
-                }
-                self.apply_swap(s, &mut per_node)
-            } else if let Some((k, to, change)) = single {
-                let m = &self.input.movable[k];
-                let from = m.node;
-                self.v.give(from, &m.task, &m.place);
-                self.v.take(to.node, &m.task, &to.place);
-                per_node[from] += 1;
-                let touched = [from, to.node];
-                self.plan.moves.push(Move {
-                    pod: k,
-                    from,
-                    to: to.node,
-                    to_place: to.place,
-                    gain: -change,
-                    rescue: None,
-                });
-                self.mark_moved(k);
-                touched
-            } else {
+            let Some((k, to, change)) = self.best_move(&per_node, &mut fall, &slot, &mut dests)
+            else {
                 break;
             };
+            if -change < self.limits.min_gain {
+                break;
+            }
+            let m = &self.input.movable[k];
+            let from = m.node;
+            self.v.give(from, &m.task, &m.place);
+            self.v.take(to.node, &m.task, &to.place);
+            per_node[from] += 1;
+            let touched = [from, to.node];
+            self.plan.moves.push(Move {
+                pod: k,
+                from,
+                to: to.node,
+                to_place: to.place,
+                gain: -change,
+                rescue: None,
+            });
+            self.mark_moved(k);
             for &t in &touched {
                 for &x in &self.on_node[t] {
                     fall[x] = None;
@@ -582,118 +555,6 @@ impl<V: View> Planner<'_, '_, V> {
                 d.second = None;
             }
         }
-    }
-
-    /// Whether movable pod `k` may leave its node in this plan (defragmentation's rules).
-    fn may_leave(&self, k: usize, per_node: &[usize]) -> bool {
-        let m = &self.input.movable[k];
-        let off = per_node.get(m.node).copied().unwrap_or(0);
-        m.node < self.v.node_count()
-            && self.may_move(k)
-            && off < self.limits.max_moves_per_node
-            && !self.reserved.contains(&m.node)
-    }
-
-    /// The exchange of two pods on two different nodes, among the `swap_nodes` nodes with the
-    /// highest F_n(M), that lowers F(M) the most (ties: the first found, nodes by F_n(M) then
-    /// index, pods in movable order). Each pod goes to the other's node where the policy puts
-    /// it there once both have left. The view is left as it was.
-    fn best_swap(&mut self, per_node: &[usize]) -> Option<Swap<V::Place>> {
-        let n = self.v.node_count();
-        let mut nodes: Vec<(usize, f64, Vec<usize>)> = Vec::new();
-        for i in 0..n {
-            if self.reserved.contains(&i) {
-                continue;
-            }
-            let pods: Vec<usize> = (self.on_node[i].iter().copied())
-                .filter(|&k| self.may_leave(k, per_node))
-                .collect();
-            let f = self.v.frag(i);
-            if !pods.is_empty() && f > 0.0 {
-                nodes.push((i, f, pods));
-            }
-        }
-        nodes.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        nodes.truncate(self.limits.swap_nodes);
-        let mut best: Option<Swap<V::Place>> = None;
-        for (x, (_, fi, pods_i)) in nodes.iter().enumerate() {
-            for (_, fj, pods_j) in &nodes[x + 1..] {
-                let before = fi + fj;
-                // F_n is never negative: the two nodes can fall by at most their F(M)
-                if best.as_ref().is_some_and(|b| -before >= b.change - 1e-9) {
-                    continue;
-                }
-                for &a in pods_i {
-                    for &b in pods_j {
-                        if let Some(s) = self.try_swap(a, b, before) {
-                            if best.as_ref().is_none_or(|c| s.change < c.change - 1e-9) {
-                                best = Some(s);
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        best
-    }
-
-    /// Pod `a` to `b`'s node and `b` to `a`'s, each where the policy puts it there with both
-    /// gone; `before` is the two nodes' F(M) now. None when they are alike, may not go
-    /// together or either does not fit. The view is left as it was.
-    fn try_swap(&mut self, a: usize, b: usize, before: f64) -> Option<Swap<V::Place>> {
-        let (ma, mb) = (&self.input.movable[a], &self.input.movable[b]);
-        let (i, j) = (ma.node, mb.node);
-        if self.v.task_key(&ma.task) == self.v.task_key(&mb.task)
-            || (ma.group.is_some() && ma.group == mb.group)
-            || !self.allowed(ma.allowed, j)
-            || !self.allowed(mb.allowed, i)
-        {
-            return None;
-        }
-        self.v.give(i, &ma.task, &ma.place);
-        self.v.give(j, &mb.task, &mb.place);
-        let mut result = None;
-        if let (Some(ra), Some(rb)) = (best_on(self.v, j, &ma.task), best_on(self.v, i, &mb.task)) {
-            self.v.take(j, &ma.task, &ra.place);
-            self.v.take(i, &mb.task, &rb.place);
-            let after = self.v.frag(i) + self.v.frag(j);
-            self.v.give(i, &mb.task, &rb.place);
-            self.v.give(j, &ma.task, &ra.place);
-            result = Some(Swap {
-                a,
-                a_to: ra.place,
-                b,
-                b_to: rb.place,
-                change: after - before,
-            });
-        }
-        self.v.take(j, &mb.task, &mb.place);
-        self.v.take(i, &ma.task, &ma.place);
-        result
-    }
-
-    /// Makes a swap: two moves, each carrying half its fall. Returns the two nodes.
-    fn apply_swap(&mut self, s: Swap<V::Place>, per_node: &mut [usize]) -> [usize; 2] {
-        let (ma, mb) = (&self.input.movable[s.a], &self.input.movable[s.b]);
-        let (i, j) = (ma.node, mb.node);
-        self.v.give(i, &ma.task, &ma.place);
-        self.v.give(j, &mb.task, &mb.place);
-        self.v.take(j, &ma.task, &s.a_to);
-        self.v.take(i, &mb.task, &s.b_to);
-        per_node[i] += 1;
-        per_node[j] += 1;
-        for (pod, from, to, to_place) in [(s.a, i, j, s.a_to), (s.b, j, i, s.b_to)] {
-            self.plan.moves.push(Move {
-                pod,
-                from,
-                to,
-                to_place,
-                gain: -s.change / 2.0,
-                rescue: None,
-            });
-            self.mark_moved(pod);
-        }
-        [i, j]
     }
 
     /// The rank of movable pod `k`'s shape on node `i` as a destination (None: not reserved,
@@ -800,16 +661,6 @@ struct Dest<P> {
     ranks: Vec<Option<Rank>>,
     best: Option<Option<Ranked<P>>>,
     second: Option<Option<Ranked<P>>>,
-}
-
-/// An exchange of movable pods `a` and `b` (on different nodes): where each lands on the
-/// other's node, and the change of F(M) (negative is good).
-struct Swap<P> {
-    a: usize,
-    a_to: P,
-    b: usize,
-    b_to: P,
-    change: f64,
 }
 
 /// The two best destinations per (task, allowed set), on different nodes.

@@ -216,7 +216,6 @@ inputs! {
         reserve: f64 = "float" optional,
         rescue_depth: u32 = "int" optional,
         rescue_budget: u32 = "int" optional,
-        swap_nodes: u32 = "int" optional,
     }
 
     /// The inference replay's compaction settings (`replay_events`; absent: the default).

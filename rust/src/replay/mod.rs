@@ -75,9 +75,6 @@ pub struct Compaction {
     pub rescue_depth: u32,
     /// Most candidate sets of pods one rescue evaluates.
     pub rescue_budget: u32,
-    /// Periodic rounds also weigh two-pod exchanges among this many nodes of highest F_n(M)
-    /// (`Limits::swap_nodes`; 0: none).
-    pub swap_nodes: u32,
 }
 
 impl Default for Compaction {
@@ -90,7 +87,6 @@ impl Default for Compaction {
             reserve: 0.25,
             rescue_depth: 2,
             rescue_budget: 64,
-            swap_nodes: 0,
         }
     }
 }
@@ -562,7 +558,6 @@ impl Run<'_> {
             max_moves: room,
             min_gain: c.min_gain,
             rescue_depth: 0,
-            swap_nodes: c.swap_nodes as usize,
             ..Limits::default()
         };
         self.plan(&[], &limits, rng);
