@@ -107,7 +107,8 @@ DEFAULTS = {
     "/apis/topology.node.k8s.io/v1alpha2": "system:discovery (default)",
     # whether the API server serves DeviceTaintRules (DRA steering)
     "/apis/resource.k8s.io/v1": "system:discovery (default)",
-    # the fabric's sources (docs/fabric.md)
+    # the fabric's sources (docs/fabric.md): Kueue's Topology at v1beta2, else v1beta1
+    "/apis/kueue.x-k8s.io/v1beta2": "system:discovery (default)",
     "/apis/kueue.x-k8s.io/v1beta1": "system:discovery (default)",
     "/apis/kai.scheduler/v1alpha1": "system:discovery (default)",
     "/apis/resource.nvidia.com/v1beta1": "system:discovery (default)",
