@@ -18,6 +18,7 @@ from pyctl.app.wiring import (
     attach_recommender,
     attach_workflows,
     make_store,
+    release_after_resync,
     sim_limits,
     start_servers,
     workload_scope,
@@ -75,6 +76,7 @@ async def run_kube(cfg: Config, workload: Workload | None) -> int:
     )
     ctl.reconciler.fabric_levels = cfg.fabric.levels
     ctl.reconciler.fabric_interval = cfg.fabric.interval
+    release_after_resync(ctl)
     actuator: Actuator = (
         KubeActuator(kube, instance=identity, still_leader=elector.still_leader)
         if cfg.mode == "enforce"
@@ -148,6 +150,7 @@ def build_sim(
     )
     ctl.reconciler.fabric_levels = cfg.fabric.levels
     ctl.reconciler.fabric_interval = cfg.fabric.interval
+    release_after_resync(ctl)
     enforce = cfg.mode == "enforce"
     actuator: Actuator = SimActuator(source) if enforce else NullActuator()
     flows = attach_workflows(

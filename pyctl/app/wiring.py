@@ -62,6 +62,15 @@ def make_store(cfg: Config, metrics: Metrics | None = None) -> StateStore:
     return RedisStore(cfg.redis.client_config(), cfg.cluster, metrics=metrics)
 
 
+def release_after_resync(ctl: Controller) -> None:
+    """A Redis store's client drops the idle connections an outage left open once the store is
+    written whole again (`Controller.after_resync`, `redis_client.release_idle`)."""
+    from pyctl.state.redis_store import RedisStore
+
+    if isinstance(ctl.store, RedisStore):
+        ctl.after_resync.append(ctl.store.release_idle)
+
+
 def workflow_backends(
     cfg: Config, clock: Callable[[], float] = time.monotonic
 ) -> tuple[WorkflowStore, RateLimiter]:
@@ -128,6 +137,11 @@ def attach_workflows(
     actuator = actuator if actuator is not None else NullActuator()
     workflows, limiter = workflow_backends(cfg, clock or time.monotonic)
     if cfg.redis.url:
+        from pyctl.state.redis_workflows import RedisWorkflowStore
+
+        if isinstance(workflows, RedisWorkflowStore):
+            # after an outage, the client (the rate limits' too) drops the connections it left
+            ctl.after_resync.append(workflows.release_idle)
         # every call reports to the one place that knows the store's health (/readyz)
         workflows = MonitoredWorkflowStore(workflows, ctl.store_health)
         limiter = MonitoredRateLimiter(limiter, ctl.store_health)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -130,6 +130,9 @@ class Controller:
         self.store_probe_interval = 2.0
         self._resync = True
         self._reopen = False
+        #: called once the store is written whole again (at start, and after an outage): the
+        #: Redis clients drop the idle connections an outage left open (`release_idle`)
+        self.after_resync: list[Callable[[], Awaitable[None]]] = []
         self._pending_events: list[Event] = []
         self._pending_rv: dict[Kind, str] = {}
         self._pending_replace: dict[Kind, tuple[list[Record], str]] = {}
@@ -270,6 +273,8 @@ class Controller:
             if replaces:
                 log.info("state store re-synced", extra={"kinds": len(replaces)})
             self._resync = False
+            for release in self.after_resync:
+                await release()
         self.store_ok = True
         self.store_health.ok("mirror")
         self.stats.store_writes += 1

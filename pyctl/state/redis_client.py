@@ -157,6 +157,20 @@ def connect(config: RedisConfig) -> RedisClient:
     return Redis(db=int(db or 0), **common)
 
 
+async def release_idle(client: RedisClient) -> None:
+    """Close the client's idle connections (they are opened again on use; never raises). An
+    outage leaves more than the client needs: the retries' connections in the pool, and with
+    Redis Cluster the connections its rediscovery opened to every node (`CLUSTER SLOTS`), while
+    pyctl's keys live on one node. Called once the store answers again after an outage, so that
+    the process's connections and file descriptors come back to what it uses."""
+    with suppress(rexc.RedisError, rexc.RedisClusterException, OSError):
+        if isinstance(client, RedisCluster):
+            for node in client.get_nodes():
+                await node.disconnect_free_connections()
+        else:
+            await client.connection_pool.disconnect(inuse_connections=False)
+
+
 async def close_client(client: RedisClient) -> None:
     """Close a client and its connections (never raises a redis error)."""
     with suppress(rexc.RedisError, rexc.RedisClusterException, OSError):

@@ -43,6 +43,7 @@ from pyctl.state.redis_client import (
     connect,
     ready,
     redis_errors,
+    release_idle,
 )
 from pyctl.state.store import (
     SCHEMA_VERSION,
@@ -269,6 +270,11 @@ class RedisStore:
                 f"{self.schema_version}"
             )
         self._open = True
+
+    async def release_idle(self) -> None:
+        """Close the client's idle connections (`redis_client.release_idle`)."""
+        if self._client is not None:
+            await release_idle(self._client)
 
     async def close(self) -> None:
         self._open = False

@@ -5,7 +5,7 @@ a compare-and-set is one atomic round trip on a single Redis and on Redis Cluste
 from __future__ import annotations
 
 from pyctl.state.keys import Keys
-from pyctl.state.redis_client import RedisClient, RedisConfig, Script, redis_errors
+from pyctl.state.redis_client import RedisClient, RedisConfig, Script, redis_errors, release_idle
 from pyctl.state.workflows import (
     ConflictError,
     Quarantined,
@@ -69,6 +69,11 @@ class RedisWorkflowStore:
         self.config = config
         self.keys = Keys(cluster, config.key_prefix)
         self.cluster = self.keys.cluster
+
+    async def release_idle(self) -> None:
+        """Close the client's idle connections (`redis_client.release_idle`; the rate limits
+        share the client)."""
+        await release_idle(self._client)
 
     @property
     def _keys(self) -> list[str]:

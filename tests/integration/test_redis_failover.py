@@ -15,19 +15,23 @@ that everything written before must survive. The old master started again rejoin
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import anyio
 import pytest
 import redis
 
 from pyctl.app.config import load_config
-from pyctl.app.wiring import make_store, workflow_backends
+from pyctl.app.wiring import make_store, release_after_resync, workflow_backends
 from pyctl.controller.controller import Controller
 from pyctl.state.health import MonitoredWorkflowStore
 from pyctl.state.keys import Keys
 from pyctl.state.redis_client import close_client
+from pyctl.state.redis_store import RedisStore
+from pyctl.state.redis_workflows import RedisWorkflowStore
 from pyctl.state.store import StoreError, StoreUnreachable
 from tests.redis_servers import HOST, Binaries, RedisClusterServers
 
@@ -143,3 +147,100 @@ async def test_redis_cluster_master_failover_keeps_the_store_working(
         if client is not None:
             await close_client(client)
     print(f"failover: replica promoted {promoted_after:.1f} s after the kill")
+
+
+def _connected(*clients: Any) -> int:
+    """Open sockets of Redis Cluster clients, over every node they know."""
+    n = 0
+    for client in clients:
+        for node in client.get_nodes():
+            n += sum(1 for c in node._connections if c.is_connected)
+    return n
+
+
+async def test_redis_failover_leaves_no_connections_open_after_the_resync(
+    failover_cluster: RedisClusterServers,
+) -> None:
+    """Fault (the hour's soak on Redis Cluster, docs/soak.md): after each failover a replica
+    kept about six more file descriptors than before: its clients' connections to every node
+    of the cluster (rediscovery) and the pool its retries grew. Once the store is written whole
+    again (`Controller.after_resync`), the clients drop their idle connections."""
+    servers = failover_cluster
+    name = "fds"
+    keys = Keys(name)
+    cfg = load_config(
+        None,
+        {
+            "PYCTL_REDIS_URL": servers.master_of(keys.schema).url,
+            "PYCTL_REDIS_CLUSTER": "true",
+            "PYCTL_CLUSTER": name,
+        },
+        {},
+    )
+    store = make_store(cfg)
+    ctl = Controller(name, _Listed(), store, summary_interval=0)
+    ctl.store_probe_interval = 0.3
+    release_after_resync(ctl)
+    raw_flows, _limits = workflow_backends(cfg)
+    assert isinstance(raw_flows, RedisWorkflowStore)
+    ctl.after_resync.append(raw_flows.release_idle)
+    assert isinstance(store, RedisStore)
+    resyncs: list[float] = []
+
+    async def count() -> None:
+        resyncs.append(time.monotonic())
+
+    ctl.after_resync.append(count)
+    seq = iter(range(10**6))
+
+    async def burst(n: int = 20) -> None:
+        async def one() -> None:
+            with contextlib.suppress(StoreError):
+                await raw_flows.put(f"wf-{next(seq)}", b"x", 0)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(n):
+                tg.start_soon(one)
+
+    def clients() -> tuple[Any, Any]:
+        return store._client, raw_flows._client
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ctl.run)
+            with anyio.fail_after(30):
+                while ctl.ready() != (True, "ok"):  # noqa: ASYNC110 (plain attributes)
+                    await anyio.sleep(0.05)
+            await burst()
+            # the pool grew to the burst; the hooks drop what is idle
+            assert _connected(*clients()) >= 10
+            for release in ctl.after_resync:
+                await release()
+            before = _connected(*clients())
+            assert before <= 2, before
+            for _ in range(2):
+                synced_before = len(resyncs)
+                old = servers.master_of(keys.schema)
+                slot = servers.keyslot(keys.schema)
+                servers.wait_in_sync(old)
+                servers.kill(old)
+                with anyio.fail_after(30):
+                    while ctl.ready()[0]:
+                        await burst(5)
+                        await anyio.sleep(0.1)
+                servers.wait_promoted(old, slot)
+                with anyio.fail_after(30):
+                    while ctl.ready() != (True, "ok") or not ctl.store_synced:
+                        await burst(5)
+                        await anyio.sleep(0.1)
+                servers.rejoin(old)
+                # the controller ran the hooks once the store was written whole again
+                assert len(resyncs) > synced_before, resyncs
+                for release in ctl.after_resync:
+                    await release()
+                after = _connected(*clients())
+                assert after <= before + 2, (before, after)
+            tg.cancel_scope.cancel()
+    finally:
+        await store.close()
+        await close_client(raw_flows._client)
