@@ -274,7 +274,10 @@ class Controller:
                 log.info("state store re-synced", extra={"kinds": len(replaces)})
             self._resync = False
             for release in self.after_resync:
-                await release()
+                try:
+                    await release()
+                except Exception:  # housekeeping: never stops the store loop
+                    log.exception("releasing the store's idle connections failed")
         self.store_ok = True
         self.store_health.ok("mirror")
         self.stats.store_writes += 1
