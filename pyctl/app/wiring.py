@@ -120,6 +120,25 @@ def protection(cfg: Config, pods: Mapping[str, PodRecord]) -> Callable[[PodRecor
     return protected
 
 
+def _controller_backends(
+    ctl: Controller, cfg: Config, clock: Callable[[], float]
+) -> tuple[WorkflowStore, RateLimiter]:
+    """`workflow_backends` as the controller uses them: with Redis, every call reports to the
+    one place that knows the store's health (/readyz), and after an outage the client (the rate
+    limits' too) drops the connections it left (`Controller.after_resync`)."""
+    workflows, limiter = workflow_backends(cfg, clock)
+    if not cfg.redis.url:
+        return workflows, limiter
+    from pyctl.state.redis_workflows import RedisWorkflowStore
+
+    if isinstance(workflows, RedisWorkflowStore):
+        ctl.after_resync.append(workflows.release_idle)
+    return (
+        MonitoredWorkflowStore(workflows, ctl.store_health),
+        MonitoredRateLimiter(limiter, ctl.store_health),
+    )
+
+
 def attach_workflows(
     ctl: Controller,
     cfg: Config,
@@ -135,16 +154,7 @@ def attach_workflows(
     `clock`: the workflows' and rate limits' clock (epoch seconds; default the wall clock)."""
     interval = cfg.workflow.interval if interval is None else interval
     actuator = actuator if actuator is not None else NullActuator()
-    workflows, limiter = workflow_backends(cfg, clock or time.monotonic)
-    if cfg.redis.url:
-        from pyctl.state.redis_workflows import RedisWorkflowStore
-
-        if isinstance(workflows, RedisWorkflowStore):
-            # after an outage, the client (the rate limits' too) drops the connections it left
-            ctl.after_resync.append(workflows.release_idle)
-        # every call reports to the one place that knows the store's health (/readyz)
-        workflows = MonitoredWorkflowStore(workflows, ctl.store_health)
-        limiter = MonitoredRateLimiter(limiter, ctl.store_health)
+    workflows, limiter = _controller_backends(ctl, cfg, clock or time.monotonic)
     wall = clock or time.time
     pods = ctl.cache.pods
     gate = Gate(
