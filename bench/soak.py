@@ -495,6 +495,34 @@ class WorkflowSeen:
     lost_with_redis: bool = False
     #: "workflow finished" in a replica's log
     finished_in_log: bool = False
+    #: its result once finished ("bound_elsewhere: the pending pod was bound to gpu-0076")
+    result: str = ""
+
+
+def rescue_outcomes(workflows: list[WorkflowSeen]) -> dict[str, int]:
+    """The finished rescues by outcome (the first word of their result, `pyctl.workflows.rescue`
+    `OUTCOMES`); those bound elsewhere split by where: a node another rescue, under way at the
+    same time, was freeing (the freed room went to another pending pod: nothing keeps it for its
+    own pod under the default scheduler) or any other node (room freed by a departure)."""
+    rescues = [w for w in workflows if w.kind == "rescue"]
+    out: Counter[str] = Counter()
+    for w in rescues:
+        if not w.result:
+            continue
+        outcome, _, why = w.result.partition(":")
+        if outcome == "bound_elsewhere":
+            node = why.rsplit(" ", 1)[-1]
+            end = w.updated or math.inf
+            freeing = any(
+                o.node == node
+                and o.id != w.id
+                and o.created <= end
+                and (o.updated or math.inf) >= w.created
+                for o in rescues
+            )
+            outcome += " (to a node another rescue freed)" if freeing else " (to another node)"
+        out[outcome] += 1
+    return dict(out)
 
 
 def lease_violations(
@@ -575,6 +603,8 @@ class Report:
     fault_log: list[tuple[float, str, str]] = field(default_factory=list)
     workflows: dict[str, int] = field(default_factory=dict)
     workflows_by_kind: dict[str, int] = field(default_factory=dict)
+    #: the rescues' outcomes (`bound_elsewhere` split: to a node another rescue was freeing)
+    rescues: dict[str, int] = field(default_factory=dict)
     evictions: int = 0
     evictions_refused: int = 0
     replica_writes: dict[str, int] = field(default_factory=dict)
@@ -1236,6 +1266,7 @@ class Soak:
                 w = self.workflows[wid] = WorkflowSeen(wid, wf.kind, wf.node, wf.created)
             # a record lost with Redis and started again (the same id) is a new workflow
             w.step, w.updated, w.created, w.lost_with_redis = wf.step, wf.updated, wf.created, False
+            w.result = wf.result if wf.step in FINISHED else w.result
         # a record gone after Redis came back empty, or after a failover (what the old master
         # had not yet sent to its replica is lost: asynchronous replication)
         lost_at = self.redis_emptied_at[-1:] + self.redis_failed_over_at[-1:]
@@ -1267,6 +1298,7 @@ class Soak:
                             )
                         elif rec.get("msg") == "workflow finished" and wid in self.workflows:
                             self.workflows[wid].finished_in_log = True
+                            self.workflows[wid].result = str(rec.get("result", ""))
                         elif rec.get("msg", "").startswith("taking over a step"):
                             self.report.takeovers += 1
 
@@ -1497,6 +1529,7 @@ class Soak:
                     key=wf.id,
                 )
         rep.workflows = dict(outcome)
+        rep.rescues = rescue_outcomes(list(self.workflows.values()))
         # resources flat: replicas that lived through the run
         tenth = self.t0 + self.args.duration / 10
         rss10: list[float] = []
@@ -1723,7 +1756,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"evictions {report.evictions} (refused {report.evictions_refused}), take-overs "
         f"{report.takeovers}, proxy {report.proxy_injected}, workflows by kind "
-        f"{report.workflows_by_kind}, event-to-state p99 {report.lag_p99_ms:.0f} ms, "
+        f"{report.workflows_by_kind}, rescues {report.rescues}, "
+        f"event-to-state p99 {report.lag_p99_ms:.0f} ms, "
         f"reconcile p99 {report.reconcile_p99_ms:.0f} ms, resources {report.resources}"
     )
     if args.json:

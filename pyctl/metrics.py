@@ -377,7 +377,8 @@ class WorkflowMetrics:
         )
         self.rescues = Counter(
             "pyctl_rescues_total",
-            "Rescues of pending pods (room made by several evictions) by outcome (done, abandoned)",
+            "Rescues of pending pods (room made by several evictions) by outcome (done, "
+            "bound_elsewhere, withdrawn, abandoned)",
             [*c, "outcome"],
             registry=r,
         )

@@ -13,11 +13,17 @@ Steps (each an engine handler, persisted after it returns; each idempotent):
                extender keeps every other pod off the node (`reservations`), so the freed room
                goes to the pod it was made for.
 ``releasing``  the taint removed (if still there), the outcome counted and announced; then
-               ``done`` (the pod runs on the node) or ``abandoned`` (why in the result).
+               ``done`` or ``abandoned`` (the outcome and why in the result).
 
 The plan stops making sense, and the workflow goes to ``releasing``, when the pending pod is
-gone, bound elsewhere, or no longer pending; when a planned pod cannot be evicted (protected,
-denied by admission); or at the deadline. Every path from ``isolating`` ends in ``releasing``,
+gone or bound elsewhere; when a planned pod cannot be evicted (protected, denied by admission);
+or at the deadline. The outcomes (`OUTCOMES`): ``done``, the pod runs on the node; ``bound
+elsewhere``, the scheduler found it room on another node first (a node freed by a departure,
+or by another rescue: the default scheduler does not keep freed room for the pod it was made
+for, pyctl's scheduler profile does); ``withdrawn``, the pod was deleted; ``abandoned``, the
+room could not be made (an eviction refused for good, or the deadline). The first three end
+the workflow ``done``: nothing failed; only the last is a workflow abandoned (its metric and
+alert). Every path from ``isolating`` ends in ``releasing``,
 so a controller killed anywhere never leaves the node tainted (and the compactor also clears a
 rescue taint no workflow owns).
 """
@@ -53,6 +59,15 @@ REASON: Final = "PyctlRescue"
 STEPS: Final = ("isolating", "evicting", "waiting", "releasing")
 #: steps that may leave the node tainted (releasing is owed)
 ISOLATED: Final = ("isolating", "evicting", "waiting")
+#: how a rescue ends (`pyctl_rescues_total{outcome}`): the pod runs on the node; it was bound
+#: to another node first; it was deleted; the room could not be made
+DONE: Final = "done"
+BOUND_ELSEWHERE: Final = "bound_elsewhere"
+WITHDRAWN: Final = "withdrawn"
+ABANDONED: Final = "abandoned"
+OUTCOMES: Final = (DONE, BOUND_ELSEWHERE, WITHDRAWN, ABANDONED)
+#: the outcomes in which nothing failed: the workflow ends ``done``
+SETTLED: Final = (DONE, BOUND_ELSEWHERE, WITHDRAWN)
 
 
 class PlannedEviction(msgspec.Struct, frozen=True, array_like=True):
@@ -85,7 +100,7 @@ class RescueData(WorkflowData, frozen=True, tag=f"{KIND}/1"):
     evicted: Annotated[tuple[PodKey, ...], msgspec.Meta(max_length=MAX_ITEMS)] = ()
     #: the taint is removed (the waiting step removes it once)
     untainted: bool = False
-    #: "done" or "abandoned", and why, once it is releasing
+    #: one of `OUTCOMES`, and why, once it is releasing
     outcome: Text = ""
     reason: Text = ""
     #: the pod whose eviction was refused for good (the next plans leave it where it is)
@@ -171,15 +186,15 @@ def _release(wf: RescueWorkflow, outcome: str, why: str) -> RescueWorkflow:
     return _set(wf, "releasing", outcome=outcome, reason=why[:MAX_TEXT_CHARS])
 
 
-def _pending(ctx: Context, wf: RescueWorkflow) -> tuple[PodRecord | None, str]:
-    """The pending pod, or why the rescue no longer makes sense."""
+def _pending(ctx: Context, wf: RescueWorkflow) -> tuple[PodRecord | None, str, str]:
+    """The pending pod, or the outcome and why the rescue no longer makes sense."""
     p = ctx.pod(wf.data.namespace, wf.data.pod)
     uid = wf.data.uid
     if p is None or (uid and p.uid != uid) or p.terminated or p.deleting:
-        return None, "the pending pod is gone"
+        return None, WITHDRAWN, "the pending pod is gone"
     if p.node and p.node != wf.node:
-        return None, f"the pending pod was bound to {p.node}"
-    return p, ""
+        return None, BOUND_ELSEWHERE, f"the pending pod was bound to {p.node}"
+    return p, "", ""
 
 
 def _options(ctx: Context) -> RescueOptions:
@@ -187,11 +202,11 @@ def _options(ctx: Context) -> RescueOptions:
 
 
 async def _isolating(ctx: Context, wf: RescueWorkflow) -> RescueWorkflow:
-    p, why = _pending(ctx, wf)
+    p, outcome, why = _pending(ctx, wf)
     if p is None:
-        return _release(wf, "abandoned", why)
+        return _release(wf, outcome, why)
     if p.node == wf.node:
-        return _release(wf, "done", "the pending pod is already there")
+        return _release(wf, DONE, "the pending pod is already there")
     r = await ctx.gate.taint(wf.node, TAINT_KEY, on=True, value=wf.data.uid)
     if r.outcome == "dry-run":
         return msgspec.structs.replace(wf, step="dry-run", result="observe mode")
@@ -213,11 +228,11 @@ async def _isolating(ctx: Context, wf: RescueWorkflow) -> RescueWorkflow:
 
 
 async def _evicting(ctx: Context, wf: RescueWorkflow) -> RescueWorkflow:
-    p, why = _pending(ctx, wf)
+    p, outcome, why = _pending(ctx, wf)
     if p is None:
-        return _release(wf, "abandoned", why)
+        return _release(wf, outcome, why)
     if ctx.clock() > wf.data.deadline:
-        return _release(wf, "abandoned", "deadline passed while evicting")
+        return _release(wf, ABANDONED, "deadline passed while evicting")
     evicted = wf.data.evicted
     remaining = 0
     for planned in wf.data.pods:
@@ -250,7 +265,7 @@ async def _evicting(ctx: Context, wf: RescueWorkflow) -> RescueWorkflow:
             return _set(wf, evicted=(*evicted, key))
         if not r.retriable:
             # kept with the record: the next plans leave this pod where it is (`refused`)
-            return _release(_set(wf, refused=key), "abandoned", f"cannot evict {key}: {r.reason}")
+            return _release(_set(wf, refused=key), ABANDONED, f"cannot evict {key}: {r.reason}")
         return _later(wf, ctx, max(r.retry_after, 1.0), f"{r.reason}: waiting")
     if remaining == 0:
         return _set(wf, "waiting")
@@ -258,18 +273,18 @@ async def _evicting(ctx: Context, wf: RescueWorkflow) -> RescueWorkflow:
 
 
 async def _waiting(ctx: Context, wf: RescueWorkflow) -> RescueWorkflow:
-    p, why = _pending(ctx, wf)
+    p, outcome, why = _pending(ctx, wf)
     if p is None:
-        return _release(wf, "abandoned", why)
+        return _release(wf, outcome, why)
     if p.node == wf.node:
-        return _release(wf, "done", f"{p.key} runs on {wf.node}")
+        return _release(wf, DONE, f"{p.key} runs on {wf.node}")
     if not wf.data.untainted:
         r = await ctx.gate.taint(wf.node, TAINT_KEY, on=False)
         if not r.done:
             return _later(wf, ctx, _options(ctx).poll, r.reason or r.outcome)
         wf = _set(wf, untainted=True)
     if ctx.clock() > wf.data.deadline:
-        return _release(wf, "abandoned", "the pending pod was not bound before the deadline")
+        return _release(wf, ABANDONED, "the pending pod was not bound before the deadline")
     return _later(wf, ctx, _options(ctx).poll, "waiting for the scheduler to bind the pod")
 
 
@@ -278,20 +293,21 @@ async def _releasing(ctx: Context, wf: RescueWorkflow) -> RescueWorkflow:
         r = await ctx.gate.taint(wf.node, TAINT_KEY, on=False)
         if not r.done:
             return _later(wf, ctx, _options(ctx).poll, r.reason or r.outcome)
-    outcome = wf.data.outcome or "abandoned"
+    outcome = wf.data.outcome if wf.data.outcome in OUTCOMES else ABANDONED
     reason = wf.data.reason
     gate = ctx.gate
     gate.metrics.workflow.rescues.labels(gate.cluster, outcome).inc()
+    settled = outcome in SETTLED
     await gate.event(
         "Pod",
         wf.data.namespace,
         wf.data.pod,
-        REASON if outcome == "done" else f"{REASON}Abandoned",
+        REASON if outcome == DONE else f"{REASON}Ended" if settled else f"{REASON}Abandoned",
         f"rescue on {wf.node}: {reason}",
         uid=wf.data.uid,
-        warning=outcome != "done",
+        warning=not settled,
     )
-    step = "done" if outcome == "done" else "abandoned"
+    step = "done" if settled else "abandoned"
     return msgspec.structs.replace(_set(wf, step), result=f"{outcome}: {reason}")
 
 
@@ -299,7 +315,7 @@ def _give_up(wf: RescueWorkflow, error: str) -> RescueWorkflow:
     """After too many failed attempts: release the node (never leave it tainted)."""
     if wf.step == "releasing":
         return wf  # keep trying to remove the taint
-    return _release(wf, "abandoned", error)
+    return _release(wf, ABANDONED, error)
 
 
 def workflow_kind(max_errors: int = 10) -> WorkflowKind[RescueData]:

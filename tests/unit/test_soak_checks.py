@@ -74,3 +74,25 @@ def test_disruptions_per_hour_are_counted_in_a_sliding_hour(soak: ModuleType) ->
     assert soak.window_violations([0.0, 1800.0, 3600.0], 2, 3600, "per hour") == []
     got = soak.window_violations([0.0, 1800.0, 3599.0], 2, 3600, "per hour")
     assert got == ["per hour: 3 evictions within 3600 s (limit 2)"]
+
+
+def test_rescues_bound_elsewhere_are_told_apart_by_where_they_went(soak: ModuleType) -> None:
+    w = soak.WorkflowSeen
+    elsewhere = "bound_elsewhere: the pending pod was bound to "
+    history = [
+        # two rescues at the same time, each pod landing on the other's node
+        w("a", "rescue", "n1", 0.0, "done", 100.0, result=elsewhere + "n2"),
+        w("b", "rescue", "n2", 50.0, "done", 120.0, result=elsewhere + "n1"),
+        # bound to n3, whose rescue ended before this one began: a departure's room
+        w("c", "rescue", "n4", 200.0, "done", 210.0, result=elsewhere + "n3"),
+        w("d", "rescue", "n3", 0.0, "done", 20.0, result="done: soak/big-1 runs on n3"),
+        w("e", "rescue", "n5", 0.0, "abandoned", 900.0, result="abandoned: deadline passed"),
+        w("f", "rescue", "n6", 0.0, "evicting", 10.0),  # unfinished: not counted
+        w("g", "compaction", "n7", 0.0, "done", 10.0, result="evicted"),
+    ]
+    assert soak.rescue_outcomes(history) == {
+        "bound_elsewhere (to a node another rescue freed)": 2,
+        "bound_elsewhere (to another node)": 1,
+        "done": 1,
+        "abandoned": 1,
+    }
