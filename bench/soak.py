@@ -1449,9 +1449,35 @@ class Soak:
             await asyncio.sleep(2)
 
     async def final_checks(self, api: Api) -> None:
-        rep = self.report
         self.read_audit()
         self.read_logs()
+        self.check_writes()
+        await self.check_left_behind(api)
+        self.check_workflows()
+        self.check_resources()
+        self.check_freshness()
+        rep = self.report
+        assert self.proxy is not None
+        rep.proxy_injected = dict(self.proxy.injected)
+        for name in (
+            "write without the Lease",
+            "evicted twice",
+            "PDB",
+            "rate limit",
+            "taint left behind",
+            "MIG label left behind",
+            "DeviceTaintRule left behind",
+            "deadline",
+            "resources",
+            "freshness",
+            "replica exited",
+        ):
+            rep.checks[name] = len(self.violations.get(name, []))
+        rep.violations = [f"{k}: {v}" for k, vs in self.violations.items() for v in vs]
+
+    def check_writes(self) -> None:
+        """The Lease, the evictions and the rate limits, from the audit log."""
+        rep = self.report
         # the Lease: no write without it
         for v in lease_violations(self.lease_writes, self.writes, LEASE_DURATION):
             self.violate("write without the Lease", v)
@@ -1481,6 +1507,10 @@ class Soak:
                 self.violate("rate limit", v)
         for v in window_violations(times, DISRUPTIONS_PER_HOUR, 3600, "disruptions per hour"):
             self.violate("rate limit", v)
+
+    async def check_left_behind(self, api: Api) -> None:
+        """No pyctl taint, MIG label or DeviceTaintRule left at the end."""
+        rep = self.report
         # nothing left behind
         nodes = [n async for n in api.items("/api/v1/nodes")]
         for n in nodes:
@@ -1500,6 +1530,10 @@ class Soak:
                 self.violate("DeviceTaintRule left behind", rule["metadata"]["name"])
         except ApiError as e:
             rep.unchecked.append(f"DeviceTaintRules: {e}"[:200])
+
+    def check_workflows(self) -> None:
+        """Every workflow counted by how it ended, each within its deadline or still young."""
+        rep = self.report
         # workflows: counted, each ended within its deadline or still young
         now = time.time()
         outcome: Counter[str] = Counter()
@@ -1530,6 +1564,10 @@ class Soak:
                 )
         rep.workflows = dict(outcome)
         rep.rescues = rescue_outcomes(list(self.workflows.values()))
+
+    def check_resources(self) -> None:
+        """RSS, file descriptors, threads and Redis memory flat from a tenth of the run on."""
+        rep = self.report
         # resources flat: replicas that lived through the run
         tenth = self.t0 + self.args.duration / 10
         rss10: list[float] = []
@@ -1575,6 +1613,10 @@ class Soak:
             )
         elif red:
             rep.unchecked.append("Redis memory: Redis came back empty during the run")
+
+    def check_freshness(self) -> None:
+        """The leader's event-to-state and reconcile p99 over the run."""
+        rep = self.report
         # freshness: event-to-state p99 and reconcile p99 over the run, from the leader
         lags = [s.get("lag_p99_ms") for s in rep.series if s.get("lag_p99_ms") is not None]
         recs = [
@@ -1593,23 +1635,6 @@ class Soak:
                 )
         else:
             rep.unchecked.append("freshness: no leader metrics sampled")
-        assert self.proxy is not None
-        rep.proxy_injected = dict(self.proxy.injected)
-        for name in (
-            "write without the Lease",
-            "evicted twice",
-            "PDB",
-            "rate limit",
-            "taint left behind",
-            "MIG label left behind",
-            "DeviceTaintRule left behind",
-            "deadline",
-            "resources",
-            "freshness",
-            "replica exited",
-        ):
-            rep.checks[name] = len(self.violations.get(name, []))
-        rep.violations = [f"{k}: {v}" for k, vs in self.violations.items() for v in vs]
 
     async def watch_replicas(self) -> None:
         """A replica that exits by itself (not killed here) is a violation: it is started
