@@ -499,6 +499,56 @@ class WorkflowSeen:
     result: str = ""
 
 
+@dataclass
+class Flat:
+    """`resource_checks`' answer."""
+
+    #: "replica[#life] key" -> [level a tenth of the run into the life, level at its end]
+    levels: dict[str, list[float]] = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)
+    unchecked: list[str] = field(default_factory=list)
+    rss_early: list[float] = field(default_factory=list)
+    rss_late: list[float] = field(default_factory=list)
+
+
+def resource_checks(series: list[dict[str, Any]], duration: float) -> Flat:
+    """RSS, file descriptors and threads flat over each life of each replica (a life: one
+    process, from a start to its kill or the run's end): the median of its last three samples
+    within 10% (+2 descriptors or threads: a connection, a worker) of the median of its first
+    three a tenth of the run after it started. A life shorter than a fifth of the run is not
+    judged (reported unchecked)."""
+    warm = duration / 10
+    lives: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for row in series:
+        if "rss_mib" in row and row["t"] <= duration:
+            lives[(row["replica"], row["life"])].append(row)
+    several = Counter(replica for replica, _ in lives)
+    out = Flat()
+    for (replica, life), rows in sorted(lives.items()):
+        rows.sort(key=lambda row: row["t"])
+        name = f"{replica}#{life}" if several[replica] > 1 else replica
+        start, end = rows[0]["t"], rows[-1]["t"]
+        early = [row for row in rows if row["t"] >= start + warm][:3]
+        late = rows[-3:]
+        if end - start < 2 * warm or not early:
+            out.unchecked.append(
+                f"resources of {name}: lived {end - start:.0f} s, less than a fifth of the run"
+            )
+            continue
+        for key in ("rss_mib", "fds", "threads"):
+            a = sorted(row[key] for row in early)[len(early) // 2]
+            b = sorted(row[key] for row in late)[len(late) // 2]
+            out.levels[f"{name} {key}"] = [round(a, 1), round(b, 1)]
+            slack = 2 if key in ("fds", "threads") else 0
+            if b > 1.1 * a + slack:
+                out.violations.append(
+                    f"{name} {key}: {a:.1f} at {start + warm:.0f} s, {b:.1f} at {end:.0f} s"
+                )
+        out.rss_early.append(sorted(row["rss_mib"] for row in early)[len(early) // 2])
+        out.rss_late.append(sorted(row["rss_mib"] for row in late)[len(late) // 2])
+    return out
+
+
 def rescue_outcomes(workflows: list[WorkflowSeen]) -> dict[str, int]:
     """The finished rescues by outcome (the first word of their result, `pyctl.workflows.rescue`
     `OUTCOMES`); those bound elsewhere split by where: a node another rescue, under way at the
@@ -1566,39 +1616,17 @@ class Soak:
         rep.rescues = rescue_outcomes(list(self.workflows.values()))
 
     def check_resources(self) -> None:
-        """RSS, file descriptors, threads and Redis memory flat from a tenth of the run on."""
+        """RSS, file descriptors and threads flat over each replica's lives, Redis memory from
+        a tenth of the run on."""
         rep = self.report
-        # resources flat: replicas that lived through the run
-        tenth = self.t0 + self.args.duration / 10
-        rss10: list[float] = []
-        rss_end: list[float] = []
-        for r in self.replicas.values():
-            life = len(r.lives)
-            if r.lives[-1].started > tenth:
-                rep.unchecked.append(
-                    f"resources of {r.name}: started again after a tenth of the run (killed)"
-                )
-                continue
-            rows = [
-                s
-                for s in rep.series
-                if s["replica"] == r.name and s["life"] == life and "rss_mib" in s
-            ]
-            early = [s for s in rows if s["t"] >= self.args.duration / 10][:3]
-            late = [s for s in rows if s["t"] <= self.args.duration][-3:]
-            if not early or not late:
-                continue
-            for key in ("rss_mib", "fds", "threads"):
-                a = sorted(s[key] for s in early)[len(early) // 2]
-                b = sorted(s[key] for s in late)[len(late) // 2]
-                rep.resources[f"{r.name} {key}"] = [round(a, 1), round(b, 1)]
-                slack = 2 if key in ("fds", "threads") else 0  # a connection or a worker thread
-                if b > 1.1 * a + slack:
-                    self.violate("resources", f"{r.name} {key}: {a:.1f} at 10%, {b:.1f} at end")
-            rss10.append(sorted(s["rss_mib"] for s in early)[len(early) // 2])
-            rss_end.append(sorted(s["rss_mib"] for s in late)[len(late) // 2])
-        if rss10:
-            rep.rss_10_mib, rep.rss_end_mib = max(rss10), max(rss_end)
+        # resources flat: each life of a replica long enough to tell (a kill starts another)
+        flat = resource_checks(rep.series, self.args.duration)
+        rep.resources.update(flat.levels)
+        rep.unchecked.extend(flat.unchecked)
+        for v in flat.violations:
+            self.violate("resources", v)
+        if flat.rss_early:
+            rep.rss_10_mib, rep.rss_end_mib = max(flat.rss_early), max(flat.rss_late)
         red = [s["redis_mib"] for s in rep.series if not math.isnan(s.get("redis_mib", math.nan))]
         reds = [s for s in rep.series if not math.isnan(s.get("redis_mib", math.nan))]
         if red and not self.redis_emptied_at and not self.redis_failed_over_at:

@@ -96,3 +96,38 @@ def test_rescues_bound_elsewhere_are_told_apart_by_where_they_went(soak: ModuleT
         "done": 1,
         "abandoned": 1,
     }
+
+
+def samples(
+    replica: str, life: int, start: float, end: float, fds: float, grow: float = 0.0
+) -> list[dict[str, float | str]]:
+    """A replica's samples every 10 s over one life; file descriptors `fds` rising by `grow`
+    over it."""
+    n = int((end - start) // 10) + 1
+    return [
+        {
+            "t": start + 10 * i,
+            "replica": replica,
+            "life": life,
+            "rss_mib": 200.0,
+            "fds": fds + grow * i / max(1, n - 1),
+            "threads": 17.0,
+        }
+        for i in range(n)
+    ]
+
+
+def test_resources_are_judged_over_each_life_of_a_replica(soak: ModuleType) -> None:
+    series = [
+        *samples("a", 1, 0, 1200, 40),  # flat, then killed
+        *samples("a", 2, 1210, 1500, 40, grow=30),  # too short to judge
+        *samples("a", 3, 1510, 3600, 40, grow=10),  # rising: 40 -> 50 (limit 46)
+        *samples("b", 1, 0, 3600, 40, grow=4),  # within 10% and 2
+    ]
+    flat = soak.resource_checks(series, 3600.0)
+    assert flat.violations == ["a#3 fds: 41.8 at 1870 s, 50.0 at 3600 s"]
+    assert flat.unchecked == ["resources of a#2: lived 290 s, less than a fifth of the run"]
+    assert flat.levels["b fds"] == [40.4, 44.0]
+    assert set(flat.levels) == {
+        f"{n} {k}" for n in ("a#1", "a#3", "b") for k in ("rss_mib", "fds", "threads")
+    }
