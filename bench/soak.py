@@ -41,6 +41,7 @@ at a tenth of the run), and event-to-state plus reconcile p99 under 1 s during s
 Usage: python bench/soak.py [--nodes 100] [--duration 600] [--seed 1] [--faults LIST]
        [--faults-per-kind N] [--redis single|cluster] [--pool-fill 2.1]
        [--big-per-pool-node 0.25] [--work-dir DIR] [--json F] [--keep]
+       python bench/soak.py --rejudge REPORT.json  (a saved run's resources judged again)
 (`--pool-fill` and `--big-per-pool-node` set how much rescue work there is: replicas per node of
 the rescue pool and the 4-GPU pods kept pending there; higher values leave fewer pool nodes free,
 so more rescues, and so evictions.)
@@ -55,6 +56,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -1740,6 +1742,34 @@ class Soak:
             self.plane.stop()
 
 
+def rejudge(path: Path) -> int:
+    """A saved report's resources judged again by `resource_checks` (the other invariants were
+    checked while the run went on and are taken as recorded): its last line as this version
+    prints it."""
+    data = json.loads(path.read_text())
+    known = {f.name for f in dataclasses.fields(Report)}
+    report = Report(**{k: v for k, v in data.items() if k in known})
+    report.unchecked = [u for u in report.unchecked if not u.startswith("resources of ")]
+    report.violations = [
+        v
+        for v in report.violations
+        if not v.startswith("resources: ") or v.startswith("resources: redis")
+    ]
+    flat = resource_checks(report.series, report.duration)
+    report.resources = {k: v for k, v in report.resources.items() if k == "redis_mib"}
+    report.resources.update(flat.levels)
+    report.unchecked.extend(flat.unchecked)
+    report.violations.extend(f"resources: {v}" for v in flat.violations)
+    report.checks["resources"] = len(flat.violations) + sum(
+        v.startswith("resources: redis") for v in report.violations
+    )
+    if flat.rss_early:
+        report.rss_10_mib, report.rss_end_mib = max(flat.rss_early), max(flat.rss_late)
+    print(f"rejudged {path}: resources {report.resources}; not checked: {report.unchecked}")
+    print(report.line())
+    return 1 if report.violations else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--nodes", type=int, default=100)
@@ -1782,7 +1812,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work-dir", type=Path)
     p.add_argument("--json", type=Path)
     p.add_argument("--keep", action="store_true", help="keep the work directory")
+    p.add_argument(
+        "--rejudge",
+        type=Path,
+        metavar="REPORT",
+        help="run nothing: judge a saved --json report's sampled resources again with this "
+        "version's check, and print its last line",
+    )
     args = p.parse_args(argv)
+    if args.rejudge is not None:
+        return rejudge(args.rejudge)
     known = fault_kinds(args)
     if args.faults is None:
         args.faults = ",".join(known)

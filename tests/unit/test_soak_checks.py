@@ -6,6 +6,7 @@ them."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -131,3 +132,28 @@ def test_resources_are_judged_over_each_life_of_a_replica(soak: ModuleType) -> N
     assert set(flat.levels) == {
         f"{n} {k}" for n in ("a#1", "a#3", "b") for k in ("rss_mib", "fds", "threads")
     }
+
+
+def test_a_saved_report_is_judged_again_by_the_current_check(
+    soak: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old = {
+        "duration": 3600.0,
+        "nodes": 20,
+        "faults": {"kill": 1},
+        "workflows": {"started": 1, "done": 1},
+        "checks": {"resources": 0},
+        "violations": [],
+        # judged by the check of its day: the only replica never killed had none
+        "unchecked": ["resources of a: started again after a tenth of the run (killed)"],
+        "series": [*samples("a", 1, 0, 1500, 40, grow=10), *samples("a", 2, 1510, 3600, 40)],
+    }
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps(old))
+    assert soak.main(["--rejudge", str(report)]) == 1
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert "invariant violations 1, rss at 10% 200 MiB at end 200 MiB" in last
+    old["series"] = [*samples("a", 1, 0, 1500, 40), *samples("a", 2, 1510, 3600, 40)]
+    report.write_text(json.dumps(old))
+    assert soak.main(["--rejudge", str(report)]) == 0
+    assert "invariant violations 0" in capsys.readouterr().out.splitlines()[-1]
