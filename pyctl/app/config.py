@@ -177,6 +177,9 @@ class WorkflowSection:
     rescue_depth: int = PlanLimits.rescue_depth
     #: seconds a rescue may take, from its start to the pending pod bound
     rescue_deadline: float = 900.0
+    #: seconds an unschedulable pod must have existed before a rescue evicts for it (0: at
+    #: once); room freed by departures meanwhile costs no eviction
+    rescue_after: float = 0.0
     #: smallest fall of fragment (milli-GPU) a defragmentation move must bring: an eviction
     #: restarts a replica, so a move must make at least one GPU's worth of idle capacity usable
     #: again (on the built-in scenario, moves worth less cut stranded GPU-hours by under 1% for
@@ -526,6 +529,7 @@ _RANGES: tuple[tuple[str, float, float], ...] = (
     ("workflow_max_moves", 0, 1000),
     ("workflow_rescue_depth", 0, 8),
     ("workflow_rescue_deadline", 1, 86400),
+    ("workflow_rescue_after", 0, 86400),
     ("workflow_min_gain", 0, 1e6),
     ("limit_global_burst", 1, 1e6),
     ("limit_node_burst", 1, 1e6),

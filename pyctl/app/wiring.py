@@ -178,7 +178,11 @@ def attach_workflows(
     def pod(ns: str, name: str) -> PodRecord | None:
         return pods.get(f"{ns}/{name}")
 
-    rescue_options = RescueOptions(deadline=cfg.workflow.rescue_deadline, poll=min(2.0, interval))
+    rescue_options = RescueOptions(
+        deadline=cfg.workflow.rescue_deadline,
+        poll=min(2.0, interval),
+        after=cfg.workflow.rescue_after,
+    )
     compactor = Compactor(
         ctl.cache,
         ctl.reconciler,

@@ -235,7 +235,13 @@ class Compactor:
         return self._inputs()["pending"]
 
     def _inputs(self) -> RoundInputs:
-        return round_inputs(self.cache, self.reconciler, self.reservations, self.exclude)
+        inputs = round_inputs(self.cache, self.reconciler, self.reservations, self.exclude)
+        after = self.rescue_options.after
+        if after > 0:
+            # younger pods wait (a pod of unknown age does not): a departure may make their room
+            cutoff = self.engine.ctx.clock() - after
+            inputs["pending"] = [p for p in inputs["pending"] if p.created <= cutoff]
+        return inputs
 
     def _plan(self, inputs: RoundInputs) -> CompactionPlan:
         t0, c0 = time.perf_counter(), time.thread_time()

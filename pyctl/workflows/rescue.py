@@ -119,6 +119,10 @@ class RescueOptions:
     deadline: float = 900.0
     #: how often a waiting step looks again
     poll: float = 2.0
+    #: seconds a pod must have existed before a rescue evicts for it (0: at once): room that
+    #: departures free within that time costs no eviction (cluster-autoscaler's
+    #: `--new-pod-scale-up-delay` for scale-ups)
+    after: float = 0.0
 
 
 @dataclass
