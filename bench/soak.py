@@ -40,7 +40,7 @@ at a tenth of the run), and event-to-state plus reconcile p99 under 1 s during s
 
 Usage: python bench/soak.py [--nodes 100] [--duration 600] [--seed 1] [--faults LIST]
        [--faults-per-kind N] [--redis single|cluster] [--pool-fill 2.1]
-       [--big-per-pool-node 0.25] [--work-dir DIR] [--json F] [--keep]
+       [--big-per-pool-node 0.25] [--rescue-after S] [--work-dir DIR] [--json F] [--keep]
        python bench/soak.py --rejudge REPORT.json  (a saved run's resources judged again)
 (`--pool-fill` and `--big-per-pool-node` set how much rescue work there is: replicas per node of
 the rescue pool and the 4-GPU pods kept pending there; higher values leave fewer pool nodes free,
@@ -657,6 +657,8 @@ class Report:
     workflows_by_kind: dict[str, int] = field(default_factory=dict)
     #: the rescues' outcomes (`bound_elsewhere` split: to a node another rescue was freeing)
     rescues: dict[str, int] = field(default_factory=dict)
+    #: the pending pods asked for and served ("big asked", "big served", "mig served")
+    demand: dict[str, int] = field(default_factory=dict)
     evictions: int = 0
     evictions_refused: int = 0
     replica_writes: dict[str, int] = field(default_factory=dict)
@@ -1051,6 +1053,10 @@ class Soak:
             for name, p in pods.items():
                 if p.get("spec", {}).get("nodeName") and name not in served:
                     served[name] = now
+                    kind = "big" if name in big else "mig" if name in mig else "other"
+                    self.report.demand[f"{kind} served"] = (
+                        self.report.demand.get(f"{kind} served", 0) + 1
+                    )
             for group, limit in ((big, RESCUE_DEADLINE + 60), (mig, 3 * MIG_TIMEOUT + 60)):
                 for name, t in list(group.items()):
                     done = name in served and now - served[name] > 30
@@ -1061,6 +1067,7 @@ class Soak:
             while len(big) < want_big:
                 name = self._name("big")
                 big[name] = now
+                self.report.demand["big asked"] = self.report.demand.get("big asked", 0) + 1
                 await self._create(
                     api, pod(name, gpus=4, app="big", labels={"demand": "big"}, pool=True)
                 )
@@ -1693,6 +1700,9 @@ class Soak:
                 self.replicas[name] = Replica(
                     name, kubeconfigs[name], self.redis.url, logs, self.redis_cluster is not None
                 )
+                if self.args.rescue_after:
+                    after = str(self.args.rescue_after)
+                    self.replicas[name].env["PYCTL_WORKFLOW_RESCUE_AFTER"] = after
                 self.replicas[name].start()
             if await self.leader(90) is None:
                 raise RuntimeError(f"no replica leads 90 s after start: see {logs}")
@@ -1803,6 +1813,12 @@ def main(argv: list[str] | None = None) -> int:
         help="pending 4-GPU pods kept asked for, per rescue-pool node",
     )
     p.add_argument(
+        "--rescue-after",
+        type=float,
+        default=0.0,
+        help="the replicas' workflow.rescue_after: seconds before a pending pod is rescued",
+    )
+    p.add_argument(
         "--drain",
         type=float,
         default=300.0,
@@ -1848,7 +1864,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"evictions {report.evictions} (refused {report.evictions_refused}), take-overs "
         f"{report.takeovers}, proxy {report.proxy_injected}, workflows by kind "
-        f"{report.workflows_by_kind}, rescues {report.rescues}, "
+        f"{report.workflows_by_kind}, rescues {report.rescues}, demand {report.demand}, "
         f"event-to-state p99 {report.lag_p99_ms:.0f} ms, "
         f"reconcile p99 {report.reconcile_p99_ms:.0f} ms, resources {report.resources}"
     )
