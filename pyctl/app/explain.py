@@ -18,6 +18,7 @@ controller stored (`pyctl.app.state`), answered by the product's own decisions:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -33,7 +34,7 @@ from pyctl.core.inputs import ShapeInput
 from pyctl.jsontypes import JsonObject, plain
 from pyctl.model import Shape, Snapshot
 from pyctl.workflows.compaction import CompactionPlan
-from pyctl.workflows.compactor import abandoned, plan_round
+from pyctl.workflows.compactor import abandoned, plan_round, too_young
 from pyctl.workflows.engine import Workflow, WorkflowData
 from pyctl.workflows.evictor import Evictor
 
@@ -345,7 +346,7 @@ def _blocked(view: StoredView, shape: Shape) -> tuple[str | None, str]:
     )
 
 
-def _plan(view: StoredView, cfg: Config) -> CompactionPlan:
+def _plan(view: StoredView, cfg: Config, now: float) -> CompactionPlan:
     return plan_round(
         view.cache,
         view.reconciler,
@@ -353,6 +354,8 @@ def _plan(view: StoredView, cfg: Config) -> CompactionPlan:
         cfg.workflow.plan_limits(),
         view.reservations(),
         abandoned(view.workflows),
+        cfg.workflow.rescue_after,
+        now,
     )
 
 
@@ -415,10 +418,11 @@ def _explain_pending(
     held = [n for n, holder in view.reservations().items() if holder == p.key]
     rescue: RescueAnswer | None = None
     plan_note = domain = ""
+    now = time.time()
     if held:
         plan_note = f"a rescue in progress keeps node {', '.join(sorted(held))} for it"
     else:
-        plan = _plan(view, cfg)
+        plan = _plan(view, cfg, now)
         domain = plan.gang_domains.get(p.key, "")
         got = next((x for x in plan.rescues if x.pending == p.key), None)
         if got is not None:
@@ -432,6 +436,11 @@ def _explain_pending(
             plan_note = f"no rescue: {plan.unrescued[p.key]}"
         elif not p.unschedulable:
             plan_note = "no rescue planned: the scheduler has not marked it unschedulable"
+        elif too_young(p, cfg.workflow.rescue_after, now):
+            plan_note = (
+                f"no rescue yet: it is {now - p.created:.0f} s old, rescued from "
+                f"{cfg.workflow.rescue_after:g} s (workflow.rescue_after)"
+            )
         elif shape.is_cpu_only:
             plan_note = "no rescue planned: CPU-only pods are the scheduler's business"
         else:
@@ -474,7 +483,7 @@ def _explain_running(
     choice = [a.node for a in nodes if a.score == policy.MAX_EXTENDER_PRIORITY]
     evictor = Evictor(cfg.evictor, view.cache.pods.values(), view.cache.pdbs.values())
     why_not = evictor.why_not(p)
-    plan = _plan(view, cfg)
+    plan = _plan(view, cfg, time.time())
     mv = next((m for m in plan.moves if m.pod == p.key), None)
     move: MoveAnswer | None = None
     plan_note = ""

@@ -105,11 +105,19 @@ class _VolcanoInputs(TypedDict):
     domain_labels: dict[str, dict[str, str]]
 
 
+def too_young(p: PodRecord, rescue_after: float, now: float) -> bool:
+    """Whether the rescue of `p` waits: it has existed less than `rescue_after` seconds
+    (`workflow.rescue_after`; a pod of unknown age does not wait)."""
+    return rescue_after > 0 and p.created > 0 and now - p.created < rescue_after
+
+
 def round_inputs(
     cache: ClusterCache,
     reconciler: Reconciler,
     reservations: Mapping[str, str],
     exclude: Mapping[str, str] | None = None,
+    rescue_after: float = 0.0,
+    now: float = 0.0,
 ) -> RoundInputs:
     """What one compaction round reads from the controller's view (`cache`, `reconciler`), taken
     at one moment: copies of the live tables (records and models are immutable, so copying the
@@ -118,7 +126,8 @@ def round_inputs(
     in progress (`reservations`: node -> the pending pod it is kept for) are out of reach, and
     those pods out of the new rescues. The pods to make room for are the unschedulable ones in
     the workload's scope whose shape the core can model (a pod pyctl ignores never makes it
-    evict); `exclude` (pod -> why: `abandoned`) are left where they are.
+    evict); `exclude` (pod -> why: `abandoned`) are left where they are; pods younger than
+    `rescue_after` seconds at `now` wait (`too_young`).
 
     The inputs are a function of the state, not of the order events arrived in: pending pods are
     rescued oldest first (creation time, then name), and pods and budgets are offered to the
@@ -130,7 +139,11 @@ def round_inputs(
         (
             p
             for p in c.pending_pods()
-            if p.unschedulable and p.key not in rescued and r.scope.admits(p) and r.modelled(p)
+            if p.unschedulable
+            and p.key not in rescued
+            and r.scope.admits(p)
+            and r.modelled(p)
+            and not too_young(p, rescue_after, now)
         ),
         key=lambda p: (p.created, p.key),
     )
@@ -162,6 +175,8 @@ def plan_round(
     limits: PlanLimits,
     reservations: Mapping[str, str],
     exclude: Mapping[str, str] | None = None,
+    rescue_after: float = 0.0,
+    now: float = 0.0,
 ) -> CompactionPlan:
     """What one compaction round plans on the controller's view: moves and rescues of the
     unschedulable pods (`round_inputs`). `pyctl explain` asks the same question of the stored
@@ -169,7 +184,7 @@ def plan_round(
     return plan_compaction(
         options=options,
         limits=limits,
-        **round_inputs(cache, reconciler, reservations, exclude),
+        **round_inputs(cache, reconciler, reservations, exclude, rescue_after, now),
     )
 
 
@@ -235,13 +250,14 @@ class Compactor:
         return self._inputs()["pending"]
 
     def _inputs(self) -> RoundInputs:
-        inputs = round_inputs(self.cache, self.reconciler, self.reservations, self.exclude)
-        after = self.rescue_options.after
-        if after > 0:
-            # younger pods wait (a pod of unknown age does not): a departure may make their room
-            cutoff = self.engine.ctx.clock() - after
-            inputs["pending"] = [p for p in inputs["pending"] if p.created <= cutoff]
-        return inputs
+        return round_inputs(
+            self.cache,
+            self.reconciler,
+            self.reservations,
+            self.exclude,
+            self.rescue_options.after,
+            self.engine.ctx.clock(),
+        )
 
     def _plan(self, inputs: RoundInputs) -> CompactionPlan:
         t0, c0 = time.perf_counter(), time.thread_time()

@@ -11,7 +11,7 @@ from pyctl.cluster.records import PodRecord
 from pyctl.cluster.source import NullActuator
 from pyctl.state.ratelimit import MemoryRateLimiter, SafetyLimits
 from pyctl.state.workflows import MemoryWorkflowStore
-from pyctl.workflows.compactor import Compactor
+from pyctl.workflows.compactor import Compactor, plan_round
 from pyctl.workflows.engine import Engine
 from pyctl.workflows.gate import Gate
 from pyctl.workflows.kinds import builtin_registry
@@ -54,6 +54,9 @@ def pending(pod: PodRecord, after: float, now: float) -> list[str]:
     # what the round makes room for, and what it plans: a rescue only for a pod it considers
     considered = [p.key for p in compactor.pending()]
     assert [r.pending for r in compactor.plan().rescues] == considered
+    # `pyctl explain` asks `plan_round` the same question, with the same answer
+    stored = plan_round(cache, r, compactor.options, compactor.limits, {}, {}, after, now)
+    assert [x.pending for x in stored.rescues] == considered
     return considered
 
 
