@@ -17,14 +17,14 @@ Steps (each an engine handler, persisted after it returns; each idempotent):
 
 The plan stops making sense, and the workflow goes to ``releasing``, when the pending pod is
 gone or bound elsewhere; when a planned pod cannot be evicted (protected, denied by admission);
-or at the deadline. The outcomes (`OUTCOMES`): ``done``, the pod runs on the node; ``bound
-elsewhere``, the scheduler found it room on another node first (a node freed by a departure,
-or by another rescue: the default scheduler does not keep freed room for the pod it was made
-for, pyctl's scheduler profile does); ``withdrawn``, the pod was deleted; ``abandoned``, the
-room could not be made (an eviction refused for good, or the deadline). The first three end
-the workflow ``done``: nothing failed; only the last is a workflow abandoned (its metric and
-alert). Every path from ``isolating`` ends in ``releasing``,
-so a controller killed anywhere never leaves the node tainted (and the compactor also clears a
+or at the deadline. The outcomes (`OUTCOMES`): ``done``, the pod runs on the node;
+``bound_elsewhere``, the scheduler found it room on another node first (a node freed by a
+departure, or by another rescue: the default scheduler does not keep freed room for the pod it
+was made for, pyctl's scheduler profile does); ``withdrawn``, the pod was deleted;
+``abandoned``, the room could not be made (an eviction refused for good, or the deadline). The
+first three end the workflow ``done``: nothing failed; only the last is a workflow abandoned
+(its metric and alert). Every path from ``isolating`` ends in ``releasing``, so a controller
+killed anywhere never leaves the node tainted (and the compactor also clears a
 rescue taint no workflow owns).
 """
 
