@@ -126,6 +126,29 @@ def main() -> None:
         f"move-heavy ({len(heavy)} nodes, 6 pending per profile, up to 2 pods moved per node): "
         f"rust {t_heavy * 1e6:.0f} us/node, {moved_h} pods moved"
     )
+    # a node's plan costs more the more is pending, up to what its GPUs could serve: the MIG
+    # round of bench/scale.py, whose pending 7g pods grow with the cluster (docs/scale.md)
+    h100 = [[random_gpu(rnd, "H100-80GB", g, i) for g in range(GPUS)] for i in range(200)]
+    cost = []
+    for count in (0, 2, 5, 12, 25):
+        args = [
+            {
+                "gpu_model": "H100-80GB",
+                "gpus": gpus,
+                "pending": [{"profile": "7g.80gb", "count": count}] if count else [],
+                "workload": [{"profile": "1g.10gb", "weight": 1.0}],
+                "limits": {"max_used_destroyed": 1},
+            }
+            for gpus in h100
+        ]
+
+        def run(a: list[dict[str, Any]] = args) -> None:
+            for n in a:
+                mig.plan(**n)
+
+        t = best_of(run, repeat=3, number=1) / len(args)
+        cost.append(f"{count} {t * 1e6:.0f}")
+    print(f"by pending 7g.80gb pods (H100 nodes): {', '.join(cost)} us/node")
     speedup = t_ref / t_rust
     print(f"mig_plan: {t_rust * 1e6:.0f} us per node, speedup {speedup:.0f}x vs python reference")
 
