@@ -18,7 +18,6 @@ from pyctl.app.wiring import (
     attach_recommender,
     attach_workflows,
     make_store,
-    release_after_resync,
     sim_limits,
     start_servers,
     workload_scope,
@@ -76,7 +75,6 @@ async def run_kube(cfg: Config, workload: Workload | None) -> int:
     )
     ctl.reconciler.fabric_levels = cfg.fabric.levels
     ctl.reconciler.fabric_interval = cfg.fabric.interval
-    release_after_resync(ctl)
     actuator: Actuator = (
         KubeActuator(kube, instance=identity, still_leader=elector.still_leader)
         if cfg.mode == "enforce"
@@ -150,7 +148,6 @@ def build_sim(
     )
     ctl.reconciler.fabric_levels = cfg.fabric.levels
     ctl.reconciler.fabric_interval = cfg.fabric.interval
-    release_after_resync(ctl)
     enforce = cfg.mode == "enforce"
     actuator: Actuator = SimActuator(source) if enforce else NullActuator()
     flows = attach_workflows(

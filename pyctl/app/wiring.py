@@ -62,13 +62,16 @@ def make_store(cfg: Config, metrics: Metrics | None = None) -> StateStore:
     return RedisStore(cfg.redis.client_config(), cfg.cluster, metrics=metrics)
 
 
-def release_after_resync(ctl: Controller) -> None:
-    """A Redis store's client drops the idle connections an outage left open once the store is
-    written whole again (`Controller.after_resync`, `redis_client.release_idle`)."""
+def release_after_resync(ctl: Controller, *backends: object) -> None:
+    """The Redis clients of the controller's store and of `backends` (the workflow store: the
+    rate limits share its client) drop the idle connections an outage left open once the store
+    is written whole again (`Controller.after_resync`, `redis_client.release_idle`)."""
     from pyctl.state.redis_store import RedisStore
+    from pyctl.state.redis_workflows import RedisWorkflowStore
 
-    if isinstance(ctl.store, RedisStore):
-        ctl.after_resync.append(ctl.store.release_idle)
+    for backend in (ctl.store, *backends):
+        if isinstance(backend, RedisStore | RedisWorkflowStore):
+            ctl.after_resync.append(backend.release_idle)
 
 
 def workflow_backends(
@@ -124,15 +127,13 @@ def _controller_backends(
     ctl: Controller, cfg: Config, clock: Callable[[], float]
 ) -> tuple[WorkflowStore, RateLimiter]:
     """`workflow_backends` as the controller uses them: with Redis, every call reports to the
-    one place that knows the store's health (/readyz), and after an outage the client (the rate
-    limits' too) drops the connections it left (`Controller.after_resync`)."""
+    one place that knows the store's health (/readyz), and after an outage the Redis clients
+    (the store's, the workflows' and so the rate limits') drop the connections it left
+    (`release_after_resync`)."""
     workflows, limiter = workflow_backends(cfg, clock)
     if not cfg.redis.url:
         return workflows, limiter
-    from pyctl.state.redis_workflows import RedisWorkflowStore
-
-    if isinstance(workflows, RedisWorkflowStore):
-        ctl.after_resync.append(workflows.release_idle)
+    release_after_resync(ctl, workflows)
     return (
         MonitoredWorkflowStore(workflows, ctl.store_health),
         MonitoredRateLimiter(limiter, ctl.store_health),

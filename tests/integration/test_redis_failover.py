@@ -180,10 +180,10 @@ async def test_redis_failover_leaves_no_connections_open_after_the_resync(
     store = make_store(cfg)
     ctl = Controller(name, _Listed(), store, summary_interval=0)
     ctl.store_probe_interval = 0.3
-    release_after_resync(ctl)
     raw_flows, _limits = workflow_backends(cfg)
     assert isinstance(raw_flows, RedisWorkflowStore)
-    ctl.after_resync.append(raw_flows.release_idle)
+    release_after_resync(ctl, raw_flows)  # as `attach_workflows` registers them
+    assert len(ctl.after_resync) == 2
     assert isinstance(store, RedisStore)
     resyncs: list[float] = []
 
