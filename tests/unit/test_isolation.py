@@ -6,7 +6,7 @@ other node's score, the compaction plan, the workflows already running)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import anyio
 import msgspec
@@ -38,10 +38,10 @@ from pyctl.state.memory import MemoryStore
 from pyctl.state.workflows import MemoryWorkflowStore
 from pyctl.workflows.compaction import CompactionData
 from pyctl.workflows.compactor import Compactor
-from pyctl.workflows.engine import Context, Engine, Workflow
+from pyctl.workflows.engine import Engine, Workflow
 from pyctl.workflows.gate import Gate
 from pyctl.workflows.kinds import builtin_registry
-from pyctl.workflows.rescue import RescueData
+from pyctl.workflows.rescue import CompactionContext, RescueData, RescueOptions
 from tests.unit.test_compaction import fragmented
 
 CLUSTER = "t"
@@ -231,7 +231,26 @@ def test_pyctl_taints_are_exported_from_the_nodes() -> None:
     assert taint() is None
 
 
-def compactor(cache: ClusterCache, r: Reconciler) -> tuple[Compactor, MemoryWorkflowStore]:
+#: a 4-GPU replica no node has room for (the fragmented cluster can free a zone for it)
+PENDING_FOUR = PodRecord(
+    "serving",
+    "big",
+    "uid-big",
+    cpu_milli=4000,
+    gpus=4,
+    unschedulable=True,
+    owner_kind="ReplicaSet",
+    owner_name="big",
+)
+
+
+def compactor(
+    cache: ClusterCache,
+    r: Reconciler,
+    rescue: RescueOptions | None = None,
+    clock: Callable[[], float] = time.time,
+) -> tuple[Compactor, MemoryWorkflowStore]:
+    """An observing compactor on `cache`'s pods, its rescues set by `rescue`, its time `clock`."""
     from pyctl.cluster.source import NullActuator
     from pyctl.state.ratelimit import MemoryRateLimiter, SafetyLimits
 
@@ -245,23 +264,16 @@ def compactor(cache: ClusterCache, r: Reconciler) -> tuple[Compactor, MemoryWork
         CLUSTER,
     )
     store = MemoryWorkflowStore()
-    engine = Engine(
-        store, Context(gate, lambda ns, n: cache.pods.get(f"{ns}/{n}")), builtin_registry()
-    )
-    return Compactor(cache, r, engine, r.metrics, CLUSTER, "observe", max_moves=3), store
+    rescue = rescue or RescueOptions()
+    ctx = CompactionContext(gate, lambda ns, n: cache.pods.get(f"{ns}/{n}"), clock, rescue)
+    engine = Engine(store, ctx, builtin_registry())
+    return Compactor(
+        cache, r, engine, r.metrics, CLUSTER, "observe", max_moves=3, rescue_options=rescue
+    ), store
 
 
 def test_compaction_plans_around_hostile_pods() -> None:
-    four = PodRecord(
-        "serving",
-        "big",
-        "uid-big",
-        cpu_milli=4000,
-        gpus=4,
-        unschedulable=True,
-        owner_kind="ReplicaSet",
-        owner_name="big",
-    )
+    four = PENDING_FOUR
     good_cache = cluster([four])
     good = reconciled(good_cache)
     want = Compactor.plan(compactor(good_cache, good)[0])
@@ -335,16 +347,7 @@ async def test_a_failing_plan_never_stops_the_workflows() -> None:
 
 @pytest.mark.anyio
 async def test_an_abandoned_move_is_not_planned_again_and_another_is() -> None:
-    four = PodRecord(
-        "serving",
-        "big",
-        "uid-big",
-        cpu_milli=4000,
-        gpus=4,
-        unschedulable=True,
-        owner_kind="ReplicaSet",
-        owner_name="big",
-    )
+    four = PENDING_FOUR
     c = cluster([four])
     r = reconciled(c)
     cp, store = compactor(c, r)
@@ -373,16 +376,7 @@ async def test_an_abandoned_move_is_not_planned_again_and_another_is() -> None:
 async def test_a_pod_a_rescue_could_not_evict_is_left_where_it_is() -> None:
     """A rescue that could not evict one of its pods (denied by admission) records which: the
     next plans make room without that pod."""
-    four = PodRecord(
-        "serving",
-        "big",
-        "uid-big",
-        cpu_milli=4000,
-        gpus=4,
-        unschedulable=True,
-        owner_kind="ReplicaSet",
-        owner_name="big",
-    )
+    four = PENDING_FOUR
     c = cluster([four])
     cp, store = compactor(c, reconciled(c))
     first = cp.plan().moves[0]
@@ -424,16 +418,7 @@ def test_the_workload_section_is_checked_and_wired() -> None:
 def test_no_move_toward_a_node_the_scheduler_would_not_use() -> None:
     """A move whose target is cordoned, or tainted against the pod, would only recreate the pod
     where it was, to be planned and evicted again (an eviction loop): it is not made."""
-    four = PodRecord(
-        "serving",
-        "big",
-        "uid-big",
-        cpu_milli=4000,
-        gpus=4,
-        unschedulable=True,
-        owner_kind="ReplicaSet",
-        owner_name="big",
-    )
+    four = PENDING_FOUR
     c = cluster([four])
     r = reconciled(c)
     cp, _ = compactor(c, r)

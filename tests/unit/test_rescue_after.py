@@ -8,49 +8,18 @@ from msgspec.structs import replace
 
 from pyctl.app.config import ConfigError, load_config
 from pyctl.cluster.records import PodRecord
-from pyctl.cluster.source import NullActuator
-from pyctl.state.ratelimit import MemoryRateLimiter, SafetyLimits
-from pyctl.state.workflows import MemoryWorkflowStore
-from pyctl.workflows.compactor import Compactor, plan_round
-from pyctl.workflows.engine import Engine
-from pyctl.workflows.gate import Gate
-from pyctl.workflows.kinds import builtin_registry
-from pyctl.workflows.rescue import CompactionContext, RescueOptions
-from tests.unit.test_isolation import CLUSTER, cluster, reconciled
+from pyctl.workflows.compactor import plan_round
+from pyctl.workflows.rescue import RescueOptions
+from tests.unit import test_isolation as isolation
+from tests.unit.test_isolation import PENDING_FOUR, cluster, reconciled
 
-BIG = PodRecord(
-    "serving",
-    "big",
-    "uid-big",
-    cpu_milli=4000,
-    gpus=4,
-    unschedulable=True,
-    owner_kind="ReplicaSet",
-    owner_name="big",
-    created=1000.0,
-)
+BIG = replace(PENDING_FOUR, created=1000.0)
 
 
 def pending(pod: PodRecord, after: float, now: float) -> list[str]:
     cache = cluster([pod])
     r = reconciled(cache)
-    gate = Gate(
-        "observe",
-        lambda: True,
-        MemoryRateLimiter(),
-        SafetyLimits(),
-        NullActuator(),
-        r.metrics,
-        CLUSTER,
-    )
-    options = RescueOptions(after=after)
-    ctx = CompactionContext(
-        gate, lambda ns, n: cache.pods.get(f"{ns}/{n}"), clock=lambda: now, rescue=options
-    )
-    engine = Engine(MemoryWorkflowStore(), ctx, builtin_registry())
-    compactor = Compactor(
-        cache, r, engine, r.metrics, CLUSTER, "observe", max_moves=3, rescue_options=options
-    )
+    compactor, _ = isolation.compactor(cache, r, RescueOptions(after=after), lambda: now)
     # what the round makes room for, and what it plans: a rescue only for a pod it considers
     considered = [p.key for p in compactor.pending()]
     assert [r.pending for r in compactor.plan().rescues] == considered

@@ -6,7 +6,7 @@ Run through the engine and the gate as the controller runs them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 
@@ -26,40 +26,13 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@dataclass
-class Cluster(FakeCluster):
-    """FakeCluster that keeps each Event's reason and type, and the taints."""
-
-    told: list[tuple[str, str, bool]] = field(default_factory=list)
-    tainted: set[str] = field(default_factory=set)
-
-    async def event(
-        self,
-        kind: str,
-        namespace: str,
-        name: str,
-        reason: str,
-        message: str,
-        *,
-        uid: str = "",
-        warning: bool = False,
-    ) -> None:
-        self.told.append((reason, message, warning))
-
-    async def taint(
-        self, node: str, key: str, effect: str = "NoSchedule", *, value: str = "", on: bool = True
-    ) -> bool:
-        (self.tainted.add if on else self.tainted.discard)(node)
-        return True
-
-
 PENDING = PodRecord("ns", "big", uid="ub", gpus=4, owner_kind="ReplicaSet", owner_name="big")
 VICTIM = PodRecord("ns", "p0", uid="u0", node="n1", gpus=1, owner_kind="ReplicaSet", owner_name="x")
 
 
 @dataclass
 class Run:
-    cluster: Cluster
+    cluster: FakeCluster
     engine: Engine
     metrics: Metrics
     now: list[float]
@@ -89,7 +62,7 @@ WID = rescue.workflow_for(PENDING, "n1", [(VICTIM, "n9")], 0.0).id
 
 
 async def started() -> Run:
-    cluster = Cluster({PENDING.key: PENDING, VICTIM.key: VICTIM})
+    cluster = FakeCluster({PENDING.key: PENDING, VICTIM.key: VICTIM})
     metrics = Metrics()
     now = [0.0]
     gate = Gate("enforce", lambda: True, MemoryRateLimiter(), LOOSE, cluster, metrics, "c")

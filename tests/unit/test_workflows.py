@@ -38,6 +38,10 @@ class FakeCluster:
     refuse: bool = False
     retry_after: float | None = None
     events: list[tuple[str, str]] = field(default_factory=list)
+    #: each Event's (reason, message, warning)
+    told: list[tuple[str, str, bool]] = field(default_factory=list)
+    #: the nodes carrying a taint pyctl put there
+    tainted: set[str] = field(default_factory=set)
     device_rules: dict[str, dict[str, object]] = field(default_factory=dict)
     #: "namespace/pod" -> the error status its evictions are answered with
     fail: dict[str, int] = field(default_factory=dict)
@@ -81,11 +85,14 @@ class FakeCluster:
         warning: bool = False,
     ) -> None:
         self.events.append((f"{namespace}/{name}", uid))
+        self.told.append((reason, message, warning))
 
     async def taint(
         self, node: str, key: str, effect: str = "NoSchedule", *, value: str = "", on: bool = True
     ) -> bool:
-        return False
+        changed = (node in self.tainted) != on
+        (self.tainted.add if on else self.tainted.discard)(node)
+        return changed
 
     async def read_configmap(self, namespace: str, name: str) -> dict[str, str] | None:
         return None
