@@ -71,7 +71,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter, defaultdict
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -538,17 +538,23 @@ def resource_checks(series: list[dict[str, Any]], duration: float) -> Flat:
             )
             continue
         for key in ("rss_mib", "fds", "threads"):
-            a = sorted(row[key] for row in early)[len(early) // 2]
-            b = sorted(row[key] for row in late)[len(late) // 2]
+            a, b = _middle(row[key] for row in early), _middle(row[key] for row in late)
             out.levels[f"{name} {key}"] = [round(a, 1), round(b, 1)]
             slack = 2 if key in ("fds", "threads") else 0
             if b > 1.1 * a + slack:
                 out.violations.append(
                     f"{name} {key}: {a:.1f} at {start + warm:.0f} s, {b:.1f} at {end:.0f} s"
                 )
-        out.rss_early.append(sorted(row["rss_mib"] for row in early)[len(early) // 2])
-        out.rss_late.append(sorted(row["rss_mib"] for row in late)[len(late) // 2])
+            if key == "rss_mib":
+                out.rss_early.append(a)
+                out.rss_late.append(b)
     return out
+
+
+def _middle(values: Iterable[float]) -> float:
+    """The middle value (the upper of the two middle ones of an even count)."""
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
 
 
 def rescue_outcomes(workflows: list[WorkflowSeen]) -> dict[str, int]:
