@@ -501,6 +501,10 @@ class WorkflowSeen:
     result: str = ""
 
 
+#: the least time after a replica's start before its resources are its level (short runs)
+WARM_UP_MIN = 60.0
+
+
 @dataclass
 class Flat:
     """`resource_checks`' answer."""
@@ -517,9 +521,10 @@ def resource_checks(series: list[dict[str, Any]], duration: float) -> Flat:
     """RSS, file descriptors and threads flat over each life of each replica (a life: one
     process, from a start to its kill or the run's end): the median of its last three samples
     within 10% (+2 descriptors or threads: a connection, a worker) of the median of its first
-    three a tenth of the run after it started. A life shorter than a fifth of the run is not
-    judged (reported unchecked)."""
-    warm = duration / 10
+    three a tenth of the run (at least a minute: a process connecting, taking or losing the
+    Lease) after it started. A life shorter than twice that is not judged (reported
+    unchecked)."""
+    warm = max(duration / 10, WARM_UP_MIN)
     lives: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
     for row in series:
         if "rss_mib" in row and row["t"] <= duration:
@@ -534,7 +539,7 @@ def resource_checks(series: list[dict[str, Any]], duration: float) -> Flat:
         late = rows[-3:]
         if end - start < 2 * warm or not early:
             out.unchecked.append(
-                f"resources of {name}: lived {end - start:.0f} s, less than a fifth of the run"
+                f"resources of {name}: lived {end - start:.0f} s, less than {2 * warm:.0f} s"
             )
             continue
         for key in ("rss_mib", "fds", "threads"):
