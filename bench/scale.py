@@ -1046,19 +1046,13 @@ class Bench:
     # -- one size ----------------------------------------------------------------------------------
 
     async def measure(self, api: Api, n: int) -> SizeResult:
-        plane = self.plane
-        assert plane is not None
         pods = sum(len(p.pods) for p in self.plans) + self.pending
         res = SizeResult(n, pods, self.pending, sum(1 for p in self.plans if p.spec.mig))
         for k in range(1, self.args.starts):
-            await self._start_only(n, k, res)
-        rs = RedisServer(self.redis_bins, self.work, name=f"redis-{n}")
-        rs.start()
+            await self._start_only(f"{n}-{k}", res)
+        rs, ctl = self._launch(f"{n}")
         r = redis.Redis(host="127.0.0.1", port=rs.port)
         base_mem = int(r.info("memory")["used_memory"])
-        ctl = Pyctl(
-            plane.kubeconfig, rs.url, self.work / f"pyctl-{n}.log", self.args.workflow_interval
-        )
         spy = None
         try:
             ctl.start()
@@ -1107,16 +1101,22 @@ class Bench:
             rs.stop()
         return res
 
-    async def _start_only(self, n: int, k: int, res: SizeResult) -> None:
-        """A start-up measured alone (`--starts`): pyctl with a Redis of its own until every
-        node is scored, then stopped."""
+    def _launch(self, tag: str) -> tuple[RedisServer, Pyctl]:
+        """A redis-server of its own, started, and pyctl for it (not started yet); their files
+        named by `tag`."""
         plane = self.plane
         assert plane is not None
-        rs = RedisServer(self.redis_bins, self.work, name=f"redis-{n}-{k}")
+        rs = RedisServer(self.redis_bins, self.work, name=f"redis-{tag}")
         rs.start()
         ctl = Pyctl(
-            plane.kubeconfig, rs.url, self.work / f"pyctl-{n}-{k}.log", self.args.workflow_interval
+            plane.kubeconfig, rs.url, self.work / f"pyctl-{tag}.log", self.args.workflow_interval
         )
+        return rs, ctl
+
+    async def _start_only(self, tag: str, res: SizeResult) -> None:
+        """A start-up measured alone (`--starts`): pyctl with a Redis of its own until every
+        node is scored, then stopped."""
+        rs, ctl = self._launch(tag)
         try:
             ctl.start()
             await self._startup(ctl, res)

@@ -516,6 +516,14 @@ class Flat:
     rss_early: list[float] = field(default_factory=list)
     rss_late: list[float] = field(default_factory=list)
 
+    def into(self, report: Report) -> None:
+        """The levels, what was not checked and the RSS at a tenth and at the end, into
+        `report` (its violations are the caller's: recorded live, or taken from a saved run)."""
+        report.resources.update(self.levels)
+        report.unchecked.extend(self.unchecked)
+        if self.rss_early:
+            report.rss_10_mib, report.rss_end_mib = max(self.rss_early), max(self.rss_late)
+
 
 def resource_checks(series: list[dict[str, Any]], duration: float) -> Flat:
     """RSS, file descriptors and threads flat over each life of each replica (a life: one
@@ -1641,12 +1649,9 @@ class Soak:
         rep = self.report
         # resources flat: each life of a replica long enough to tell (a kill starts another)
         flat = resource_checks(rep.series, self.args.duration)
-        rep.resources.update(flat.levels)
-        rep.unchecked.extend(flat.unchecked)
+        flat.into(rep)
         for v in flat.violations:
             self.violate("resources", v)
-        if flat.rss_early:
-            rep.rss_10_mib, rep.rss_end_mib = max(flat.rss_early), max(flat.rss_late)
         red = [s["redis_mib"] for s in rep.series if not math.isnan(s.get("redis_mib", math.nan))]
         reds = [s for s in rep.series if not math.isnan(s.get("redis_mib", math.nan))]
         if red and not self.redis_emptied_at and not self.redis_failed_over_at:
@@ -1778,14 +1783,11 @@ def rejudge(path: Path) -> int:
     ]
     flat = resource_checks(report.series, report.duration)
     report.resources = {k: v for k, v in report.resources.items() if k == "redis_mib"}
-    report.resources.update(flat.levels)
-    report.unchecked.extend(flat.unchecked)
+    flat.into(report)
     report.violations.extend(f"resources: {v}" for v in flat.violations)
     report.checks["resources"] = len(flat.violations) + sum(
         v.startswith("resources: redis") for v in report.violations
     )
-    if flat.rss_early:
-        report.rss_10_mib, report.rss_end_mib = max(flat.rss_early), max(flat.rss_late)
     print(f"rejudged {path}: resources {report.resources}; not checked: {report.unchecked}")
     print(report.line())
     return 1 if report.violations else 0
