@@ -405,6 +405,11 @@ class Controller:
             await self.ignored.send_events(self.event_sender, time.monotonic())
 
     async def _summary_loop(self) -> None:
+        # the first summary once every node of the initial lists is scored: one before would
+        # total part of the cluster (the metrics, the pending pods' reasons) and take the
+        # event loop from the scoring it waits for
+        if self._scored is not None:
+            await self._scored.wait()
         while True:
             await anyio.sleep(self.summary_interval)
             try:

@@ -324,15 +324,19 @@ class _SlowLists:
 async def test_no_node_is_scored_and_no_loop_plans_before_every_kind_is_listed() -> None:
     """As client-go's controllers wait for their informers: the nodes are listed, their pods
     not yet; a node is not modelled without its pods (it would look empty: scored, advised on
-    and planned on as free) and the workflow loops do not plan, however long the Pod list
-    takes; once it lands every node is scored with its pods and the loops run."""
+    and planned on as free), the workflow loops do not plan and no summary reports (its
+    metrics would total part of the cluster), however long the Pod list takes; once it lands
+    every node is scored with its pods and the loops run."""
     from pyctl.app.config import Config
     from pyctl.app.wiring import attach_workflows
 
     nodes: list[Record] = [NodeRecord(f"n{i}", gpus=8) for i in range(3)]
     pods: list[Record] = [PodRecord("ns", f"p{i}", node=f"n{i}", gpus=4) for i in range(3)]
     source = _SlowLists({"Node": nodes, "Pod": pods})
-    ctl = Controller("t", source, MemoryStore("t"))
+    summaries: list[Any] = []
+    ctl = Controller(
+        "t", source, MemoryStore("t"), summary_interval=0.02, on_summary=summaries.append
+    )
     flows = attach_workflows(ctl, Config(), interval=0.02)
     ticks = {"compaction": 0, "mig": 0}
 
@@ -352,6 +356,7 @@ async def test_no_node_is_scored_and_no_loop_plans_before_every_kind_is_listed()
         assert ctl.stats.reconciles == 0
         assert not ctl.reconciler.scores
         assert ticks == {"compaction": 0, "mig": 0}
+        assert summaries == []
         assert ctl.ready()[0] is False
         with anyio.fail_after(5):  # nothing can be drained yet: it returns
             await ctl.drain()
@@ -364,8 +369,9 @@ async def test_no_node_is_scored_and_no_loop_plans_before_every_kind_is_listed()
 
         assert (listed("Node"), listed("Pod")) == (1.0, 0.0)  # what PyctlKindNotListed reads
         source.rest.set()
-        await _until(lambda: ctl.scored_at is not None and all(ticks.values()))
+        await _until(lambda: ctl.scored_at is not None and all(ticks.values()) and summaries)
         tg.cancel_scope.cancel()
+    assert summaries[0].nodes == 3  # the first summary is of the whole cluster
     assert {listed(k) for k in KINDS} == {1.0}
     # each node scored once, with its pod: 4 of its 8 GPUs in use
     assert ctl.stats.reconciles == 3
