@@ -551,6 +551,28 @@ class _Model:
         return list(self.h.getSolution().col_value)
 
 
+def bound_keeping(p: Problem, keep: Sequence[int]) -> int:
+    """The most GPU milli any placement allocates that places every arrived task at the
+    positions `keep` (positions in the arrived list: the tasks a policy's replay placed), as the
+    LP bound of `solve` with each task type's placed count at least its kept tasks (kept tasks
+    the problem left out, CPU-only ones, place no GPU). With a replay's placed tasks kept, the
+    bound says how much of that replay's distance to `solve`'s bound is packing (what re-placing
+    the same tasks could win, the replay's moves included) and how much is which tasks were
+    placed at all (the rest: the bound also chooses which arrived tasks to leave out). Raises
+    `BoundError` if no relaxed placement holds the kept tasks."""
+    hs = _highspy()
+    type_of = _type_of(p)
+    need = Counter(type_of[s] for s in keep if s in type_of)
+    model = _Model(hs, p)
+    for t, n in need.items():
+        model.h.changeRowBounds(model.task_row[t], float(n), float(p.task_types[t].count))
+    if model.ncol == 0:
+        return 0
+    gran = reduce(math.gcd, (t.value for t in p.task_types), 0) or 1
+    trivial = min(p.capacity_milli, sum(t.value * t.count for t in p.task_types))
+    return min(_round_down(model.solve_lp(), gran), trivial)
+
+
 #: a model this small gets a last MILP over every share pattern when the restricted ones fall
 #: short of the bound (what keeps tiny instances exact)
 EXACT_COLUMNS = 5000

@@ -148,3 +148,16 @@ def test_the_soak_plot_draws_a_report(tmp_path: Path) -> None:
     out = tmp_path / "soak.png"
     assert _run("bench/soak_plot.py", str(src), str(out)) == [f"soak_plot: {out}"]
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_bound_bench_runs_on_the_tiny_trace() -> None:
+    lines = _run("bench/fgd_bound.py", "tests/data/replay_tiny", "--seeds", "2")
+    m = re.fullmatch(
+        r"fgd_bound: default trace, bound (\d+\.\d\d)% \(LP\), optimum (\d+\.\d\d)% \(gap "
+        r"\d+\.\d\d%\), pyctl (\d+\.\d\d)%, FGD \d+\.\d\d%; with pyctl's placed tasks kept, "
+        r"bound (\d+\.\d\d)%",
+        lines[-1],
+    )
+    assert m is not None, lines[-1]
+    b, o, p, k = (float(x) for x in m.groups())
+    assert b <= o and b <= k <= p

@@ -49,8 +49,11 @@ def columns(nodes: Sequence[Node], tasks: Sequence[Task]) -> tuple[ReplayNodes, 
     return nc, tc
 
 
-def brute_force(nodes: Sequence[Node], tasks: Sequence[Task], numa: bool) -> int:
-    """The most GPU milli any placement of a subset of the tasks allocates."""
+def brute_force(
+    nodes: Sequence[Node], tasks: Sequence[Task], numa: bool, keep: frozenset[int] = frozenset()
+) -> int:
+    """The most GPU milli any placement of a subset of the tasks that holds every task in `keep`
+    allocates (-1: no placement holds them)."""
     cpu = [n[0] for n in nodes]
     mem = [n[1] for n in nodes]
     load = [[0] * n[2] for n in nodes]  # milli used per GPU
@@ -74,14 +77,15 @@ def brute_force(nodes: Sequence[Node], tasks: Sequence[Task], numa: bool) -> int
         return out
 
     opts = [options(t) for t in tasks]
-    best = 0
+    best = -1
 
     def rec(j: int, total: int) -> None:
         nonlocal best
-        best = max(best, total)
         if j == len(tasks):
+            best = max(best, total)
             return
-        rec(j + 1, total)  # task j not placed
+        if j not in keep:
+            rec(j + 1, total)  # task j not placed
         c, m, num, milli, _ = tasks[j]
         for i, gs in opts[j]:
             if cpu[i] < c or mem[i] < m:
@@ -229,6 +233,42 @@ def test_exact_when_cpu_and_memory_do_not_bind(
     assert b.max_alloc_milli >= best == b.best_alloc_milli
 
 
+def test_keeping_a_large_share_costs_its_sliver() -> None:
+    # one GPU: the two 0.47 shares allocate 940; a replay that placed the 0.81 first has kept
+    # it, and nothing re-packing the same tasks does better than 810
+    nc, tc = columns([(8000, 8192, 1, "G")], [(1000, 0, 1, 810, ()), *[(1000, 0, 1, 470, ())] * 2])
+    p = bound.make_problem(nc, tc)
+    assert bound.bound_keeping(p, []) == bound.solve(p).max_alloc_milli == 940
+    assert bound.bound_keeping(p, [0]) == 810
+    assert bound.bound_keeping(p, [1]) == 940
+    two = bound.make_problem(nc, tc, [0, 0])  # two 0.81 shares on one GPU: none holds both
+    with pytest.raises(bound.BoundError):
+        bound.bound_keeping(two, [0, 1])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    nodes=st.lists(NODE, min_size=1, max_size=2),
+    tasks=st.lists(TASK, min_size=1, max_size=6),
+    numa=st.booleans(),
+    kept=st.sets(st.integers(0, 5)),
+)
+def test_bound_keeping_is_never_below_the_brute_force_optimum_that_keeps(
+    nodes: list[Node], tasks: list[Task], numa: bool, kept: set[int]
+) -> None:
+    keep = frozenset(k for k in kept if k < len(tasks))
+    best = brute_force(nodes, tasks, numa, keep)
+    nc, tc = columns(nodes, tasks)
+    p = bound.make_problem(nc, tc, numa=numa)
+    plain = bound.solve(p).max_alloc_milli
+    if best < 0:  # no placement holds them: the relaxation may or may not find one
+        return
+    got = bound.bound_keeping(p, sorted(keep))
+    assert plain >= got >= best
+    if not keep:
+        assert got == plain
+
+
 def test_replays_never_beat_the_bound_on_the_tiny_trace() -> None:
     tr = load_trace(TINY)
     for numa in (False, True):
@@ -242,6 +282,10 @@ def test_replays_never_beat_the_bound_on_the_tiny_trace() -> None:
                 got = bound.check_placement(tr.nodes, tr.tasks, arrived, b.placement, numa=numa)
                 assert got == b.best_alloc_milli
                 assert r.unallocated_pct(pct) >= b.bound_pct - 1e-9, (policy, numa, pct)
+                # with the tasks it placed kept, between the two
+                placed = [s for s, n in enumerate(r.raw["node_of"][: len(arrived)]) if n >= 0]
+                kept = 100.0 - 100.0 * bound.bound_keeping(p, placed) / p.capacity_milli
+                assert r.unallocated_pct(pct) >= kept - 1e-9 >= b.bound_pct - 2e-9
 
 
 def test_check_placement_names_violations() -> None:
