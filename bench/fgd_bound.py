@@ -94,8 +94,8 @@ def run_seed(trace: Trace, seed: int, numa: bool, points: tuple[int, ...]) -> Se
         bounds[pct] = b
         # pyctl's placed tasks kept: its packing's share of the distance (the same arrivals)
         node_of = runs["pyctl"].raw["node_of"][: len(arrived)]
-        placed = [slot for slot, node in enumerate(node_of) if node >= 0]
-        kept[pct] = 100.0 - 100.0 * bound.bound_keeping(prob, placed) / prob.capacity_milli
+        held = [slot for slot, node in enumerate(node_of) if node >= 0]
+        kept[pct] = 100.0 - 100.0 * bound.bound_keeping(prob, held) / prob.capacity_milli
         if runs["pyctl"].unallocated_pct(pct) < kept[pct] - 1e-9:
             raise SystemExit(f"fgd_bound: pyctl seed {seed} beats its kept bound at {pct}%: a bug")
     return SeedResult(

@@ -160,4 +160,5 @@ def test_the_bound_bench_runs_on_the_tiny_trace() -> None:
     )
     assert m is not None, lines[-1]
     b, o, p, k = (float(x) for x in m.groups())
-    assert b <= o and b <= k <= p
+    assert b <= o
+    assert b <= k <= p
