@@ -17,8 +17,9 @@ best placement found: the optimum where the gap is 0; K is the bound for placeme
 every task pyctl's replay placed, `bound.bound_keeping`: P - K is what re-packing pyctl's tasks,
 with any number of moves, could win, K - B what choosing other tasks to place wins). With
 --frontier, pyctl is replayed at each eviction budget and the frontier drawn (unallocated GPU at
-100% arrived against the share of pods evicted by then), with FGD, BestFit and the bound as
-horizontal lines; its Markdown table is printed.
+100% arrived against the share of pods evicted by then, and beside each point the bound with the
+tasks that replay placed kept), with FGD, BestFit and the bound as horizontal lines; its Markdown
+table is printed.
 """
 
 from __future__ import annotations
@@ -149,24 +150,39 @@ def report(name: str, results: list[SeedResult], points: tuple[int, ...]) -> dic
 def frontier(
     trace: Trace, seeds: list[int], budgets: tuple[float, ...], lines: dict[str, float], png: Path
 ) -> None:
-    rows: dict[str, list[tuple[float, float, float]]] = {}
+    rows: dict[str, list[tuple[float, float, float, float]]] = {}
+    problems: dict[int, bound.Problem] = {}  # per seed: the arrivals are the policy's alike
     for fp in FRONTIER:
         for b in budgets:
             comp = Compaction(budget=b / 100.0)
-            rs = [replay(trace, fp.policy, s, compaction=comp) for s in seeds]
+            rs = [replay(trace, fp.policy, s, compaction=comp, placements=True) for s in seeds]
+            kept = []
+            for s, r in zip(seeds, rs, strict=True):
+                arrived = r.arrived_task_indices(100)
+                if arrived is None:
+                    continue
+                if s not in problems:
+                    problems[s] = bound.make_problem(trace.nodes, trace.tasks, arrived)
+                held = [slot for slot, n in enumerate(r.raw["node_of"][: len(arrived)]) if n >= 0]
+                got = bound.bound_keeping(problems[s], held)
+                kept.append(100.0 - 100.0 * got / problems[s].capacity_milli)
             ev = median(r.evicted_pct() for r in rs)
             un = median(r.unallocated_pct(100) for r in rs)
-            rows.setdefault(fp.label, []).append((b, ev, un))
-            print(f"frontier {fp.label} budget {b:g}%: {ev:.2f}% evicted, {un:.2f}% unallocated")
+            k = median(kept)
+            rows.setdefault(fp.label, []).append((b, ev, un, k))
+            print(
+                f"frontier {fp.label} budget {b:g}%: {ev:.2f}% evicted, {un:.2f}% unallocated, "
+                f"{k:.2f}% with its placed tasks kept"
+            )
     print()
     print(
         "| eviction budget % | "
-        + " | ".join(f"{k}: evicted % / unallocated %" for k in rows)
+        + " | ".join(f"{k}: evicted % / unallocated % / its tasks kept, bound %" for k in rows)
         + " |"
     )
     print("|---:|" + "---:|" * len(rows))
     for i, b in enumerate(budgets):
-        cells = [f"{v[i][1]:.2f} / {v[i][2]:.2f}" for v in rows.values()]
+        cells = [f"{v[i][1]:.2f} / {v[i][2]:.2f} / {v[i][3]:.2f}" for v in rows.values()]
         print(f"| {b:g} | " + " | ".join(cells) + " |")
     print(
         f"| horizontal lines | FGD {lines['fgd']:.2f}, BestFit {lines['bestfit']:.2f}, "
@@ -179,7 +195,15 @@ def frontier(
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for label, pts in rows.items():
-        ax.plot([p[1] for p in pts], [p[2] for p in pts], marker="o", label=label)
+        (line,) = ax.plot([p[1] for p in pts], [p[2] for p in pts], marker="o", label=label)
+        ax.plot(
+            [p[1] for p in pts],
+            [p[3] for p in pts],
+            marker=".",
+            linestyle=":",
+            color=line.get_color(),
+            label=f"{label}: bound with its placed tasks kept",
+        )
     styles = [
         ("bestfit", "BestFit", "tab:gray", ":"),
         ("fgd", "FGD", "tab:red", "--"),
