@@ -560,17 +560,26 @@ def bound_keeping(p: Problem, keep: Sequence[int]) -> int:
     the same tasks could win, the replay's moves included) and how much is which tasks were
     placed at all (the rest: the bound also chooses which arrived tasks to leave out). Raises
     `BoundError` if no relaxed placement holds the kept tasks."""
-    hs = _highspy()
+    model = _Model(_highspy(), p)
+    if model.ncol == 0:  # no task type fits any node: nothing to keep either
+        return 0
     type_of = _type_of(p)
     need = Counter(type_of[s] for s in keep if s in type_of)
-    model = _Model(hs, p)
     for t, n in need.items():
         model.h.changeRowBounds(model.task_row[t], float(n), float(p.task_types[t].count))
-    if model.ncol == 0:
-        return 0
-    gran = reduce(math.gcd, (t.value for t in p.task_types), 0) or 1
+    return _max_alloc(p, model)
+
+
+def _granularity(p: Problem) -> int:
+    """The gcd of the task types' GPU milli: every allocation is a multiple of it."""
+    return reduce(math.gcd, (t.value for t in p.task_types), 0) or 1
+
+
+def _max_alloc(p: Problem, model: _Model) -> int:
+    """The LP relaxation's optimum rounded down to the granularity, at most what the capacity
+    and the tasks allow."""
     trivial = min(p.capacity_milli, sum(t.value * t.count for t in p.task_types))
-    return min(_round_down(model.solve_lp(), gran), trivial)
+    return min(_round_down(model.solve_lp(), _granularity(p)), trivial)
 
 
 #: a model this small gets a last MILP over every share pattern when the restricted ones fall
@@ -588,14 +597,12 @@ def solve(
     memory scaled by 1 - s for s in `slack` (each MILP within `mip_time_limit` seconds; stops
     once a placement reaches the bound)."""
     hs = _highspy()
-    gran = reduce(math.gcd, (t.value for t in p.task_types), 0) or 1
-    trivial = min(p.capacity_milli, sum(t.value * t.count for t in p.task_types))
+    gran = _granularity(p)
     t0 = time.perf_counter()
     model = _Model(hs, p)
     if model.ncol == 0:
         return Bound(p.capacity_milli, p.arrived_milli, 0, (), 0, gran, 0.0, 0.0, 0, model.nrow)
-    lp = model.solve_lp()
-    max_alloc = min(_round_down(lp, gran), trivial)
+    max_alloc = _max_alloc(p, model)
     t1 = time.perf_counter()
     model.restrict_patterns()
     type_of = _type_of(p)
