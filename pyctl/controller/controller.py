@@ -405,13 +405,14 @@ class Controller:
             await self.ignored.send_events(self.event_sender, time.monotonic())
 
     async def _summary_loop(self) -> None:
-        # the first summary once every node of the initial lists is scored: one before would
-        # total part of the cluster (the metrics, the pending pods' reasons) and take the
-        # event loop from the scoring it waits for
-        if self._scored is not None:
-            await self._scored.wait()
         while True:
             await anyio.sleep(self.summary_interval)
+            if self._scored is not None and not self._scored.is_set():
+                # no summary until every node of the initial lists is scored: one before would
+                # total part of the cluster (the metrics, the pending pods' reasons) and take
+                # the event loop from the scoring it waits for; who holds the Lease is known
+                self.metrics.leader.labels(self.cluster).set(1 if self.is_leader() else 0)
+                continue
             try:
                 s = self.summarize()
                 await self._send_events()

@@ -357,6 +357,9 @@ async def test_no_node_is_scored_and_no_loop_plans_before_every_kind_is_listed()
         assert not ctl.reconciler.scores
         assert ticks == {"compaction": 0, "mig": 0}
         assert summaries == []
+        # who holds the Lease is exported meanwhile (PyctlNoLeader reads it)
+        leader = ctl.metrics.registry.get_sample_value("pyctl_leader", {"cluster": "t"})
+        assert leader == 1.0
         assert ctl.ready()[0] is False
         with anyio.fail_after(5):  # nothing can be drained yet: it returns
             await ctl.drain()
