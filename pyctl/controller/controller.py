@@ -345,6 +345,9 @@ class Controller:
                 "nodes": len(r.scores),
                 "bad_nodes": len(r.bad_nodes),
                 "pods": len(self.cache.pods),
+                # reconciles beyond the nodes are rework: events during the start-up, M changed
+                "reconciles": self.stats.reconciles,
+                "events": self.stats.events,
                 "seconds": round(self.scored_at - self._started, 3),
             },
         )
