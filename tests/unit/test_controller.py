@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import urllib.request
 from typing import Any
 
@@ -321,7 +322,9 @@ class _SlowLists:
 
 
 @pytest.mark.anyio
-async def test_no_node_is_scored_and_no_loop_plans_before_every_kind_is_listed() -> None:
+async def test_no_node_is_scored_and_no_loop_plans_before_every_kind_is_listed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """As client-go's controllers wait for their informers: the nodes are listed, their pods
     not yet; a node is not modelled without its pods (it would look empty: scored, advised on
     and planned on as free), the workflow loops do not plan and no summary reports (its
@@ -330,6 +333,7 @@ async def test_no_node_is_scored_and_no_loop_plans_before_every_kind_is_listed()
     from pyctl.app.config import Config
     from pyctl.app.wiring import attach_workflows
 
+    caplog.set_level(logging.INFO, logger="pyctl.controller")
     nodes: list[Record] = [NodeRecord(f"n{i}", gpus=8) for i in range(3)]
     pods: list[Record] = [PodRecord("ns", f"p{i}", node=f"n{i}", gpus=4) for i in range(3)]
     source = _SlowLists({"Node": nodes, "Pod": pods})
@@ -375,6 +379,9 @@ async def test_no_node_is_scored_and_no_loop_plans_before_every_kind_is_listed()
         await _until(lambda: ctl.scored_at is not None and all(ticks.values()) and summaries)
         tg.cancel_scope.cancel()
     assert summaries[0].nodes == 3  # the first summary is of the whole cluster
+    # the start-up's log line counts what it took: each node reconciled once, no event
+    (line,) = [r for r in caplog.records if r.getMessage() == "every node scored"]
+    assert (line.__dict__["reconciles"], line.__dict__["events"]) == (3, 0)
     assert {listed(k) for k in KINDS} == {1.0}
     # each node scored once, with its pod: 4 of its 8 GPUs in use
     assert ctl.stats.reconciles == 3
