@@ -94,9 +94,8 @@ def run_seed(trace: Trace, seed: int, numa: bool, points: tuple[int, ...]) -> Se
                 raise SystemExit(f"fgd_bound: {p} seed {seed} beats the bound at {pct}%: a bug")
         bounds[pct] = b
         # pyctl's placed tasks kept: its packing's share of the distance (the same arrivals)
-        node_of = runs["pyctl"].raw["node_of"][: len(arrived)]
-        held = [slot for slot, node in enumerate(node_of) if node >= 0]
-        kept[pct] = 100.0 - 100.0 * bound.bound_keeping(prob, held) / prob.capacity_milli
+        held = runs["pyctl"].placed_positions(pct) or []
+        kept[pct] = prob.unallocated_pct(bound.bound_keeping(prob, held))
         if runs["pyctl"].unallocated_pct(pct) < kept[pct] - 1e-9:
             raise SystemExit(f"fgd_bound: pyctl seed {seed} beats its kept bound at {pct}%: a bug")
     return SeedResult(
@@ -163,9 +162,8 @@ def frontier(
                     continue
                 if s not in problems:
                     problems[s] = bound.make_problem(trace.nodes, trace.tasks, arrived)
-                held = [slot for slot, n in enumerate(r.raw["node_of"][: len(arrived)]) if n >= 0]
-                got = bound.bound_keeping(problems[s], held)
-                kept.append(100.0 - 100.0 * got / problems[s].capacity_milli)
+                held = r.placed_positions(100) or []
+                kept.append(problems[s].unallocated_pct(bound.bound_keeping(problems[s], held)))
             ev = median(r.evicted_pct() for r in rs)
             un = median(r.unallocated_pct(100) for r in rs)
             k = median(kept)

@@ -370,8 +370,11 @@ class Controller:
                     self.queue.add(n)
         s = self.reconciler.summary(now)
         self.last_summary = s
-        self.metrics.leader.labels(self.cluster).set(1 if self.is_leader() else 0)
+        self._export_leader()
         return s
+
+    def _export_leader(self) -> None:
+        self.metrics.leader.labels(self.cluster).set(1 if self.is_leader() else 0)
 
     async def publish(self, s: Summary) -> bool:
         """Publish the federation summary (with every node's model, M and a heartbeat) when the
@@ -414,7 +417,7 @@ class Controller:
                 # no summary until every node of the initial lists is scored: one before would
                 # total part of the cluster (the metrics, the pending pods' reasons) and take
                 # the event loop from the scoring it waits for; who holds the Lease is known
-                self.metrics.leader.labels(self.cluster).set(1 if self.is_leader() else 0)
+                self._export_leader()
                 continue
             try:
                 s = self.summarize()

@@ -131,9 +131,18 @@ class Problem:
     #: Arrived tasks left out: CPU-only, or fitting on no empty node.
     left_out: int
 
+    def unallocated_pct(self, alloc_milli: float) -> float:
+        """Unallocated GPU, % of capacity, when `alloc_milli` is allocated."""
+        return unallocated_pct(self.capacity_milli, alloc_milli)
+
     def fits_empty(self, k: int, t: int) -> bool:
         """Whether one task of type t fits alone on an empty node of type k."""
         return _fits_empty(self.node_types[k], self.task_types[t])
+
+
+def unallocated_pct(capacity_milli: int, alloc_milli: float) -> float:
+    """Unallocated GPU, % of `capacity_milli` (0 for a cluster without GPUs)."""
+    return 100.0 - 100.0 * alloc_milli / capacity_milli if capacity_milli else 0.0
 
 
 def _fits_empty(n: NodeType, t: TaskType) -> bool:
@@ -381,7 +390,7 @@ class Bound:
     rows: int
 
     def _pct(self, alloc: float) -> float:
-        return 100.0 - 100.0 * alloc / self.capacity_milli if self.capacity_milli else 0.0
+        return unallocated_pct(self.capacity_milli, alloc)
 
     @property
     def bound_pct(self) -> float:

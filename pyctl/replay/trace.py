@@ -273,6 +273,15 @@ class RunResult:
         c = self._at(pct)
         return None if c is None else [int(i) for i in order[: int(c["arrived_tasks"])]]
 
+    def placed_positions(self, pct: int = 100) -> list[int] | None:
+        """Positions in `arrived_task_indices(pct)` of the tasks this run placed (failed tasks
+        are never placed later; moved ones stay placed); None if the run never got there. Needs
+        a run made with `placements=True`."""
+        arrived = self.arrived_task_indices(pct)
+        if arrived is None:
+            return None
+        return [s for s, node in enumerate(self.raw["node_of"][: len(arrived)]) if node >= 0]
+
     def curve(self) -> list[tuple[int, float]]:
         cap = self.capacity_milli
         return [

@@ -283,8 +283,9 @@ def test_replays_never_beat_the_bound_on_the_tiny_trace() -> None:
                 assert got == b.best_alloc_milli
                 assert r.unallocated_pct(pct) >= b.bound_pct - 1e-9, (policy, numa, pct)
                 # with the tasks it placed kept, between the two
-                placed = [s for s, n in enumerate(r.raw["node_of"][: len(arrived)]) if n >= 0]
-                kept = 100.0 - 100.0 * bound.bound_keeping(p, placed) / p.capacity_milli
+                placed = r.placed_positions(pct)
+                assert placed is not None
+                kept = p.unallocated_pct(bound.bound_keeping(p, placed))
                 assert r.unallocated_pct(pct) >= kept - 1e-9 >= b.bound_pct - 2e-9
 
 
