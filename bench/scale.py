@@ -46,7 +46,16 @@ is measured:
 6. growth: each cost fitted against size on log-log axes; the exponent (1.0 = linear; n log n
    between 1,000 and 5,000 nodes is 1.13). The last line's exponent is the worst of the costs
    judged: every cost but the planning rounds' wall times (a MIG round's tens of ms are decided
-   by what else holds the GIL or a core meanwhile), whose CPU times are judged instead.
+   by what else holds the GIL or a core meanwhile), whose CPU times are judged instead;
+7. the machine's speed (`--reference R`, 1,000 by default): before each start and after the
+   planning rounds, `bench/startup.py`'s start-up of its fixed R-node cluster in a process of
+   its own (the same work as the start-up measured in 1, on the same input every time), its
+   least seconds to every node scored per size. The costs that are pyctl's own CPU work (the
+   first score after the lists, its CPU time, the planning rounds' CPU times) are judged for
+   growth in units of their size's reference: the same code's first score after the lists at
+   5,000 nodes took 2.16 to 2.65 s in runs an hour apart, and a run's sizes are measured minutes
+   apart, so a slower quarter hour at one size alone moved the exponent by more than its
+   margin. Their exponents in seconds are printed beside.
 
 The machine is shared: on 2 cores the API server alone takes most of one at 5,000 nodes, and a
 controller deployed with a CPU request of its own would not wait for it. So the control plane's
@@ -883,6 +892,11 @@ class SizeResult:
     #: every start-up measured at this size (`--starts`): (after the lists s, pyctl's CPU in
     #: it s, the rest of the machine's CPU s); the fields above hold the least of each
     starts: list[tuple[float, float, float]] = field(default_factory=list)
+    #: the machine's speed at this size (`--reference`): `bench/startup.py`'s fixed cluster,
+    #: its seconds to every node scored, run before each start and after the planning rounds;
+    #: `reference_s` the least of them
+    references: list[float] = field(default_factory=list)
+    reference_s: float = float("nan")
 
     def line(self) -> str:
         return (
@@ -915,7 +929,9 @@ class SizeResult:
             f"{self.compaction_first_s:.2f} s with CPU time {self.compaction_first_cpu_s:.2f} s; "
             f"CPU time median {self.compaction_cpu_s:.2f} s), MIG {self.mig_plan_s:.2f} s (CPU "
             f"time median {self.mig_plan_cpu_s:.3f} s); "
-            f"gc: {self.gc_full} full collections, {self.gc_full_s:.2f} s in all"
+            f"gc: {self.gc_full} full collections, {self.gc_full_s:.2f} s in all; "
+            f"reference {self.reference_s:.3f} s (the least of "
+            f"{', '.join(f'{r:.3f}' for r in self.references)})"
         )
 
 
@@ -1049,7 +1065,9 @@ class Bench:
         pods = sum(len(p.pods) for p in self.plans) + self.pending
         res = SizeResult(n, pods, self.pending, sum(1 for p in self.plans if p.spec.mig))
         for k in range(1, self.args.starts):
+            await self._reference(res)
             await self._start_only(f"{n}-{k}", res)
+        await self._reference(res)
         rs, ctl = self._launch(f"{n}")
         r = redis.Redis(host="127.0.0.1", port=rs.port)
         base_mem = int(r.info("memory")["used_memory"])
@@ -1099,7 +1117,27 @@ class Bench:
                 spy.wait(timeout=60)
             r.close()
             rs.stop()
+        await self._reference(res)
         return res
+
+    async def _reference(self, res: SizeResult) -> None:
+        """The machine's speed now (`--reference R`): `bench/startup.py`'s controller start-up on
+        its fixed cluster of R nodes, in a process of its own, its seconds from the Pod list to
+        every node scored (the same work as the start-up measured here, on the same input each
+        time: what moves it is the machine)."""
+        if not self.args.reference:
+            return
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(Path(__file__).with_name("startup.py")),
+            "--one", str(self.args.reference), "--seed", str(self.args.seed),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await proc.communicate()
+        if proc.returncode:
+            raise RuntimeError(f"the reference run failed ({proc.returncode}): {err[-2000:]!r}")
+        got = json.loads(out.decode().strip().splitlines()[-1])
+        res.references.append(float(got["scored_s"]))
+        res.reference_s = min(res.references)
 
     def _launch(self, tag: str) -> tuple[RedisServer, Pyctl]:
         """A redis-server of its own, started, and pyctl for it (not started yet); their files
@@ -1468,6 +1506,37 @@ COSTS = (
 #: for a MIG round) are decided by what else holds the GIL or a core during the round (the churn,
 #: the bursts); their CPU times, the rounds' own work, are judged instead
 NOT_JUDGED = frozenset({"compaction_s", "mig_plan_s"})
+#: costs that are pyctl's CPU work alone, judged in units of the machine's speed at their size
+#: (`--reference`: each divided by that size's reference time): the same code's start-up moved
+#: by a fifth between runs an hour apart, and the sizes of one run are measured minutes apart
+PER_REFERENCE = (
+    "first_score_after_list_s",
+    "first_score_after_list_cpu_s",
+    "compaction_cpu_s",
+    "mig_plan_cpu_s",
+)
+
+
+def growth(results: Sequence[SizeResult]) -> tuple[dict[str, float], dict[str, float]]:
+    """Each cost's exponent against size, and those of `PER_REFERENCE` in units of each size's
+    reference time (empty without references at every size)."""
+    xs = [r.nodes for r in results]
+    raw = {attr: exponent(xs, [getattr(r, attr) for r in results]) for attr, _, _ in COSTS}
+    if not all(r.reference_s > 0 for r in results):
+        return raw, {}
+    per_ref = {
+        attr: exponent(xs, [getattr(r, attr) / r.reference_s for r in results])
+        for attr in PER_REFERENCE
+    }
+    return raw, per_ref
+
+
+def judged(raw: dict[str, float], per_ref: dict[str, float]) -> float:
+    """The worst exponent judged: every cost but `NOT_JUDGED`, those of `PER_REFERENCE` in
+    reference units when measured."""
+    grow = [per_ref.get(attr, e) for attr, e in raw.items() if attr not in NOT_JUDGED]
+    grow = [e for e in grow if e == e]
+    return max(grow) if grow else float("nan")
 
 
 def exponent(xs: Sequence[float], ys: Sequence[float]) -> float:
@@ -1560,6 +1629,14 @@ def main(argv: list[str]) -> int:
         "the last start goes on to the other measurements)",
     )
     ap.add_argument(
+        "--reference",
+        type=int,
+        default=1000,
+        help="nodes of the reference run (bench/startup.py's start-up, run before each start "
+        "and at the end of each size: the machine's speed then); 0: none, every cost judged in "
+        "seconds",
+    )
+    ap.add_argument(
         "--settle", type=float, default=5.0, help="seconds after start-up before measuring"
     )
     ap.add_argument(
@@ -1599,7 +1676,7 @@ def main(argv: list[str]) -> int:
         if not args.keep and args.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
     xs = [r.nodes for r in results]
-    exps = {attr: exponent(xs, [getattr(r, attr) for r in results]) for attr, _, _ in COSTS}
+    exps, per_ref = growth(results)
     if len(results) > 1:
         rss = slope(xs, [r.rss_steady_mib for r in results])
         pods_per_node = slope(xs, [r.pods for r in results])
@@ -1612,13 +1689,21 @@ def main(argv: list[str]) -> int:
             f"Redis {rd * 1024:.1f} KiB/node",
             flush=True,
         )
+        if per_ref:
+            print(
+                "growth in reference units (each size's cost / its reference "
+                + ", ".join(f"{r.reference_s:.3f}" for r in results)
+                + " s): "
+                + ", ".join(f"{attr} {e:.2f}" for attr, e in per_ref.items())
+                + " (judged in place of their exponents above)",
+                flush=True,
+            )
     if args.json:
         args.json.write_text(json.dumps([r.__dict__ for r in results], indent=2))
     if args.plot and len(results) > 1:
         plot(results, args.plot)
     last = results[-1]
-    grow = [e for attr, e in exps.items() if e == e and attr not in NOT_JUDGED]
-    worst = max(grow) if grow else float("nan")
+    worst = judged(exps, per_ref)
     print(
         f"scale: {last.nodes} nodes, first score {last.first_score_s:.1f} s, rss "
         f"{last.rss_peak_mib:.0f} MiB, p99 event-to-score {last.p99_ms:.0f} ms, scheduler with "

@@ -25,7 +25,7 @@ def test_scale_bench_runs_end_to_end_at_20_nodes(tmp_path: Path) -> None:
     argv = [
         sys.executable, str(REPO / "bench" / "scale.py"), "--sizes", "20",
         "--churn-seconds", "4", "--churn-rate", "20", "--burst", "20", "--settle", "1",
-        "--workflow-interval", "2", "--starts", "2", "--json", str(out),
+        "--workflow-interval", "2", "--starts", "2", "--reference", "20", "--json", str(out),
         "--work-dir", str(tmp_path / "work"),
     ]  # fmt: skip
     proc = subprocess.run(
@@ -58,6 +58,9 @@ def test_scale_bench_runs_end_to_end_at_20_nodes(tmp_path: Path) -> None:
         ("first_score_after_list_s", "first_score_after_list_cpu_s", "others_cpu_after_list_s")
     ):
         assert r[key] == min(s[i] for s in r["starts"]), (key, r)
+    # the machine's speed measured before each start and at the end, the least kept
+    assert len(r["references"]) == 3, r["references"]
+    assert r["reference_s"] == min(r["references"]) > 0, r
     assert r["probes"] > 0
     assert r["probe_timeouts"] == 0
     # the probes saw pyctl's answer flip with every write, and the burst went through the

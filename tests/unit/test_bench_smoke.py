@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -66,7 +67,7 @@ def test_the_fabric_pass_bench_runs() -> None:
     ), lines[-1]
 
 
-def test_the_scale_bench_reads_quantiles_from_histogram_buckets_as_prometheus_does() -> None:
+def _scale_module() -> Any:
     sys.path.insert(0, str(REPO / "bench"))
     try:
         spec = importlib.util.spec_from_file_location("scale", REPO / "bench" / "scale.py")
@@ -78,6 +79,45 @@ def test_the_scale_bench_reads_quantiles_from_histogram_buckets_as_prometheus_do
     finally:
         sys.path.remove(str(REPO / "bench"))
         sys.modules.pop("scale", None)
+    return scale
+
+
+def test_the_scale_bench_judges_cpu_work_in_units_of_the_reference_and_the_rest_in_seconds() -> (
+    None
+):
+    scale = _scale_module()
+    sizes = (1000, 2000, 5000)
+    # the start-up linear in the nodes, measured at 5,000 nodes on a machine a quarter slower
+    slow = (1.0, 1.0, 1.25)
+    results = []
+    for n, f in zip(sizes, slow, strict=True):
+        r = scale.SizeResult(n, 10 * n, 4, n // 5)
+        for attr, _, _ in scale.COSTS:
+            setattr(r, attr, 1.0)
+        r.first_score_after_list_s = r.first_score_after_list_cpu_s = n * 4e-4 * f
+        r.references = [0.4 * f, 0.5 * f]
+        r.reference_s = 0.4 * f
+        results.append(r)
+    raw, per_ref = scale.growth(results)
+    assert raw["first_score_after_list_s"] > scale.NLOGN  # in seconds: over n log n
+    assert abs(per_ref["first_score_after_list_s"] - 1.0) < 1e-9  # per reference: linear
+    assert set(per_ref) == set(scale.PER_REFERENCE)
+    assert abs(scale.judged(raw, per_ref) - 1.0) < 1e-9
+    # a cost judged in seconds decides when it grows more
+    results[-1].rss_peak_mib = 9.0
+    raw, per_ref = scale.growth(results)
+    assert scale.judged(raw, per_ref) == raw["rss_peak_mib"] > scale.NLOGN
+    # without a reference at every size, every cost is judged in seconds
+    results[0].reference_s = float("nan")
+    raw, per_ref = scale.growth(results)
+    assert per_ref == {}
+    assert scale.judged(raw, per_ref) == raw["rss_peak_mib"]
+    results[-1].rss_peak_mib = 1.0
+    assert scale.judged(*scale.growth(results)) == raw["first_score_after_list_s"]
+
+
+def test_the_scale_bench_reads_quantiles_from_histogram_buckets_as_prometheus_does() -> None:
+    scale = _scale_module()
     inf = float("inf")
     before = {0.001: 5.0, 0.002: 5.0, 0.005: 5.0, inf: 5.0}
     # 100 observations since: 50 in (0, 1 ms], 40 in (1, 2], 9 in (2, 5], 1 above 5 ms
