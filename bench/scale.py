@@ -38,7 +38,10 @@ is measured:
    those calls (`pyctl_extender_request_seconds`, `pyctl_extender_work_seconds`); then a last
    burst with the extender, each call through a small measuring proxy in its own process (its
    p50/p99 per call, as the scheduler waits for it; the proxy's own cost is kept out of the
-   ratio);
+   ratio). That scheduler runs at pyctl's priority (`--scheduler-nice`, 0): deployed, each has
+   a CPU request of its own, and a scheduler at the others' niceness lost its core to pyctl's
+   extender work in the bursts with it. Each burst's CPU accounting, first bind to last: the
+   scheduler's CPU per pod, pyctl's CPU, the machine's busy share;
 5. planning: every compaction and MIG planning round over the whole cluster after start-up (at
    the default interval of 30 s, while the churn and the bursts above share the process), from
    pyctl's log line per round: their median (and the longest compaction round), and the median
@@ -813,6 +816,19 @@ def _rates(rates: Sequence[float]) -> str:
     return " and ".join(f"{r:.0f}" for r in rates)
 
 
+def _interpolate(samples: Sequence[tuple[float, float]], t: float) -> float:
+    """The value at `t` of a series sampled as (time, value), linear between the samples around
+    it; NaN outside them."""
+    for (t0, v0), (t1, v1) in itertools.pairwise(samples):
+        if t0 <= t <= t1:
+            return v0 + (v1 - v0) * ((t - t0) / (t1 - t0) if t1 > t0 else 0.0)
+    return float("nan")
+
+
+def _burst_cpu(bursts: Sequence[tuple[float, float, float]]) -> str:
+    return " and ".join(f"{a:.1f} ms, {b:.1f} s, {100 * c:.0f}%" for a, b, c in bursts)
+
+
 def _starts(starts: Sequence[tuple[float, float, float]]) -> str:
     return ", ".join(f"{a:.2f} s (CPU {c:.2f} s, rest {o:.2f} s)" for a, c, o in starts)
 
@@ -856,6 +872,11 @@ class SizeResult:
     bound_with: int = 0
     rates: dict[str, list[float]] = field(default_factory=lambda: {"without": [], "with": []})
     bound: dict[str, list[int]] = field(default_factory=lambda: {"without": [], "with": []})
+    #: each burst's CPU accounting, from its first bind to its last, by mode: (the measured
+    #: scheduler's CPU ms per bound pod, pyctl's CPU s, the machine's busy share of its 2 cores)
+    burst_cpu: dict[str, list[tuple[float, float, float]]] = field(
+        default_factory=lambda: {"without": [], "with": []}
+    )
     ext_calls: int = 0
     ext_p50_ms: float = float("nan")
     ext_p99_ms: float = float("nan")
@@ -915,7 +936,9 @@ class SizeResult:
             f"{self.cpu_pct:.0f}%; scheduler (two bursts each, interleaved): without "
             f"{self.sched_without:.0f} pods/s ({_rates(self.rates['without'])}; "
             f"{self.bound_without} bound), with extender {self.sched_with:.0f} pods/s "
-            f"({_rates(self.rates['with'])}; {self.bound_with} bound), {self.sched_ratio:.2f}x, "
+            f"({_rates(self.rates['with'])}; {self.bound_with} bound), {self.sched_ratio:.2f}x "
+            f"(scheduler CPU per pod, pyctl's CPU, the machine busy: without "
+            f"{_burst_cpu(self.burst_cpu['without'])}; with {_burst_cpu(self.burst_cpu['with'])}), "
             f"extender p50 "
             f"{self.ext_p50_ms:.1f} ms p99 {self.ext_p99_ms:.1f} ms ({self.ext_calls} calls, "
             f"{self.sched_timed:.0f} pods/s through the proxy; in pyctl p50 "
@@ -1367,7 +1390,7 @@ class Bench:
 
     async def _burst(
         self, api: Api, ctl: Pyctl, mode: str, label: str
-    ) -> tuple[float, int, Proxy | None]:
+    ) -> tuple[float, int, Proxy | None, tuple[float, float, float]]:
         """One burst for a scheduler of its own (named after `label`): `without` an extender,
         `with` pyctl's extender as deployed, or `timed`: with it, each call through the
         measuring proxy. It starts once pyctl has reconciled what came before (its work queue
@@ -1408,17 +1431,29 @@ class Bench:
                 port = proxy.port
             config = extender_config(f"http://127.0.0.1:{port}/scheduler")
             config["profiles"] = [{"schedulerName": scheduler}]
-        sched = ExtraScheduler(plane, label, config)
+        sched = ExtraScheduler(plane, label, config, nice=self.args.scheduler_nice)
         sched.start()  # blocks until healthy (the watch and the proxy run in their threads)
+        # the scheduler's CPU seconds, sampled from before its first bind to after its last
+        sched_cpu: list[tuple[float, float]] = []
+
+        def sample() -> None:
+            pid = sched.pid
+            if pid is not None:
+                with contextlib.suppress(OSError):
+                    sched_cpu.append((time.monotonic(), proc_cpu_seconds(pid)))
+
+        sample()
         try:
             deadline = time.monotonic() + 600
             last = (0, time.monotonic())
             while len(watch.bound) < n and time.monotonic() < deadline:
                 await asyncio.sleep(0.2)
+                sample()
                 if len(watch.bound) != last[0]:
                     last = (len(watch.bound), time.monotonic())
                 elif watch.bound and time.monotonic() - last[1] > 20:
                     break  # nothing bound for 20 s: the rest do not fit
+            sample()  # after the last bind the loop saw
         finally:
             sched.stop()
             watch.stop()
@@ -1426,13 +1461,20 @@ class Bench:
                 proxy.stop()
         times = sorted(watch.bound.values())
         rate = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else float("nan")
+        acct = (float("nan"),) * 3
+        if len(times) > 1:
+            (c0, b0), (c1, b1) = ctl.cpu_at(times[0]), ctl.cpu_at(times[-1])
+            s0, s1 = _interpolate(sched_cpu, times[0]), _interpolate(sched_cpu, times[-1])
+            wall = times[-1] - times[0]
+            cores = os.cpu_count() or 1
+            acct = (1000 * (s1 - s0) / (len(times) - 1), c1 - c0, (b1 - b0) / (cores * wall))
         await api.call(
             "DELETE", f"/api/v1/namespaces/{NS}/pods",
             params={"labelSelector": f"burst={label}", "gracePeriodSeconds": "0"},
         )  # fmt: skip
         while await api.count_pods(label_selector=f"burst={label}"):  # noqa: ASYNC110
             await asyncio.sleep(0.5)
-        return rate, len(times), proxy
+        return rate, len(times), proxy, acct
 
     async def _bursts(self, api: Api, ctl: Pyctl, res: SizeResult) -> None:
         # without and with, twice, interleaved: a drift of the machine (the other processes on
@@ -1451,8 +1493,9 @@ class Bench:
                 if mode == "with":
                     at = {w: ctl.metric("pyctl_extender_ranks_total", {"when": w}) or 0.0
                           for w in ranks}  # fmt: skip
-                rate, bound, _ = await self._burst(api, ctl, mode, f"{mode}-{i}")
+                rate, bound, _, acct = await self._burst(api, ctl, mode, f"{mode}-{i}")
                 res.rates[mode].append(rate)
+                res.burst_cpu[mode].append(acct)
                 res.bound[mode].append(bound)
                 if mode == "with":
                     for w in ranks:
@@ -1474,7 +1517,7 @@ class Bench:
         res.sched_ratio = res.sched_with / res.sched_without
         # the extender's latency per call, in a last burst (the proxy costs time of its own,
         # so the throughputs above are measured without it)
-        res.sched_timed, _, proxy = await self._burst(api, ctl, "timed", "timed")
+        res.sched_timed, _, proxy, _ = await self._burst(api, ctl, "timed", "timed")
         assert proxy is not None
         lat = [s for _, s in proxy.calls]
         res.ext_calls = len(lat)
@@ -1627,6 +1670,14 @@ def main(argv: list[str]) -> int:
         default=3,
         help="start-ups measured per size (the first score after the lists: the least of them; "
         "the last start goes on to the other measurements)",
+    )
+    ap.add_argument(
+        "--scheduler-nice",
+        type=int,
+        default=0,
+        help="niceness of the scheduler the bursts measure (the default priority, as pyctl's: "
+        "deployed, each has a CPU request of its own; with the others' niceness, pyctl's "
+        "extender work takes the core it waits for)",
     )
     ap.add_argument(
         "--reference",

@@ -796,6 +796,8 @@ class _ExtraComponent:
     name: str
     argv: list[str]
     component: Component | None = None
+    #: its niceness; None: the plane's
+    nice: int | None = None
 
     @property
     def log(self) -> Path:
@@ -805,7 +807,8 @@ class _ExtraComponent:
         raise NotImplementedError
 
     def _launch(self, what: str, probe: Callable[[], str | None]) -> None:
-        component = Component(self.name, list(self.argv), self.log, nice=self.plane.nice)
+        nice = self.plane.nice if self.nice is None else self.nice
+        component = Component(self.name, list(self.argv), self.log, nice=nice)
         self.component = component
         component.start()
         try:
@@ -915,7 +918,8 @@ class ExtraScheduler(_ExtraComponent):
     """Another kube-scheduler on the control plane: its own secure port and its own
     KubeSchedulerConfiguration (``config`` is merged over the client connection and leader
     election the fixture's scheduler uses). Pods name it by one of its profiles'
-    ``schedulerName``. Context manager; start it from the main thread (see ExtraApiserver)."""
+    ``schedulerName``. Context manager; start it from the main thread (see ExtraApiserver).
+    ``nice``: its niceness (None: the plane's)."""
 
     def __init__(
         self,
@@ -923,8 +927,10 @@ class ExtraScheduler(_ExtraComponent):
         name: str,
         config: Mapping[str, Any],
         extra_args: Sequence[str] = (),
+        nice: int | None = None,
     ) -> None:
         self.plane = plane
+        self.nice = nice
         self.name = f"{SCHEDULER}-{name}"
         self.port = free_port()
         self.config_path = plane.work_dir / f"{self.name}.yaml"
@@ -957,3 +963,9 @@ class ExtraScheduler(_ExtraComponent):
             return None if status == 200 else f"/healthz {status}: {body.strip()[-300:]}"
 
         self._launch("healthy", probe)
+
+    @property
+    def pid(self) -> int | None:
+        """Its process id while it runs."""
+        proc = self.component.process if self.component is not None else None
+        return proc.pid if proc is not None and proc.poll() is None else None

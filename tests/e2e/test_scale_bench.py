@@ -70,6 +70,13 @@ def test_scale_bench_runs_end_to_end_at_20_nodes(tmp_path: Path) -> None:
     # two bursts each way, interleaved
     assert [len(r["rates"][m]) for m in ("without", "with")] == [2, 2]
     assert r["bound"] == {"without": [20, 20], "with": [20, 20]}
+    # each burst's CPU accounting: the scheduler's CPU per pod, pyctl's, the machine's busy share
+    for mode in ("without", "with"):
+        assert len(r["burst_cpu"][mode]) == 2, r["burst_cpu"]
+        for sched_ms, pyctl_s, busy in r["burst_cpu"][mode]:
+            assert sched_ms > 0, r["burst_cpu"]
+            assert pyctl_s >= 0, r["burst_cpu"]
+            assert busy > 0, r["burst_cpu"]
     assert r["ext_calls"] >= 20
     assert r["compaction_rounds"] >= 1
     assert r["probe_no_advice"] == 0
