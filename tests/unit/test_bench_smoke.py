@@ -4,11 +4,15 @@ their last line in the form the docs quote (the figures themselves are measured,
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -114,6 +118,29 @@ def test_the_scale_bench_judges_cpu_work_in_units_of_the_reference_and_the_rest_
     assert scale.judged(raw, per_ref) == raw["rss_peak_mib"]
     results[-1].rss_peak_mib = 1.0
     assert scale.judged(*scale.growth(results)) == raw["first_score_after_list_s"]
+
+
+def test_the_scale_bench_splits_the_cores_for_the_bursts_and_gives_them_back() -> None:
+    scale = _scale_module()
+    every = os.sched_getaffinity(0)
+    if len(every) < 2:
+        pytest.skip("one core: nothing to split")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        plane = types.SimpleNamespace(started=[])
+        with scale.split_cores(plane, [child.pid], enabled=True) as how:
+            last = max(every)
+            assert how.startswith(f"pyctl and its Redis on core {last}"), how
+            assert os.sched_getaffinity(child.pid) == {last}
+            assert os.sched_getaffinity(0) == every - {last}
+        assert os.sched_getaffinity(child.pid) == every
+        assert os.sched_getaffinity(0) == every
+        with scale.split_cores(plane, [child.pid], enabled=False) as how:
+            assert how == "not split"
+            assert os.sched_getaffinity(child.pid) == every
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_the_scale_bench_reads_quantiles_from_histogram_buckets_as_prometheus_does() -> None:
