@@ -1690,7 +1690,7 @@ async def run(args: argparse.Namespace, work: Path) -> list[SizeResult]:
     return results
 
 
-def main(argv: list[str]) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1000,2000,5000", help="node counts, ascending")
     ap.add_argument("--mig-share", type=float, default=0.2, help="share of MIG nodes")
@@ -1758,6 +1758,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument(
         "--profile", type=Path, help="sample pyctl with py-spy, a raw profile per size in DIR"
     )
+    return ap
+
+
+def main(argv: list[str]) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
     args.sizes = sorted(int(s) for s in args.sizes.split(","))
     if args.sizes[0] < PROBES + 1:
