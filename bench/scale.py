@@ -1690,7 +1690,7 @@ async def run(args: argparse.Namespace, work: Path) -> list[SizeResult]:
     return results
 
 
-def parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1000,2000,5000", help="node counts, ascending")
     ap.add_argument("--mig-share", type=float, default=0.2, help="share of MIG nodes")
@@ -1762,7 +1762,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    ap = parser()
+    ap = build_parser()
     args = ap.parse_args(argv)
     args.sizes = sorted(int(s) for s in args.sizes.split(","))
     if args.sizes[0] < PROBES + 1:
