@@ -39,6 +39,10 @@ memory first, to the node with the most room left), and what is left on the node
 with unplaced arrived tasks. The result is checked by `check_placement` against the replay's
 rules; when it reaches the bound, it is the optimum.
 
+`work_conserving` runs the arrivals in order through the same model: each task is placed if
+some placement holds it with every task placed before it, refused otherwise (what a scheduler
+that places every pod that fits reaches with free, unlimited moves).
+
 HiGHS comes from the `highspy` package (`pip install 'pyctl[bound]'`); it is imported when a
 bound is solved, so pyctl works without it.
 """
@@ -577,6 +581,92 @@ def bound_keeping(p: Problem, keep: Sequence[int]) -> int:
     for t, n in need.items():
         model.h.changeRowBounds(model.task_row[t], float(n), float(p.task_types[t].count))
     return _max_alloc(p, model)
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A run of `work_conserving`: what the rule placed of the arrived tasks."""
+
+    capacity_milli: int
+    alloc_milli: int
+    #: Positions in the arrived list of the tasks it placed, in arrival order.
+    placed: tuple[int, ...]
+    #: Tasks it could not place, by request (num_gpu, gpu_milli).
+    refused: Mapping[tuple[int, int], int]
+    #: Solver runs (an arrival the last solution already holds needs none).
+    solves: int
+    seconds: float
+
+    @property
+    def unallocated_pct(self) -> float:
+        return unallocated_pct(self.capacity_milli, self.alloc_milli)
+
+
+def work_conserving(p: Problem, *, integer: bool = False, time_limit: float = 60.0) -> Admitted:
+    """The arrived tasks in arrival order (their positions in the arrived list), each placed if
+    some placement holds it together with every task placed before it, and refused otherwise
+    (refused tasks are never placed later, as in the replay): a scheduler that places every
+    task for which any re-placement of the running ones makes room, with free and unlimited
+    moves, and refuses none that way. Feasibility is the model's: its LP relaxation by default
+    (CPU and memory per node type, fractional counts: it may place a task no real placement
+    holds), the integer program with `integer=True` (exact on the GPU side; for small
+    instances, each run within `time_limit` seconds). CPU-only tasks and tasks that fit on no
+    empty node are never placed, and CPU-only tasks take no room (as in the bound).
+
+    A reference for issue 35's target, not a bound over every policy: it says what placing
+    every task that fits can reach when the packing of the placed tasks is as good as any;
+    a scheduler that packs worse may refuse a share this rule places and then place a larger
+    task, and end lower. Raises `BoundError` if the solver fails (not infeasible: fails)."""
+    hs = _highspy()
+    t0 = time.perf_counter()
+    model = _Model(hs, p)
+    h = model.h
+    placed: list[int] = []
+    refused: Counter[tuple[int, int]] = Counter()
+    if model.ncol == 0:
+        return Admitted(p.capacity_milli, 0, (), {}, 0, time.perf_counter() - t0)
+    if integer:
+        n = len(model.integer)
+        h.changeColsIntegrality(n, model.integer, [hs.HighsVarType.kInteger] * n)
+        h.setOptionValue("time_limit", float(time_limit))
+    else:
+        h.setOptionValue("solver", "simplex")
+    cols: dict[int, list[int]] = {}
+    for (tk, _), c in model.x.items():
+        cols.setdefault(tk, []).append(c)
+    type_of = _type_of(p)
+    count = Counter[int]()
+    solution: Sequence[float] = [0.0] * model.ncol
+    solves = 0
+    ok = hs.HighsModelStatus.kOptimal
+    infeasible = hs.HighsModelStatus.kInfeasible
+    for slot in range(p.arrived_tasks):
+        t = type_of.get(slot)
+        if t is None:
+            continue
+        need = count[t] + 1
+        upper = float(p.task_types[t].count)
+        h.changeRowBounds(model.task_row[t], float(need), upper)
+        # the last solution holds every task placed so far: if it also holds this one, so
+        # does the model with the new lower bound
+        if sum(solution[c] for c in cols.get(t, [])) < need - 1e-7:
+            h.run()
+            solves += 1
+            status = h.getModelStatus()
+            if status == infeasible:
+                h.changeRowBounds(model.task_row[t], float(count[t]), upper)
+                tt = p.task_types[t]
+                refused[tt.num_gpu, tt.gpu_milli] += 1
+                continue
+            if status != ok:
+                raise BoundError(f"work-conserving rule, arrival {slot}: HiGHS status {status}")
+            solution = list(h.getSolution().col_value)
+        count[t] = need
+        placed.append(slot)
+    alloc = sum(p.task_types[k].value * c for k, c in count.items())
+    return Admitted(
+        p.capacity_milli, alloc, tuple(placed), dict(refused), solves, time.perf_counter() - t0
+    )
 
 
 def _granularity(p: Problem) -> int:

@@ -289,6 +289,67 @@ def test_replays_never_beat_the_bound_on_the_tiny_trace() -> None:
                 assert r.unallocated_pct(pct) >= kept - 1e-9 >= b.bound_pct - 2e-9
 
 
+def brute_force_rule(nodes: Sequence[Node], tasks: Sequence[Task], numa: bool) -> int:
+    """The work-conserving rule written out: each task in order placed if some placement holds
+    it with every task placed before it (brute force), refused otherwise; GPU milli placed."""
+    placed: set[int] = set()
+    for j, t in enumerate(tasks):
+        if t[2] and brute_force(nodes, tasks[: j + 1], numa, frozenset(placed | {j})) >= 0:
+            placed.add(j)
+    return sum(tasks[j][2] * tasks[j][3] for j in placed)
+
+
+def test_the_work_conserving_rule_re_places_freely_and_never_refuses_what_fits() -> None:
+    # two GPUs: 0.4 and 0.4 on one GPU (best fit), 0.6 on the other; the second 0.6 fits
+    # nowhere as they stand, but with the two 0.4s apart it does: the rule places all four
+    node: list[Node] = [(16000, 8192, 2, "G")]
+    shares: list[Task] = [(1000, 0, 1, m, ()) for m in (400, 400, 600, 600)]
+    p = bound.make_problem(*columns(node, shares))
+    for integer in (False, True):
+        a = bound.work_conserving(p, integer=integer)
+        assert (a.alloc_milli, a.placed, a.refused) == (2000, (0, 1, 2, 3), {})
+        assert a.unallocated_pct == 0.0
+    assert brute_force_rule(node, shares, False) == 2000
+    # two 0.81 shares first take both GPUs: the whole GPU that follows is refused, though the
+    # bound (free choice of which tasks to place) places it in place of one of them
+    nc, tc = columns(
+        [(16000, 8192, 2, "G")],
+        [(1000, 0, 1, 810, ()), (1000, 0, 1, 810, ()), (1000, 0, 1, 1000, ())],
+    )
+    p = bound.make_problem(nc, tc)
+    a = bound.work_conserving(p)
+    assert (a.alloc_milli, a.placed, a.refused) == (1620, (0, 1), {(1, 1000): 1})
+    assert bound.solve(p).max_alloc_milli == 1810
+    # CPU-only and unfittable tasks are never placed
+    nc, tc = columns(
+        [(8000, 8192, 2, "G")],
+        [(1000, 0, 0, 0, ()), (99000, 0, 1, 1000, ()), (1000, 0, 1, 1000, ())],
+    )
+    a = bound.work_conserving(bound.make_problem(nc, tc))
+    assert (a.alloc_milli, a.placed) == (1000, (2,))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    nodes=st.lists(NODE, min_size=1, max_size=2, unique=True),
+    tasks=st.lists(TASK, min_size=1, max_size=6),
+    numa=st.booleans(),
+)
+def test_the_work_conserving_rule_matches_brute_force(
+    nodes: list[Node], tasks: list[Task], numa: bool
+) -> None:
+    # every node a type of its own: the integer program is exact, so the rule run on it places
+    # exactly what the rule written out with brute force places; the LP rule's placed tasks fit
+    # the relaxation, so it never allocates more than the bound
+    nc, tc = columns(nodes, tasks)
+    p = bound.make_problem(nc, tc, numa=numa)
+    exact = bound.work_conserving(p, integer=True)
+    assert exact.alloc_milli == brute_force_rule(nodes, tasks, numa)
+    relaxed = bound.work_conserving(p)
+    assert relaxed.alloc_milli <= bound.solve(p).max_alloc_milli
+    assert sum(relaxed.refused.values()) + len(relaxed.placed) == p.arrived_tasks - p.left_out
+
+
 def test_check_placement_names_violations() -> None:
     nc, tc = columns([(4000, 4096, 2, "A")], [(1000, 0, 1, 600, ()), (1000, 0, 1, 600, ("b",))])
     assert bound.check_placement(nc, tc, [0, 0], [(0, 0, (0,)), (1, 0, (1,))]) == 1200
