@@ -14,8 +14,9 @@
 //! - a GPU task: FGD's quantised score of the node's fragment increase
 //!   (`int(sigmoid(ΔF/1000)·100)`, negated), then placements that do not make the node
 //!   CPU-short (leave it a smaller share of its CPU than of its GPU when it was not: F_n(M) sees
-//!   CPU only once a shape no longer fits, and by then the GPUs are stranded), then the GPU left
-//!   with the least free share (best fit) for a sharing task;
+//!   CPU only once a shape no longer fits, and by then the GPUs are stranded; the replay's
+//!   kernel, which models RDMA as a node resource, applies the same rule to RDMA), then the GPU
+//!   left with the least free share (best fit) for a sharing task;
 //! - a CPU-only task: the node with the least idle GPU first (GPU tasks do not need its CPU),
 //!   then FGD's score.
 //!
@@ -32,7 +33,8 @@ pub struct Features {
     /// The node's F_n(M) after minus before (milli-GPU; a MIG slice counts as its share of a
     /// GPU).
     pub inc: f64,
-    /// The placement makes the node CPU-short (see the module doc).
+    /// The placement makes the node CPU-short (see the module doc; in a view that models RDMA,
+    /// also RDMA-short).
     pub cpu_short: bool,
     /// Free share left (milli-GPU) on the GPU a sharing task takes; 0 otherwise.
     pub left: i64,

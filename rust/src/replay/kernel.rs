@@ -42,21 +42,28 @@ pub fn frag_after(
     )
 }
 
-/// Whether taking `t` on GPUs `gpus` would make node `i` CPU-short: leave it a smaller share of
-/// its CPU than of its GPU, when it was not before (its idle GPUs would then be the first to be
-/// stranded for want of CPU). A node already CPU-short is not held against a placement: using its
-/// GPUs is what it needs.
+/// Whether taking `t` on GPUs `gpus` would make node `i` short of CPU or of RDMA: leave it a
+/// smaller share of that resource than of its GPU, when it was not before (its idle GPUs would
+/// then be the first to be stranded for want of it: F_n(M) counts a node's idle GPU as stranded
+/// for a shape once the shape's CPU or RDMA no longer fits). A node already short of a resource
+/// is not held against a placement: using its GPUs is what it needs. RDMA counts only on nodes
+/// that have some and for tasks that ask for it (the openb traces have none).
 #[inline]
-pub fn makes_cpu_short(st: &State, i: usize, t: &KTask, gpus: u16) -> bool {
+pub fn makes_short(st: &State, i: usize, t: &KTask, gpus: u16) -> bool {
     let gpu_cap = st.ngpu[i] as i128 * 1000;
     if gpu_cap == 0 {
         return false;
     }
-    let cpu_cap = st.cpu_cap[i] as i128;
-    let short = |cpu: i64, idle: i64| (cpu as i128) * gpu_cap < (idle as i128) * cpu_cap;
     let idle = st.idle[i] as i64;
     let idle_after = idle - gpus.count_ones() as i64 * t.milli as i64;
-    !short(st.cpu_left[i], idle) && short(st.cpu_left[i] - t.cpu, idle_after)
+    // `left` of `cap` is a smaller share than `idle` of the GPU
+    let short =
+        |left: i64, cap: i64, idle: i64| (left as i128) * gpu_cap < (idle as i128) * (cap as i128);
+    let becomes = |left: i64, cap: i64, take: i64| {
+        !short(left, cap, idle) && short(left - take, cap, idle_after)
+    };
+    becomes(st.cpu_left[i], st.cpu_cap[i], t.cpu)
+        || (t.rdma > 0 && st.rdma_cap[i] > 0 && becomes(st.rdma_left[i], st.rdma_cap[i], t.rdma))
 }
 
 /// GPU masks a sharing task could take on node `i` (one per GPU with enough free share).
@@ -102,7 +109,7 @@ impl View for Kernel<'_> {
                 gpus,
                 Features {
                     inc,
-                    cpu_short: t.num > 0 && makes_cpu_short(st, i, t, gpus),
+                    cpu_short: t.num > 0 && makes_short(st, i, t, gpus),
                     left,
                     idle: st.idle[i] as i64,
                 },

@@ -369,7 +369,7 @@ pub fn choose_deployed(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::replay::kernel::makes_cpu_short;
+    use crate::replay::kernel::makes_short;
     use crate::replay::{prepare, NodeSpec};
 
     #[test]
@@ -395,9 +395,41 @@ mod tests {
             cpu: 12000,
             ..heavy
         };
-        assert!(makes_cpu_short(&st, 0, &heavy, 1)); // 56/96 of the CPU for 7/8 of the GPU
-        assert!(!makes_cpu_short(&st, 0, &even, 1)); // 84/96 for 7/8: not short
+        assert!(makes_short(&st, 0, &heavy, 1)); // 56/96 of the CPU for 7/8 of the GPU
+        assert!(!makes_short(&st, 0, &even, 1)); // 84/96 for 7/8: not short
         st.cpu_left[0] = 30000; // already short (30/96 for 8/8): not held against anyone
-        assert!(!makes_cpu_short(&st, 0, &even, 1));
+        assert!(!makes_short(&st, 0, &even, 1));
+    }
+
+    #[test]
+    fn rdma_short_is_the_same_rule_for_rdma() {
+        let nodes = vec![NodeSpec {
+            name: "a".into(),
+            cpu_milli: 96000,
+            memory_mib: 1 << 20,
+            gpus: 8,
+            model: "G2".into(),
+            rdma: 200,
+        }];
+        let mut st = prepare(&nodes, &[], &[], false).unwrap().state;
+        let fair = KTask {
+            cpu: 8000,
+            mem: 0,
+            rdma: 25,
+            num: 1,
+            milli: 1000,
+            mask: u64::MAX,
+        };
+        let heavy = KTask { rdma: 50, ..fair };
+        assert!(!makes_short(&st, 0, &fair, 1)); // 175/200 of the RDMA for 7/8 of the GPU
+        assert!(makes_short(&st, 0, &heavy, 1)); // 150/200 for 7/8: short
+        st.rdma_left[0] = 150; // already short (150/200 for 8/8): not held against anyone
+        assert!(!makes_short(&st, 0, &heavy, 1));
+        // a node without RDMA, or a task that asks for none, is judged by CPU alone
+        st.rdma_left[0] = 200;
+        st.rdma_cap[0] = 0;
+        assert!(!makes_short(&st, 0, &heavy, 1));
+        st.rdma_cap[0] = 200;
+        assert!(!makes_short(&st, 0, &KTask { rdma: 0, ..heavy }, 1));
     }
 }
