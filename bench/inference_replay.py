@@ -5,7 +5,12 @@ arriving and leaving over about 31 days, on the documented GPU-node inventory
 replay per policy and seed. Prints a table of time-weighted figures (medians over the seeds)
 and, with --plot, pyctl against FGD over time (sampled every 6 hours).
 
+With --bound, at every sample of pyctl's and FGD's replays the optimum repacking of what each
+was running then is bracketed (`pyctl.replay.inference.repack_at_samples`: a lower bound and a
+repacking found) and summed over the samples beside the policy's own sampled F(M).
+
 Usage: python bench/inference_replay.py DATA_DIR [--seeds 42,43,44] [--json F] [--plot PNG]
+                                        [--bound]
 Last line: `inference_replay: stranded GPU-hours pyctl <A>, FGD <B>; pending instance-hours pyctl
 <C>, FGD <D>; pyctl <E> evictions/day (<F>% of running instances per day)`.
 """
@@ -27,7 +32,9 @@ from pyctl.replay.inference import (
     InferenceResult,
     InferenceTraceError,
     Inventory,
+    Repacking,
     load,
+    repack_at_samples,
     replay,
     summary_line,
     table_rows,
@@ -47,7 +54,40 @@ def table(results: list[InferenceResult]) -> list[str]:
     return lines
 
 
-def plot(results: list[InferenceResult], out: Path) -> None:
+#: the policies whose sampled instants are bracketed with --bound
+BOUNDED = ("pyctl", "fgd")
+
+
+def sampled_gpu_hours(milli: list[float], step_s: float) -> float:
+    """A sum over samples every `step_s` seconds of F(M) in milli-GPU, in GPU-hours."""
+    return sum(milli) / 1000.0 * step_s / 3600.0
+
+
+def bound_lines(
+    results: list[InferenceResult], repacks: dict[tuple[str, int], list[Repacking]], step: float
+) -> list[str]:
+    lines = []
+    for r in results:
+        rp = repacks.get((r.policy, r.seed))
+        if rp is None:
+            continue
+        own = sampled_gpu_hours([x.own for x in rp], step)
+        low = sampled_gpu_hours([x.lower for x in rp], step)
+        best = sampled_gpu_hours([x.best for x in rp], step)
+        lines.append(
+            f"  seed {r.seed} {r.policy}: at the {len(rp)} sampled instants {own:.0f} GPU-h "
+            f"stranded; the optimum repacking of what it ran then between {low:.0f} and "
+            f"{best:.0f} GPU-h (the better of its own placement and the greedy repacking; "
+            f"{sum(x.found is None for x in rp)} instants where the greedy one placed not all)"
+        )
+    return lines
+
+
+def plot(
+    results: list[InferenceResult],
+    out: Path,
+    repacks: dict[tuple[str, int], list[Repacking]] | None = None,
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -64,6 +104,15 @@ def plot(results: list[InferenceResult], out: Path) -> None:
             days, [s["frag_milli"] / 1000.0 for s in r.raw["samples"]], color=color, label=policy
         )
         a2.plot(days, [s["pending"] for s in r.raw["samples"]], color=color, label=policy)
+        rp = (repacks or {}).get((policy, r.seed))
+        if rp is not None:
+            a1.plot(
+                days,
+                [x.lower / 1000.0 for x in rp],
+                color=color,
+                linestyle=":",
+                label=f"{policy}'s running instances repacked: lower bound",
+            )
     a1.set_ylabel("stranded GPUs (F(M))")
     a2.set_ylabel("waiting instances")
     a2.set_xlabel(f"day of the trace (seed {results[0].seed}, sampled every 6 h)")
@@ -81,6 +130,11 @@ def main() -> int:
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--json", help="write every run's figures and samples here")
     ap.add_argument("--plot", help="write pyctl against FGD over time (PNG) here")
+    ap.add_argument(
+        "--bound",
+        action="store_true",
+        help="bracket the optimum repacking at each sample of pyctl's and FGD's replays",
+    )
     ap.add_argument("--budget", type=float, default=1.0, help="pyctl: %% evicted per day")
     ap.add_argument(
         "--headroom", type=float, default=5.0, help="%% of the peak the inventory adds (default 5)"
@@ -113,7 +167,8 @@ def main() -> int:
     t0 = time.perf_counter()
     for seed in args.seeds:
         for p in args.policies.split(","):
-            r = replay(trace, p, seed, inventory=inv, compaction=comp)
+            log = args.bound and p in BOUNDED
+            r = replay(trace, p, seed, inventory=inv, compaction=comp, log=log)
             results.append(r)
             print(
                 f"  seed {seed} {p}: stranded {r.stranded_gpu_hours:.0f} GPU-h, pending "
@@ -123,6 +178,14 @@ def main() -> int:
             )
     print(f"total {time.perf_counter() - t0:.0f} s")
     print("\n".join(table(results)))
+    repacks: dict[tuple[str, int], list[Repacking]] = {}
+    if args.bound:
+        t1 = time.perf_counter()
+        for r in results:
+            if r.policy in BOUNDED:
+                repacks[r.policy, r.seed] = repack_at_samples(trace, r, inv)
+        print(f"the optimum repacking at each sample ({time.perf_counter() - t1:.0f} s):")
+        print("\n".join(bound_lines(results, repacks, 6 * 3600.0)))
     if args.json:
         Path(args.json).write_text(
             json.dumps(
@@ -140,7 +203,7 @@ def main() -> int:
             )
         )
     if args.plot:
-        plot(results, Path(args.plot))
+        plot(results, Path(args.plot), repacks)
     print(summary_line(results))
     return 0
 

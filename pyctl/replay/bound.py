@@ -669,6 +669,264 @@ def work_conserving(p: Problem, *, integer: bool = False, time_limit: float = 60
     )
 
 
+#: One running one-GPU instance as `stranded_bound` reads it: (CPU milli, memory MiB, RDMA %,
+#: app, most instances of its app on one node (0 or less: no limit)).
+RunningInstance = tuple[int, int, int, int, int]
+
+
+def stranded_bound(
+    nodes: int,
+    per_node: Mapping[str, int],
+    running: Sequence[RunningInstance],
+    shapes: Sequence[Mapping[str, Any]],
+) -> float:
+    """A lower bound on F(M), in milli-GPU, of any placement of the one-GPU instances
+    `running` on `nodes` nodes alike (`per_node`: "num_gpu", "cpu_milli", "memory_mib", "rdma",
+    as `inference.Inventory.per_node`), for the workload `shapes` (`ShapeInput`s with a
+    weight): what the optimum repacking of the running instances cannot go below, at one
+    instant of the inference replay.
+
+    F_n(M), as the replay's kernel counts it for a whole one-GPU shape m, is m's weight times
+    the node's idle GPUs when m does not fit there (its CPU or RDMA left below m's), 0 when it
+    does. Per shape, the model chooses O nodes where m fits ("open") and how many instances of
+    each kind (CPU, memory, RDMA, app) run on them, the rest running on the other N - O nodes:
+    the open nodes hold their instances within O nodes' GPUs, memory, and CPU and RDMA less m's
+    per node, and u idle GPUs; the others hold the rest within N - O nodes' resources; an app
+    with a per-node cap has at most cap x O instances on the open nodes and cap x (N - O) on the
+    others. Any placement is such a solution (O = the nodes where m fits, u = their idle GPUs),
+    so the most u is at least the idle GPU where m fits, and the idle GPU less that most u is at
+    most m's stranded GPU; the bound is the weighted sum (fractions of instances allowed, O
+    integral: a mixed-integer program of a few hundred columns per shape, HiGHS). Shapes that
+    are not one whole GPU count 0 (F is never negative). Raises `ValueError` for an input it
+    cannot read and `BoundError` if the instances fit no such split (not a real placement)."""
+    hs = _highspy()
+    try:
+        n = int(nodes)
+        g, cpu, mem, rdma = (
+            int(per_node[k]) for k in ("num_gpu", "cpu_milli", "memory_mib", "rdma")
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"stranded_bound: nodes and per-node capacity: {e}") from None
+    if n < 0 or min(g, cpu, mem, rdma) < 0:
+        raise ValueError("stranded_bound: negative nodes or capacity")
+    kinds: Counter[RunningInstance] = Counter()
+    for inst in running:
+        if len(inst) != 5 or any(not isinstance(x, int) for x in inst) or min(inst[:3]) < 0:
+            raise ValueError(f"stranded_bound: not a running instance: {inst!r}")
+        kinds[inst] += 1
+    idle = g * n - len(running)
+    if idle <= 0:
+        return 0.0
+    ts = sorted(kinds.items())
+    total = 0.0
+    for shape in shapes:
+        w = float(shape.get("weight") or 0.0)
+        if (
+            w <= 0
+            or int(shape.get("gpus") or 0) != 1
+            or int(shape.get("gpu_milli") or 0) != GPU_MILLI
+        ):
+            continue
+        c_m, r_m = int(shape.get("cpu_milli") or 0), int(shape.get("rdma") or 0)
+        if c_m > cpu or r_m > rdma:
+            total += w * idle  # m fits no node
+            continue
+        u = _most_idle_where_fits(hs, n, (g, cpu, mem, rdma), ts, c_m, r_m)
+        total += w * max(0.0, idle - u)
+    return total * GPU_MILLI
+
+
+def stranded_of(
+    nodes: int,
+    per_node: Mapping[str, int],
+    running: Sequence[RunningInstance],
+    shapes: Sequence[Mapping[str, Any]],
+    node_of: Sequence[int],
+) -> float:
+    """F(M), milli-GPU, of the placement `node_of` (a node index per instance) of the one-GPU
+    instances `running` (as `stranded_bound`), after checking it: every node within its GPUs,
+    CPU, memory and RDMA, and its instances of each app within their caps (`_caps_hold`;
+    ValueError naming the first violation). F as the replay's kernel counts it for whole
+    one-GPU shapes: a shape's weight times a node's idle GPUs where the shape's CPU or RDMA no
+    longer fits."""
+    g, cpu, mem, rdma = (int(per_node[k]) for k in ("num_gpu", "cpu_milli", "memory_mib", "rdma"))
+    if len(node_of) != len(running):
+        raise ValueError("stranded_of: one node per instance")
+    use = [[0, 0, 0, 0] for _ in range(nodes)]
+    caps: dict[tuple[int, int], list[int]] = {}
+    for k, (inst, j) in enumerate(zip(running, node_of, strict=True)):
+        if not 0 <= j < nodes:
+            raise ValueError(f"instance {k}: no node {j}")
+        for r, v in enumerate((1, inst[0], inst[1], inst[2])):
+            use[j][r] += v
+        if inst[4] > 0:
+            caps.setdefault((j, inst[3]), []).append(inst[4])
+    for (j, app), cs in sorted(caps.items()):
+        if not _caps_hold(cs):
+            raise ValueError(f"node {j}: app {app}'s instances beyond their caps {sorted(cs)}")
+    for j, (ug, uc, um, ur) in enumerate(use):
+        if ug > g or uc > cpu or um > mem or ur > rdma:
+            raise ValueError(f"node {j}: over its capacity ({ug}, {uc}, {um}, {ur})")
+    total = 0.0
+    for ug, uc, _, ur in use:
+        for shape in shapes:
+            if int(shape.get("gpus") or 0) != 1 or int(shape.get("gpu_milli") or 0) != GPU_MILLI:
+                continue
+            short = cpu - uc < int(shape.get("cpu_milli") or 0) or rdma - ur < int(
+                shape.get("rdma") or 0
+            )
+            if short:
+                total += float(shape.get("weight") or 0.0) * (g - ug)
+    return total * GPU_MILLI
+
+
+def _caps_hold(caps: Sequence[int]) -> bool:
+    """Whether instances of one app with these (positive) caps may run on one node: for each
+    cap c, at most c of them have a cap of c or less. That is what the replay leaves (an
+    instance is placed only where fewer than its cap of its app run, so when the last one with a
+    cap of c or less came, fewer than c were there), and any such set is reachable (placed in
+    the order of their caps, smallest first)."""
+    return all(k <= c for k, c in enumerate(sorted(caps), start=1))
+
+
+def stranded_repack(
+    nodes: int,
+    per_node: Mapping[str, int],
+    running: Sequence[RunningInstance],
+    shapes: Sequence[Mapping[str, Any]],
+) -> tuple[float, list[int]] | None:
+    """A repacking of the one-GPU instances `running` (as `stranded_bound`) that strands
+    little, built greedily: the instances by RDMA, CPU and memory, largest first, each to the
+    fullest node where it either leaves the node room for every whole one-GPU shape of
+    `shapes` (a GPU, the most CPU and RDMA any asks for) or fills the node's last GPU, a new
+    node otherwise, and where neither exists the fullest node that takes it. Returns its F(M)
+    (checked by `stranded_of`) and the node of each instance, or None if some instance found
+    no node. An upper side for the optimum repacking, beside `stranded_bound`'s lower one."""
+    g, cpu, mem, rdma = (int(per_node[k]) for k in ("num_gpu", "cpu_milli", "memory_mib", "rdma"))
+    whole = [
+        s
+        for s in shapes
+        if int(s.get("gpus") or 0) == 1 and int(s.get("gpu_milli") or 0) == GPU_MILLI
+    ]
+    keep_cpu = max((int(s.get("cpu_milli") or 0) for s in whole), default=0)
+    keep_rdma = max((int(s.get("rdma") or 0) for s in whole), default=0)
+    order = sorted(
+        range(len(running)), key=lambda k: (-running[k][2], -running[k][0], -running[k][1], k)
+    )
+    use: list[list[int]] = []
+    apps: list[dict[int, list[int]]] = []
+    by_used: list[list[int]] = [[] for _ in range(g + 1)]
+    node_of = [-1] * len(running)
+
+    def fits(j: int, k: int, gl: int, cl: int, rl: int) -> bool:
+        u, (c, m, r, a, cap) = use[j], running[k]
+        return (
+            u[0] + 1 <= gl
+            and u[1] + c <= cl
+            and u[2] + m <= mem
+            and u[3] + r <= rl
+            and (cap <= 0 or _caps_hold([*apps[j].get(a, []), cap]))
+        )
+
+    def first(k: int, safe: bool) -> int | None:
+        for used in range(g - 1, -1, -1):
+            for j in by_used[used]:
+                if not safe and fits(j, k, g, cpu, rdma):
+                    return j
+                if safe and (
+                    fits(j, k, g - 1, cpu - keep_cpu, rdma - keep_rdma)
+                    or (used == g - 1 and fits(j, k, g, cpu, rdma))
+                ):
+                    return j
+        return None
+
+    for k in order:
+        j = first(k, True)
+        if j is None and len(use) < nodes:
+            use.append([0, 0, 0, 0])
+            apps.append({})
+            by_used[0].append(len(use) - 1)
+            j = len(use) - 1 if fits(len(use) - 1, k, g, cpu, rdma) else None
+        if j is None:
+            j = first(k, False)
+        if j is None:
+            return None
+        c, m, r, a = running[k][:4]
+        by_used[use[j][0]].remove(j)
+        use[j] = [use[j][0] + 1, use[j][1] + c, use[j][2] + m, use[j][3] + r]
+        by_used[use[j][0]].append(j)
+        c_k = running[k][4]
+        if c_k > 0:
+            apps[j].setdefault(a, []).append(c_k)
+        node_of[k] = j
+    return stranded_of(nodes, per_node, running, shapes, node_of), node_of
+
+
+def _most_idle_where_fits(
+    hs: Any,
+    n: int,
+    cap: tuple[int, int, int, int],
+    kinds: Sequence[tuple[RunningInstance, int]],
+    c_m: int,
+    r_m: int,
+) -> float:
+    """`stranded_bound`'s program for one shape: the most idle GPUs on nodes where it fits."""
+    g, cpu, mem, rdma = cap
+    inf = hs.kHighsInf
+    h = hs.Highs()
+    for opt, setting in (("output_flag", False), ("threads", 1), ("random_seed", 1)):
+        h.setOptionValue(opt, setting)
+    h.changeObjectiveSense(hs.ObjSense.kMaximize)
+    h.addCol(0.0, 0.0, float(n), 0, [], [])  # O
+    h.changeColIntegrality(0, hs.HighsVarType.kInteger)
+    h.addCol(1.0, 0.0, inf, 0, [], [])  # u
+    xs = []
+    for k, (_, count) in enumerate(kinds):
+        h.addCol(0.0, 0.0, float(count), 0, [], [])
+        xs.append(2 + k)
+    per = [
+        (g, [1.0] * len(kinds), 0),
+        (cpu, [float(t[0]) for t, _ in kinds], c_m),
+        (mem, [float(t[1]) for t, _ in kinds], 0),
+        (rdma, [float(t[2]) for t, _ in kinds], r_m),
+    ]
+    for size, use, keep in per:
+        # on the open nodes: their use (and the idle GPUs) within (size - keep) each
+        extra = [1.0] if size == g else []
+        cols = ([1] if extra else []) + xs
+        h.addRow(-inf, 0.0, len(cols) + 1, [0, *cols], [-float(size - keep), *extra, *use])
+        # on the others: the rest within size each: -use.x + size O <= size N - use.n
+        rest = sum(v * c for v, (_, c) in zip(use, kinds, strict=True))
+        h.addRow(
+            -inf, float(size) * n - rest, len(xs) + 1, [0, *xs], [float(size), *(-v for v in use)]
+        )
+    # an app's instances with caps at most c: at most c on a node, for each cap c (`_caps_hold`)
+    apps: dict[tuple[int, int], list[int]] = {}
+    for t, _ in kinds:
+        if t[4] > 0:
+            apps[t[3], t[4]] = [
+                k for k, (u, _) in enumerate(kinds) if u[3] == t[3] and 0 < u[4] <= t[4]
+            ]
+    for (_, cap_a), ks in sorted(apps.items()):
+        cnt = sum(kinds[k][1] for k in ks)
+        idx = [xs[k] for k in ks]
+        h.addRow(-inf, 0.0, len(idx) + 1, [0, *idx], [-float(cap_a), *([1.0] * len(idx))])
+        h.addRow(
+            -inf,
+            float(cap_a) * n - cnt,
+            len(idx) + 1,
+            [0, *idx],
+            [float(cap_a), *([-1.0] * len(idx))],
+        )
+    h.setOptionValue("mip_rel_gap", 0.0)
+    h.run()
+    if h.getModelStatus() != hs.HighsModelStatus.kOptimal:
+        raise BoundError(f"stranded_bound: HiGHS status {h.getModelStatus()}")
+    # the MILP's dual bound is at least the optimum: never above the most u (a safe side)
+    info = h.getInfo()
+    return float(max(info.objective_function_value, info.mip_dual_bound))
+
+
 def _granularity(p: Problem) -> int:
     """The gcd of the task types' GPU milli: every allocation is a multiple of it."""
     return reduce(math.gcd, (t.value for t in p.task_types), 0) or 1

@@ -397,6 +397,92 @@ def replay(
     return InferenceResult(policy, seed, raw, time.perf_counter() - t0)
 
 
+def running_at_samples(result: InferenceResult) -> list[dict[int, int]]:
+    """Where each instance running at each of `result`'s samples ran (instance -> node; a
+    replay made with `log=True`): placed before the sample's instant, moved as the log says,
+    not gone before it (a sample sees the state before the events of its instant). Each count
+    is checked against the sample's own."""
+    log = result.raw["log"]
+    if not log and any(s["running"] for s in result.raw["samples"]):
+        raise ValueError("running_at_samples needs a replay made with log=True")
+    node_of: dict[int, int] = {}
+    out: list[dict[int, int]] = []
+    k = 0
+    for s in result.raw["samples"]:
+        while k < len(log) and log[k][0] < s["t"]:
+            _, kind, i, node, to = log[k]
+            if kind == "place":
+                node_of[i] = node
+            elif kind == "move":
+                node_of[i] = to
+            elif kind == "depart":
+                node_of.pop(i, None)
+            k += 1
+        if len(node_of) != s["running"]:
+            raise ValueError(
+                f"the log gives {len(node_of)} instances running at t={s['t']}, the sample "
+                f"{s['running']}"
+            )
+        out.append(dict(node_of))
+    return out
+
+
+@dataclass(frozen=True)
+class Repacking:
+    """The optimum repacking of what one sample's replay was running, bracketed (milli-GPU of
+    F(M)): no repacking goes below `lower` (`bound.stranded_bound`); `own` is the replay's own
+    placement (`bound.stranded_of`: the sample's F(M)) and `found` the greedy repacking
+    (`bound.stranded_repack`; None if it placed not every instance), so the optimum is at most
+    `best`."""
+
+    t: float
+    lower: float
+    own: float
+    found: float | None
+
+    @property
+    def best(self) -> float:
+        return self.own if self.found is None else min(self.own, self.found)
+
+
+def repack_at_samples(
+    trace: InferenceTrace, result: InferenceResult, inventory: Inventory | None = None
+) -> list[Repacking]:
+    """At each of `result`'s samples, the least F(M) any repacking of the instances it was
+    running then could reach, bracketed. `result` must come from a replay made with `log=True`
+    on this trace and inventory."""
+    from pyctl.replay import bound
+
+    inv = inventory or Inventory()
+    n = inv.node_count(trace.peaks(inv))
+    cols = trace.instances
+    shapes = trace.workload()
+    per: dict[str, int] = {str(k): v for k, v in inv.per_node().items()}
+    out = []
+    for s, at in zip(result.raw["samples"], running_at_samples(result), strict=True):
+        ids = sorted(at)
+        running = [
+            (
+                cols["cpu_milli"][i],
+                cols["memory_mib"][i],
+                cols["rdma"][i],
+                cols["app"][i],
+                cols["max_per_node"][i],
+            )
+            for i in ids
+        ]
+        found = bound.stranded_repack(n, per, running, shapes)
+        out.append(
+            Repacking(
+                s["t"],
+                bound.stranded_bound(n, per, running, shapes),
+                bound.stranded_of(n, per, running, shapes, [at[i] for i in ids]),
+                None if found is None else found[0],
+            )
+        )
+    return out
+
+
 #: the figures of a run: column title, `InferenceResult` attribute, format
 FIGURES: tuple[tuple[str, str, str], ...] = (
     ("stranded GPU-h", "stranded_gpu_hours", "{:.0f}"),

@@ -231,3 +231,25 @@ def test_the_bound_bench_runs_on_the_tiny_trace() -> None:
     assert b <= o
     assert b <= k <= p
     assert b <= w
+
+
+def test_the_inference_replay_bench_runs_with_its_bound(tmp_path: Path) -> None:
+    png = tmp_path / "plot.png"
+    lines = _run(
+        "bench/inference_replay.py",
+        "tests/data/inference_tiny",
+        "--seeds",
+        "42",
+        "--bound",
+        "--plot",
+        str(png),
+    )
+    assert re.fullmatch(
+        r"inference_replay: stranded GPU-hours pyctl \d+, FGD \d+; pending instance-hours pyctl "
+        r"\d+\.\d, FGD \d+\.\d; pyctl \d+\.\d evictions/day \(\d+\.\d\d% of running instances "
+        r"per day\)",
+        lines[-1],
+    ), lines[-1]
+    brackets = [x for x in lines if "the optimum repacking of what it ran then between" in x]
+    assert [x.split(":")[0].split()[-1] for x in brackets] == ["pyctl", "fgd"]
+    assert png.stat().st_size > 0

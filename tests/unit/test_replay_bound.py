@@ -350,6 +350,101 @@ def test_the_work_conserving_rule_matches_brute_force(
     assert sum(relaxed.refused.values()) + len(relaxed.placed) == p.arrived_tasks - p.left_out
 
 
+Inst = tuple[int, int, int, int, int]  # cpu, mem, rdma, app, cap: one GPU each
+PER_NODE_KEYS = ("num_gpu", "cpu_milli", "memory_mib", "rdma")
+
+
+def least_stranded(
+    nodes: int, per: dict[str, int], running: list[Inst], shapes: list[dict[str, Any]]
+) -> float | None:
+    """The least F(M) of any placement of `running`, every assignment enumerated (None: none
+    is valid); each placement judged by `stranded_of`, whose rules are checked below."""
+    best: float | None = None
+
+    def rec(k: int, node_of: list[int]) -> None:
+        nonlocal best
+        if k == len(running):
+            try:
+                f = bound.stranded_of(nodes, per, running, shapes, node_of)
+            except ValueError:
+                return
+            best = f if best is None else min(best, f)
+            return
+        for j in range(nodes):
+            rec(k + 1, [*node_of, j])
+
+    rec(0, [])
+    return best
+
+
+def test_stranded_of_counts_idle_gpus_where_a_shape_no_longer_fits() -> None:
+    per = {"num_gpu": 2, "cpu_milli": 16000, "memory_mib": 1024, "rdma": 100}
+    shapes = [{"cpu_milli": 1000, "gpus": 1, "gpu_milli": 1000, "rdma": 50, "weight": 1.0}]
+    heavy: Inst = (1000, 0, 75, 0, 0)
+    # one node, one instance leaving 25 RDMA: its idle GPU is stranded, and nothing goes lower
+    assert bound.stranded_of(1, per, [heavy], shapes, [0]) == 1000.0
+    assert bound.stranded_bound(1, per, [heavy], shapes) == pytest.approx(1000.0)
+    assert bound.stranded_repack(1, per, [heavy], shapes) == (1000.0, [0])
+    with pytest.raises(ValueError, match="over its capacity"):
+        bound.stranded_of(1, per, [heavy, heavy], shapes, [0, 0])
+    with pytest.raises(ValueError, match="no node"):
+        bound.stranded_of(1, per, [heavy], shapes, [1])
+    # two instances of 30 RDMA, a shape asking for 80: together on one node they fill it and
+    # strand nothing; with their app capped at one a node, each node keeps one idle GPU that
+    # the shape cannot use, and the bound sees the cap
+    two: list[Inst] = [(1000, 0, 30, 7, 0), (1000, 0, 30, 7, 0)]
+    wide = [{**shapes[0], "rdma": 80}]
+    assert least_stranded(2, per, two, wide) == 0.0
+    capped: list[Inst] = [(1000, 0, 30, 7, 1), (1000, 0, 30, 7, 1)]
+    with pytest.raises(ValueError, match=r"app 7.s instances beyond their caps \[1, 1\]"):
+        bound.stranded_of(2, per, capped, wide, [0, 0])
+    assert least_stranded(2, per, capped, wide) == 2000.0
+    assert bound.stranded_bound(2, per, capped, wide) == pytest.approx(2000.0)
+    assert bound.stranded_bound(2, per, two, wide) == pytest.approx(0.0, abs=1e-6)
+
+
+INST = st.tuples(
+    st.sampled_from([1000, 4000, 8000]),
+    st.sampled_from([0, 512]),
+    st.sampled_from([0, 10, 25, 50, 75]),
+    st.integers(0, 2),
+    st.integers(0, 2),
+)
+SHAPE = st.fixed_dictionaries(
+    {
+        "cpu_milli": st.sampled_from([0, 2000, 8000]),
+        "gpus": st.just(1),
+        "gpu_milli": st.just(1000),
+        "rdma": st.sampled_from([0, 25, 50]),
+        "weight": st.sampled_from([0.25, 0.5, 1.0]),
+    }
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    nodes=st.integers(1, 3),
+    gpus=st.integers(1, 3),
+    cpu=st.sampled_from([8000, 16000]),
+    rdma=st.sampled_from([50, 100, 200]),
+    running=st.lists(INST, max_size=5),
+    shapes=st.lists(SHAPE, min_size=1, max_size=2),
+)
+def test_the_stranded_bound_and_repack_bracket_the_brute_force_least(
+    nodes: int, gpus: int, cpu: int, rdma: int, running: list[Inst], shapes: list[dict[str, Any]]
+) -> None:
+    per = {"num_gpu": gpus, "cpu_milli": cpu, "memory_mib": 1024, "rdma": rdma}
+    least = least_stranded(nodes, per, running, shapes)
+    if least is None:  # no placement holds them: not an instant a replay can reach
+        return
+    lower = bound.stranded_bound(nodes, per, running, shapes)
+    assert lower <= least + 1e-6
+    found = bound.stranded_repack(nodes, per, running, shapes)
+    if found is not None:
+        f, node_of = found
+        assert f == bound.stranded_of(nodes, per, running, shapes, node_of) >= least - 1e-6
+
+
 def test_check_placement_names_violations() -> None:
     nc, tc = columns([(4000, 4096, 2, "A")], [(1000, 0, 1, 600, ()), (1000, 0, 1, 600, ("b",))])
     assert bound.check_placement(nc, tc, [0, 0], [(0, 0, (0,)), (1, 0, (1,))]) == 1200

@@ -17,7 +17,9 @@ from pyctl.replay.inference import (
     InferenceTraceError,
     Inventory,
     load,
+    repack_at_samples,
     replay,
+    running_at_samples,
     summary_line,
 )
 from tests.paths import DATA
@@ -112,9 +114,8 @@ def _check_log(trace: InferenceTrace, inv: Inventory, r: InferenceResult) -> int
     return moves
 
 
-def test_a_day_of_the_real_shapes_keeps_every_constraint(tmp_path: Path) -> None:
-    # the tiny slice's apps, many times over, on a crowded cluster: pyctl with its planner
-    # and a generous budget moves instances; the log must keep every constraint
+def _crowded(tmp_path: Path) -> InferenceTrace:
+    """The tiny slice's apps, many times over, arriving and leaving through a day."""
     rows = (TINY / "disaggregated_DLRM_trace.csv").read_text().splitlines()
     header, body = rows[0], rows[1:9]
     out = [header]
@@ -129,8 +130,17 @@ def test_a_day_of_the_real_shapes_keeps_every_constraint(tmp_path: Path) -> None
             f[16] = str(1800.0 * k + 97 * j + 3600.0 * (1 + (k * 7 + j) % 9)) if k >= 6 else ""
             out.append(",".join(f))
     (tmp_path / "disaggregated_DLRM_trace.csv").write_text("\n".join(out) + "\n")
-    tr = load(tmp_path)
-    inv = Inventory(gpus=8, cpu=48, memory_gib=512, rnics=2, headroom=0.0)
+    return load(tmp_path)
+
+
+#: a crowded cluster for `_crowded`
+CROWDED = Inventory(gpus=8, cpu=48, memory_gib=512, rnics=2, headroom=0.0)
+
+
+def test_a_day_of_the_real_shapes_keeps_every_constraint(tmp_path: Path) -> None:
+    # on a crowded cluster pyctl with its planner and a generous budget moves instances; the
+    # log must keep every constraint
+    tr, inv = _crowded(tmp_path), CROWDED
     comp = Compaction(interval=900.0, budget_per_day=0.2)
     r = replay(tr, "pyctl", 7, inventory=inv, compaction=comp, log=True)
     moves = _check_log(tr, inv, r)
@@ -138,6 +148,28 @@ def test_a_day_of_the_real_shapes_keeps_every_constraint(tmp_path: Path) -> None
     assert r.raw["evictions"] <= 0.2 * r.raw["running_s"] / 86400.0
     for p in ("fgd", "bestfit", "pyctl-place"):
         assert _check_log(tr, inv, replay(tr, p, 7, inventory=inv, log=True)) == 0
+
+
+def test_the_optimum_repacking_at_each_sample_is_bracketed(tmp_path: Path) -> None:
+    # at every sample of each policy's replay, what it was running (read back from its log)
+    # repacked: the lower bound never above the F(M) the replay's kernel measured then, and the
+    # repacking found never below the bound
+    tr, inv = _crowded(tmp_path), CROWDED
+    positive = 0
+    for p in ("pyctl", "fgd", "bestfit"):
+        r = replay(tr, p, 7, inventory=inv, log=True, sample_every=1800.0)
+        at = repack_at_samples(tr, r, inv)
+        assert len(at) == len(r.raw["samples"]) > 40
+        for s, x in zip(r.raw["samples"], at, strict=True):
+            assert x.t == s["t"]
+            # the placement the log gives, judged by `stranded_of`, is what the kernel measured
+            assert x.own == pytest.approx(s["frag_milli"], abs=1e-6), (p, s["t"])
+            assert 0.0 <= x.lower <= x.best + 1e-6 <= s["frag_milli"] + 2e-6, (p, s["t"])
+            assert x.found is None or x.found >= x.lower - 1e-6
+            positive += x.lower > 0
+    assert positive > 0  # the crowded cluster strands GPUs that no repacking frees
+    with pytest.raises(ValueError, match="log=True"):
+        running_at_samples(replay(tr, "fgd", 7, inventory=inv))
 
 
 def test_missing_or_empty_trace_is_named(tmp_path: Path) -> None:

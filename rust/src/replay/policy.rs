@@ -372,29 +372,32 @@ mod tests {
     use crate::replay::kernel::makes_short;
     use crate::replay::{prepare, NodeSpec};
 
-    #[test]
-    fn cpu_short_counts_only_the_placement_that_makes_the_node_short() {
+    /// One 8-GPU node of 96 vCPU with `rdma` percent of RDMA, and a one-GPU task.
+    fn one_node(rdma: i64) -> (crate::replay::state::State, KTask) {
         let nodes = vec![NodeSpec {
             name: "a".into(),
             cpu_milli: 96000,
             memory_mib: 1 << 20,
             gpus: 8,
             model: "G2".into(),
-            rdma: 0,
+            rdma,
         }];
-        let mut st = prepare(&nodes, &[], &[], false).unwrap().state;
-        let heavy = KTask {
-            cpu: 40000,
+        let task = KTask {
+            cpu: 8000,
             mem: 0,
             rdma: 0,
             num: 1,
             milli: 1000,
             mask: u64::MAX,
         };
-        let even = KTask {
-            cpu: 12000,
-            ..heavy
-        };
+        (prepare(&nodes, &[], &[], false).unwrap().state, task)
+    }
+
+    #[test]
+    fn cpu_short_counts_only_the_placement_that_makes_the_node_short() {
+        let (mut st, task) = one_node(0);
+        let heavy = KTask { cpu: 40000, ..task };
+        let even = KTask { cpu: 12000, ..task };
         assert!(makes_short(&st, 0, &heavy, 1)); // 56/96 of the CPU for 7/8 of the GPU
         assert!(!makes_short(&st, 0, &even, 1)); // 84/96 for 7/8: not short
         st.cpu_left[0] = 30000; // already short (30/96 for 8/8): not held against anyone
@@ -403,24 +406,9 @@ mod tests {
 
     #[test]
     fn rdma_short_is_the_same_rule_for_rdma() {
-        let nodes = vec![NodeSpec {
-            name: "a".into(),
-            cpu_milli: 96000,
-            memory_mib: 1 << 20,
-            gpus: 8,
-            model: "G2".into(),
-            rdma: 200,
-        }];
-        let mut st = prepare(&nodes, &[], &[], false).unwrap().state;
-        let fair = KTask {
-            cpu: 8000,
-            mem: 0,
-            rdma: 25,
-            num: 1,
-            milli: 1000,
-            mask: u64::MAX,
-        };
-        let heavy = KTask { rdma: 50, ..fair };
+        let (mut st, task) = one_node(200);
+        let fair = KTask { rdma: 25, ..task };
+        let heavy = KTask { rdma: 50, ..task };
         assert!(!makes_short(&st, 0, &fair, 1)); // 175/200 of the RDMA for 7/8 of the GPU
         assert!(makes_short(&st, 0, &heavy, 1)); // 150/200 for 7/8: short
         st.rdma_left[0] = 150; // already short (150/200 for 8/8): not held against anyone
@@ -430,6 +418,6 @@ mod tests {
         st.rdma_cap[0] = 0;
         assert!(!makes_short(&st, 0, &heavy, 1));
         st.rdma_cap[0] = 200;
-        assert!(!makes_short(&st, 0, &KTask { rdma: 0, ..heavy }, 1));
+        assert!(!makes_short(&st, 0, &task, 1));
     }
 }
