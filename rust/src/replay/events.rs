@@ -11,7 +11,9 @@
 //!   room on one node). An instance nothing takes waits in a FIFO queue.
 //! - The queue is retried in arrival order after every departure and after every compaction
 //!   round (capacity changes at no other time); an instance still waiting at its deletion time
-//!   leaves the queue unplaced.
+//!   leaves the queue unplaced (nothing places it at that instant, before its departure comes).
+//!   An instance deleted at the instant it is created (or before the start) never runs: it is
+//!   not replayed and not counted as arrived.
 //! - pyctl with compaction: a round every `interval` seconds of trace time, first a rescue of
 //!   the oldest waiting instance, then the planner's defragmentation, with at most one instance
 //!   of an app moved per round (so each move's anti-affinity check stays valid), within an
@@ -300,8 +302,15 @@ impl Sim<'_> {
         }
     }
 
-    /// Tries the waiting instances in arrival order; an instance with the same request and app
-    /// as one that found no node in this pass is not tried again.
+    /// Whether instance `i` leaves at this instant (its departure, due now, not yet processed: a
+    /// waiting instance leaves unplaced, so nothing places it now).
+    fn leaving(&self, i: usize) -> bool {
+        self.inst[i].depart.is_some_and(|d| d <= self.now)
+    }
+
+    /// Tries the waiting instances in arrival order (not those leaving at this instant); an
+    /// instance with the same request and app as one that found no node in this pass is not
+    /// tried again.
     fn retry(&mut self) {
         if self.queue.is_empty() {
             return;
@@ -312,7 +321,7 @@ impl Sim<'_> {
         for &i in &queue {
             let i = i as usize;
             let key = (self.run.k.task_key(&self.run.tasks[i]), self.inst[i].app);
-            if failed.contains(&key) {
+            if failed.contains(&key) || self.leaving(i) {
                 left.push(i as u32);
                 continue;
             }
@@ -465,7 +474,7 @@ impl Sim<'_> {
         self.res.compaction_rounds += 1;
         if let Some(&first) = self.queue.first() {
             let i = first as usize;
-            if self.rescue(i) {
+            if !self.leaving(i) && self.rescue(i) {
                 self.queue.retain(|&x| x != first);
                 self.res.placed_after_wait += 1;
             }
@@ -587,7 +596,10 @@ pub fn run_events(
     let mut events: Vec<(f64, u8, u32, u32)> = Vec::with_capacity(2 * inst.len());
     for (i, s) in inst.iter().enumerate() {
         let t = s.arrive.max(0.0);
-        if t < cfg.end {
+        // deleted at the instant it is created (or before the start): it never runs; at one
+        // instant its departure would come before its arrival and be lost
+        let at_once = s.depart.is_some_and(|d| d.max(0.0) <= t);
+        if t < cfg.end && !at_once {
             let p = if s.arrive <= 0.0 { pos[i] } else { i as u32 };
             events.push((t, 1, p, i as u32));
             if let Some(d) = s.depart {

@@ -99,6 +99,47 @@ fn an_instance_that_leaves_while_waiting_is_never_placed() {
 }
 
 #[test]
+fn an_instance_deleted_as_it_is_created_never_runs() {
+    // created and deleted at 10 s (and one before the start): at one instant departures come
+    // first, so a placement then would never be undone; it is not replayed at all
+    let nodes = [node("a", 32000, 2, 0)];
+    let i = [
+        inst(1000, 0, 0, 0, 10.0, Some(10.0)),
+        inst(1000, 0, 1, 0, -5.0, Some(0.0)),
+        inst(1000, 0, 2, 0, 20.0, None),
+    ];
+    for p in POLICIES {
+        let r = run_events(&nodes, &i, &[shape(1000, 0)], &cfg(p, 100.0)).unwrap();
+        assert_eq!((r.arrived, r.placed_on_arrival, r.never_placed), (1, 1, 0));
+        assert!((r.running_s - 80.0).abs() < 1e-9, "{}", r.running_s);
+        assert!(r.log.iter().all(|e| e.instance == 2));
+    }
+}
+
+#[test]
+fn a_waiting_instance_is_not_placed_at_the_instant_it_leaves() {
+    // one GPU; the second and third wait; at 50 s the first leaves and so does the second
+    // (after it, in input order): the GPU goes to the third, the second leaves unplaced
+    let nodes = [node("a", 32000, 1, 0)];
+    let i = [
+        inst(1000, 0, 0, 0, 0.0, Some(50.0)),
+        inst(1000, 0, 1, 0, 5.0, Some(50.0)),
+        inst(1000, 0, 2, 0, 6.0, None),
+    ];
+    for p in POLICIES {
+        let r = run_events(&nodes, &i, &[shape(1000, 0)], &cfg(p, 100.0)).unwrap();
+        assert_eq!((r.placed_after_wait, r.never_placed), (1, 1), "{p:?}");
+        let placed: Vec<_> = r
+            .log
+            .iter()
+            .filter(|e| e.kind == Kind::Place)
+            .map(|e| (e.instance, e.t))
+            .collect();
+        assert_eq!(placed, vec![(0, 0.0), (2, 50.0)]);
+    }
+}
+
+#[test]
 fn the_anti_affinity_cap_holds() {
     // two nodes of four GPUs; app 0 at most 2 per node: the fifth instance of app 0 waits
     // although three GPUs are free
