@@ -10,7 +10,7 @@ was running then is bracketed (`pyctl.replay.inference.repack_at_samples`: a low
 repacking found) and summed over the samples beside the policy's own sampled F(M).
 
 Usage: python bench/inference_replay.py DATA_DIR [--seeds 42,43,44] [--json F] [--plot PNG]
-                                        [--bound]
+                                        [--bound] [--min-pod-age S] [--headroom P] [--budget P]
 Last line: `inference_replay: stranded GPU-hours pyctl <A>, FGD <B>; pending instance-hours pyctl
 <C>, FGD <D>; pyctl <E> evictions/day (<F>% of running instances per day)`.
 """
@@ -135,6 +135,13 @@ def main() -> int:
         action="store_true",
         help="bracket the optimum repacking at each sample of pyctl's and FGD's replays",
     )
+    ap.add_argument(
+        "--min-pod-age",
+        type=float,
+        default=0.0,
+        help="pyctl: seconds a pod runs before it may be moved (the controller's "
+        "evictor_min_pod_age_seconds; default 0)",
+    )
     ap.add_argument("--budget", type=float, default=1.0, help="pyctl: %% evicted per day")
     ap.add_argument(
         "--headroom", type=float, default=5.0, help="%% of the peak the inventory adds (default 5)"
@@ -162,7 +169,7 @@ def main() -> int:
         print(f"  row {row} left out: {why}")
     from pyctl.replay.inference import Compaction
 
-    comp = Compaction(budget_per_day=args.budget / 100.0)
+    comp = Compaction(budget_per_day=args.budget / 100.0, min_pod_age=args.min_pod_age)
     results: list[InferenceResult] = []
     t0 = time.perf_counter()
     for seed in args.seeds:

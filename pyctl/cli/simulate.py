@@ -101,6 +101,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="with --inference: pyctl's eviction budget, %% of the running instances per day",
     )
     p.add_argument(
+        "--min-pod-age",
+        type=float,
+        default=0.0,
+        help="with --inference: seconds a pod runs before pyctl may move it (the controller's "
+        "evictor_min_pod_age_seconds; default 0)",
+    )
+    p.add_argument(
         "--headroom",
         type=float,
         default=5.0,
@@ -314,6 +321,8 @@ def run_inference(console: Console, args: argparse.Namespace) -> int:
 
     if not 0.0 <= args.evictions_per_day <= 100.0:
         raise UserError("--evictions-per-day must be a percentage in 0..100")
+    if not 0.0 <= args.min_pod_age <= 86400.0 * 365:
+        raise UserError("--min-pod-age must be a number of seconds in 0..31536000")
     if not 0.0 <= args.headroom <= 1000.0:
         raise UserError("--headroom must be a percentage in 0..1000")
     try:
@@ -331,7 +340,9 @@ def run_inference(console: Console, args: argparse.Namespace) -> int:
             f"[yellow]{len(big)} instance(s) ask for more than one node has (first: "
             f"{trace.instances['name'][big[0]]}): they wait until they leave[/yellow]"
         )
-    comp = inference.Compaction(budget_per_day=args.evictions_per_day / 100.0)
+    comp = inference.Compaction(
+        budget_per_day=args.evictions_per_day / 100.0, min_pod_age=args.min_pod_age
+    )
     # --policy pyctl also runs pyctl's placement alone (pyctl-place)
     chosen = set(args.policy or inference.POLICIES)
     if "pyctl" in chosen:

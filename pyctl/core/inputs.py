@@ -185,6 +185,7 @@ class EventCompaction(TypedDict, total=False):
     min_gain: float
     rescue_depth: int
     rescue_budget: int
+    min_pod_age: float
 
 
 # ---- MIG planner (rust/src/python/mig.rs) -------------------------------------------------------

@@ -110,7 +110,8 @@ class Compaction:
     (rescue of the oldest waiting instance, then defragmentation: up to `max_moves` moves, each
     lowering F(M) by more than `min_gain` milli-GPU), evictions never above `budget_per_day` x
     the instance-days run so far; an arrival nothing takes is rescued with up to `rescue_depth`
-    evictions (at most `rescue_budget` candidate sets)."""
+    evictions (at most `rescue_budget` candidate sets). Like the controller's evictor, it moves
+    no pod younger than `min_pod_age` seconds (placed or last moved since)."""
 
     interval: float = 3600.0
     budget_per_day: float = 0.01
@@ -118,6 +119,9 @@ class Compaction:
     min_gain: float = 1.0
     rescue_depth: int = 2
     rescue_budget: int = 64
+    #: the controller's `evictor_min_pod_age_seconds` (its default, 0): no instance placed or
+    #: last moved less than this many seconds ago is moved
+    min_pod_age: float = 0.0
 
     def as_dict(self) -> EventCompaction:
         return EventCompaction(
@@ -127,6 +131,7 @@ class Compaction:
             min_gain=self.min_gain,
             rescue_depth=self.rescue_depth,
             rescue_budget=self.rescue_budget,
+            min_pod_age=self.min_pod_age,
         )
 
 

@@ -29,7 +29,7 @@ DIGEST = "sha256:" + "ab" * 32
 #: value sets a user would install with (each must lint and render)
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
-    "enforce": {"mode": "enforce"},
+    "enforce": {"mode": "enforce", "evictor.minPodAgeSeconds": 21600},
     "external-redis-tls": {
         "mode": "enforce",
         "redis.bundled": False,
@@ -78,6 +78,7 @@ def test_template_renders_valid_settings(name: str) -> None:
     assert cfg.source == "kube"
     assert cfg.in_cluster
     assert cfg.redis.url
+    assert cfg.evictor.min_pod_age_seconds == VALUE_SETS[name].get("evictor.minPodAgeSeconds", 0)
     assert "gpu-infra" in cfg.evictor.excluded_namespaces
     assert "kube-system" in cfg.evictor.excluded_namespaces
     for o in objs:
@@ -94,6 +95,7 @@ def test_template_renders_valid_settings(name: str) -> None:
         ({"redis.maxmemoryPolicy": "allkeys-lru"}, "/redis/maxmemoryPolicy"),
         ({"limits.nodeBurst": 0}, "/limits/nodeBurst"),
         ({"evictor.minReplicas": 0}, "/evictor/minReplicas"),
+        ({"evictor.minPodAgeSeconds": -1}, "/evictor/minPodAgeSeconds"),
         ({"extender.mode": "score"}, "/extender/mode"),
     ],
 )

@@ -189,6 +189,20 @@ def test_pyctl_simulate_inference(capsys: pytest.CaptureFixture[str]) -> None:
     want = summary_line([replay(tr, "fgd", 42, inventory=Inventory())])
     assert " ".join(want.split()) in " ".join(out.split())
     assert main(["simulate", "--inference", str(TINY / "nope")]) != 0
+    capsys.readouterr()
+    # the evictor's minimum pod age reaches the replay; a bad one is refused by name
+    args = ["simulate", "--inference", str(TINY), "--seeds", "42", "--policy", "pyctl"]
+    assert main([*args, "--min-pod-age", "21600"]) == 0
+    comp = Compaction(min_pod_age=21600.0)
+    want = summary_line(
+        [
+            replay(tr, p, 42, inventory=Inventory(), compaction=comp)
+            for p in ("pyctl", "pyctl-place")
+        ]
+    )
+    assert " ".join(want.split()) in " ".join(capsys.readouterr().out.split())
+    assert main([*args, "--min-pod-age", "nan"]) != 0
+    assert "--min-pod-age" in capsys.readouterr().err
 
 
 def test_an_instance_larger_than_a_node_waits_and_does_not_size_the_cluster(

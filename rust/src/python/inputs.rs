@@ -226,6 +226,7 @@ inputs! {
         min_gain: f64 = "float" optional,
         rescue_depth: u32 = "int" optional,
         rescue_budget: u32 = "int" optional,
+        min_pod_age: f64 = "float" optional,
     }
 
     /// A GPU of `mig_plan`: its index and its MIG instances.

@@ -17,7 +17,9 @@
 //! - pyctl with compaction: a round every `interval` seconds of trace time, first a rescue of
 //!   the oldest waiting instance, then the planner's defragmentation, with at most one instance
 //!   of an app moved per round (so each move's anti-affinity check stays valid), within an
-//!   eviction budget of `budget_per_day` x the instance-days run so far.
+//!   eviction budget of `budget_per_day` x the instance-days run so far; a pod younger than
+//!   `min_pod_age` (placed or last moved less long ago) is not moved, as the controller's
+//!   evictor keeps it.
 //! - Figures are integrals over `0..end` of the state between events (time-weighted): F(M),
 //!   idle and allocated GPU, waiting and running instances.
 
@@ -57,6 +59,10 @@ pub struct EventCompaction {
     pub rescue_depth: u32,
     /// Most candidate sets of pods one rescue evaluates.
     pub rescue_budget: u32,
+    /// Seconds a pod must have run before it may be evicted (the controller's evictor setting
+    /// `evictor_min_pod_age_seconds`): an instance placed or last moved (a moved instance is a
+    /// new pod) less than this long ago is not moved. 0: any pod.
+    pub min_pod_age: f64,
 }
 
 impl Default for EventCompaction {
@@ -68,6 +74,7 @@ impl Default for EventCompaction {
             min_gain: 1.0,
             rescue_depth: 2,
             rescue_budget: 64,
+            min_pod_age: 0.0,
         }
     }
 }
@@ -168,6 +175,8 @@ struct Sim<'a> {
     app_on: Vec<u16>,
     apps: usize,
     queue: Vec<u32>,
+    /// When each instance's pod was created: placed, or last moved.
+    since: Vec<f64>,
     node_ids: Vec<usize>,
     now: f64,
     res: EventResult,
@@ -240,6 +249,7 @@ impl Sim<'_> {
         let app = self.inst[i].app as usize;
         self.app_on[c.node * self.apps + app] += 1;
         self.status[i] = Status::Running(pid);
+        self.since[i] = self.now;
         self.log(Kind::Place, i as u32, self.caller(c.node), -1);
     }
 
@@ -363,6 +373,10 @@ impl Sim<'_> {
             if Some(s.app) == except_app {
                 continue;
             }
+            let min_age = self.cfg.compaction.map_or(0.0, |c| c.min_pod_age);
+            if self.now - self.since[i] < min_age {
+                continue; // the evictor's minimum pod age
+            }
             if s.max_per_node > 0 {
                 m.allowed = Some(self.app_set(i, &mut sets, &mut set_of));
             }
@@ -423,6 +437,7 @@ impl Sim<'_> {
             let to = self.run.placed[pid as usize].node as usize;
             self.app_on[from * self.apps + app] -= 1;
             self.app_on[to * self.apps + app] += 1;
+            self.since[i] = self.now;
             self.log(Kind::Move, i as u32, self.caller(from), self.caller(to));
         }
         let (Some(i), Some(r)) = (rescue_of, plan.rescues.first()) else {
@@ -537,6 +552,15 @@ fn check(inst: &[InstanceSpec], cfg: &EventConfig) -> CoreResult<()> {
                 format!("must be a finite number >= 0, got {}", c.min_gain),
             ));
         }
+        if !(c.min_pod_age.is_finite() && c.min_pod_age >= 0.0) {
+            return Err(CoreError::new(
+                "compaction.min_pod_age",
+                format!(
+                    "must be a finite number of seconds >= 0, got {}",
+                    c.min_pod_age
+                ),
+            ));
+        }
         if cfg.policy == Policy::PyctlDeployed {
             return Err(CoreError::new(
                 "compaction",
@@ -632,6 +656,7 @@ pub fn run_events(
         app_on: vec![0; n * apps],
         apps,
         queue: Vec::new(),
+        since: vec![0.0; inst.len()],
         node_ids,
         now: 0.0,
         res: EventResult {

@@ -216,10 +216,9 @@ fn figures_are_time_weighted() {
     );
 }
 
-/// Every placement and move keeps each node within its GPUs, CPU, RDMA and each app's cap,
-/// checked by replaying the log on its own books; compaction moves within the budget.
-#[test]
-fn compaction_keeps_every_constraint() {
+/// 12 nodes of 8 GPUs and 400 instances of 8 apps (caps 0, 2, 3, 4) arriving and leaving
+/// over 200,000 s, each asking for CPU and RDMA.
+fn churn() -> (Vec<NodeSpec>, Vec<InstanceSpec>) {
     let mut rng = Rng::new(5);
     let nodes: Vec<_> = (0..12)
         .map(|k| node(&format!("n{k}"), 48000, 8, 200))
@@ -238,6 +237,14 @@ fn compaction_keeps_every_constraint() {
         let cap = [0, 2, 3, 4][app as usize % 4];
         i.push(inst(cpu, rdma, app, cap, arrive, Some(arrive + life)));
     }
+    (nodes, i)
+}
+
+/// Every placement and move keeps each node within its GPUs, CPU, RDMA and each app's cap,
+/// checked by replaying the log on its own books; compaction moves within the budget.
+#[test]
+fn compaction_keeps_every_constraint() {
+    let (nodes, i) = churn();
     let shapes = [shape(8000, 25), shape(12000, 50)];
     let mut c = cfg(Policy::Pyctl, 250_000.0);
     c.shuffle = true;
@@ -314,4 +321,49 @@ fn bad_times_are_refused_by_name() {
     c.compaction = Some(EventCompaction::default());
     let e = run_events(&nodes, &[], &[], &c).unwrap_err();
     assert!(e.to_string().contains("compaction.interval"), "{e}");
+}
+
+/// With a minimum pod age, no instance is moved sooner than that after it was placed or last
+/// moved (the log's times), and the planner still moves the older ones.
+#[test]
+fn a_pod_younger_than_the_minimum_age_is_not_moved() {
+    let (nodes, i) = churn();
+    let shapes = [shape(8000, 25), shape(12000, 50)];
+    let mut c = cfg(Policy::Pyctl, 250_000.0);
+    c.shuffle = true;
+    let mut moved_young = 0;
+    for age in [0.0, 20_000.0] {
+        c.compaction = Some(EventCompaction {
+            budget_per_day: 0.05,
+            min_pod_age: age,
+            ..Default::default()
+        });
+        let r = run_events(&nodes, &i, &shapes, &c).unwrap();
+        assert!(r.evictions > 0, "{age}");
+        let mut since = vec![f64::NAN; i.len()];
+        for e in &r.log {
+            match e.kind {
+                Kind::Place => since[e.instance as usize] = e.t,
+                Kind::Move => {
+                    let young = e.t - since[e.instance as usize] < 20_000.0;
+                    assert!(
+                        age == 0.0 || !young,
+                        "moved at {} after {}",
+                        e.t,
+                        since[e.instance as usize]
+                    );
+                    moved_young += young as u32;
+                    since[e.instance as usize] = e.t;
+                }
+                _ => {}
+            }
+        }
+    }
+    assert!(moved_young > 0); // without the minimum, young pods are moved: the check can fail
+    let bad = EventCompaction {
+        min_pod_age: -1.0,
+        ..Default::default()
+    };
+    c.compaction = Some(bad);
+    assert!(run_events(&nodes, &i, &shapes, &c).is_err());
 }
