@@ -884,16 +884,17 @@ def _most_idle_where_fits(
     for k, (_, count) in enumerate(kinds):
         h.addCol(0.0, 0.0, float(count), 0, [], [])
         xs.append(2 + k)
+    # (capacity of a node, each kind's use, what an open node keeps for the shape, is the GPU)
     per = [
-        (g, [1.0] * len(kinds), 0),
-        (cpu, [float(t[0]) for t, _ in kinds], c_m),
-        (mem, [float(t[1]) for t, _ in kinds], 0),
-        (rdma, [float(t[2]) for t, _ in kinds], r_m),
+        (g, [1.0] * len(kinds), 0, True),
+        (cpu, [float(t[0]) for t, _ in kinds], c_m, False),
+        (mem, [float(t[1]) for t, _ in kinds], 0, False),
+        (rdma, [float(t[2]) for t, _ in kinds], r_m, False),
     ]
-    for size, use, keep in per:
-        # on the open nodes: their use (and the idle GPUs) within (size - keep) each
-        extra = [1.0] if size == g else []
-        cols = ([1] if extra else []) + xs
+    for size, use, keep, gpu in per:
+        # on the open nodes: their use (and, of the GPUs, the idle ones) within (size - keep)
+        extra = [1.0] if gpu else []
+        cols = ([1] if gpu else []) + xs
         h.addRow(-inf, 0.0, len(cols) + 1, [0, *cols], [-float(size - keep), *extra, *use])
         # on the others: the rest within size each: -use.x + size O <= size N - use.n
         rest = sum(v * c for v, (_, c) in zip(use, kinds, strict=True))
