@@ -28,6 +28,7 @@ from _common import REPO  # noqa: F401  (puts the repository on sys.path)
 from pyctl.replay.inference import (
     FIGURES,
     POLICIES,
+    SAMPLE_EVERY,
     SEEDS,
     InferenceResult,
     InferenceTraceError,
@@ -115,7 +116,9 @@ def plot(
             )
     a1.set_ylabel("stranded GPUs (F(M))")
     a2.set_ylabel("waiting instances")
-    a2.set_xlabel(f"day of the trace (seed {results[0].seed}, sampled every 6 h)")
+    a2.set_xlabel(
+        f"day of the trace (seed {results[0].seed}, sampled every {SAMPLE_EVERY / 3600:g} h)"
+    )
     a1.legend()
     a1.set_title("DLRM inference trace: pyctl against FGD")
     fig.tight_layout()
@@ -192,7 +195,7 @@ def main() -> int:
             if r.policy in BOUNDED:
                 repacks[r.policy, r.seed] = repack_at_samples(trace, r, inv)
         print(f"the optimum repacking at each sample ({time.perf_counter() - t1:.0f} s):")
-        print("\n".join(bound_lines(results, repacks, 6 * 3600.0)))
+        print("\n".join(bound_lines(results, repacks, SAMPLE_EVERY)))
     if args.json:
         Path(args.json).write_text(
             json.dumps(

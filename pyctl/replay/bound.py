@@ -700,15 +700,10 @@ def stranded_bound(
     are not one whole GPU count 0 (F is never negative). Raises `ValueError` for an input it
     cannot read and `BoundError` if the instances fit no such split (not a real placement)."""
     hs = _highspy()
-    try:
-        n = int(nodes)
-        g, cpu, mem, rdma = (
-            int(per_node[k]) for k in ("num_gpu", "cpu_milli", "memory_mib", "rdma")
-        )
-    except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"stranded_bound: nodes and per-node capacity: {e}") from None
-    if n < 0 or min(g, cpu, mem, rdma) < 0:
-        raise ValueError("stranded_bound: negative nodes or capacity")
+    n = int(nodes)
+    g, cpu, mem, rdma = _node_capacity(per_node)
+    if n < 0:
+        raise ValueError("stranded_bound: negative nodes")
     kinds: Counter[RunningInstance] = Counter()
     for inst in running:
         if len(inst) != 5 or any(not isinstance(x, int) for x in inst) or min(inst[:3]) < 0:
@@ -719,15 +714,9 @@ def stranded_bound(
         return 0.0
     ts = sorted(kinds.items())
     total = 0.0
-    for shape in shapes:
-        w = float(shape.get("weight") or 0.0)
-        if (
-            w <= 0
-            or int(shape.get("gpus") or 0) != 1
-            or int(shape.get("gpu_milli") or 0) != GPU_MILLI
-        ):
+    for w, c_m, r_m in _whole_shapes(shapes):
+        if w <= 0:
             continue
-        c_m, r_m = int(shape.get("cpu_milli") or 0), int(shape.get("rdma") or 0)
         if c_m > cpu or r_m > rdma:
             total += w * idle  # m fits no node
             continue
@@ -749,7 +738,8 @@ def stranded_of(
     ValueError naming the first violation). F as the replay's kernel counts it for whole
     one-GPU shapes: a shape's weight times a node's idle GPUs where the shape's CPU or RDMA no
     longer fits."""
-    g, cpu, mem, rdma = (int(per_node[k]) for k in ("num_gpu", "cpu_milli", "memory_mib", "rdma"))
+    g, cpu, mem, rdma = _node_capacity(per_node)
+    whole = _whole_shapes(shapes)
     if len(node_of) != len(running):
         raise ValueError("stranded_of: one node per instance")
     use = [[0, 0, 0, 0] for _ in range(nodes)]
@@ -769,15 +759,36 @@ def stranded_of(
             raise ValueError(f"node {j}: over its capacity ({ug}, {uc}, {um}, {ur})")
     total = 0.0
     for ug, uc, _, ur in use:
-        for shape in shapes:
-            if int(shape.get("gpus") or 0) != 1 or int(shape.get("gpu_milli") or 0) != GPU_MILLI:
-                continue
-            short = cpu - uc < int(shape.get("cpu_milli") or 0) or rdma - ur < int(
-                shape.get("rdma") or 0
-            )
-            if short:
-                total += float(shape.get("weight") or 0.0) * (g - ug)
+        for w, c_m, r_m in whole:
+            if cpu - uc < c_m or rdma - ur < r_m:
+                total += w * (g - ug)
     return total * GPU_MILLI
+
+
+def _node_capacity(per_node: Mapping[str, int]) -> tuple[int, int, int, int]:
+    """(GPUs, CPU milli, memory MiB, RDMA %) of one node (`inference.Inventory.per_node`)."""
+    try:
+        cap = tuple(int(per_node[k]) for k in ("num_gpu", "cpu_milli", "memory_mib", "rdma"))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"per-node capacity: {e}") from None
+    if min(cap) < 0:
+        raise ValueError(f"per-node capacity: negative {cap}")
+    g, cpu, mem, rdma = cap
+    return g, cpu, mem, rdma
+
+
+def _whole_shapes(shapes: Sequence[Mapping[str, Any]]) -> list[tuple[float, int, int]]:
+    """(weight, CPU milli, RDMA %) of each of M's shapes that is one whole GPU, the shapes the
+    kernel's F_n(M) counts a node's idle GPUs for when their CPU or RDMA no longer fits."""
+    return [
+        (
+            float(s.get("weight") or 0.0),
+            int(s.get("cpu_milli") or 0),
+            int(s.get("rdma") or 0),
+        )
+        for s in shapes
+        if int(s.get("gpus") or 0) == 1 and int(s.get("gpu_milli") or 0) == GPU_MILLI
+    ]
 
 
 def _caps_hold(caps: Sequence[int]) -> bool:
@@ -802,14 +813,10 @@ def stranded_repack(
     node otherwise, and where neither exists the fullest node that takes it. Returns its F(M)
     (checked by `stranded_of`) and the node of each instance, or None if some instance found
     no node. An upper side for the optimum repacking, beside `stranded_bound`'s lower one."""
-    g, cpu, mem, rdma = (int(per_node[k]) for k in ("num_gpu", "cpu_milli", "memory_mib", "rdma"))
-    whole = [
-        s
-        for s in shapes
-        if int(s.get("gpus") or 0) == 1 and int(s.get("gpu_milli") or 0) == GPU_MILLI
-    ]
-    keep_cpu = max((int(s.get("cpu_milli") or 0) for s in whole), default=0)
-    keep_rdma = max((int(s.get("rdma") or 0) for s in whole), default=0)
+    g, cpu, mem, rdma = _node_capacity(per_node)
+    whole = _whole_shapes(shapes)
+    keep_cpu = max((c for _, c, _ in whole), default=0)
+    keep_rdma = max((r for _, _, r in whole), default=0)
     order = sorted(
         range(len(running)), key=lambda k: (-running[k][2], -running[k][0], -running[k][1], k)
     )

@@ -50,6 +50,8 @@ POLICIES: tuple[str, ...] = ("pyctl", "pyctl-place", "fgd", "bestfit")
 SEEDS: tuple[int, ...] = (42, 43, 44)
 HOUR = 3600.0
 DAY = 86400.0
+#: Seconds between a replay's samples of its state (`replay`'s default).
+SAMPLE_EVERY = 6 * HOUR
 #: the resources an instance requests (its columns) and a node has
 Resource = Literal["num_gpu", "cpu_milli", "memory_mib", "rdma"]
 RESOURCES: tuple[Resource, ...] = ("num_gpu", "cpu_milli", "memory_mib", "rdma")
@@ -374,7 +376,7 @@ def replay(
     *,
     inventory: Inventory | None = None,
     compaction: Compaction | None = None,
-    sample_every: float = 6 * HOUR,
+    sample_every: float = SAMPLE_EVERY,
     log: bool = False,
     shuffle: bool = True,
 ) -> InferenceResult:

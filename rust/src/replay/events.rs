@@ -367,13 +367,13 @@ impl Sim<'_> {
         let mut ids = Vec::with_capacity(all.len());
         let mut sets: Vec<NodeSet> = Vec::new();
         let mut set_of: Vec<Option<usize>> = vec![None; self.apps];
+        let min_age = self.cfg.compaction.map_or(0.0, |c| c.min_pod_age);
         for (mut m, pid) in all.into_iter().zip(all_ids) {
             let i = self.run.placed[pid as usize].task as usize;
             let s = &self.inst[i];
             if Some(s.app) == except_app {
                 continue;
             }
-            let min_age = self.cfg.compaction.map_or(0.0, |c| c.min_pod_age);
             if self.now - self.since[i] < min_age {
                 continue; // the evictor's minimum pod age
             }
