@@ -1473,14 +1473,21 @@ class Bench:
             config["profiles"] = [{"schedulerName": scheduler}]
         sched = ExtraScheduler(plane, label, config, nice=self.args.scheduler_nice)
         sched.start()  # blocks until healthy (the watch and the proxy run in their threads)
-        # the scheduler's CPU seconds, sampled from before its first bind to after its last
+        # the scheduler's CPU seconds, pyctl's and the machine's busy seconds, sampled together
+        # in this loop from before the first bind to after the last (not from the background
+        # sampler: a stretch it missed while the burst crowded its core left a burst unaccounted)
         sched_cpu: list[tuple[float, float]] = []
+        ours_cpu: list[tuple[float, float]] = []
+        busy_cpu: list[tuple[float, float]] = []
 
         def sample() -> None:
             pid = sched.pid
             if pid is not None:
                 with contextlib.suppress(OSError):
-                    sched_cpu.append((time.monotonic(), proc_cpu_seconds(pid)))
+                    s, now = proc_cpu_seconds(pid), time.monotonic()
+                    sched_cpu.append((now, s))
+                    ours_cpu.append((now, ctl.cpu_seconds(look=False)))
+                    busy_cpu.append((now, machine_busy()))
 
         sample()
         try:
@@ -1503,8 +1510,9 @@ class Bench:
         rate = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else float("nan")
         acct = (float("nan"),) * 3
         if len(times) > 1:
-            (c0, b0), (c1, b1) = ctl.cpu_at(times[0]), ctl.cpu_at(times[-1])
-            s0, s1 = _interpolate(sched_cpu, times[0]), _interpolate(sched_cpu, times[-1])
+            s0, s1 = (_interpolate(sched_cpu, t) for t in (times[0], times[-1]))
+            c0, c1 = (_interpolate(ours_cpu, t) for t in (times[0], times[-1]))
+            b0, b1 = (_interpolate(busy_cpu, t) for t in (times[0], times[-1]))
             wall = times[-1] - times[0]
             cores = os.cpu_count() or 1
             acct = (1000 * (s1 - s0) / (len(times) - 1), c1 - c0, (b1 - b0) / (cores * wall))
