@@ -86,7 +86,10 @@ def _conformance(args: argparse.Namespace) -> int:
     for i, case in enumerate(cases):
         name = case.get("name", f"cases[{i}]") if isinstance(case, dict) else f"cases[{i}]"
         got = result_dict(merge_case(case, f"{args.corpus}: {name}"))
-        want = {**case["expected"], "admit": case.get("admit")}
+        expected = case.get("expected")
+        if not isinstance(expected, dict):
+            raise UserError(f"{args.corpus}: {name}: 'expected' must be an object (a merged hint)")
+        want = {**expected, "admit": case.get("admit")}
         if want["admit"] is None:
             got["admit"] = None
         if got != want:

@@ -39,6 +39,18 @@ def test_conformance_command_fails_on_a_wrong_expectation(
     assert "2 passed, 1 failed" in capsys.readouterr().out
 
 
+def test_conformance_command_refuses_a_case_without_its_expectation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = json.loads(TOPOLOGY_CORPUS.read_text())
+    corpus["cases"] = corpus["cases"][:3]
+    del corpus["cases"][2]["expected"]  # found by tests/fuzz/test_fuzz_cli.py
+    f = tmp_path / "c.json"
+    f.write_text(json.dumps(corpus))
+    assert main(["topology", "conformance", str(f)]) == 2
+    assert "'expected' must be an object" in capsys.readouterr().err
+
+
 def test_merge_json_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     case = {
         "policy": "single-numa-node",
