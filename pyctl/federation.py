@@ -289,6 +289,7 @@ _SHAPE_ALIASES = {
     "gpu_pool": "gpu_pool",
     "gpumem": "gpu_memory_mib",
     "gpu_memory_mib": "gpu_memory_mib",
+    "rdma": "rdma",
 }
 
 
@@ -296,9 +297,9 @@ def parse_shape(text: str) -> Shape:
     """A shape from `key=value,...` (cpu_milli, memory_mib, gpus, gpu_milli, mig_profile,
     gpu_models separated by '|'; `cpu=8` means 8 cores, `mem`/`memory` is MiB, `mig` is
     mig_profile; `pool`/`gpu_pool` the GPU sharing pool, `gpumem`/`gpu_memory_mib` MiB per GPU,
-    docs/sharing.md) or from a JSON object in pyctl's workload shape format. A GPU shape of the
-    default pool without gpu_milli or GPU memory asks for whole GPUs; in another pool it asks
-    for one replica of each GPU."""
+    docs/sharing.md; `rdma` of the nodes' RDMA resource) or from a JSON object in pyctl's
+    workload shape format. A GPU shape of the default pool without gpu_milli or GPU memory asks
+    for whole GPUs; in another pool it asks for one replica of each GPU."""
     text = text.strip()
     if not text:
         raise ShapeError("empty shape")
@@ -345,6 +346,7 @@ def parse_shape(text: str) -> Shape:
             gpu_models=gpu_models,
             gpu_pool=gpu_pool,
             gpu_memory_mib=amounts.get("gpu_memory_mib", 0),
+            rdma=amounts.get("rdma", 0),
         )
     if (
         shape.gpus
@@ -359,6 +361,7 @@ def parse_shape(text: str) -> Shape:
             gpus=shape.gpus,
             gpu_milli=1000,
             gpu_models=shape.gpu_models,
+            rdma=shape.rdma,
         )
     if shape.is_cpu_only:
         raise ShapeError(f"shape {text!r}: asks for no GPU (gpus or mig_profile)")

@@ -102,6 +102,10 @@ class Node:
     #: how the pods' GPUs were attributed, for display: "agent (exact: ...)" where `pyctl agent`
     #: speaks for the node, "rules (why)" where it does not, "" where there is no agent
     gpu_source: str = ""
+    #: its RDMA resource (the extended resource `rdma_resource` names: shared HCA devices,
+    #: bandwidth shares), allocatable and requested by its pods, node-wide; 0: none
+    rdma: int = 0
+    rdma_used: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +149,8 @@ class Shape:
     gang: Gang | None = None
     #: its GPUs must share one link group of the node (on nodes that publish links)
     link_group: bool = False
+    #: of the node's RDMA resource (`Node.rdma`), node-wide like CPU; 0: none
+    rdma: int = 0
 
     @property
     def is_cpu_only(self) -> bool:
@@ -152,7 +158,9 @@ class Shape:
 
     def key(
         self,
-    ) -> tuple[int, int, int, str | None, tuple[str, ...], bool, bool, str, int, Gang | None, bool]:
+    ) -> tuple[
+        int, int, int, str | None, tuple[str, ...], bool, bool, str, int, Gang | None, bool, int
+    ]:
         """Identity of a shape without its weight (FGD keys shapes by CPU, GPU share, count and
         type; DRA shapes also by how they are admitted; sharing adds the pool and the GPU
         memory asked for; a gang's pods are a shape of their own)."""
@@ -168,6 +176,7 @@ class Shape:
             self.gpu_memory_mib,
             self.gang,
             self.link_group,
+            self.rdma,
         )
 
 

@@ -118,6 +118,8 @@ _NODE_KEYS = {
     "gpu_memory_mib",
     "sharing",
     "gpu_source",
+    "rdma",
+    "rdma_used",
 }
 
 
@@ -255,6 +257,9 @@ def _node(raw: Any, i: int) -> Node:
                 raise SnapshotError(f"{where}.zones[numa={z.numa}]: GPU id {gid} appears twice")
             gpu_ids.add(gid)
     _check_link_levels(where, zones)
+    rdma, rdma_used = _int(n, "rdma", where), _int(n, "rdma_used", where)
+    if rdma_used > rdma:
+        raise SnapshotError(f"{where}.rdma_used: {rdma_used} is above rdma {rdma}")
     return Node(
         name=name,
         gpu_model=_str(n, "gpu_model", where, ""),
@@ -274,6 +279,8 @@ def _node(raw: Any, i: int) -> Node:
         sharing=_str(n, "sharing", where, ""),
         labels=_labels(n.get("labels"), f"{where}.labels"),
         gpu_source=_str(n, "gpu_source", where, ""),
+        rdma=rdma,
+        rdma_used=rdma_used,
     )
 
 
@@ -344,6 +351,7 @@ _SHAPE_KEYS = {
     "gpu_memory_mib",
     "gang",
     "link_group",
+    "rdma",
 }
 
 
@@ -383,6 +391,7 @@ def shape_from_json(raw: Any, where: str, need_weight: bool = True) -> Shape:
         gpu_memory_mib=_int(s, "gpu_memory_mib", where),
         gang=_gang(s.get("gang"), f"{where}.gang"),
         link_group=flags["link_group"],
+        rdma=_int(s, "rdma", where),
     )
 
 
@@ -472,6 +481,8 @@ def _sharing_to_json(n: Node) -> JsonObject:
         out["labels"] = dict(n.labels)
     if n.gpu_source:
         out["gpu_source"] = n.gpu_source
+    if n.rdma or n.rdma_used:
+        out["rdma"], out["rdma_used"] = n.rdma, n.rdma_used
     return out
 
 

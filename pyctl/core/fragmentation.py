@@ -59,6 +59,10 @@ def snapshot_columns(s: Snapshot) -> ClusterColumns:
         node_gpu_replicas=[],
         node_gpu_memory_mib=[],
     )
+    rdma = any(n.rdma or n.rdma_used for n in s.nodes)
+    if rdma:
+        c["node_rdma"] = [n.rdma for n in s.nodes]
+        c["node_rdma_used"] = [n.rdma_used for n in s.nodes]
     for n in s.nodes:
         c["node_names"].append(n.name)
         c["node_models"].append(n.gpu_model)
@@ -146,6 +150,8 @@ def shape_dict(s: Shape) -> ShapeInput:
         d["numa_aligned"] = s.numa_aligned
     if s.link_group:
         d["link_group"] = True
+    if s.rdma:
+        d["rdma"] = s.rdma
     return d
 
 
@@ -393,26 +399,8 @@ def derive_workload(tasks: Iterable[Shape], coverage: float = 0.95) -> Workload:
         covered += n
         if covered >= coverage * total:
             break
-    return Workload(
-        tuple(
-            Shape(
-                cpu_milli=first[k].cpu_milli,
-                memory_mib=0,
-                gpus=first[k].gpus,
-                gpu_milli=first[k].gpu_milli,
-                mig_profile=first[k].mig_profile,
-                gpu_models=first[k].gpu_models,
-                weight=n / covered,
-                dra=first[k].dra,
-                numa_aligned=first[k].numa_aligned,
-                gpu_pool=first[k].gpu_pool,
-                gpu_memory_mib=first[k].gpu_memory_mib,
-                gang=first[k].gang,
-                link_group=first[k].link_group,
-            )
-            for k, n in chosen
-        )
-    )
+    # each shape as first seen, without its memory (FGD's M keys shapes by CPU and GPU)
+    return Workload(tuple(replace(first[k], memory_mib=0, weight=n / covered) for k, n in chosen))
 
 
 def admits(n: NodeScore) -> bool:

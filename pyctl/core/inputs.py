@@ -21,8 +21,8 @@ from pyctl.core.types import Assignment
 class ShapeInput(TypedDict):
     """A task shape (`pyctl.model.Shape` as the core reads it: `fragmentation.shape_dict`).
     An absent key (or None) is 0, empty or false. `weight` is required of a workload's shapes; a
-    single task's weight is ignored. `rdma` (percent of one RNIC) is read by the trace replay
-    only."""
+    single task's weight is ignored. `rdma` is of the node's RDMA resource (`node_rdma`; the
+    trace replay's: percent of one RNIC)."""
 
     cpu_milli: NotRequired[int]
     memory_mib: NotRequired[int]
@@ -79,6 +79,8 @@ class ClusterColumns(TypedDict):
     node_gpu_pools: NotRequired[list[str]]
     node_gpu_replicas: NotRequired[list[int]]
     node_gpu_memory_mib: NotRequired[list[int]]
+    node_rdma: NotRequired[list[int]]
+    node_rdma_used: NotRequired[list[int]]
 
 
 class AssignmentInput(TypedDict, total=False):
@@ -92,6 +94,7 @@ class AssignmentInput(TypedDict, total=False):
     dra_gpus: Sequence[tuple[int, int, int]]
     dyn_whole: Sequence[tuple[int, int]]
     mig_new: tuple[int, int, str, int] | None
+    rdma: int
 
 
 class MovableInput(TypedDict):

@@ -50,7 +50,11 @@ class Ranked:
         if shape.is_cpu_only:
             return f"CPU-only: {self.idle / 1000:.2f} idle GPUs on the node (fewer is better)"
         parts = [f"fragment {self.inc / 1000:+.2f} GPU (FGD score {-self.rank[0]})"]
-        parts.append("leaves the node short of CPU" if self.cpu_short else "keeps CPU for its GPUs")
+        what = "CPU or RDMA" if shape.rdma else "CPU"
+        keeps = "CPU and RDMA" if shape.rdma else "CPU"
+        parts.append(
+            f"leaves the node short of {what}" if self.cpu_short else f"keeps {keeps} for its GPUs"
+        )
         if self.left:
             parts.append(f"best fit leaves {self.left / 1000:.2f} of the GPU")
         return ", ".join(parts)

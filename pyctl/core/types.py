@@ -24,8 +24,8 @@ class _AssignmentRequired(TypedDict):
 
 class Assignment(_AssignmentRequired, total=False):
     """Where a task sits on a node, in positions (`Assignment` in rust/src/fragment/delta.rs):
-    the core returns it and takes it back to apply or remove the task. The DRA keys are present
-    only when not empty."""
+    the core returns it and takes it back to apply or remove the task. The DRA keys and `rdma`
+    are present only when not empty."""
 
     #: (zone position, DRA GPU position, milli-GPU)
     dra_gpus: list[tuple[int, int, int]]
@@ -33,6 +33,8 @@ class Assignment(_AssignmentRequired, total=False):
     dyn_whole: list[tuple[int, int]]
     #: a new placement on a dynamic MIG GPU: (zone position, MIG GPU position, profile, start)
     mig_new: tuple[int, int, str, int]
+    #: of the node's RDMA resource (node-wide; present when not 0)
+    rdma: int
 
 
 class ScoreColumns(TypedDict):

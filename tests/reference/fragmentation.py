@@ -139,9 +139,11 @@ def _fragment(node: Node, shape: Shape, w: float, out: Score) -> None:
                 if idle:
                     mig(zi, idle, cat)
 
+    # the node's RDMA resource is a node-wide amount like CPU and memory
     cpu_ok = (
         sum(z.cpu_milli - z.cpu_milli_used for z in zones) >= shape.cpu_milli
         and sum(z.memory_mib - z.memory_mib_used for z in zones) >= shape.memory_mib
+        and node.rdma - node.rdma_used >= shape.rdma
     )
     if shape.is_cpu_only:
         everything("stranded" if cpu_ok else "lack_cpu")

@@ -127,7 +127,13 @@ def _snapshot() -> Snapshot:
         "L40S",
         zones=(Zone(0, 32000, 0, 65536, 0, (Gpu(0, 500), Gpu(1, 500))),),
     )
-    plain2 = Node("plain2", "L40S", zones=(Zone(0, 32000, 0, 65536, 0, (Gpu(0, 500),)),))
+    plain2 = Node(
+        "plain2",
+        "L40S",
+        zones=(Zone(0, 32000, 0, 65536, 0, (Gpu(0, 500),)),),
+        rdma=100,
+        rdma_used=20,
+    )
     dra = Node(
         "dra",
         "A100-SXM4-40GB",
@@ -166,6 +172,7 @@ def test_fragmentation_results_have_their_declared_types() -> None:
         Shape(cpu_milli=1000, gpus=1, gpu_milli=1000, dra=True, weight=1.0),
         Shape(cpu_milli=1000, gpus=2, gpu_milli=1000, dra=True, weight=1.0),
         Shape(cpu_milli=1000, gpus=1, mig_profile="2g.10gb", dra=True, weight=1.0),
+        Shape(cpu_milli=1000, gpus=1, gpu_milli=500, rdma=50, weight=1.0),
     ]
     for task in tasks:
         for node in range(core.node_count):

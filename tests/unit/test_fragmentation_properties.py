@@ -96,6 +96,9 @@ def nodes(draw: st.DrawFn, name: str) -> Node:
         gpu_pool=draw(st.sampled_from(POOLS)),
         gpu_replicas=draw(st.sampled_from([1, 1, 2, 3, 4, 7, 48])),
         gpu_memory_mib=draw(st.sampled_from([0, 23028, 81920])),
+        # an RDMA resource on some nodes (shared HCA devices, docs/fragmentation.md)
+        rdma=(rdma := draw(st.sampled_from([0, 0, 100, 400]))),
+        rdma_used=draw(st.integers(0, rdma)),
     )
 
 
@@ -110,8 +113,9 @@ def shapes(draw: st.DrawFn, mig_ok: bool = True) -> Shape:
         st.sampled_from([(), (), ("V100",), ("A100-SXM4-40GB",), ("T4", "H100-SXM5-80GB")])
     )
     weight = draw(st.integers(1, 5))
+    rdma = draw(st.sampled_from([0, 0, 0, 50, 100, 300]))
     if kind == "cpu":
-        return Shape(cpu, mem, weight=weight)
+        return Shape(cpu, mem, weight=weight, rdma=rdma)
     if kind == "whole":
         return Shape(
             cpu,
@@ -121,6 +125,7 @@ def shapes(draw: st.DrawFn, mig_ok: bool = True) -> Shape:
             gpu_models=models,
             weight=weight,
             link_group=draw(st.booleans()),
+            rdma=rdma,
         )
     if kind == "shared":
         # a share of one or more GPUs; 0: one replica of each (the node sizes it); a GPU memory
@@ -134,9 +139,10 @@ def shapes(draw: st.DrawFn, mig_ok: bool = True) -> Shape:
             weight=weight,
             gpu_pool=draw(st.sampled_from(POOLS)),
             gpu_memory_mib=draw(st.sampled_from([0, 0, 10000, 40000])),
+            rdma=rdma,
         )
     prof = draw(st.sampled_from(["1g.5gb", "2g.10gb", "3g.20gb", "1g.10gb", "3g.40gb", "2g.12gb"]))
-    return Shape(cpu, mem, 0, 0, prof, weight=weight)
+    return Shape(cpu, mem, 0, 0, prof, weight=weight, rdma=rdma)
 
 
 @st.composite

@@ -30,6 +30,8 @@ pub struct Assignment {
     pub dyn_whole: Vec<(usize, usize)>,
     /// A placement on a dynamic MIG GPU: (zone, MIG GPU position, profile index, start)
     pub mig_new: Option<(usize, usize, usize, u8)>,
+    /// Of the node's RDMA resource (node-wide).
+    pub rdma: u64,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -73,7 +75,7 @@ fn take_amount(free: &mut u64, cap: u64, v: u64, place: bool, what: &str) -> Cor
     Ok(())
 }
 
-/// CPU and memory per zone.
+/// CPU and memory per zone, RDMA of the node.
 fn apply_host(n: &mut Node, a: &Assignment, place: bool) -> CoreResult<()> {
     for &(zi, v) in &a.cpu {
         let z = n
@@ -89,7 +91,7 @@ fn apply_host(n: &mut Node, a: &Assignment, place: bool) -> CoreResult<()> {
             .ok_or_else(|| bad("zone out of range"))?;
         take_amount(&mut z.memory_free, z.memory_mib, v, place, "memory")?;
     }
-    Ok(())
+    take_amount(&mut n.rdma_free, n.rdma, a.rdma, place, "RDMA")
 }
 
 /// Shares of whole/shared GPUs, of the device plugin and of DRA drivers.
@@ -266,6 +268,7 @@ struct Host<'a> {
     zones: usize,
     cpu_free: Vec<u64>,
     mem_free: Vec<u64>,
+    rdma_free: u64,
     /// CPUs only from the placement's zones (static CPU manager, whole CPUs, an aligning
     /// policy; the Topology Manager does not align DRA devices, so not for DRA shapes).
     cpu_inside: bool,
@@ -283,15 +286,17 @@ impl<'a> Host<'a> {
             zones: node.zones.len(),
             cpu_free: node.zones.iter().map(|z| z.cpu_free).collect(),
             mem_free: node.zones.iter().map(|z| z.memory_free).collect(),
+            rdma_free: node.rdma_free,
             cpu_inside: strict && prov.cpu,
             mem_inside: strict && prov.mem,
         }
     }
 
-    /// Whether the node has the CPU and memory at all.
+    /// Whether the node has the CPU, memory and RDMA at all.
     fn enough(&self) -> bool {
         self.cpu_free.iter().sum::<u64>() >= self.shape.cpu_milli
             && self.mem_free.iter().sum::<u64>() >= self.shape.memory_mib
+            && self.rdma_free >= self.shape.rdma
     }
 
     /// The CPU and memory taken per zone for a placement on the zones of `set`.
@@ -317,6 +322,7 @@ impl<'a> Host<'a> {
                 vec![Assignment {
                     cpu,
                     memory,
+                    rdma: self.shape.rdma,
                     ..Assignment::default()
                 }]
             })
@@ -352,6 +358,7 @@ pub(crate) fn candidates(node: &Node, shape: &Shape) -> Vec<Assignment> {
         let base = Assignment {
             cpu,
             memory,
+            rdma: shape.rdma,
             ..Assignment::default()
         };
         let zones = zones_of(set, node.zones.len());

@@ -111,6 +111,10 @@ pub struct Node {
     /// first: GPUs of one group share an NVLink bridge, switch or Fabric Manager partition.
     /// Empty: nothing is known of the links (no constraint).
     pub links: Vec<LinkLevel>,
+    /// Its RDMA resource (the extended resource the controller is told meters RDMA: shared HCA
+    /// devices, bandwidth shares): allocatable and free, node-wide. 0: none.
+    pub rdma: u64,
+    pub rdma_free: u64,
 }
 
 /// The size of a level of link groups of any size (a one-level source: NVLink groups, HAMi's
@@ -209,6 +213,10 @@ pub struct ClusterColumns {
     pub node_gpu_pools: Vec<String>,
     pub node_gpu_replicas: Vec<i64>,
     pub node_gpu_memory_mib: Vec<i64>,
+    /// Optional (empty: none anywhere): per node, its RDMA resource's allocatable and the
+    /// amount its pods request.
+    pub node_rdma: Vec<i64>,
+    pub node_rdma_used: Vec<i64>,
 }
 
 /// Most replicas per GPU a node may advertise (a replica is at least 1 milli-GPU).
@@ -282,6 +290,8 @@ fn check_columns(c: &ClusterColumns, dra_offsets: &[usize]) -> CoreResult<()> {
         ("node_gpu_pools", c.node_gpu_pools.len()),
         ("node_gpu_replicas", c.node_gpu_replicas.len()),
         ("node_gpu_memory_mib", c.node_gpu_memory_mib.len()),
+        ("node_rdma", c.node_rdma.len()),
+        ("node_rdma_used", c.node_rdma_used.len()),
     ] {
         same_length(what, len, n, true, "node_names")?;
     }
@@ -630,6 +640,15 @@ impl<'a> NodeReader<'a> {
             None => 0,
             Some(&m) => amount(m, || self.field("gpu_memory_mib"))?,
         };
+        let rdma = match c.node_rdma.get(i) {
+            None => 0,
+            Some(&r) => amount(r, || self.field("rdma"))?,
+        };
+        let rdma_used = match c.node_rdma_used.get(i) {
+            None => 0,
+            Some(&u) => amount(u, || self.field("rdma_used"))?,
+        };
+        let rdma_free = free_within(rdma, rdma_used, || self.field("rdma_used"))?;
         Ok(Node {
             name: self.name.to_string(),
             gpu_model: c.node_models[i].clone(),
@@ -642,6 +661,8 @@ impl<'a> NodeReader<'a> {
             gpu_replicas,
             gpu_memory_mib,
             links,
+            rdma,
+            rdma_free,
         })
     }
 
@@ -982,12 +1003,18 @@ mod tests {
         c.mig_dra = vec![true];
         c.mig_dynamic = vec![false];
         c.mig_free_slices = vec![-1];
+        c.node_rdma = vec![400];
+        c.node_rdma_used = vec![150];
         let n = Cluster::from_columns(&c).unwrap().nodes.remove(0);
         assert_eq!(
             (n.gpu_pool.as_str(), n.gpu_replicas, n.gpu_memory_mib),
             ("hami", 4, 40960)
         );
+        assert_eq!((n.rdma, n.rdma_free), (400, 250));
         assert!(n.zones[1].mig[0].dra);
+        // absent: none
+        let n = Cluster::from_columns(&fixture()).unwrap().nodes.remove(0);
+        assert_eq!((n.rdma, n.rdma_free), (0, 0));
     }
 
     #[test]
@@ -1047,6 +1074,11 @@ mod tests {
             (
                 "node_gpu_memory_mib",
                 Box::new(|c| c.node_gpu_memory_mib = vec![0, 0]),
+            ),
+            ("node_rdma", Box::new(|c| c.node_rdma = vec![0, 0])),
+            (
+                "node_rdma_used",
+                Box::new(|c| c.node_rdma_used = vec![0, 0]),
             ),
             (
                 "zone_cpu_milli",
@@ -1235,6 +1267,17 @@ mod tests {
                 "nodes[\"n\"].gpu_memory_mib".into(),
                 Box::new(|c| c.node_gpu_memory_mib = vec![-1]),
             ),
+            (
+                "nodes[\"n\"].rdma".into(),
+                Box::new(|c| c.node_rdma = vec![-1]),
+            ),
+            (
+                "nodes[\"n\"].rdma_used".into(),
+                Box::new(|c| {
+                    c.node_rdma = vec![400];
+                    c.node_rdma_used = vec![401];
+                }),
+            ),
         ];
         for (field, change) in cases {
             let e = rejected(change);
@@ -1309,6 +1352,9 @@ mod tests {
             c.node_gpu_pools.push(String::new());
             c.node_gpu_replicas.push(1 + rng.below(4) as i64);
             c.node_gpu_memory_mib.push(40960);
+            let rdma = rng.below(3) as i64 * 200;
+            c.node_rdma.push(rdma);
+            c.node_rdma_used.push(rng.below(rdma as u64 + 1) as i64);
             let mut id = 0;
             for z in 0..1 + rng.below(4) as i64 {
                 let cpu = rng.below(64_000) as i64;
@@ -1437,7 +1483,7 @@ mod tests {
             let mut c = random_columns(&mut rng, 2);
             for _ in 0..1 + rng.below(3) {
                 let v = values[rng.below(values.len() as u64) as usize];
-                let cols: [&mut Vec<i64>; 16] = [
+                let cols: [&mut Vec<i64>; 18] = [
                     &mut c.link_sizes,
                     &mut c.link_gpu_ids,
                     &mut c.link_groups,
@@ -1454,6 +1500,8 @@ mod tests {
                     &mut c.mig_free_slices,
                     &mut c.node_gpu_replicas,
                     &mut c.node_gpu_memory_mib,
+                    &mut c.node_rdma,
+                    &mut c.node_rdma_used,
                 ];
                 let k = rng.below(cols.len() as u64) as usize;
                 let col = cols.into_iter().nth(k).unwrap();

@@ -22,7 +22,7 @@ pub enum Category {
     LackBoth = 0,
     /// Not enough GPUs with the share the shape needs (FGD Q2).
     LackGpu = 1,
-    /// Enough GPUs, not enough CPU or memory (FGD Q4, and XR for CPU-only shapes).
+    /// Enough GPUs, not enough CPU, memory or RDMA (FGD Q4, and XR for CPU-only shapes).
     LackCpu = 2,
     /// The node's GPU model is not one the shape accepts.
     NoAccess = 3,
@@ -559,7 +559,9 @@ pub fn add_shape_fragment(
 ) {
     let node = ctx.node;
     let mut acc = Acc { score, w: weight };
-    let cpu_ok = ctx.cpu_free_total >= shape.cpu_milli && ctx.mem_free_total >= shape.memory_mib;
+    let cpu_ok = ctx.cpu_free_total >= shape.cpu_milli
+        && ctx.mem_free_total >= shape.memory_mib
+        && node.rdma_free >= shape.rdma;
     if shape.is_cpu_only() {
         acc.all(
             ctx,

@@ -34,6 +34,9 @@ pub struct Shape {
     /// Its GPUs must share one link group of the node (an NVLink pair, an NVSwitch partition:
     /// `Node::links`); on a node that publishes no links, any GPUs do.
     pub link_group: bool,
+    /// Of the node's RDMA resource (`Node::rdma`, the extended resource the controller is told
+    /// meters RDMA): a node-level amount, like CPU but not per NUMA zone. 0: none.
+    pub rdma: u64,
 }
 
 /// Everything about a shape but its weight: two shapes with equal keys are placed alike.
@@ -49,6 +52,7 @@ pub type ShapeKey = (
     String,
     u64,
     bool,
+    u64,
 );
 
 impl Shape {
@@ -66,6 +70,7 @@ impl Shape {
             self.gpu_pool.clone(),
             self.gpu_memory_mib,
             self.link_group,
+            self.rdma,
         )
     }
 

@@ -39,7 +39,10 @@ fn mig_slice_milli(node: &Node) -> f64 {
     }
 }
 
-fn cpu_short_after(node: &Node, cpu: u64, gpu_milli_taken: u64) -> bool {
+/// Whether taking `t` (with `gpu_milli_taken` of the node's GPUs) would leave `node` a smaller
+/// share of its CPU, or of its RDMA, than of its GPU when it was not before: the rule of
+/// `crate::replay::kernel::makes_short`, on the full model.
+fn short_after(node: &Node, t: &Shape, gpu_milli_taken: u64) -> bool {
     let gpu_cap: u64 = node
         .zones
         .iter()
@@ -48,15 +51,19 @@ fn cpu_short_after(node: &Node, cpu: u64, gpu_milli_taken: u64) -> bool {
     if gpu_cap == 0 {
         return false;
     }
+    let idle = node.idle_gpu_milli();
+    let idle_after = idle.saturating_sub(gpu_milli_taken);
+    // `left` of `cap` is a smaller share than `idle` of the GPU
+    let short = |left: u64, cap: u64, idle: u64| {
+        (left as u128) * (gpu_cap as u128) < (idle as u128) * (cap as u128)
+    };
+    let becomes = |left: u64, cap: u64, take: u64| {
+        !short(left, cap, idle) && short(left.saturating_sub(take), cap, idle_after)
+    };
     let cpu_cap: u64 = node.zones.iter().map(|z| z.cpu_milli).sum();
     let cpu_left: u64 = node.zones.iter().map(|z| z.cpu_free).sum();
-    let idle = node.idle_gpu_milli();
-    let short = |c: u64, i: u64| (c as u128) * (gpu_cap as u128) < (i as u128) * (cpu_cap as u128);
-    !short(cpu_left, idle)
-        && short(
-            cpu_left.saturating_sub(cpu),
-            idle.saturating_sub(gpu_milli_taken),
-        )
+    becomes(cpu_left, cpu_cap, t.cpu_milli)
+        || (t.rdma > 0 && node.rdma > 0 && becomes(node.rdma_free, node.rdma, t.rdma))
 }
 
 impl<'a> ClusterView<'a> {
@@ -134,7 +141,7 @@ impl View for ClusterView<'_> {
             let taken: u64 = a.gpus.iter().map(|g| g.2 as u64).sum();
             let features = Features {
                 inc: self.score(&after) - before,
-                cpu_short: !t.is_cpu_only() && cpu_short_after(node, t.cpu_milli, taken),
+                cpu_short: !t.is_cpu_only() && short_after(node, t, taken),
                 left,
                 idle,
             };

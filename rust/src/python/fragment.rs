@@ -31,6 +31,9 @@ fn assignment_dict<'py>(
     if let Some(v) = mig_new_out(a, node) {
         d.set_item("mig_new", v)?;
     }
+    if a.rdma > 0 {
+        d.set_item("rdma", a.rdma)?;
+    }
     Ok(d)
 }
 
@@ -84,6 +87,7 @@ fn read_assignment(obj: &Bound<'_, PyAny>, at: Path<'_>, node: &Node) -> PyResul
         dra_gpus: gpus(a.dra_gpus, assignment::dra_gpus)?,
         dyn_whole: pairs(a.dyn_whole).map(|(z, g)| (z, g as usize)).collect(),
         mig_new,
+        rdma: a.rdma,
     })
 }
 

@@ -77,7 +77,8 @@ macro_rules! inputs {
 
 inputs! {
     /// A task shape (`super::shape`): absent or None is 0, empty or false; a single task's
-    /// `weight` is ignored; `rdma` is read by the replay only.
+    /// `weight` is ignored; `rdma` is of the node's RDMA resource (the replay's: percent of
+    /// one RNIC).
     shape => "ShapeInput" {
         cpu_milli: u64 = "int" optional,
         memory_mib: u64 = "int" optional,
@@ -91,7 +92,7 @@ inputs! {
         dra: bool = "bool" optional,
         numa_aligned: bool = "bool" optional,
         link_group: bool = "bool" optional,
-        rdma: i64 = "int" optional,
+        rdma: u64 = "int" optional,
     }
 
     /// A cluster in columns (`FragmentModel(columns)`; `crate::fragment::ClusterColumns`).
@@ -130,6 +131,8 @@ inputs! {
         node_gpu_pools: Vec<String> = "list[str]" optional,
         node_gpu_replicas: Vec<i64> = "list[int]" optional,
         node_gpu_memory_mib: Vec<i64> = "list[int]" optional,
+        node_rdma: Vec<i64> = "list[int]" optional,
+        node_rdma_used: Vec<i64> = "list[int]" optional,
     }
 
     /// Where a task sits on a node, as the core returns it (`Assignment`) or any part of it:
@@ -142,6 +145,7 @@ inputs! {
         dra_gpus: Vec<[u64; 3]> = "Sequence[tuple[int, int, int]]" optional,
         dyn_whole: Vec<[u64; 2]> = "Sequence[tuple[int, int]]" optional,
         mig_new: Option<(usize, usize, String, u8)> = "tuple[int, int, str, int] | None" optional,
+        rdma: u64 = "int" optional,
     }
 
     /// A pod the compaction planner may move (`FragmentModel.plan`'s `movable`); `allowed` is

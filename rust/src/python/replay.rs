@@ -133,7 +133,7 @@ fn read_shapes(shapes: &Bound<'_, PyAny>) -> PyResult<Vec<ShapeSpec>> {
             gpu_milli: s.gpu_milli.into(),
             models: s.gpu_models,
             weight: s.weight,
-            rdma: s.rdma,
+            rdma: i64::try_from(s.rdma).unwrap_or(i64::MAX),
         })
         .collect())
 }

@@ -24,6 +24,7 @@ impl From<shape::Input> for Shape {
             gpu_pool: s.gpu_pool,
             gpu_memory_mib: s.gpu_memory_mib,
             link_group: s.link_group,
+            rdma: s.rdma,
         }
     }
 }

@@ -246,6 +246,8 @@ mod tests {
             zone_offsets: vec![0, bounds.len()],
             mig_offsets: vec![0; bounds.len() + 1],
             instance_offsets: vec![0],
+            node_rdma: vec![st.rdma_cap[i]],
+            node_rdma_used: vec![st.rdma_cap[i] - st.rdma_left[i]],
             ..Default::default()
         };
         c.gpu_offsets.push(0);
@@ -317,7 +319,7 @@ mod tests {
             },
             KShape {
                 cpu: 4000,
-                rdma: 0,
+                rdma: 100,
                 milli: 1000,
                 num: 2,
                 mask: u64::MAX,
@@ -342,6 +344,7 @@ mod tests {
                 mig_profile: None,
                 gpu_models: vec![],
                 weight: k.w,
+                rdma: k.rdma as u64,
                 ..Default::default()
             })
             .collect();
@@ -356,16 +359,18 @@ mod tests {
             };
             let full = ClusterView::new(cluster.clone(), &shapes);
             let nodes: Vec<usize> = (0..n).collect();
-            for &(cpu, num, milli) in &[
-                (2000, 1, 300),
-                (3000, 1, 1000),
-                (4000, 2, 1000),
-                (500, 0, 0),
+            for &(cpu, num, milli, rdma) in &[
+                (2000, 1, 300, 0),
+                (3000, 1, 1000, 0),
+                (4000, 2, 1000, 0),
+                (500, 0, 0, 0),
+                (3000, 1, 1000, 80),
+                (4000, 2, 1000, 150),
             ] {
                 let kt = KTask {
                     cpu,
                     mem: 0,
-                    rdma: 0,
+                    rdma,
                     num,
                     milli,
                     mask: u64::MAX,
@@ -378,6 +383,7 @@ mod tests {
                     mig_profile: None,
                     gpu_models: vec![],
                     weight: 1.0,
+                    rdma: rdma as u64,
                     ..Default::default()
                 };
                 let a = choose(&k, &kt, |_| true).map(|r| r.node);
@@ -496,13 +502,16 @@ mod tests {
         for f in free.iter_mut().take(ngpu as usize) {
             *f = [0u16, 1000, 1000, 500, 250, 750, 100][rng.below(7) as usize];
         }
+        let cpu_left = rng.below(cap as u64 + 1) as i64;
+        // a quarter of the nodes without RDMA, the others with 100..400 of it
+        let rdma = [0i64, 100, 200, 400][rng.below(4) as usize];
         let mut st = State {
             cpu_cap: vec![cap],
-            cpu_left: vec![rng.below(cap as u64 + 1) as i64],
+            cpu_left: vec![cpu_left],
             mem_cap: vec![1 << 30],
             mem_left: vec![1 << 30],
-            rdma_cap: vec![0],
-            rdma_left: vec![0],
+            rdma_cap: vec![rdma],
+            rdma_left: vec![rng.below(rdma as u64 + 1) as i64],
             ngpu: vec![ngpu],
             split: vec![split],
             model_bit: vec![1],
@@ -523,20 +532,21 @@ mod tests {
     #[test]
     fn kernel_features_equal_the_full_model() {
         let mut rng = Rng::new(7);
+        // (CPU, GPUs, share, RDMA)
         let specs = [
-            (4000, 1, 500),
-            (8000, 2, 1000),
-            (2000, 0, 0),
-            (2000, 1, 1000),
-            (1000, 4, 1000),
+            (4000, 1, 500, 0),
+            (8000, 2, 1000, 100),
+            (2000, 0, 0, 0),
+            (2000, 1, 1000, 50),
+            (1000, 4, 1000, 200),
         ];
         let weights = [0.3, 0.2, 0.1, 0.3, 0.1];
         let kshapes: Vec<KShape> = specs
             .iter()
             .zip(weights)
-            .map(|(&(cpu, num, milli), w)| KShape {
+            .map(|(&(cpu, num, milli, rdma), w)| KShape {
                 cpu,
-                rdma: 0,
+                rdma,
                 milli,
                 num,
                 mask: u64::MAX,
@@ -546,7 +556,7 @@ mod tests {
         let shapes: Vec<Shape> = specs
             .iter()
             .zip(weights)
-            .map(|(&(cpu, num, milli), w)| Shape {
+            .map(|(&(cpu, num, milli, rdma), w)| Shape {
                 cpu_milli: cpu as u64,
                 memory_mib: 0,
                 gpus: num as u32,
@@ -554,10 +564,11 @@ mod tests {
                 mig_profile: None,
                 gpu_models: vec![],
                 weight: w,
+                rdma: rdma as u64,
                 ..Default::default()
             })
             .collect();
-        let mut compared = 0;
+        let (mut compared, mut with_rdma, mut short_by_rdma) = (0, 0, 0);
         for _ in 0..400 {
             let st = random_state(&mut rng, &kshapes);
             let k = Kernel {
@@ -565,13 +576,16 @@ mod tests {
                 shapes: &kshapes,
             };
             let full = ClusterView::new(full_node(&st, 0), &shapes);
-            for (j, &(cpu, num, milli)) in [
-                (3000, 1, 300),
-                (6000, 1, 1000),
-                (1000, 2, 1000),
-                (500, 0, 0),
-                (9000, 4, 1000),
-                (2000, 1, 750),
+            for (j, &(cpu, num, milli, rdma)) in [
+                (3000, 1, 300, 0),
+                (6000, 1, 1000, 0),
+                (1000, 2, 1000, 0),
+                (500, 0, 0, 0),
+                (9000, 4, 1000, 0),
+                (2000, 1, 750, 0),
+                (2000, 1, 1000, 60),
+                (1000, 2, 1000, 150),
+                (500, 0, 0, 30),
             ]
             .iter()
             .enumerate()
@@ -579,7 +593,7 @@ mod tests {
                 let kt = KTask {
                     cpu,
                     mem: 0,
-                    rdma: 0,
+                    rdma,
                     num,
                     milli,
                     mask: u64::MAX,
@@ -592,6 +606,7 @@ mod tests {
                     mig_profile: None,
                     gpu_models: vec![],
                     weight: 1.0,
+                    rdma: rdma as u64,
                     ..Default::default()
                 };
                 let a = best_on(&k, 0, &kt);
@@ -600,6 +615,8 @@ mod tests {
                     (None, None) => {}
                     (Some(a), Some(b)) => {
                         compared += 1;
+                        with_rdma += (rdma > 0) as usize;
+                        short_by_rdma += (rdma > 0 && a.features.cpu_short) as usize;
                         assert_eq!(a.rank, b.rank, "task {j}: {a:?} vs {b:?} on {st:?}");
                         assert!((a.features.inc - b.features.inc).abs() < 1e-6);
                         assert_eq!(a.features.cpu_short, b.features.cpu_short);
@@ -612,6 +629,9 @@ mod tests {
                 }
             }
         }
-        assert!(compared > 1000, "{compared}");
+        assert!(
+            compared > 1000 && with_rdma > 200 && short_by_rdma > 20,
+            "{compared} {with_rdma} {short_by_rdma}"
+        );
     }
 }
