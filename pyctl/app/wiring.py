@@ -325,7 +325,8 @@ async def start_servers(ctl: Controller, cfg: Config, flows: Workflows | None = 
             r = ctl.reconciler
             ranks = RankTable(r.models, lambda: r.workload, ctl.metrics, cfg.cluster)
             r.on_scored.append(ranks.refreshed)
-            handler = lambda: ExtenderHandler(advisor(ctl, flows, ranks))  # noqa: E731
+            rdma = cfg.reflector.rdma_resource
+            handler = lambda: ExtenderHandler(advisor(ctl, flows, ranks), rdma)  # noqa: E731
             if cfg.extender.process:
                 # a process of its own, fed the models; it forwards here what it cannot
                 # answer alone (pods with DRA claims), and ranks ahead itself
@@ -337,6 +338,7 @@ async def start_servers(ctl: Controller, cfg: Config, flows: Workflows | None = 
                     metrics,
                     ctl.metrics,
                     cfg.cluster,
+                    rdma,
                 )
                 servers.extender = proc
                 ctl.background.append(proc.keep_pending)

@@ -12,15 +12,39 @@ from typing import Any
 
 from pyctl.cli.errors import UserError, load_json, one_line
 from pyctl.cluster.kube.dump import DumpError, Listed, is_dump, read_dump
+from pyctl.cluster.kube.reflector import ReflectorOptions
 from pyctl.controller.view import ListedView, left_out_line, view_of
 from pyctl.model import Snapshot, Workload
 from pyctl.snapshot import load_snapshot
 
 
-def listed_of(raw: Any, name: str) -> Listed:
-    """A parsed dump's objects; `UserError` when it is not a dump."""
+def add_rdma_option(p: argparse.ArgumentParser) -> None:
+    """`--rdma-resource`: the controller's `reflector_rdma_resource`, for a command that reads
+    a dump or a live cluster."""
+    p.add_argument(
+        "--rdma-resource",
+        default="",
+        metavar="NAME",
+        help="the extended resource read as nodes' and pods' RDMA, as the controller's "
+        "reflector_rdma_resource (e.g. rdma/hca_shared_devices_a; default: none)",
+    )
+
+
+def rdma_resource(args: argparse.Namespace) -> str:
+    """The command's `--rdma-resource`, checked as the controller checks it."""
+    name: str = getattr(args, "rdma_resource", "") or ""
     try:
-        return read_dump(raw, name)
+        ReflectorOptions(rdma_resource=name)
+    except ValueError as e:
+        raise UserError(f"--rdma-resource: {e}") from None
+    return name
+
+
+def listed_of(raw: Any, name: str, rdma: str = "") -> Listed:
+    """A parsed dump's objects (`rdma`: the RDMA resource's name); `UserError` when it is
+    not a dump."""
+    try:
+        return read_dump(raw, name, rdma)
     except DumpError as e:
         raise UserError(str(e)) from None
 
@@ -32,7 +56,7 @@ def read_listed(args: argparse.Namespace, source_arg: str) -> Listed:
     if isinstance(listed, Listed):
         return listed
     path = getattr(args, source_arg)
-    return listed_of(load_json(path), path)
+    return listed_of(load_json(path), path, rdma_resource(args))
 
 
 def cluster_view(listed: Listed, workload: Workload | None = None) -> ListedView:

@@ -29,6 +29,7 @@ from pathlib import Path
 import anyio
 
 from pyctl.cli.errors import EXIT_BAD_INPUT, UserError
+from pyctl.cli.inputs import rdma_resource
 from pyctl.cluster.kube.client import CONNECTION_ERRORS, KubeApiError
 from pyctl.cluster.kube.dump import Listed, list_cluster
 
@@ -40,13 +41,15 @@ def default_kubeconfig() -> str:
     return first or str(Path.home() / ".kube" / "config")
 
 
-async def listing(kubeconfig: str, context: str | None) -> Listed:
-    """One list of the cluster, by the controller's reflectors (`dump.list_cluster`)."""
+async def listing(kubeconfig: str, context: str | None, rdma: str = "") -> Listed:
+    """One list of the cluster, by the controller's reflectors (`dump.list_cluster`; `rdma`:
+    their RDMA resource)."""
     from pyctl.cluster.kube.client import connect
+    from pyctl.cluster.kube.reflector import ReflectorOptions
 
     kube = await connect(kubeconfig=kubeconfig, context=context)
     try:
-        return await list_cluster(kube)
+        return await list_cluster(kube, options=ReflectorOptions(rdma_resource=rdma))
     finally:
         await kube.close()
 
@@ -91,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from kubernetes_asyncio.config import ConfigException
 
         try:
-            listed = anyio.run(listing, kubeconfig, args.context)
+            listed = anyio.run(listing, kubeconfig, args.context, rdma_resource(args))
         except (*CONNECTION_ERRORS, KubeApiError, ValueError, ConfigException) as e:
             raise UserError(f"cannot list the cluster's objects: {e}") from e
         args.listed = listed

@@ -15,7 +15,13 @@ from rich.console import Console
 from rich.table import Table
 
 from pyctl.cli.errors import UserError, load_json
-from pyctl.cli.inputs import cluster_view, derived_workload, read_listed, say_left_out
+from pyctl.cli.inputs import (
+    add_rdma_option,
+    cluster_view,
+    derived_workload,
+    read_listed,
+    say_left_out,
+)
 from pyctl.cluster.dra.zones import DraModel
 from pyctl.cluster.records import NodeRecord
 from pyctl.controller.ignored import Ignored
@@ -38,6 +44,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def add_options(p: argparse.ArgumentParser) -> None:
     """`plan`'s options besides its input (shared with `kubectl pyctl plan`)."""
     p.add_argument("--workload", help="workload JSON (default: derived from the GPU pods)")
+    add_rdma_option(p)
     d = PlanLimits()
     p.add_argument(
         "--max-moves",

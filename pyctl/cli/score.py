@@ -13,7 +13,14 @@ from rich.console import Console
 from rich.table import Table
 
 from pyctl.cli.errors import UserError, load_json
-from pyctl.cli.inputs import cluster_view, derived_workload, listed_of, say_left_out
+from pyctl.cli.inputs import (
+    add_rdma_option,
+    cluster_view,
+    derived_workload,
+    listed_of,
+    rdma_resource,
+    say_left_out,
+)
 from pyctl.cluster.kube.dump import Listed, is_dump
 from pyctl.controller.view import left_out_json
 from pyctl.core.fabric import DEFAULT_LEVELS, FabricScore, fabric_score
@@ -41,6 +48,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", help="workload JSON: {shapes: [...]} (default: derived from pods)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--top", type=int, default=20, help="nodes to show in the table (default 20)")
+    add_rdma_option(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     raw = None
     if not isinstance(listed, Listed):
         raw = load_json(args.snapshot)
-        listed = listed_of(raw, args.snapshot) if is_dump(raw) else None
+        listed = listed_of(raw, args.snapshot, rdma_resource(args)) if is_dump(raw) else None
     fixed = load_workload(load_json(args.workload)) if args.workload else None
     left_out = None
     dra = None

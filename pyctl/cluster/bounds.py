@@ -48,6 +48,9 @@ MAX_MIG_PROFILES: Final = 64
 MAX_CPU_MILLI: Final = 65_536 * 1000
 #: memory in MiB (1 PiB: 16 times the largest single-system-image machines)
 MAX_MEMORY_MIB: Final = 1 << 30
+#: most of the RDMA resource (an extended resource: a count) a node or pod holds: 2**40, far
+#: beyond any HCA device count or bandwidth share in Mb/s
+MAX_RDMA: Final = 1 << 40
 #: NUMA node ids (Linux's MAX_NUMNODES is at most 1024: CONFIG_NODES_SHIFT <= 10)
 MAX_NUMA_ID: Final = 1023
 #: NUMA zones of one node (and GPU index labels `nvidia.com/gpu-<i>-numa`)

@@ -207,6 +207,9 @@ class NodeRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=Tru
     agent: AgentTopology | None = None
     #: why the annotation was left out, when it was there but unreadable
     agent_error: str = ""
+    #: allocatable of the extended resource that meters its RDMA (shared HCA devices, bandwidth
+    #: shares), when the reflector is told its name (`reflector_rdma_resource`); 0: none
+    rdma: int = 0
 
     def has_taint(self, key: str) -> bool:
         """Whether a NoSchedule or NoExecute taint with this key is on the node."""
@@ -302,6 +305,8 @@ class PodRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True
     #: `scheduling.volcano.sh/group-name`), in its namespace: a gang where that PodGroup's
     #: `networkTopology` is hard (`gangs.gangs_of`)
     pod_group: str = ""
+    #: its request of the RDMA resource (`NodeRecord.rdma`); 0: none
+    rdma: int = 0
 
     @property
     def key(self) -> str:
@@ -769,6 +774,7 @@ def check_record(r: Record) -> None:
         b.check(f"{where} cpu request (millicores)", r.cpu_milli, b.MAX_CPU_MILLI)
         b.check(f"{where} memory request (MiB)", r.memory_mib, b.MAX_MEMORY_MIB)
         b.check(f"{where} nvidia.com/gpu", r.gpus, b.MAX_GPUS_PER_POD)
+        b.check(f"{where} RDMA request", r.rdma, b.MAX_RDMA)
         _mig(where, r.mig, b.MAX_MIG_PER_POD)
         b.check(f"{where} priority", r.priority, b.INT32[1], b.INT32[0])
         _lists(where, labels=r.labels)
@@ -785,6 +791,7 @@ def check_record(r: Record) -> None:
         b.check(f"{where} memory (MiB)", r.memory_mib, b.MAX_MEMORY_MIB)
         b.check(f"{where} nvidia.com/gpu", r.gpus, b.MAX_GPUS_PER_NODE)
         b.check(f"{where} nvidia.com/gpu.count", r.gpu_count_label, b.MAX_GPUS_PER_NODE)
+        b.check(f"{where} RDMA resource", r.rdma, b.MAX_RDMA)
         _mig(where, r.mig, b.MAX_MIG_PER_NODE)
         b.check(f"{where} MIG instances", sum(n for _, n in r.mig), b.MAX_MIG_PER_NODE)
         b.check_len(f"{where} GPU NUMA labels", len(r.gpu_numa), b.MAX_NUMA_ZONES)

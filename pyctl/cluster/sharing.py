@@ -369,6 +369,7 @@ def shared_shape(p: PodRecord, node: NodeRecord | None) -> Shape | None:
             gpu_memory_mib=memory,
             # HAMi's topology-aware policy gives several GPUs the best-linked set
             link_group=s is not None and s.topology and gpus > 1,
+            rdma=p.rdma,
         )
 
     def clamp(milli: int) -> int:

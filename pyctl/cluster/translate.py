@@ -112,17 +112,20 @@ def pod_shape(p: PodRecord, node: NodeRecord | None = None, need: DraNeed | None
             dra=True,
             numa_aligned=need.numa_aligned,
             link_group=need.link_group,
+            rdma=p.rdma,
         )
     # shares only where the pod or its node says so (most pods: neither)
     if p.sharing is not None or (p.gpus and node is not None and node.sharing is not None):
         shared = sharing.shared_shape(p, node)
         if shared is not None:
             return shared
-    return _plain_shape(p.cpu_milli, p.memory_mib, p.gpus, p.mig[0][0] if p.mig else None)
+    return _plain_shape(p.cpu_milli, p.memory_mib, p.gpus, p.mig[0][0] if p.mig else None, p.rdma)
 
 
 @lru_cache(maxsize=4096)
-def _plain_shape(cpu_milli: int, memory_mib: int, gpus: int, profile: str | None) -> Shape:
+def _plain_shape(
+    cpu_milli: int, memory_mib: int, gpus: int, profile: str | None, rdma: int = 0
+) -> Shape:
     """A device-plugin shape (one object per distinct request: pods of a workload share it)."""
     return Shape(
         cpu_milli=cpu_milli,
@@ -130,6 +133,7 @@ def _plain_shape(cpu_milli: int, memory_mib: int, gpus: int, profile: str | None
         gpus=gpus,
         gpu_milli=1000 if gpus else 0,
         mig_profile=profile,
+        rdma=rdma,
     )
 
 
@@ -276,6 +280,10 @@ def node_from_records(
         gpu_replicas=shares.replicas if shares else 1,
         gpu_memory_mib=shares.memory_mib if shares else 0,
         sharing=_sharing_note(shares, notes, dra),
+        rdma=node.rdma,
+        # what the pods hold, within what the node has: a device plugin that restarts publishes
+        # less while its pods still run (then none is free)
+        rdma_used=min(node.rdma, sum(p.rdma for p in live)),
     )
 
 
@@ -750,8 +758,8 @@ def attribute_pods(
     device, so pods are attributed in order: a MIG pod to the instance translate gave it, a pod
     holding shares of shared GPUs to those shares, a pod with DRA devices to where its
     allocation puts them (`dra_positions`), a GPU pod to the next used GPUs, zone by zone, and
-    its CPU and memory to the zones with used CPU and memory left, its GPUs' zone first. The
-    amounts always add up to the node's usage."""
+    its CPU and memory to the zones with used CPU and memory left, its GPUs' zone first, and
+    its RDMA while the node's used RDMA lasts. The amounts always add up to the node's usage."""
     # shared GPUs say who holds them; the device plugin's whole GPUs are handed out in order
     # (its shared GPUs, time-slicing, MPS, HAMi, say it all in their holders)
     plugin_shared = node.gpu_replicas > 1 or node.gpu_pool != ""
@@ -774,6 +782,7 @@ def attribute_pods(
     orders = {h: [h, *(i for i in zones if i != h)] for h in zones}
     cpu_left = [z.cpu_milli_used for z in node.zones]
     mem_left = [z.memory_mib_used for z in node.zones]
+    rdma_left = node.rdma_used
     next_gpu = 0
     out: dict[str, AssignmentInput] = {}
     for p in sorted((p for p in pods if not p.terminated), key=lambda p: p.key):
@@ -816,6 +825,9 @@ def attribute_pods(
             first_zone = 0
         home = gpus[0][0] if gpus else (mig[0] if mig else first_zone)
         order = orders.get(home) or [home, *(i for i in zones if i != home)]
+        if p.rdma and rdma_left:
+            extra["rdma"] = min(p.rdma, rdma_left)
+            rdma_left -= extra["rdma"]
         out[key] = {
             "cpu": _take(cpu_left, p.cpu_milli, order),
             "memory": _take(mem_left, p.memory_mib, order),

@@ -65,6 +65,8 @@ class GpuNodeSpec:
     memory_gib_per_zone: int = 512
     pods: int = 110
     labels: Mapping[str, str] = field(default_factory=dict)
+    #: other extended resources of the node (an RDMA device plugin's shared HCA devices)
+    extra: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def gpus(self) -> int:
@@ -94,6 +96,7 @@ def node_manifest(spec: GpuNodeSpec) -> JsonObject:
         "memory": f"{spec.memory_gib_per_zone * spec.numa_zones}Gi",
         "pods": str(spec.pods),
         **{name: str(n) for name, n in spec.gpu_resources().items()},
+        **{name: str(n) for name, n in spec.extra.items()},
     }
     gpu_res = spec.gpu_resources()
     labels: JsonObject = {

@@ -46,8 +46,12 @@ def no_advice(verb: str, why: str) -> bytes:
 
 
 class ExtenderHandler:
-    def __init__(self, advisor: PlacementAdvisor) -> None:
+    """The scheduler's requests answered by `advisor`; the pod in each is read as the
+    reflector reads pods (`rdma_resource`: the extended resource read as its RDMA)."""
+
+    def __init__(self, advisor: PlacementAdvisor, rdma_resource: str = "") -> None:
         self.advisor = advisor
+        self.rdma_resource = rdma_resource
 
     def handle(self, verb: str, body: bytes) -> bytes:
         """The JSON answer to one POST on ``/scheduler/<verb>`` (``filter`` or ``prioritize``)."""
@@ -69,7 +73,7 @@ class ExtenderHandler:
         if verb not in VERBS:
             return encode({"Error": f"pyctl: unknown extender verb {verb[:40]!r}"}), "bad-request"
         try:
-            args = parse_args(body)
+            args = parse_args(body, self.rdma_resource)
             # each distinct candidate once (a request naming a node many times costs no more
             # than naming it once); the answer keeps the scheduler's list as sent
             unique = tuple(dict.fromkeys(args.names))

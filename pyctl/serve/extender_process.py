@@ -93,6 +93,8 @@ class Hello(msgspec.Struct, frozen=True, kw_only=True):
     options: ExtenderOptions
     log_format: str
     log_level: str
+    #: the extended resource a pod's RDMA is read from (the reflector's `rdma_resource`)
+    rdma_resource: str = ""
     v: int = VERSION
 
 
@@ -309,9 +311,12 @@ class FrontHandler(ExtenderHandler):
     the controller (`forward`)."""
 
     def __init__(
-        self, advisor: PlacementAdvisor, forward: Callable[[str, bytes], tuple[bytes, str]]
+        self,
+        advisor: PlacementAdvisor,
+        forward: Callable[[str, bytes], tuple[bytes, str]],
+        rdma_resource: str = "",
     ) -> None:
-        super().__init__(advisor)
+        super().__init__(advisor, rdma_resource)
         self.forward = forward
 
     def answer(self, verb: str, body: bytes) -> tuple[bytes, str]:
@@ -320,8 +325,15 @@ class FrontHandler(ExtenderHandler):
 
 
 class _Child:
-    def __init__(self, options: ExtenderOptions, updates: Connection, calls: Connection) -> None:
+    def __init__(
+        self,
+        options: ExtenderOptions,
+        updates: Connection,
+        calls: Connection,
+        rdma_resource: str = "",
+    ) -> None:
         self.options = options
+        self.rdma_resource = rdma_resource
         self.updates = updates
         self.calls = calls
         self.replica = Replica()
@@ -431,7 +443,9 @@ class _Child:
             if not msg.more:
                 break
         server = ExtenderServer(
-            lambda: FrontHandler(self.replica.advisor(self.ranks), self.forward),
+            lambda: FrontHandler(
+                self.replica.advisor(self.ranks), self.forward, self.rdma_resource
+            ),
             self.options,
             self.recorder,
         )
@@ -476,7 +490,7 @@ def front_main(updates: Connection, calls: Connection) -> None:
     young, middle, _ = gc.get_threshold()
     gc.set_threshold(young, middle, 2**31 - 1)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_Child(options, updates, calls).main())
+        asyncio.run(_Child(options, updates, calls, hello.rdma_resource).main())
 
 
 # -- the controller's side ---------------------------------------------------------------------
@@ -625,10 +639,12 @@ class ExtenderProcess:
         metrics: HttpMetrics,
         core: Metrics | None = None,
         cluster: str = "",
+        rdma_resource: str = "",
     ) -> None:
         self.publisher = publisher
         self.make_handler = handler
         self.options = options
+        self.rdma_resource = rdma_resource
         self.metrics = metrics
         #: the child's ranks computed (`pyctl_extender_ranks_total`) and its cycle collections
         #: (`pyctl_gc_pause_seconds`), counted on the controller's metrics (`core`)
@@ -688,7 +704,10 @@ class ExtenderProcess:
         try:
             up_here.send(
                 Hello(
-                    options=replace(self.options, port=self.port), log_format=fmt, log_level=level
+                    options=replace(self.options, port=self.port),
+                    log_format=fmt,
+                    log_level=level,
+                    rdma_resource=self.rdma_resource,
                 )
             )
             with self._publishing:  # the whole view; what changes after it is published to it

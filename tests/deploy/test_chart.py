@@ -29,7 +29,11 @@ DIGEST = "sha256:" + "ab" * 32
 #: value sets a user would install with (each must lint and render)
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
-    "enforce": {"mode": "enforce", "evictor.minPodAgeSeconds": 21600},
+    "enforce": {
+        "mode": "enforce",
+        "evictor.minPodAgeSeconds": 21600,
+        "rdmaResource": "rdma/hca_shared_devices_a",
+    },
     "external-redis-tls": {
         "mode": "enforce",
         "redis.bundled": False,
@@ -79,6 +83,7 @@ def test_template_renders_valid_settings(name: str) -> None:
     assert cfg.in_cluster
     assert cfg.redis.url
     assert cfg.evictor.min_pod_age_seconds == VALUE_SETS[name].get("evictor.minPodAgeSeconds", 0)
+    assert cfg.reflector.rdma_resource == VALUE_SETS[name].get("rdmaResource", "")
     assert "gpu-infra" in cfg.evictor.excluded_namespaces
     assert "kube-system" in cfg.evictor.excluded_namespaces
     for o in objs:
@@ -96,6 +101,7 @@ def test_template_renders_valid_settings(name: str) -> None:
         ({"limits.nodeBurst": 0}, "/limits/nodeBurst"),
         ({"evictor.minReplicas": 0}, "/evictor/minReplicas"),
         ({"evictor.minPodAgeSeconds": -1}, "/evictor/minPodAgeSeconds"),
+        ({"rdmaResource": "hca shared devices"}, "/rdmaResource"),
         ({"extender.mode": "score"}, "/extender/mode"),
     ],
 )

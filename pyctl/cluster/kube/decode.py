@@ -74,6 +74,28 @@ MIG_CONFIG_STATE_LABEL: Final = "nvidia.com/mig.config.state"
 MIG_STRATEGY_LABEL: Final = "nvidia.com/mig.strategy"
 POLICY_LABEL: Final = "pyctl.io/topology-manager-policy"
 GPU_NUMA_LABEL: Final = re.compile(r"^nvidia\.com/gpu-(\d+)-numa$", re.ASCII)
+#: an extended resource's name: a DNS subdomain prefix, "/", a name (IsExtendedResourceName's
+#: shape; the resources pyctl reads as GPUs are not one it can be told to read as RDMA)
+_EXTENDED = re.compile(
+    r"^(?=.{1,253}/)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+    r"/(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+    re.ASCII,
+)
+
+
+def is_extended_resource(name: str) -> bool:
+    """Whether `name` can name the RDMA resource: an extended resource (domain/name) outside
+    the kubernetes.io domains and other than the GPU, MIG and shared-GPU resources."""
+    domain = name.split("/", 1)[0]
+    return (
+        _EXTENDED.match(name) is not None
+        and domain != "kubernetes.io"
+        and not domain.endswith(".kubernetes.io")
+        and name not in (GPU, SHARED)
+        and not name.startswith(MIG_PREFIX)
+    )
+
+
 EVICT_ANNOTATIONS: Final = ("pyctl.io/evict", "descheduler.alpha.kubernetes.io/evict")
 MIRROR_ANNOTATION: Final = "kubernetes.io/config.mirror"
 #: the policy names a NodeResourceTopology carries (the kubelet's and the NFD topology updater's
@@ -154,7 +176,8 @@ def _agent(annotations: Mapping[str, str]) -> tuple[agent_topology.AgentTopology
         return None, f"{agent_topology.ANNOTATION}: {e}"[:MAX_TEXT_CHARS]
 
 
-def node_record(n: wire.Node) -> NodeRecord:
+def node_record(n: wire.Node, rdma_resource: str = "") -> NodeRecord:
+    """The node as a record; `rdma_resource` names the extended resource read as its RDMA."""
     meta = n.metadata
     labels = meta.labels
     alloc = n.status.allocatable or n.status.capacity
@@ -199,6 +222,7 @@ def node_record(n: wire.Node) -> NodeRecord:
             ),
             agent=agent,
             agent_error=agent_error,
+            rdma=_rdma(alloc, rdma_resource),
         )
     except q.QuantityError as e:
         raise DecodeError(
@@ -207,6 +231,16 @@ def node_record(n: wire.Node) -> NodeRecord:
     except SharingError as e:
         raise DecodeError(f"{_where('node', meta)}: {e}", "malformed", _ref("Node", meta)) from None
     return _check(rec, "Node", meta)
+
+
+def _rdma(alloc: Mapping[str, str | int | float], name: str) -> int:
+    """The node's allocatable of the RDMA resource `name` (0: none, or no name)."""
+    if not name or name not in alloc:
+        return 0
+    try:
+        return _units(name, alloc[name])
+    except q.QuantityError as e:
+        raise q.QuantityError(f"{name}: {e}") from None
 
 
 @lru_cache(maxsize=16384)
@@ -260,7 +294,8 @@ def _pending(p: wire.Pod) -> tuple[bool, str, bool]:
     return False, "", False
 
 
-def pod_record(p: wire.Pod) -> PodRecord:
+def pod_record(p: wire.Pod, rdma_resource: str = "") -> PodRecord:
+    """The pod as a record; `rdma_resource` names the extended resource read as its RDMA."""
     meta = p.metadata
     spec = p.spec
     req = _sum_requests(spec.containers, meta)
@@ -345,6 +380,7 @@ def pod_record(p: wire.Pod) -> PodRecord:
         else None,
         gated,
         volcano_group(annotations) if annotations else "",
+        req.get(rdma_resource, 0) if rdma_resource else 0,
     )
     # the wire types bound every list and string; what is left are the amounts (a fast path,
     # since this runs for every pod event: the full check only when one is out of bounds)
@@ -353,6 +389,7 @@ def pod_record(p: wire.Pod) -> PodRecord:
         or not 0 <= rec.memory_mib <= MAX_MEMORY_MIB
         or not 0 <= rec.gpus <= MAX_GPUS_PER_POD
         or mig
+        or rec.rdma
     ):
         return _check(rec, "Pod", meta)
     return rec
@@ -573,6 +610,11 @@ _WIRE: Final[dict[str, type[Any]]] = {
     "HyperNode": wire.HyperNode,
     "PodGroup": wire.PodGroup,
 }
+#: the kinds that carry the RDMA resource, read with its name
+_TO_RECORD_RDMA: Final[dict[str, Callable[[Any, str], Record]]] = {
+    "Node": node_record,
+    "Pod": pod_record,
+}
 _TO_RECORD: Final[dict[str, Callable[[Any], Record]]] = {
     "Node": node_record,
     "Pod": pod_record,
@@ -627,8 +669,9 @@ def _ident(
     return ObjectRef(kind, m.namespace, m.name, m.uid)
 
 
-def decode_object(kind: Kind, data: bytes | Mapping[str, Any]) -> Record:
-    """One Kubernetes object (JSON bytes, or an already parsed dict) as a record. Raises
+def decode_object(kind: Kind, data: bytes | Mapping[str, Any], rdma_resource: str = "") -> Record:
+    """One Kubernetes object (JSON bytes, or an already parsed dict) as a record; a node's or
+    pod's amount of the extended resource `rdma_resource` names is its `rdma`. Raises
     `DecodeError` (with its reason, and the object's ref when its metadata reads)."""
     try:
         if isinstance(data, bytes | bytearray | memoryview):
@@ -653,7 +696,11 @@ def decode_object(kind: Kind, data: bytes | Mapping[str, Any]) -> Record:
     except RecursionError:
         raise DecodeError(f"{kind}: JSON nested too deeply", ref=_ident(kind, data)) from None
     try:
-        rec: Record = _TO_RECORD[kind](obj)
+        rec: Record = (
+            _TO_RECORD[kind](obj)
+            if not rdma_resource or kind not in ("Node", "Pod")
+            else _TO_RECORD_RDMA[kind](obj, rdma_resource)
+        )
         if kind in _CHECKED_AFTER:
             # the record's own bounds (a negative count): whatever decodes is what `check_record`
             # accepts from Redis or a file. A slice's counts are all applied while it decodes
@@ -680,9 +727,11 @@ class WatchError(Exception):
         self.reason = reason
 
 
-def decode_watch_line(kind: Kind, line: bytes) -> tuple[str, Record | None, str]:
-    """One watch stream line: (event type, record or None for BOOKMARK, resourceVersion).
-    An ERROR event raises `WatchError`."""
+def decode_watch_line(
+    kind: Kind, line: bytes, rdma_resource: str = ""
+) -> tuple[str, Record | None, str]:
+    """One watch stream line: (event type, record or None for BOOKMARK, resourceVersion), its
+    object read as `decode_object` reads it. An ERROR event raises `WatchError`."""
     try:
         ev = _LINE.decode(line)
     except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError) as e:
@@ -695,7 +744,7 @@ def decode_watch_line(kind: Kind, line: bytes) -> tuple[str, Record | None, str]
     if ev.type == "BOOKMARK":
         meta = msgspec.json.decode(ev.object, type=_Bookmark)
         return "BOOKMARK", None, meta.metadata.resourceVersion
-    rec = decode_object(kind, bytes(ev.object))
+    rec = decode_object(kind, bytes(ev.object), rdma_resource)
     return ev.type, rec, getattr(rec, "resource_version", "")
 
 

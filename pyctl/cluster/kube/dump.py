@@ -29,7 +29,7 @@ from pyctl.cluster.dra_records import (
 )
 from pyctl.cluster.kube.client import KubeClient
 from pyctl.cluster.kube.decode import DecodeError, decode_object
-from pyctl.cluster.kube.reflector import Reflector
+from pyctl.cluster.kube.reflector import Reflector, ReflectorOptions
 from pyctl.cluster.records import (
     KINDS,
     Event,
@@ -136,10 +136,10 @@ def _kind(o: Mapping[str, Any]) -> Kind | None:
     return None
 
 
-def read_dump(data: Any, name: str = "kubectl dump") -> Listed:
-    """The objects of a dump whose kind the controller watches, decoded as a list's items are;
-    an item that does not decode is left out with its reason. Items of other kinds are skipped.
-    `DumpError` only when `data` is not a List."""
+def read_dump(data: Any, name: str = "kubectl dump", rdma_resource: str = "") -> Listed:
+    """The objects of a dump whose kind the controller watches, decoded as a list's items are
+    (`rdma_resource`: the reflector's); an item that does not decode is left out with its
+    reason. Items of other kinds are skipped. `DumpError` only when `data` is not a List."""
     if not is_dump(data):
         raise DumpError(f"{name}: expected a kubectl -o json dump (kind: List)")
     items = data["items"]
@@ -151,7 +151,7 @@ def read_dump(data: Any, name: str = "kubectl dump") -> Listed:
         if kind is None:
             continue
         try:
-            listed.records[kind].append(decode_object(kind, o))
+            listed.records[kind].append(decode_object(kind, o, rdma_resource))
         except DecodeError as e:
             listed.decode_error(kind, f"items[{i}]: {e}", reason=e.reason, ref=e.ref)
         except ValueError as e:  # any other ValueError of one object (as the reflector takes it)
@@ -159,11 +159,13 @@ def read_dump(data: Any, name: str = "kubectl dump") -> Listed:
     return listed
 
 
-async def list_cluster(kube: KubeClient, kinds: Sequence[Kind] = KINDS) -> Listed:
-    """One list of each kind by the controller's reflectors (an optional kind not served is
-    read as none). Raises what the API server's errors raise (`KubeApiError`, connection
-    errors)."""
+async def list_cluster(
+    kube: KubeClient, kinds: Sequence[Kind] = KINDS, options: ReflectorOptions | None = None
+) -> Listed:
+    """One list of each kind by the controller's reflectors, with its `options` (an optional
+    kind not served is read as none). Raises what the API server's errors raise
+    (`KubeApiError`, connection errors)."""
     listed = Listed()
     for kind in kinds:
-        await Reflector(kube, kind).list_once(listed)
+        await Reflector(kube, kind, options).list_once(listed)
     return listed

@@ -61,7 +61,7 @@ class _Wire(msgspec.Struct):
 _WIRE = msgspec.json.Decoder(_Wire)
 
 
-def _as_sent(body: bytes | str) -> ExtenderArgs | None:
+def _as_sent(body: bytes | str, rdma_resource: str = "") -> ExtenderArgs | None:
     """The scheduler's request (``Pod`` and ``NodeNames``, exactly so named and typed), or None
     for `parse_args`'s general path (other casings, ``Nodes``, or anything it must explain)."""
     try:
@@ -70,12 +70,12 @@ def _as_sent(body: bytes | str) -> ExtenderArgs | None:
         return None
     if w.Pod is None or w.NodeNames is None:
         return None
-    return ExtenderArgs(_pod(w.Pod), tuple(w.NodeNames), None)
+    return ExtenderArgs(_pod(w.Pod, rdma_resource), tuple(w.NodeNames), None)
 
 
-def _pod(pod: Mapping[str, Any]) -> PodRecord:
+def _pod(pod: Mapping[str, Any], rdma_resource: str = "") -> PodRecord:
     try:
-        rec = decode_object("Pod", pod)
+        rec = decode_object("Pod", pod, rdma_resource)
     except ValueError as e:
         raise ExtenderInputError(f"ExtenderArgs.Pod: {e}") from None
     if not isinstance(rec, PodRecord) or not rec.name:
@@ -83,10 +83,11 @@ def _pod(pod: Mapping[str, Any]) -> PodRecord:
     return rec
 
 
-def parse_args(body: bytes | str | Mapping[str, Any]) -> ExtenderArgs:
-    """`ExtenderArgs` from a request body; raises `ExtenderInputError` on anything unreadable."""
+def parse_args(body: bytes | str | Mapping[str, Any], rdma_resource: str = "") -> ExtenderArgs:
+    """`ExtenderArgs` from a request body, its pod read as the reflector reads pods
+    (`rdma_resource`); raises `ExtenderInputError` on anything unreadable."""
     if isinstance(body, bytes | str):
-        sent = _as_sent(body)
+        sent = _as_sent(body, rdma_resource)
         if sent is not None:
             return sent
         try:
@@ -100,7 +101,7 @@ def parse_args(body: bytes | str | Mapping[str, Any]) -> ExtenderArgs:
     pod = _field(obj, "Pod")
     if not isinstance(pod, Mapping):
         raise ExtenderInputError("ExtenderArgs.Pod is missing")
-    rec = _pod(pod)
+    rec = _pod(pod, rdma_resource)
     names_raw = _field(obj, "NodeNames")
     nodes_raw = _field(obj, "Nodes")
     items: tuple[Mapping[str, Any], ...] | None = None

@@ -32,7 +32,13 @@ import anyio
 import msgspec
 
 from pyctl.cluster.kube.client import CONNECTION_ERRORS, KubeApiError, KubeClient, Query, api_error
-from pyctl.cluster.kube.decode import DecodeError, WatchError, decode_object, decode_watch_line
+from pyctl.cluster.kube.decode import (
+    DecodeError,
+    WatchError,
+    decode_object,
+    decode_watch_line,
+    is_extended_resource,
+)
 from pyctl.cluster.records import Event, EventType, Kind, Record
 from pyctl.cluster.source import EventSink
 
@@ -147,6 +153,9 @@ class ReflectorOptions:
     namespace: str = ""
     label_selector: str = ""
     field_selector: str = ""
+    #: the extended resource read as a node's and a pod's RDMA (`NodeRecord.rdma`: shared HCA
+    #: devices such as `rdma/hca_shared_devices_a`, bandwidth shares); "": none
+    rdma_resource: str = ""
 
     def __post_init__(self) -> None:
         if self.page_size < 0 or self.batch_max < 1:
@@ -156,6 +165,11 @@ class ReflectorOptions:
                 raise ValueError(f"reflector: {name} must be > 0")
         if self.batch_delay < 0 or self.read_slack < 0:
             raise ValueError("reflector: batch_delay and read_slack must be >= 0")
+        if self.rdma_resource and not is_extended_resource(self.rdma_resource):
+            raise ValueError(
+                f"reflector: rdma_resource {self.rdma_resource[:80]!r} is not an extended "
+                "resource name (domain/name, outside kubernetes.io, not a GPU resource)"
+            )
 
 
 @dataclass
@@ -491,7 +505,11 @@ class Reflector:
             for raw in page.items:
                 try:
                     # memoryview: no copy (decode_object accepts any buffer)
-                    records.append(decode_object(self.kind, cast(bytes, memoryview(raw))))
+                    records.append(
+                        decode_object(
+                            self.kind, cast(bytes, memoryview(raw)), self.options.rdma_resource
+                        )
+                    )
                 except ValueError as e:  # DecodeError (and any ValueError of one object)
                     self._decode_error(sink, e)
             cont = page.metadata.continue_
@@ -610,7 +628,7 @@ class Reflector:
         """One line of the watch into `batch`: an event, a bookmark (its resourceVersion), or an
         object that does not decode (counted; its deletion if named): False for the last."""
         try:
-            typ, rec, new_rv = decode_watch_line(self.kind, line)
+            typ, rec, new_rv = decode_watch_line(self.kind, line, self.options.rdma_resource)
         except ValueError as e:  # DecodeError, or msgspec's on a bad bookmark
             self._decode_error(batch.sink, e)
             gone = e.tombstone if isinstance(e, DecodeError) else None
