@@ -27,6 +27,7 @@ from pyctl.model import Shape, Snapshot, Workload
 from pyctl.serve.extender import ExtenderHandler
 from pyctl.serve.extender_process import ExtenderProcess, Publisher
 from pyctl.serve.extender_server import ExtenderOptions, HttpMetrics
+from tests.unit.test_cli_plan import _nrt
 
 RDMA = "rdma/hca_shared_devices_a"
 
@@ -39,25 +40,6 @@ def _node(name: str, rdma: int | str | None = None) -> dict[str, Any]:
         "kind": "Node",
         "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
         "status": {"allocatable": alloc},
-    }
-
-
-def _nrt(name: str, avail: tuple[int, int]) -> dict[str, Any]:
-    return {
-        "kind": "NodeResourceTopology",
-        "metadata": {"name": name},
-        "attributes": [{"name": "topologyManagerPolicy", "value": "single-numa-node"}],
-        "zones": [
-            {
-                "name": f"node-{z}",
-                "type": "Node",
-                "resources": [
-                    {"name": "cpu", "capacity": "32", "available": str(32 - (4 - avail[z]))},
-                    {"name": "nvidia.com/gpu", "capacity": "4", "available": str(avail[z])},
-                ],
-            }
-            for z in range(2)
-        ],
     }
 
 
