@@ -66,7 +66,8 @@ def extender_config(
 class LocalExtender:
     """pyctl's extender served in this process from `reconciler`'s models (the policy the
     deployed extender runs), and an extra kube-scheduler `name` whose profile `scheduler_name`
-    asks it (strictly: see `extender_config`). `start()` serves the extender (or enter it as
+    asks it (strictly: see `extender_config`; the scheduler's pods read with the reflector's
+    `rdma_resource`). `start()` serves the extender (or enter it as
     an async context manager); `scheduler.start()` when the test is ready; `stop()` stops both."""
 
     def __init__(
@@ -77,6 +78,7 @@ class LocalExtender:
         scheduler_name: str = TEST_SCHEDULER,
         flags: Sequence[str] = RETRY_FLAGS,
         mode: str = "choose",
+        rdma_resource: str = "",
     ) -> None:
         self.plane = plane
         self.name = name
@@ -84,7 +86,8 @@ class LocalExtender:
         self.flags = tuple(flags)
         self.mode = mode
         self.server = ExtenderServer(
-            lambda: ExtenderHandler(PlacementAdvisor.for_reconciler(reconciler)), ExtenderOptions()
+            lambda: ExtenderHandler(PlacementAdvisor.for_reconciler(reconciler), rdma_resource),
+            ExtenderOptions(),
         )
         self._scheduler: ExtraScheduler | None = None
 

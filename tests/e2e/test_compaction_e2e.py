@@ -80,6 +80,34 @@ def evictions(ctl: Controller, result: str) -> float:
     return float(v or 0.0)
 
 
+def enforcing(
+    ctl: Controller, kube: Any, cluster: str, lease: str
+) -> tuple[LeaderElector, Compactor]:
+    """The controller's compaction in enforce mode, wired as `pyctl run` wires it (its Lease
+    `lease`, a gate with loose rate limits, the Eviction API, the workflow engine)."""
+    elector = LeaderElector(kube, LeaseConfig("default", lease, "r0", 4, 2.5, 0.5))
+    loose = BucketLimit(capacity=10, per_second=10.0)
+    gate = Gate(
+        "enforce",
+        elector.still_leader,
+        MemoryRateLimiter(),
+        SafetyLimits(loose, loose, loose, loose, 0.0, disruptions_per_hour=None),
+        KubeActuator(kube, instance="r0"),
+        ctl.metrics,
+        cluster,
+    )
+    pods = ctl.cache.pods
+    engine = Engine(
+        MemoryWorkflowStore(),
+        Context(gate, lambda ns, n: pods.get(f"{ns}/{n}")),
+        builtin_registry(),
+    )
+    compactor = Compactor(
+        ctl.cache, ctl.reconciler, engine, ctl.metrics, cluster, "enforce", 0.5, max_moves=3
+    )
+    return elector, compactor
+
+
 @pytest.mark.anyio
 async def test_compaction_frees_a_zone_for_the_pending_replica_respecting_the_pdb(
     control_plane: ControlPlane, api: client.ApiClient, kube: Any
@@ -101,26 +129,7 @@ async def test_compaction_frees_a_zone_for_the_pending_replica_respecting_the_pd
     )
     local = LocalExtender(control_plane, ctl.reconciler, "pyctl-compaction")
     await local.start()
-    elector = LeaderElector(kube, LeaseConfig("default", "pyctl-compaction-e2e", "r0", 4, 2.5, 0.5))
-    loose = BucketLimit(capacity=10, per_second=10.0)
-    gate = Gate(
-        "enforce",
-        elector.still_leader,
-        MemoryRateLimiter(),
-        SafetyLimits(loose, loose, loose, loose, 0.0, disruptions_per_hour=None),
-        KubeActuator(kube, instance="r0"),
-        ctl.metrics,
-        CLUSTER,
-    )
-    pods = ctl.cache.pods
-    engine = Engine(
-        MemoryWorkflowStore(),
-        Context(gate, lambda ns, n: pods.get(f"{ns}/{n}")),
-        builtin_registry(),
-    )
-    compactor = Compactor(
-        ctl.cache, ctl.reconciler, engine, ctl.metrics, CLUSTER, "enforce", 0.5, max_moves=3
-    )
+    elector, compactor = enforcing(ctl, kube, CLUSTER, "pyctl-compaction-e2e")
     #: (min available small replicas while the PDB allowed none, ... while it allowed one)
     lowest = {"no-budget": 99, "budget": 99}
     phase = ["setup"]

@@ -9,6 +9,7 @@ as fragment."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,15 +24,34 @@ from pyctl.controller.controller import Controller
 from pyctl.core.fragmentation import FragmentationModel
 from pyctl.core.policy import rank
 from pyctl.dev.control_plane import ControlPlane
-from pyctl.dev.gpu_nodes import GPU, GpuNodeSpec, body, node_manifest, wait_nodes_ready
+from pyctl.dev.extender import LocalExtender
+from pyctl.dev.gpu_nodes import (
+    GPU,
+    GpuNodeSpec,
+    apply_nrt_crd,
+    body,
+    node_manifest,
+    wait_nodes_ready,
+)
+from pyctl.dev.topology import TopologyUpdater
 from pyctl.model import Shape, Snapshot, Workload
 from pyctl.state.memory import MemoryStore
 from tests.e2e.conftest import wait_until
+from tests.e2e.test_compaction_e2e import enforcing
+from tests.e2e.test_placement_e2e import WORKLOAD as PLACEMENT_WORKLOAD
+from tests.e2e.test_placement_e2e import (
+    create_nodes,
+    delete_nodes,
+    gpu_deployment,
+    model_gpus_used,
+)
 
 pytestmark = [pytest.mark.e2e]
 
 RDMA = "rdma/hca_shared_devices_a"
 LABEL = "rdma-e2e"
+CMP_LABEL = "rdma-cmp-e2e"
+CMP_SEL = {"pyctl.e2e/rdma-compaction": "true"}
 #: M: single GPUs with 100 of RDMA each
 SHAPE = Shape(cpu_milli=1000, gpus=1, gpu_milli=1000, rdma=100)
 WORKLOAD = Workload((SHAPE,))
@@ -161,3 +181,152 @@ async def test_pyctl_admits_exactly_what_the_real_scheduler_binds(
             except client.ApiException as exc:
                 if exc.status != 404:
                     raise
+
+
+def rdma_deployment(name: str, replicas: int, gpus: int, rdma: int) -> dict[str, Any]:
+    """A Deployment of `gpu_pod`s (`gpus` GPUs, `rdma` of the RDMA resource as a limit) on the
+    compaction test's nodes."""
+    d = gpu_deployment(name, replicas, gpus, name, label=CMP_LABEL, selector=CMP_SEL)
+    if rdma:
+        c = d["spec"]["template"]["spec"]["containers"][0]
+        c["resources"]["limits"][RDMA] = str(rdma)
+    return d
+
+
+@pytest.mark.anyio
+async def test_compaction_rescues_through_the_node_with_rdma_to_spare(
+    control_plane: ControlPlane, api: client.ApiClient, kube: Any
+) -> None:
+    """Two 8-GPU kwok nodes under single-numa-node, each with 400 shared HCA devices. ``rb``:
+    four 1-GPU replicas of ``bee`` (100 each: its RDMA used up), three in NUMA zone 0, one in
+    zone 1; ``ra``: two of ``small`` (100 each), one per zone. A 4-GPU replica of ``big`` (no
+    RDMA) is pending: no zone has 4 free GPUs. Freeing a zone of ``ra`` would send a small
+    replica to ``rb``, where the real scheduler cannot bind it (no RDMA left); pyctl, reading the
+    RDMA, rescues through ``rb`` instead: it evicts the bee replica of ``rb``'s zone 1 expecting
+    it on ``ra``, and the real scheduler (with pyctl's extender) binds it there and the big
+    replica in the zone it freed. (Blind to RDMA, run by hand: the rescue evicts a small replica
+    of ``ra`` "expected to land on rb", the scheduler puts it back on ``ra``, more evictions
+    follow and the big replica ends on ``ra``: this test fails at its first assertion.)"""
+    core = client.CoreV1Api(api)
+    apps = client.AppsV1Api(api)
+    specs = [GpuNodeSpec(n, labels=CMP_SEL, extra={RDMA: 400}) for n in ("ra", "rb")]
+    await apply_nrt_crd(api)
+    await create_nodes(api, specs)
+    updater = TopologyUpdater(api, specs, CMP_LABEL)
+    cluster = "e2e-rdma-compaction"
+    ctl = Controller(
+        cluster,
+        KubeClusterSource(kube, options=ReflectorOptions(rdma_resource=RDMA)),
+        MemoryStore(cluster),
+        workload=PLACEMENT_WORKLOAD,
+        summary_interval=0.5,
+    )
+    local = LocalExtender(control_plane, ctl.reconciler, "pyctl-rdma", rdma_resource=RDMA)
+    await local.start()
+    elector, compactor = enforcing(ctl, kube, cluster, "pyctl-rdma-e2e")
+
+    async def tier(name: str) -> list[Any]:
+        got = await core.list_namespaced_pod(
+            "default", label_selector=f"app={CMP_LABEL},tier={name}"
+        )
+        return [p for p in got.items if not p.metadata.deletion_timestamp]
+
+    async def placed(name: str, count: int, node: str) -> bool:
+        got = await tier(name)
+        return len(got) == count and all(p.spec.node_name == node for p in got)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ctl.run)
+            tg.start_soon(updater.run)
+            tg.start_soon(elector.run)
+            await wait_until(
+                lambda: all(model_gpus_used(ctl, s.name) == [0, 0] for s in specs),
+                "the controller's models of the test nodes",
+                within=30,
+            )
+            local.scheduler.start()
+            # the history: bee on rb (3 + 1), small on ra (1 + 1)
+            for name, replicas, node, other, zones in (
+                ("bee", 4, "rb", "ra", [0, 0, 0, 1]),
+                ("small", 2, "ra", "rb", [0, 1]),
+            ):
+                await core.patch_node(other, body({"spec": {"unschedulable": True}}))
+                updater.hints[f"{name}-"] = list(zones)
+                await apps.create_namespaced_deployment(
+                    "default", body(rdma_deployment(name, replicas, 1, 100))
+                )
+                await wait_until(
+                    functools.partial(placed, name, replicas, node), f"{name} on {node}", 30
+                )
+                await core.patch_node(other, body({"spec": {"unschedulable": None}}))
+            await wait_until(
+                lambda: (
+                    model_gpus_used(ctl, "ra") == [1, 1]
+                    and model_gpus_used(ctl, "rb") == [3, 1]
+                    and ctl.reconciler.models["rb"].rdma_used == 400
+                ),
+                "the fragmented cluster in the controller's models",
+                within=30,
+            )
+            smalls = {p.metadata.uid for p in await tier("small")}
+            bees = {p.metadata.uid for p in await tier("bee")}
+            await apps.create_namespaced_deployment(
+                "default", body(rdma_deployment("big", 1, 4, 0))
+            )
+
+            async def big_unschedulable() -> bool:
+                for p in await tier("big"):
+                    for c in p.status.conditions or []:
+                        if c.type == "PodScheduled" and c.status == "False":
+                            return True
+                return False
+
+            async def big_bound() -> bool:
+                got = await tier("big")
+                return len(got) == 1 and bool(got[0].spec.node_name)
+
+            await wait_until(big_unschedulable, "the 4-GPU replica unschedulable", within=30)
+            await wait_until(lambda: elector.is_leader, "the Lease", within=15)
+            tg.start_soon(compactor.run, elector.still_leader)
+            await wait_until(big_bound, "the 4-GPU replica scheduled", within=120)
+            (big,) = await tier("big")
+            assert big.spec.node_name == "rb"
+            await wait_until(
+                lambda: updater.where.get(f"default/{big.metadata.name}") is not None,
+                "the topology-updater to see the 4-GPU replica",
+            )
+            assert updater.where[f"default/{big.metadata.name}"][:2] == ("rb", 1)
+            # no small replica was evicted; one bee replica was, and runs again on ra
+            assert {p.metadata.uid for p in await tier("small")} == smalls
+            await wait_until(lambda: _bees_settled(core, bees), "bee running again", 30)
+            moved = [p for p in await tier("bee") if p.metadata.uid not in bees]
+            assert [p.spec.node_name for p in moved] == ["ra"], moved
+            assert updater.misaligned == []
+            # what the scheduler bound is what pyctl accounts: no node over its RDMA
+            for s in specs:
+                m = ctl.reconciler.models[s.name]
+                assert m.rdma_used <= m.rdma == 400
+            tg.cancel_scope.cancel()
+    finally:
+        await local.stop()
+        for name in ("bee", "small", "big"):
+            try:
+                await apps.delete_namespaced_deployment(name, "default")
+            except client.ApiException as exc:
+                if exc.status != 404:
+                    raise
+        await core.delete_collection_namespaced_pod(
+            "default", label_selector=f"app={CMP_LABEL}", grace_period_seconds=0
+        )
+        await delete_nodes(api, specs)
+
+
+async def _bees_settled(core: client.CoreV1Api, before: set[str]) -> bool:
+    got = await core.list_namespaced_pod("default", label_selector=f"app={CMP_LABEL},tier=bee")
+    live = [p for p in got.items if not p.metadata.deletion_timestamp]
+    return (
+        len(live) == 4
+        and all(p.spec.node_name for p in live)
+        and len({p.metadata.uid for p in live} - before) == 1
+    )
