@@ -28,6 +28,7 @@ from pyctl.workflows.compaction import (
     KIND,
     CompactionData,
     CompactionPlan,
+    PlannedMove,
     RoundCache,
     plan_compaction,
 )
@@ -166,6 +167,27 @@ def round_inputs(
         "exclude": dict(exclude or {}),
         **_volcano(c, reconciler),
     }
+
+
+def this_round(plan: CompactionPlan) -> tuple[list[PlannedMove], list[PlannedMove]]:
+    """The plan's defragmentation moves to start now, and those left for the next round. The
+    planner places its moves in order, each on the cluster the moves before it left; their
+    evictions run at once. A move into a node that a move started before it (or a rescue of the
+    plan) evicts from may need the room that eviction frees, which the scheduler sees only once
+    the pod is gone: its pod's replacement would be placed before, elsewhere, and its eviction
+    wasted. It waits: the next round plans again from the cluster as it is then."""
+    freed = {m.from_node for r in plan.rescues for m in r.moves}
+    now: list[PlannedMove] = []
+    later: list[PlannedMove] = []
+    for mv in plan.moves:
+        if mv.rescue is not None:
+            continue
+        if mv.to_node in freed:
+            later.append(mv)
+            continue
+        now.append(mv)
+        freed.add(mv.from_node)
+    return now, later
 
 
 def plan_round(
@@ -317,9 +339,13 @@ class Compactor:
                     "rescue started",
                     extra={"pod": r.pending, "node": r.node, "evictions": len(moved)},
                 )
-        for mv in plan.moves:
-            if mv.rescue is not None:
-                continue
+        now_moves, later = this_round(plan)
+        if later:
+            log.info(
+                "moves left for the next round",
+                extra={"moves": len(later), "why": "into a node a move of this round evicts from"},
+            )
+        for mv in now_moves:
             p = pods.get(mv.pod)
             if p is None:
                 continue

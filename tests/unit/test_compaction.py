@@ -23,7 +23,14 @@ from pyctl.cluster.records import (
 )
 from pyctl.cluster.translate import models_of
 from pyctl.model import Node, Shape, Workload
-from pyctl.workflows.compaction import CompactionPlan, RoundCache, plan_compaction
+from pyctl.workflows.compaction import (
+    CompactionPlan,
+    PlannedMove,
+    PlannedRescue,
+    RoundCache,
+    plan_compaction,
+)
+from pyctl.workflows.compactor import this_round
 from pyctl.workflows.evictor import Evictor, EvictorOptions
 
 
@@ -441,3 +448,28 @@ def test_a_round_with_the_cache_plans_what_a_fresh_round_plans(
         planned += bool(with_cache.moves or with_cache.rescues)
     assert reused > 100  # the cache was used
     assert planned > 0  # and the plans were not all empty
+
+
+def _move(pod: str, src: str, dst: str, rescue: int | None = None) -> PlannedMove:
+    return PlannedMove(pod, src, dst, 1000.0, {}, rescue)
+
+
+def test_a_move_into_a_node_this_round_evicts_from_waits_for_the_next_round() -> None:
+    """Planned in order, evicted at once: a move whose destination an earlier move of the round
+    leaves (a swap; a chain) may need the room that eviction frees, which the scheduler sees only
+    once the pod is gone (seen on the real control plane: tests/e2e/test_rdma_e2e.py's cluster,
+    planned before the 4-GPU replica was pending, swapped two replicas and the second went back)."""
+    swap = (_move("ns/bee", "rb", "ra"), _move("ns/small", "ra", "rb"))
+    now, later = this_round(CompactionPlan(swap, {}, 2))
+    assert (now, later) == ([swap[0]], [swap[1]])
+    chain = (_move("ns/a", "n1", "n2"), _move("ns/b", "n3", "n1"), _move("ns/c", "n4", "n5"))
+    now, later = this_round(CompactionPlan(chain, {}, 3))
+    assert (now, later) == ([chain[0], chain[2]], [chain[1]])
+    # independent moves (even into the same node) all start
+    apart = (_move("ns/a", "n1", "n9"), _move("ns/b", "n2", "n9"))
+    assert this_round(CompactionPlan(apart, {}, 2)) == (list(apart), [])
+    # a rescue's moves are its workflow's; a move into a node the rescue evicts from waits
+    saved = _move("ns/r", "n7", "n8", rescue=0)
+    rescue = PlannedRescue("ns/pending", "n7", (saved,), 0, -4000.0)
+    plan = CompactionPlan((saved, _move("ns/d", "n6", "n7")), {}, 2, rescues=(rescue,))
+    assert this_round(plan) == ([], [plan.moves[1]])
