@@ -28,6 +28,7 @@ from pyctl.serve.extender import ExtenderHandler
 from pyctl.serve.extender_process import ExtenderProcess, Publisher
 from pyctl.serve.extender_server import ExtenderOptions, HttpMetrics
 from tests.unit.test_cli_plan import _nrt
+from tests.unit.test_cli_plan import _pod as _plain_pod
 
 RDMA = "rdma/hca_shared_devices_a"
 
@@ -44,28 +45,12 @@ def _node(name: str, rdma: int | str | None = None) -> dict[str, Any]:
 
 
 def _pod(name: str, node: str | None, gpus: int = 1, rdma: int = 0) -> dict[str, Any]:
-    requests: dict[str, Any] = {"cpu": str(gpus), "nvidia.com/gpu": str(gpus)}
-    limits: dict[str, Any] = {RDMA: str(rdma)} if rdma else {}
-    return {
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": "serving",
-            "labels": {"app": "llm"},
-            "ownerReferences": [{"kind": "ReplicaSet", "name": "llm-x", "controller": True}],
-        },
-        "spec": {
-            **({"nodeName": node} if node else {}),
-            # an extended resource given as a limit only: its request equals it
-            "containers": [{"name": "c", "resources": {"requests": requests, "limits": limits}}],
-        },
-        "status": {
-            "phase": "Running" if node else "Pending",
-            "conditions": []
-            if node
-            else [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}],
-        },
-    }
+    """test_cli_plan's pod, with `rdma` of the resource as a limit only (its request equals it,
+    as for any extended resource)."""
+    pod = _plain_pod(name, node, gpus)
+    if rdma:
+        pod["spec"]["containers"][0]["resources"]["limits"] = {RDMA: str(rdma)}
+    return pod
 
 
 # -- reading ---------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from pyctl.cluster.bounds import (
     MAX_GPUS_PER_POD,
     MAX_MEMORY_MIB,
     MAX_OBJECT_BYTES,
+    MAX_RDMA,
     MAX_TEXT_CHARS,
     BoundsError,
 )
@@ -388,8 +389,8 @@ def pod_record(p: wire.Pod, rdma_resource: str = "") -> PodRecord:
         not 0 <= rec.cpu_milli <= MAX_CPU_MILLI
         or not 0 <= rec.memory_mib <= MAX_MEMORY_MIB
         or not 0 <= rec.gpus <= MAX_GPUS_PER_POD
+        or not 0 <= rec.rdma <= MAX_RDMA
         or mig
-        or rec.rdma
     ):
         return _check(rec, "Pod", meta)
     return rec
@@ -698,7 +699,7 @@ def decode_object(kind: Kind, data: bytes | Mapping[str, Any], rdma_resource: st
     try:
         rec: Record = (
             _TO_RECORD[kind](obj)
-            if not rdma_resource or kind not in ("Node", "Pod")
+            if not rdma_resource or kind not in _TO_RECORD_RDMA
             else _TO_RECORD_RDMA[kind](obj, rdma_resource)
         )
         if kind in _CHECKED_AFTER:

@@ -221,6 +221,39 @@ mod tests {
 
     /// The full model of one replay node: `split` zones of its GPUs (0: one zone), CPU not
     /// NUMA-aligned (as the replay admits), memory ignored by the shapes.
+    /// A kernel shape in the full model's terms.
+    fn full_shape(k: &KShape) -> Shape {
+        Shape {
+            cpu_milli: k.cpu as u64,
+            gpus: k.num as u32,
+            gpu_milli: if k.num > 0 { k.milli as u32 } else { 0 },
+            weight: k.w,
+            rdma: k.rdma as u64,
+            ..Default::default()
+        }
+    }
+
+    /// One task (CPU, GPUs, share, RDMA) in both views: the kernel's and the full model's.
+    fn task_pair(cpu: i64, num: u8, milli: u16, rdma: i64) -> (KTask, Shape) {
+        let k = KShape {
+            cpu,
+            rdma,
+            milli,
+            num,
+            mask: u64::MAX,
+            w: 1.0,
+        };
+        let t = KTask {
+            cpu,
+            mem: 0,
+            rdma,
+            num,
+            milli,
+            mask: u64::MAX,
+        };
+        (t, full_shape(&k))
+    }
+
     fn full_node(st: &State, i: usize) -> Cluster {
         let n = st.ngpu[i] as usize;
         let split = st.split[i] as usize;
@@ -334,20 +367,7 @@ mod tests {
                 w: 0.3,
             },
         ];
-        let shapes: Vec<Shape> = kshapes
-            .iter()
-            .map(|k| Shape {
-                cpu_milli: k.cpu as u64,
-                memory_mib: 0,
-                gpus: k.num as u32,
-                gpu_milli: if k.num > 0 { k.milli as u32 } else { 0 },
-                mig_profile: None,
-                gpu_models: vec![],
-                weight: k.w,
-                rdma: k.rdma as u64,
-                ..Default::default()
-            })
-            .collect();
+        let shapes: Vec<Shape> = kshapes.iter().map(full_shape).collect();
         let mut chosen = 0;
         let mut planned = 0;
         for _ in 0..60 {
@@ -367,25 +387,7 @@ mod tests {
                 (3000, 1, 1000, 80),
                 (4000, 2, 1000, 150),
             ] {
-                let kt = KTask {
-                    cpu,
-                    mem: 0,
-                    rdma,
-                    num,
-                    milli,
-                    mask: u64::MAX,
-                };
-                let ft = Shape {
-                    cpu_milli: cpu as u64,
-                    memory_mib: 0,
-                    gpus: num as u32,
-                    gpu_milli: milli as u32,
-                    mig_profile: None,
-                    gpu_models: vec![],
-                    weight: 1.0,
-                    rdma: rdma as u64,
-                    ..Default::default()
-                };
+                let (kt, ft) = task_pair(cpu, num, milli, rdma);
                 let a = choose(&k, &kt, |_| true).map(|r| r.node);
                 let ranks: Vec<_> = rank_nodes(&full, &ft, &nodes)
                     .into_iter()
@@ -553,21 +555,7 @@ mod tests {
                 w,
             })
             .collect();
-        let shapes: Vec<Shape> = specs
-            .iter()
-            .zip(weights)
-            .map(|(&(cpu, num, milli, rdma), w)| Shape {
-                cpu_milli: cpu as u64,
-                memory_mib: 0,
-                gpus: num as u32,
-                gpu_milli: milli as u32,
-                mig_profile: None,
-                gpu_models: vec![],
-                weight: w,
-                rdma: rdma as u64,
-                ..Default::default()
-            })
-            .collect();
+        let shapes: Vec<Shape> = kshapes.iter().map(full_shape).collect();
         let (mut compared, mut with_rdma, mut short_by_rdma) = (0, 0, 0);
         for _ in 0..400 {
             let st = random_state(&mut rng, &kshapes);
@@ -590,25 +578,7 @@ mod tests {
             .iter()
             .enumerate()
             {
-                let kt = KTask {
-                    cpu,
-                    mem: 0,
-                    rdma,
-                    num,
-                    milli,
-                    mask: u64::MAX,
-                };
-                let ft = Shape {
-                    cpu_milli: cpu as u64,
-                    memory_mib: 0,
-                    gpus: num as u32,
-                    gpu_milli: milli as u32,
-                    mig_profile: None,
-                    gpu_models: vec![],
-                    weight: 1.0,
-                    rdma: rdma as u64,
-                    ..Default::default()
-                };
+                let (kt, ft) = task_pair(cpu, num, milli, rdma);
                 let a = best_on(&k, 0, &kt);
                 let b = best_on(&full, 0, &ft);
                 match (&a, &b) {
