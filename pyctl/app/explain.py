@@ -436,6 +436,11 @@ def _explain_pending(
             plan_note = f"no rescue: {plan.unrescued[p.key]}"
         elif not p.unschedulable:
             plan_note = "no rescue planned: the scheduler has not marked it unschedulable"
+        elif p.key in view.cache.quota_waiting():
+            plan_note = (
+                "no rescue planned: Kueue says its Workload waits for quota, which no eviction "
+                "gives"
+            )
         elif too_young(p, cfg.workflow.rescue_after, now):
             plan_note = (
                 f"no rescue yet: it is {now - p.created:.0f} s old, rescued from "

@@ -32,6 +32,8 @@ A pod Kueue holds back (its scheduling gate `kueue.x-k8s.io/admission`) that ask
 topology waits for room in one domain (Kueue TAS admits the group only where all of it fits): it is
 pending like an unschedulable pod (`kueue_waiting`), so a rescue may make that room. Without a
 required topology a Kueue-gated pod waits for quota only, which no eviction gives: not pending.
+Nor is a pod whose Kueue `Workload` says it waits for quota (`kueue_waits_for_quota`), with or
+without a topology: room made in a domain would wait, held, for an admission that quota blocks.
 
 The topology key is the gang's level. A gang of one pod is no gang (it fits any domain its pod
 fits). Bounded: a gang counts at most `MAX_GANG_PODS` pods.
@@ -123,6 +125,24 @@ def kueue_waiting(gates: Iterable[str], annotations: Mapping[str, str]) -> str:
     if not key or len(key) > MAX_KEY_CHARS or any(c.isspace() for c in key):
         return ""
     return f"waiting for Kueue to admit it (scheduling gate {KUEUE_ADMISSION_GATE}, {key})"
+
+
+#: what Kueue's flavor assigner says of a pod set its ClusterQueue (and cohort) lacks quota for
+#: (sigs.k8s.io/kueue pkg/scheduler/flavorassigner: `fitsResourceQuota`), in the message of the
+#: Workload's `QuotaReserved` condition while it is False
+KUEUE_QUOTA_MESSAGES = ("insufficient quota for ", "insufficient unused quota for ")
+
+
+def kueue_waits_for_quota(conditions: Iterable[tuple[str, str, str]]) -> bool:
+    """Whether a Kueue `Workload` with these conditions (type, status, message) waits for quota:
+    its `QuotaReserved` condition is False and says that a pod set lacks quota. A topology that
+    has no room (Kueue TAS: "topology ... allows to fit only ...") is not quota: evictions may
+    make that room. Quota before topology: while any pod set lacks quota, room does not admit
+    the workload."""
+    for kind, status, message in conditions:
+        if kind == "QuotaReserved" and status == "False":
+            return any(m in message for m in KUEUE_QUOTA_MESSAGES)
+    return False
 
 
 def _own_term(p: PodRecord) -> PodTerm | None:

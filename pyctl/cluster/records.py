@@ -43,6 +43,7 @@ Kind: TypeAlias = Literal[
     "ComputeDomainClique",
     "HyperNode",
     "PodGroup",
+    "KueueWorkload",
 ]
 #: the kinds of Dynamic Resource Allocation (resource.k8s.io/v1), watched where served
 DRA_KINDS: tuple[Kind, ...] = (
@@ -60,6 +61,7 @@ FABRIC_KINDS: tuple[Kind, ...] = (
     "ComputeDomainClique",
     "HyperNode",
     "PodGroup",
+    "KueueWorkload",
 )
 KINDS: tuple[Kind, ...] = (
     "Node",
@@ -441,6 +443,22 @@ class PodGroupRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults
         return f"{self.namespace}/{self.name}"
 
 
+class WorkloadRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
+    """Kueue's `Workload`: the pods it stands for (its owners of kind Pod, in its namespace) and
+    whether Kueue says it waits for quota (`gangs.kueue_waits_for_quota`): no eviction admits
+    it then."""
+
+    namespace: str
+    name: str
+    resource_version: str = ""
+    pods: tuple[str, ...] = ()
+    quota: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
 Record: TypeAlias = (
     NodeRecord
     | PodRecord
@@ -455,13 +473,21 @@ Record: TypeAlias = (
     | CliqueRecord
     | HyperNodeRecord
     | PodGroupRecord
+    | WorkloadRecord
 )
 
 
 def record_key(r: Record) -> str:
     """The record's identity within its kind: the name, or namespace/name."""
     if isinstance(
-        r, PodRecord | PdbRecord | ClaimRecord | ClaimTemplateRecord | CliqueRecord | PodGroupRecord
+        r,
+        PodRecord
+        | PdbRecord
+        | ClaimRecord
+        | ClaimTemplateRecord
+        | CliqueRecord
+        | PodGroupRecord
+        | WorkloadRecord,
     ):
         return r.key
     return r.name
@@ -481,6 +507,7 @@ _KIND_OF: dict[type, Kind] = {
     CliqueRecord: "ComputeDomainClique",
     HyperNodeRecord: "HyperNode",
     PodGroupRecord: "PodGroup",
+    WorkloadRecord: "KueueWorkload",
 }
 
 
@@ -515,6 +542,7 @@ _DECODERS: dict[str, msgspec.json.Decoder[Any]] = {
     "ComputeDomainClique": msgspec.json.Decoder(CliqueRecord),
     "HyperNode": msgspec.json.Decoder(HyperNodeRecord),
     "PodGroup": msgspec.json.Decoder(PodGroupRecord),
+    "KueueWorkload": msgspec.json.Decoder(WorkloadRecord),
 }
 
 
@@ -577,6 +605,8 @@ def tombstone(ref: ObjectRef) -> Record | None:
         return HyperNodeRecord(ref.name)
     if ref.kind == "PodGroup":
         return PodGroupRecord(ref.namespace, ref.name)
+    if ref.kind == "KueueWorkload":
+        return WorkloadRecord(ref.namespace, ref.name)
     return None
 
 
@@ -649,7 +679,7 @@ _TEXT_BOUNDS: dict[str, int | tuple[int, int]] = {
             *("scheduler", "extended_claim", "claim", "template", "generated", "pod_claim_name"),
             *("class_name", "driver", "pool", "device", "counter_set", "request", "resource"),
             *("namespaces", "values"),
-            *("nodes", "children", "tier_name", "pod_group"),
+            *("nodes", "children", "tier_name", "pod_group", "pods"),
         ),
         _NAME,
     ),
@@ -854,6 +884,10 @@ def check_record(r: Record) -> None:
         _name(where, r.namespace, r.name)
         b.check(f"{where} minMember", r.min_member, b.MAX_GANG_PODS)
         b.check(f"{where} tier", r.tier, b.MAX_LEVELS)
+    elif isinstance(r, WorkloadRecord):
+        where = f"Workload {r.namespace[:63]}/{r.name[:253]}"
+        _name(where, r.namespace, r.name)
+        b.check_len(f"{where} pods", len(r.pods), b.MAX_GANG_PODS)
     else:
         _check_dra(r)
 

@@ -28,6 +28,7 @@ from pyctl.cluster.records import (
     PodGroupRecord,
     PodRecord,
     Record,
+    WorkloadRecord,
     record_key,
     record_kind,
 )
@@ -95,6 +96,8 @@ class ClusterCache:
         self.hypernodes: dict[str, HyperNodeRecord] = {}
         #: Volcano's PodGroups (gangs where their networkTopology is hard), by namespace/name
         self.pod_groups: dict[str, PodGroupRecord] = {}
+        #: Kueue's Workloads, by namespace/name (`quota_waiting`)
+        self.workloads: dict[str, WorkloadRecord] = {}
         self.fabric_version = 0
         self.pods_by_node: dict[str, dict[str, PodRecord]] = defaultdict(dict)
         self.slices_by_node: dict[str, dict[str, SliceRecord]] = defaultdict(dict)
@@ -129,6 +132,7 @@ class ClusterCache:
             "ComputeDomainClique": self.cliques,  # type: ignore[dict-item]
             "HyperNode": self.hypernodes,  # type: ignore[dict-item]
             "PodGroup": self.pod_groups,  # type: ignore[dict-item]
+            "KueueWorkload": self.workloads,  # type: ignore[dict-item]
         }
         return tables[kind]
 
@@ -253,6 +257,20 @@ class ClusterCache:
     def pending_pods(self) -> list[PodRecord]:
         """The pods `is_pending` says, in `pods`' order."""
         return self._in_order(self._pending)
+
+    def waiting_for_room(self) -> list[PodRecord]:
+        """The pending pods (`pending_pods`) that wait for room: marked unschedulable (or held
+        back by Kueue for a domain, `gangs.kueue_waiting`), and not waiting for quota
+        (`quota_waiting`), which no room gives."""
+        quota = self.quota_waiting()
+        return [p for p in self.pending_pods() if p.unschedulable and p.key not in quota]
+
+    def quota_waiting(self) -> frozenset[str]:
+        """The pods (namespace/name) whose Kueue Workload waits for quota: no eviction admits
+        them (`gangs.kueue_waits_for_quota`)."""
+        return frozenset(
+            f"{w.namespace}/{pod}" for w in self.workloads.values() if w.quota for pod in w.pods
+        )
 
     def pending_count(self) -> int:
         return len(self._pending)

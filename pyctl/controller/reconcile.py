@@ -489,7 +489,7 @@ class Reconciler:
         )
         cats = {c: sum(cols[_CATS + i]) for i, c in enumerate(CATEGORIES)}
         idle_gpu, idle_mig = sum(cols[_IDLE]), sum(cols[_MIG_IDLE])
-        pending = [p for p in self.cache.pending_pods() if p.unschedulable]
+        pending = self.cache.waiting_for_room()
         blocked = self._blocked(pending, idle_gpu, idle_mig)
         by_model: dict[str, tuple[float, float]] = {}
         for r in rows:

@@ -1,12 +1,13 @@
 """The CRDs of the fabric's sources (docs/fabric.md), for test clusters without Kueue, KAI, the
-NVIDIA DRA driver or Volcano: Kueue's `Topology` (kueue.x-k8s.io/v1beta1), KAI's `Topology`
-(kai.scheduler/v1alpha1), the DRA driver's `ComputeDomainClique` (resource.nvidia.com/v1beta1),
-Volcano's `HyperNode` (topology.volcano.sh/v1alpha1) and `PodGroup` (scheduling.volcano.sh/v1beta1),
-with the fields pyctl reads as their projects' CRDs declare them (Kueue's
-`apis/kueue/v1beta1/topology_types.go`, KAI's `kai.scheduler_topologies.yaml`, the driver's
-`api/nvidia.com/resource/v1beta1/computedomainclique.go`, volcano-sh/apis'
+NVIDIA DRA driver or Volcano: Kueue's `Topology` and `Workload` (kueue.x-k8s.io/v1beta1), KAI's
+`Topology` (kai.scheduler/v1alpha1), the DRA driver's `ComputeDomainClique`
+(resource.nvidia.com/v1beta1), Volcano's `HyperNode` (topology.volcano.sh/v1alpha1) and `PodGroup`
+(scheduling.volcano.sh/v1beta1), with the fields pyctl reads as their projects' CRDs declare them
+(Kueue's `apis/kueue/v1beta1/topology_types.go`, KAI's `kai.scheduler_topologies.yaml`, the
+driver's `api/nvidia.com/resource/v1beta1/computedomainclique.go`, volcano-sh/apis'
 `pkg/apis/topology/v1alpha1/hypernode_types.go` and `pkg/apis/scheduling/v1beta1/types.go`) and
-anything else kept (a member's selector, a PodGroup's other fields: minimal schemas).
+anything else kept (a member's selector, a PodGroup's other fields, a Workload's spec and status:
+minimal schemas).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ FABRIC_CRDS: tuple[tuple[str, str, str, str, str], ...] = (
     ("resource.nvidia.com", "v1beta1", "computedomaincliques", "ComputeDomainClique", "Namespaced"),
     ("topology.volcano.sh", "v1alpha1", "hypernodes", "HyperNode", "Cluster"),
     ("scheduling.volcano.sh", "v1beta1", "podgroups", "PodGroup", "Namespaced"),
+    ("kueue.x-k8s.io", "v1beta1", "workloads", "Workload", "Namespaced"),
 )
 
 _LEVELS: dict[str, Any] = {
@@ -102,6 +104,7 @@ def crd_manifest(group: str, version: str, plural: str, kind: str, scope: str) -
         "ComputeDomainClique": {"daemons": _DAEMONS},
         "HyperNode": {"spec": _HYPERNODE, "status": _OPEN},
         "PodGroup": {"spec": _PODGROUP, "status": _OPEN},
+        "Workload": {"spec": _OPEN, "status": _OPEN},
     }[kind]
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

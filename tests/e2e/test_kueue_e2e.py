@@ -16,6 +16,11 @@ cheapest to free (evictions through the Eviction API, the replicas' replacements
 other cliques by its extender), Kueue admits the Workload with a topology assignment inside that
 clique, ungates the pods, and the real kube-scheduler binds them there. The replicas never fall
 below their budget (22 of 24).
+
+The same with the ClusterQueue's GPU quota first below the group's 16 GPUs: Kueue's Workload
+says it lacks quota, and pyctl, reading the Workload, makes no room (no eviction, no rescue)
+while it runs; once the quota is raised, Kueue's Workload says the topology has no room, and
+pyctl makes it as above.
 """
 
 from __future__ import annotations
@@ -55,8 +60,9 @@ def clique_of(node: str) -> str:
     return f"3f1c2a.{int(node[2:]) // 4}"
 
 
-def kueue_objects() -> list[tuple[str, dict[str, Any]]]:
-    """(collection path, object): the Topology, ResourceFlavor, ClusterQueue and LocalQueue."""
+def kueue_objects(gpu_quota: int = 48) -> list[tuple[str, dict[str, Any]]]:
+    """(collection path, object): the Topology, ResourceFlavor, ClusterQueue (`gpu_quota` GPUs)
+    and LocalQueue."""
     meta = {"labels": {"app": LABEL}}
     return [
         (
@@ -94,7 +100,7 @@ def kueue_objects() -> list[tuple[str, dict[str, Any]]]:
                                     "resources": [
                                         {"name": "cpu", "nominalQuota": "1000"},
                                         {"name": "memory", "nominalQuota": "10Ti"},
-                                        {"name": "nvidia.com/gpu", "nominalQuota": "48"},
+                                        {"name": "nvidia.com/gpu", "nominalQuota": str(gpu_quota)},
                                     ],
                                 }
                             ],
@@ -193,8 +199,13 @@ def kueue(control_plane: ControlPlane, control_plane_binaries: Binaries) -> Iter
         manager.stop()
 
 
+QUOTA_WINDOW = 15.0  # how long pyctl runs while the group lacks quota
+
+
 @pytest.mark.anyio
+@pytest.mark.parametrize("quota_first", [False, True], ids=["room", "quota-then-room"])
 async def test_kueue_admits_the_group_once_pyctl_has_freed_a_clique(
+    quota_first: bool,
     control_plane: ControlPlane,
     kueue: KueueManager,
     api: client.ApiClient,
@@ -218,7 +229,7 @@ async def test_kueue_admits_the_group_once_pyctl_has_freed_a_clique(
         spec = GpuNodeSpec(n, numa_zones=1, gpus_per_zone=4, labels={**sel, CLIQUE: clique_of(n)})
         await core.create_node(body(node_manifest(spec)))
     await wait_nodes_ready(api, list(NODES))
-    for path, obj in kueue_objects():
+    for path, obj in kueue_objects(8 if quota_first else 48):
         await req("POST", path, obj)
 
     async def queue_active() -> bool:
@@ -279,7 +290,24 @@ async def test_kueue_admits_the_group_once_pyctl_has_freed_a_clique(
                     assert p.spec.scheduling_gates, p.metadata.name
                 await anyio.sleep(0.5)
         print(f"\n[kueue e2e] before pyctl, the Workload waits: {why}")
-        assert "topology" in why.lower(), why
+        if quota_first:
+            assert "insufficient quota for nvidia.com/gpu" in why, why
+            await no_room_for_quota(core, pyctl, workloads, tmp_path)
+            # the quota raised: Kueue's Workload now waits for room in a clique
+            cq = await req("GET", f"{KUEUE_API}/clusterqueues/gpus")
+            for r in cq["spec"]["resourceGroups"][0]["flavors"][0]["resources"]:
+                if r["name"] == "nvidia.com/gpu":
+                    r["nominalQuota"] = "48"
+            await req("PUT", f"{KUEUE_API}/clusterqueues/gpus", cq)
+
+            async def for_room() -> bool:
+                [wl] = await workloads()
+                return "topology" in condition(wl, "QuotaReserved").get("message", "")
+
+            await wait_until(for_room, "Kueue to say the group waits for room", within=60)
+            assert pyctl.kill() is None, f"pyctl exited by itself: see {tmp_path}"
+        else:
+            assert "topology" in why.lower(), why
 
         # -- pyctl run --mode enforce: a clique freed, the group admitted there ----------------
         async def watch() -> None:
@@ -326,7 +354,8 @@ async def test_kueue_admits_the_group_once_pyctl_has_freed_a_clique(
         # pyctl made the room: its rescue events name the group's pods and the clique's nodes
         # (evictions on the nodes it freed; no eviction on those it kept for a pod that fits)
         events = await core.list_namespaced_event("default", field_selector="reason=PyctlRescue")
-        said = [e.message for e in events.items if e.involved_object.name.startswith(f"{GROUP}-")]
+        uids = {p.metadata.uid for p in group}
+        said = [e.message for e in events.items if e.involved_object.uid in uids]
         assert any("making room" in m for m in said), said
         for msg in said:
             assert any(f" {n}" in msg for n in nodes), msg
@@ -335,6 +364,31 @@ async def test_kueue_admits_the_group_once_pyctl_has_freed_a_clique(
         pyctl.kill()
         sched.stop()
         await cleanup(core, apps, policy, req)
+
+
+async def no_room_for_quota(
+    core: client.CoreV1Api, pyctl: ControllerProcess, workloads: Any, tmp_path: Path
+) -> None:
+    """pyctl runs for `QUOTA_WINDOW` while Kueue says the group lacks quota: it makes no room
+    (every replica stays on its node, no rescue event) and the group stays out. Without the
+    Workload read, pyctl takes the gated pods with a required topology for a gang waiting for
+    room and starts freeing a clique within its first rounds (the case above)."""
+    before = {p.metadata.name: p.spec.node_name for p in running(await tier_pods(core, "s"))}
+    assert len(before) == 24
+    pyctl.start("kq")
+    await wait_until(pyctl.is_leader, "pyctl to lead", within=60)
+    await anyio.sleep(QUOTA_WINDOW)
+    if pyctl.proc is None or pyctl.proc.poll() is not None:
+        raise AssertionError(f"pyctl exited by itself: see {tmp_path}")
+    after = {p.metadata.name: p.spec.node_name for p in running(await tier_pods(core, "s"))}
+    assert after == before, "pyctl moved replicas for a group that waits for quota"
+    events = await core.list_namespaced_event("default", field_selector="reason=PyctlRescue")
+    group = {p.metadata.uid for p in await tier_pods(core, "g")}
+    said = [e.message for e in events.items if e.involved_object.uid in group]
+    assert not said, said
+    [wl] = await workloads()
+    assert condition(wl, "Admitted").get("status") != "True", wl.get("status")
+    print(f"[kueue e2e] pyctl ran {QUOTA_WINDOW:.0f} s beside the quota-short group: no room made")
 
 
 async def cleanup(

@@ -410,6 +410,42 @@ def pod_group(name: str = "llm", mode: str = "hard") -> dict[str, Any]:
     }
 
 
+def kueue_workload(name: str = "llm", quota: bool = True) -> dict[str, Any]:
+    """Kueue's Workload of a pod group of two pods, not admitted: for lack of quota, or of room
+    in a domain (the messages of Kueue v0.17.0's flavor assigner and TAS)."""
+    message = (
+        "couldn't assign flavors to pod set llm: insufficient unused quota for nvidia.com/gpu "
+        "in flavor default, 8 more needed"
+        if quota
+        else 'couldn\'t assign flavors to pod set llm: topology "cliques" allows to fit only 2 '
+        "out of 4 pod(s)"
+    )
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {
+            "name": name,
+            "namespace": "ml",
+            "uid": f"uid-workload-{name}",
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Pod", "name": f"{name}-{i}", "uid": f"uid-{i}"}
+                for i in range(2)
+            ],
+        },
+        "spec": {"queueName": "gpus", "podSets": [{"name": "llm", "count": 2}]},
+        "status": {
+            "conditions": [
+                {
+                    "type": "QuotaReserved",
+                    "status": "False",
+                    "reason": "Pending",
+                    "message": message,
+                }
+            ]
+        },
+    }
+
+
 TEMPLATES: dict[str, list[Any]] = {
     "Node": [node("a"), node("c", gpus=4), node("s", gpus=0)],
     "Pod": [
@@ -444,6 +480,7 @@ TEMPLATES: dict[str, list[Any]] = {
     "ComputeDomainClique": [compute_domain_clique()],
     "HyperNode": [hypernode()],
     "PodGroup": [pod_group()],
+    "KueueWorkload": [kueue_workload(quota=False), kueue_workload()],
 }
 
 # -- mutations ------------------------------------------------------------------------------------

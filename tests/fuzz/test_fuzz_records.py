@@ -72,6 +72,7 @@ RECORDS: dict[Kind, Any] = {
         for k in (
             *("DeviceClass", "ResourceSlice", "ResourceClaim", "ResourceClaimTemplate"),
             *("KueueTopology", "KaiTopology", "ComputeDomainClique", "HyperNode", "PodGroup"),
+            "KueueWorkload",
         )
     },
 }

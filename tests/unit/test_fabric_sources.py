@@ -60,6 +60,7 @@ def test_the_new_kinds_are_optional_resources_where_their_crds_serve_them() -> N
         "ComputeDomainClique": ("/apis/resource.nvidia.com/v1beta1/computedomaincliques", True),
         "HyperNode": ("/apis/topology.volcano.sh/v1alpha1/hypernodes", True),
         "PodGroup": ("/apis/scheduling.volcano.sh/v1beta1/podgroups", True),
+        "KueueWorkload": ("/apis/kueue.x-k8s.io/v1beta2/workloads", True),
     }
     # Kueue's older version, watched where v1beta2 is not served (test_reflector_watch.py)
     assert [v.path() for v in RESOURCES["KueueTopology"].versions()][1:] == [

@@ -610,6 +610,7 @@ _WIRE: Final[dict[str, type[Any]]] = {
     "ComputeDomainClique": wire.ComputeDomainClique,
     "HyperNode": wire.HyperNode,
     "PodGroup": wire.PodGroup,
+    "KueueWorkload": wire.Workload,
 }
 #: the kinds that carry the RDMA resource, read with its name
 _TO_RECORD_RDMA: Final[dict[str, Callable[[Any, str], Record]]] = {
@@ -630,6 +631,7 @@ _TO_RECORD: Final[dict[str, Callable[[Any], Record]]] = {
     "ComputeDomainClique": fabric_decode.clique_record,
     "HyperNode": fabric_decode.hypernode_record,
     "PodGroup": fabric_decode.podgroup_record,
+    "KueueWorkload": fabric_decode.workload_record,
 }
 _DECODERS: Final = {k: msgspec.json.Decoder(v) for k, v in _WIRE.items()}
 _CHECKED_AFTER: Final = frozenset(

@@ -114,13 +114,15 @@ class Listed:
         return DraContext.of(classes, slices, claims, templates)
 
 
-#: kinds read by API group: Kueue's and KAI's `Topology` (whose name in a dump is not pyctl's),
-#: Volcano's `HyperNode` and `PodGroup` (other schedulers have a `PodGroup` of their own)
+#: kinds read by API group: Kueue's and KAI's `Topology` and Kueue's `Workload` (whose names in a
+#: dump are not pyctl's), Volcano's `HyperNode` and `PodGroup` (other schedulers have a `PodGroup`
+#: of their own)
 _BY_GROUP: dict[tuple[str, str], Kind] = {
     ("kueue.x-k8s.io", "Topology"): "KueueTopology",
     ("kai.scheduler", "Topology"): "KaiTopology",
     ("topology.volcano.sh", "HyperNode"): "HyperNode",
     ("scheduling.volcano.sh", "PodGroup"): "PodGroup",
+    ("kueue.x-k8s.io", "Workload"): "KueueWorkload",
 }
 #: pyctl's kinds whose real name other groups use too: read only from their own group
 _GROUPED: frozenset[str] = frozenset(("HyperNode", "PodGroup"))

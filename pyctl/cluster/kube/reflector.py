@@ -134,6 +134,15 @@ RESOURCES: Final[Mapping[Kind, Resource]] = {
     "PodGroup": Resource(
         "PodGroup", "scheduling.volcano.sh/v1beta1", "podgroups", namespaced=True, optional=True
     ),
+    # Kueue's Workloads: whether a gang Kueue holds back waits for quota (no eviction admits it)
+    "KueueWorkload": Resource(
+        "KueueWorkload",
+        "kueue.x-k8s.io/v1beta2",
+        "workloads",
+        namespaced=True,
+        optional=True,
+        fallbacks=("kueue.x-k8s.io/v1beta1",),
+    ),
 }
 
 

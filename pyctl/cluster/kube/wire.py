@@ -322,3 +322,17 @@ class PodGroup(msgspec.Struct):
 
     metadata: Meta = msgspec.field(default_factory=Meta)
     spec: PodGroupSpec = msgspec.field(default_factory=PodGroupSpec)
+
+
+class WorkloadStatus(msgspec.Struct):
+    conditions: Annotated[list[Condition], ITEMS] = []
+
+
+class Workload(msgspec.Struct):
+    """Kueue's `Workload` (kueue.x-k8s.io/v1beta2, or v1beta1): the pods it stands for
+    (`metadata.ownerReferences` of kind Pod: every pod of a pod group) and
+    `status.conditions` (`QuotaReserved`, whose message says why Kueue has not admitted it;
+    sigs.k8s.io/kueue apis/kueue/v1beta2/workload_types.go)."""
+
+    metadata: Meta = msgspec.field(default_factory=Meta)
+    status: WorkloadStatus = msgspec.field(default_factory=WorkloadStatus)

@@ -1,0 +1,129 @@
+"""Kueue's `Workload`: a pod Kueue holds back for lack of quota gets no room made (no eviction
+admits it); one it holds back for lack of room in a domain does. The messages are those of Kueue
+v0.17.0's flavor assigner (`fitsResourceQuota`) and TAS; `tests/e2e/test_kueue_e2e.py` reads them
+from the real Kueue."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+from msgspec.structs import replace
+
+from pyctl.cluster.bounds import MAX_GANG_PODS, BoundsError
+from pyctl.cluster.gangs import kueue_waits_for_quota
+from pyctl.cluster.kube.decode import decode_object
+from pyctl.cluster.kube.dump import read_dump
+from pyctl.cluster.records import Event, WorkloadRecord, check_record, record_key
+from pyctl.workflows.compactor import plan_round
+from pyctl.workflows.rescue import RescueOptions
+from tests.fuzz.gen import kueue_workload
+from tests.unit import test_isolation as isolation
+from tests.unit.test_isolation import PENDING_FOUR, cluster, reconciled
+
+QUOTA = (
+    "couldn't assign flavors to pod set main: insufficient unused quota for nvidia.com/gpu in "
+    "flavor default, 16 more needed"
+)
+MAXIMUM = (
+    "couldn't assign flavors to pod set main: insufficient quota for nvidia.com/gpu in flavor "
+    "default, previously considered podsets requests (0) + current podset request (16) > "
+    "maximum capacity (8)"
+)
+TOPOLOGY = (
+    'couldn\'t assign flavors to pod set main: topology "cliques" allows to fit only 2 out of 4 '
+    'pod(s). Total nodes: 12; excluded: resource "nvidia.com/gpu": 6'
+)
+
+
+def _decoded(doc: dict[str, Any]) -> WorkloadRecord:
+    rec = decode_object("KueueWorkload", json.dumps(doc).encode())
+    assert isinstance(rec, WorkloadRecord)
+    check_record(rec)
+    return rec
+
+
+@pytest.mark.parametrize(
+    ("conditions", "quota"),
+    [
+        ([("QuotaReserved", "False", QUOTA)], True),
+        ([("QuotaReserved", "False", MAXIMUM)], True),
+        ([("QuotaReserved", "False", TOPOLOGY)], False),
+        # two pod sets, one short of quota: room alone does not admit it
+        ([("QuotaReserved", "False", f"{TOPOLOGY}; {QUOTA}")], True),
+        # admitted (quota reserved), or not yet tried
+        ([("QuotaReserved", "True", QUOTA), ("Admitted", "True", "")], False),
+        ([], False),
+        # the quota message on another condition is not the reason it waits
+        ([("Evicted", "False", QUOTA)], False),
+    ],
+)
+def test_a_workload_waits_for_quota_when_kueue_says_so(
+    conditions: list[tuple[str, str, str]], quota: bool
+) -> None:
+    assert kueue_waits_for_quota(conditions) is quota
+
+
+def test_the_record_names_the_workloads_pods_and_its_wait() -> None:
+    rec = _decoded(kueue_workload())
+    assert (rec.key, rec.pods, rec.quota) == ("ml/llm", ("llm-0", "llm-1"), True)
+    assert not _decoded(kueue_workload(quota=False)).quota
+    # owners that are not pods (a Job's workload) name no pod
+    doc = kueue_workload()
+    doc["metadata"]["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "name": "j"}]
+    assert _decoded(doc).pods == ()
+    # read from a dump by its API group, as `pyctl plan` and `kubectl pyctl` read clusters
+    listed = read_dump({"apiVersion": "v1", "kind": "List", "items": [kueue_workload()]})
+    assert [record_key(r) for r in listed.of("KueueWorkload")] == ["ml/llm"]
+
+
+def test_a_hostile_workload_is_refused_with_its_reason() -> None:
+    with pytest.raises(BoundsError, match="Workload ml/llm pods"):
+        check_record(WorkloadRecord("ml", "llm", pods=("p",) * (MAX_GANG_PODS + 1)))
+    doc = copy.deepcopy(kueue_workload())
+    doc["status"]["conditions"] = "not a list"
+    with pytest.raises(ValueError, match=r"status\.conditions"):
+        decode_object("KueueWorkload", json.dumps(doc).encode())
+
+
+def _considered(workload: WorkloadRecord | None) -> list[str]:
+    """The pods a compaction round makes room for with `workload` stored beside the isolation
+    tests' fragmented cluster and its pending 4-GPU pod (and `pyctl explain`'s question, asked of
+    the same cache, answered alike)."""
+    cache = cluster([replace(PENDING_FOUR, created=1000.0)])
+    if workload is not None:
+        cache.apply([Event("ADDED", workload)])
+    r = reconciled(cache)
+    compactor, _ = isolation.compactor(cache, r, RescueOptions(), lambda: 1001.0)
+    considered = [p.key for p in compactor.pending()]
+    assert [x.pending for x in compactor.plan().rescues] == considered
+    stored = plan_round(cache, r, compactor.options, compactor.limits, {}, {}, 0.0, 1001.0)
+    assert [x.pending for x in stored.rescues] == considered
+    return considered
+
+
+def test_a_pod_whose_workload_waits_for_quota_gets_no_room() -> None:
+    waits = WorkloadRecord("serving", "big-wl", pods=("big",), quota=True)
+    assert _considered(None) == ["serving/big"]
+    assert _considered(replace(waits, quota=False)) == ["serving/big"]
+    # another namespace's pod of that name is not this one
+    assert _considered(replace(waits, namespace="other")) == ["serving/big"]
+    assert _considered(waits) == []
+
+
+def test_a_pod_that_waits_for_quota_is_not_blocked_by_fragmentation() -> None:
+    """The summary's pods blocked by fragmentation (`pyctl_pending_pods_blocked_by_fragmentation`,
+    which the alerts read) leave out a pod Kueue holds back for quota: room would not run it."""
+
+    def blocked(workload: WorkloadRecord | None) -> int:
+        cache = cluster([PENDING_FOUR])
+        if workload is not None:
+            cache.apply([Event("ADDED", workload)])
+        return sum(reconciled(cache).summary().blocked.values())
+
+    waits = WorkloadRecord("serving", "big-wl", pods=("big",), quota=True)
+    assert blocked(None) == 1
+    assert blocked(replace(waits, quota=False)) == 1
+    assert blocked(waits) == 0
