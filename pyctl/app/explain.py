@@ -436,10 +436,10 @@ def _explain_pending(
             plan_note = f"no rescue: {plan.unrescued[p.key]}"
         elif not p.unschedulable:
             plan_note = "no rescue planned: the scheduler has not marked it unschedulable"
-        elif p.key in view.cache.quota_waiting():
+        elif p.key in (kueue := view.cache.kueue_held()):
             plan_note = (
-                "no rescue planned: Kueue says its Workload waits for quota, which no eviction "
-                "gives"
+                "no rescue planned: Kueue holds its Workload back for what no eviction gives: "
+                f"{kueue[p.key]}"
             )
         elif too_young(p, cfg.workflow.rescue_after, now):
             plan_note = (

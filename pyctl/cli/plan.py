@@ -114,8 +114,8 @@ def run(args: argparse.Namespace) -> int:
     workload = derived_workload(view, args.dump or "the cluster")
     rec = view.reconciler
     modelled = view.modelled_pods()
-    quota = view.cache.quota_waiting()
-    pending = [p for p in modelled if not p.node and p.unschedulable and p.key not in quota]
+    held = view.cache.kueue_held()
+    pending = [p for p in modelled if not p.node and p.unschedulable and p.key not in held]
     dra = view.cache.dra if view.has_dra else None
     plan = plan_compaction(
         rec.models,

@@ -32,8 +32,9 @@ A pod Kueue holds back (its scheduling gate `kueue.x-k8s.io/admission`) that ask
 topology waits for room in one domain (Kueue TAS admits the group only where all of it fits): it is
 pending like an unschedulable pod (`kueue_waiting`), so a rescue may make that room. Without a
 required topology a Kueue-gated pod waits for quota only, which no eviction gives: not pending.
-Nor is a pod whose Kueue `Workload` says it waits for quota (`kueue_waits_for_quota`), with or
-without a topology: room made in a domain would wait, held, for an admission that quota blocks.
+Nor is a pod whose Kueue `Workload` says it waits for something room does not give (quota, an
+inactive queue; `kueue_held`), with or without a topology: room made in a domain would wait, held,
+for an admission that something else blocks.
 
 The topology key is the gang's level. A gang of one pod is no gang (it fits any domain its pod
 fits). Bounded: a gang counts at most `MAX_GANG_PODS` pods.
@@ -127,22 +128,36 @@ def kueue_waiting(gates: Iterable[str], annotations: Mapping[str, str]) -> str:
     return f"waiting for Kueue to admit it (scheduling gate {KUEUE_ADMISSION_GATE}, {key})"
 
 
-#: what Kueue's flavor assigner says of a pod set its ClusterQueue (and cohort) lacks quota for
-#: (sigs.k8s.io/kueue pkg/scheduler/flavorassigner: `fitsResourceQuota`), in the message of the
-#: Workload's `QuotaReserved` condition while it is False
+#: what Kueue says, in the message of a Workload's `QuotaReserved` condition while it is False, of
+#: a pod set its ClusterQueue (and cohort) lacks quota for (sigs.k8s.io/kueue
+#: pkg/scheduler/flavorassigner: `fitsResourceQuota`) ...
 KUEUE_QUOTA_MESSAGES = ("insufficient quota for ", "insufficient unused quota for ")
+#: ... and of a pod set for which a topology has no room (pkg/cache/scheduler/tas_flavor_snapshot)
+KUEUE_ROOM_MESSAGES = ("doesn't allow to fit", "allows to fit only ")
+#: most characters of Kueue's message a record keeps
+KUEUE_MESSAGE_CHARS = 200
 
 
-def kueue_waits_for_quota(conditions: Iterable[tuple[str, str, str]]) -> bool:
-    """Whether a Kueue `Workload` with these conditions (type, status, message) waits for quota:
-    its `QuotaReserved` condition is False and says that a pod set lacks quota. A topology that
-    has no room (Kueue TAS: "topology ... allows to fit only ...") is not quota: evictions may
-    make that room. Quota before topology: while any pod set lacks quota, room does not admit
-    the workload."""
+def kueue_held(conditions: Iterable[tuple[str, str, str]]) -> str:
+    """Why Kueue holds a `Workload` with these conditions (type, status, message) back for
+    something room in a domain does not give ("": it does not say so): its `QuotaReserved`
+    condition is False and its message names missing quota, or any reason but a topology without
+    room for it (Kueue TAS: "topology ... allows to fit only ...", "... doesn't allow to fit
+    ..."), such as an inactive ClusterQueue. Quota before room: while any pod set lacks quota,
+    room does not admit the workload. No message (not tried yet): "". The message, cut to
+    `KUEUE_MESSAGE_CHARS`."""
     for kind, status, message in conditions:
-        if kind == "QuotaReserved" and status == "False":
-            return any(m in message for m in KUEUE_QUOTA_MESSAGES)
-    return False
+        if kind != "QuotaReserved" or status != "False":
+            continue
+        said = message.strip()
+        if not said:
+            return ""
+        if any(m in said for m in KUEUE_QUOTA_MESSAGES):
+            return said[:KUEUE_MESSAGE_CHARS]
+        if any(m in said for m in KUEUE_ROOM_MESSAGES):
+            return ""
+        return said[:KUEUE_MESSAGE_CHARS]
+    return ""
 
 
 def _own_term(p: PodRecord) -> PodTerm | None:

@@ -444,15 +444,15 @@ class PodGroupRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults
 
 
 class WorkloadRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
-    """Kueue's `Workload`: the pods it stands for (its owners of kind Pod, in its namespace) and
-    whether Kueue says it waits for quota (`gangs.kueue_waits_for_quota`): no eviction admits
-    it then."""
+    """Kueue's `Workload`: the pods it stands for (its owners of kind Pod, in its namespace) and,
+    when Kueue holds it back for something room does not give (quota, an inactive queue), its
+    message (`held`, `gangs.kueue_held`): no eviction admits it then."""
 
     namespace: str
     name: str
     resource_version: str = ""
     pods: tuple[str, ...] = ()
-    quota: bool = False
+    held: str = ""
 
     @property
     def key(self) -> str:

@@ -96,7 +96,7 @@ class ClusterCache:
         self.hypernodes: dict[str, HyperNodeRecord] = {}
         #: Volcano's PodGroups (gangs where their networkTopology is hard), by namespace/name
         self.pod_groups: dict[str, PodGroupRecord] = {}
-        #: Kueue's Workloads, by namespace/name (`quota_waiting`)
+        #: Kueue's Workloads, by namespace/name (`kueue_held`)
         self.workloads: dict[str, WorkloadRecord] = {}
         self.fabric_version = 0
         self.pods_by_node: dict[str, dict[str, PodRecord]] = defaultdict(dict)
@@ -260,17 +260,21 @@ class ClusterCache:
 
     def waiting_for_room(self) -> list[PodRecord]:
         """The pending pods (`pending_pods`) that wait for room: marked unschedulable (or held
-        back by Kueue for a domain, `gangs.kueue_waiting`), and not waiting for quota
-        (`quota_waiting`), which no room gives."""
-        quota = self.quota_waiting()
-        return [p for p in self.pending_pods() if p.unschedulable and p.key not in quota]
+        back by Kueue for a domain, `gangs.kueue_waiting`), and not held back by Kueue for
+        something room does not give (`kueue_held`)."""
+        held = self.kueue_held()
+        return [p for p in self.pending_pods() if p.unschedulable and p.key not in held]
 
-    def quota_waiting(self) -> frozenset[str]:
-        """The pods (namespace/name) whose Kueue Workload waits for quota: no eviction admits
-        them (`gangs.kueue_waits_for_quota`)."""
-        return frozenset(
-            f"{w.namespace}/{pod}" for w in self.workloads.values() if w.quota for pod in w.pods
-        )
+    def kueue_held(self) -> dict[str, str]:
+        """Pod (namespace/name) -> why Kueue holds its Workload back, for the pods whose Workload
+        waits for something room does not give (quota, an inactive queue; `gangs.kueue_held`):
+        no eviction admits them."""
+        return {
+            f"{w.namespace}/{pod}": w.held
+            for w in self.workloads.values()
+            if w.held
+            for pod in w.pods
+        }
 
     def pending_count(self) -> int:
         return len(self._pending)

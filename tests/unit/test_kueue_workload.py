@@ -1,7 +1,7 @@
-"""Kueue's `Workload`: a pod Kueue holds back for lack of quota gets no room made (no eviction
-admits it); one it holds back for lack of room in a domain does. The messages are those of Kueue
-v0.17.0's flavor assigner (`fitsResourceQuota`) and TAS; `tests/e2e/test_kueue_e2e.py` reads them
-from the real Kueue."""
+"""Kueue's `Workload`: a pod Kueue holds back for lack of quota (or any reason but room) gets no
+room made (no eviction admits it); one it holds back for lack of room in a domain does. The
+messages are those of Kueue v0.17.0's flavor assigner (`fitsResourceQuota`), TAS and scheduler;
+`tests/e2e/test_kueue_e2e.py` reads the quota and room ones from the real Kueue."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from msgspec.structs import replace
 
 from pyctl.cluster.bounds import MAX_GANG_PODS, BoundsError
-from pyctl.cluster.gangs import kueue_waits_for_quota
+from pyctl.cluster.gangs import KUEUE_MESSAGE_CHARS, kueue_held
 from pyctl.cluster.kube.decode import decode_object
 from pyctl.cluster.kube.dump import read_dump
 from pyctl.cluster.records import Event, WorkloadRecord, check_record, record_key
@@ -45,31 +45,43 @@ def _decoded(doc: dict[str, Any]) -> WorkloadRecord:
     return rec
 
 
+SLICES = (
+    "couldn't assign flavors to pod set main: topology \"cliques\" doesn't allow to fit any of 4 "
+    "pod(s)"
+)
+INACTIVE = "ClusterQueue gpus is inactive"
+
+
 @pytest.mark.parametrize(
-    ("conditions", "quota"),
+    ("conditions", "held"),
     [
-        ([("QuotaReserved", "False", QUOTA)], True),
-        ([("QuotaReserved", "False", MAXIMUM)], True),
-        ([("QuotaReserved", "False", TOPOLOGY)], False),
+        ([("QuotaReserved", "False", QUOTA)], QUOTA[:KUEUE_MESSAGE_CHARS]),
+        ([("QuotaReserved", "False", MAXIMUM)], MAXIMUM[:KUEUE_MESSAGE_CHARS]),
+        ([("QuotaReserved", "False", TOPOLOGY)], ""),
+        ([("QuotaReserved", "False", SLICES)], ""),
+        # any other reason: room does not admit it either
+        ([("QuotaReserved", "False", INACTIVE)], INACTIVE),
         # two pod sets, one short of quota: room alone does not admit it
-        ([("QuotaReserved", "False", f"{TOPOLOGY}; {QUOTA}")], True),
-        # admitted (quota reserved), or not yet tried
-        ([("QuotaReserved", "True", QUOTA), ("Admitted", "True", "")], False),
-        ([], False),
+        ([("QuotaReserved", "False", f"{TOPOLOGY}; {QUOTA}")], f"{TOPOLOGY}; {QUOTA}"[:200]),
+        # admitted (quota reserved), not tried yet, or no reason given
+        ([("QuotaReserved", "True", QUOTA), ("Admitted", "True", "")], ""),
+        ([], ""),
+        ([("QuotaReserved", "False", "  ")], ""),
         # the quota message on another condition is not the reason it waits
-        ([("Evicted", "False", QUOTA)], False),
+        ([("Evicted", "False", QUOTA)], ""),
     ],
 )
-def test_a_workload_waits_for_quota_when_kueue_says_so(
-    conditions: list[tuple[str, str, str]], quota: bool
+def test_kueue_holds_a_workload_back_for_what_room_does_not_give(
+    conditions: list[tuple[str, str, str]], held: str
 ) -> None:
-    assert kueue_waits_for_quota(conditions) is quota
+    assert kueue_held(conditions) == held
 
 
 def test_the_record_names_the_workloads_pods_and_its_wait() -> None:
     rec = _decoded(kueue_workload())
-    assert (rec.key, rec.pods, rec.quota) == ("ml/llm", ("llm-0", "llm-1"), True)
-    assert not _decoded(kueue_workload(quota=False)).quota
+    assert (rec.key, rec.pods) == ("ml/llm", ("llm-0", "llm-1"))
+    assert rec.held.startswith("couldn't assign flavors to pod set llm: insufficient unused quota")
+    assert _decoded(kueue_workload(quota=False)).held == ""
     # owners that are not pods (a Job's workload) name no pod
     doc = kueue_workload()
     doc["metadata"]["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "name": "j"}]
@@ -104,10 +116,10 @@ def _considered(workload: WorkloadRecord | None) -> list[str]:
     return considered
 
 
-def test_a_pod_whose_workload_waits_for_quota_gets_no_room() -> None:
-    waits = WorkloadRecord("serving", "big-wl", pods=("big",), quota=True)
+def test_a_pod_kueue_holds_back_for_quota_gets_no_room() -> None:
+    waits = WorkloadRecord("serving", "big-wl", pods=("big",), held=QUOTA)
     assert _considered(None) == ["serving/big"]
-    assert _considered(replace(waits, quota=False)) == ["serving/big"]
+    assert _considered(replace(waits, held="")) == ["serving/big"]
     # another namespace's pod of that name is not this one
     assert _considered(replace(waits, namespace="other")) == ["serving/big"]
     assert _considered(waits) == []
@@ -123,7 +135,7 @@ def test_a_pod_that_waits_for_quota_is_not_blocked_by_fragmentation() -> None:
             cache.apply([Event("ADDED", workload)])
         return sum(reconciled(cache).summary().blocked.values())
 
-    waits = WorkloadRecord("serving", "big-wl", pods=("big",), quota=True)
+    waits = WorkloadRecord("serving", "big-wl", pods=("big",), held=QUOTA)
     assert blocked(None) == 1
-    assert blocked(replace(waits, quota=False)) == 1
+    assert blocked(replace(waits, held="")) == 1
     assert blocked(waits) == 0

@@ -2,7 +2,8 @@
 levels' node label keys), the NVIDIA DRA driver's `ComputeDomainClique` objects (the nodes
 of one NVLink clique and its id), Volcano's `HyperNode` objects (one domain of a tier and its
 members) and `PodGroup` objects (a gang where its `networkTopology` is hard); and Kueue's
-`Workload` objects (the pods of a gang Kueue holds back, and whether it waits for quota).
+`Workload` objects (the pods of a gang Kueue holds back, and whether for something room does
+not give).
 
 Their lists are read item by item: a level that is not a label key, a daemon without a node name
 or whose clique id is not a label value, a node named twice, the items past a bound
@@ -28,7 +29,7 @@ from pyctl.cluster.bounds import (
     MAX_NAME_CHARS,
     MAX_PATTERN_CHARS,
 )
-from pyctl.cluster.gangs import kueue_waits_for_quota
+from pyctl.cluster.gangs import kueue_held
 from pyctl.cluster.kube import wire
 from pyctl.cluster.records import (
     CliqueRecord,
@@ -303,10 +304,10 @@ def podgroup_record(g: wire.PodGroup) -> PodGroupRecord:
 
 
 def workload_record(w: wire.Workload) -> WorkloadRecord:
-    """Its owners of kind Pod (a pod group's pods; an owner without a name is left out) and
-    whether its conditions say it waits for quota (the message read to its first 4,096
-    characters: Kueue's reason comes first)."""
+    """Its owners of kind Pod (a pod group's pods; an owner without a name is left out) and why
+    Kueue holds it back if room does not fix it (`gangs.kueue_held`; a message read to its first
+    4,096 characters: Kueue's reasons come first)."""
     meta = w.metadata
     pods = tuple(sorted({o.name for o in meta.ownerReferences if o.kind == "Pod" and o.name}))
-    quota = kueue_waits_for_quota((c.type, c.status, c.message[:4096]) for c in w.status.conditions)
-    return WorkloadRecord(meta.namespace, meta.name, meta.resourceVersion, pods, quota)
+    held = kueue_held((c.type, c.status, c.message[:4096]) for c in w.status.conditions)
+    return WorkloadRecord(meta.namespace, meta.name, meta.resourceVersion, pods, held)

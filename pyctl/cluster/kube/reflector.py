@@ -134,7 +134,7 @@ RESOURCES: Final[Mapping[Kind, Resource]] = {
     "PodGroup": Resource(
         "PodGroup", "scheduling.volcano.sh/v1beta1", "podgroups", namespaced=True, optional=True
     ),
-    # Kueue's Workloads: whether a gang Kueue holds back waits for quota (no eviction admits it)
+    # Kueue's Workloads: whether Kueue holds a gang back for what room does not give (quota)
     "KueueWorkload": Resource(
         "KueueWorkload",
         "kueue.x-k8s.io/v1beta2",
