@@ -32,9 +32,9 @@ A pod Kueue holds back (its scheduling gate `kueue.x-k8s.io/admission`) that ask
 topology waits for room in one domain (Kueue TAS admits the group only where all of it fits): it is
 pending like an unschedulable pod (`kueue_waiting`), so a rescue may make that room. Without a
 required topology a Kueue-gated pod waits for quota only, which no eviction gives: not pending.
-Nor is a pod whose Kueue `Workload` says it waits for something room does not give (quota, an
-inactive queue; `kueue_held`), with or without a topology: room made in a domain would wait, held,
-for an admission that something else blocks.
+Nor is a pod whose Kueue `Workload` says it waits for something room does not give (quota, a
+queue that does not select its namespace; `kueue_held`), with or without a topology: room made
+in a domain would wait, held, for an admission that something else blocks.
 
 The topology key is the gang's level. A gang of one pod is no gang (it fits any domain its pod
 fits). Bounded: a gang counts at most `MAX_GANG_PODS` pods.
@@ -143,9 +143,9 @@ def kueue_held(conditions: Iterable[tuple[str, str, str]]) -> str:
     something room in a domain does not give ("": it does not say so): its `QuotaReserved`
     condition is False and its message names missing quota, or any reason but a topology without
     room for it (Kueue TAS: "topology ... allows to fit only ...", "... doesn't allow to fit
-    ..."), such as an inactive ClusterQueue. Quota before room: while any pod set lacks quota,
-    room does not admit the workload. No message (not tried yet): "". The message, cut to
-    `KUEUE_MESSAGE_CHARS`."""
+    ..."), such as a namespace its ClusterQueue does not select. Quota before room: while any
+    pod set lacks quota, room does not admit the workload. No message (not tried yet): "". The
+    message, cut to `KUEUE_MESSAGE_CHARS`."""
     for kind, status, message in conditions:
         if kind != "QuotaReserved" or status != "False":
             continue

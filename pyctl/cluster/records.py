@@ -445,7 +445,7 @@ class PodGroupRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults
 
 class WorkloadRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     """Kueue's `Workload`: the pods it stands for (its owners of kind Pod, in its namespace) and,
-    when Kueue holds it back for something room does not give (quota, an inactive queue), its
+    when Kueue holds it back for something room does not give (quota, say), its
     message (`held`, `gangs.kueue_held`): no eviction admits it then."""
 
     namespace: str

@@ -267,7 +267,7 @@ class ClusterCache:
 
     def kueue_held(self) -> dict[str, str]:
         """Pod (namespace/name) -> why Kueue holds its Workload back, for the pods whose Workload
-        waits for something room does not give (quota, an inactive queue; `gangs.kueue_held`):
+        waits for something room does not give (quota, say; `gangs.kueue_held`):
         no eviction admits them."""
         return {
             f"{w.namespace}/{pod}": w.held

@@ -49,7 +49,8 @@ SLICES = (
     "couldn't assign flavors to pod set main: topology \"cliques\" doesn't allow to fit any of 4 "
     "pod(s)"
 )
-INACTIVE = "ClusterQueue gpus is inactive"
+#: Kueue's scheduler, for a Workload its ClusterQueue's namespace selector leaves out
+NAMESPACE = "Workload namespace doesn't match ClusterQueue selector"
 
 
 @pytest.mark.parametrize(
@@ -60,7 +61,7 @@ INACTIVE = "ClusterQueue gpus is inactive"
         ([("QuotaReserved", "False", TOPOLOGY)], ""),
         ([("QuotaReserved", "False", SLICES)], ""),
         # any other reason: room does not admit it either
-        ([("QuotaReserved", "False", INACTIVE)], INACTIVE),
+        ([("QuotaReserved", "False", NAMESPACE)], NAMESPACE),
         # two pod sets, one short of quota: room alone does not admit it
         ([("QuotaReserved", "False", f"{TOPOLOGY}; {QUOTA}")], f"{TOPOLOGY}; {QUOTA}"[:200]),
         # admitted (quota reserved), not tried yet, or no reason given
