@@ -26,6 +26,7 @@ pyctl makes it as above.
 from __future__ import annotations
 
 import contextlib
+import urllib.error
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -293,18 +294,7 @@ async def test_kueue_admits_the_group_once_pyctl_has_freed_a_clique(
         if quota_first:
             assert "insufficient quota for nvidia.com/gpu" in why, why
             await no_room_for_quota(core, pyctl, workloads, tmp_path)
-            # the quota raised: Kueue's Workload now waits for room in a clique
-            cq = await req("GET", f"{KUEUE_API}/clusterqueues/gpus")
-            for r in cq["spec"]["resourceGroups"][0]["flavors"][0]["resources"]:
-                if r["name"] == "nvidia.com/gpu":
-                    r["nominalQuota"] = "48"
-            await req("PUT", f"{KUEUE_API}/clusterqueues/gpus", cq)
-
-            async def for_room() -> bool:
-                [wl] = await workloads()
-                return "topology" in condition(wl, "QuotaReserved").get("message", "")
-
-            await wait_until(for_room, "Kueue to say the group waits for room", within=60)
+            await raise_quota(req, workloads)
             assert pyctl.kill() is None, f"pyctl exited by itself: see {tmp_path}"
         else:
             assert "topology" in why.lower(), why
@@ -391,6 +381,28 @@ async def no_room_for_quota(
     print(f"[kueue e2e] pyctl ran {QUOTA_WINDOW:.0f} s beside the quota-short group: no room made")
 
 
+async def raise_quota(req: Any, workloads: Any) -> None:
+    """The ClusterQueue's GPU quota raised to all 48 GPUs: Kueue's Workload then waits for room in
+    a clique."""
+    for attempt in range(5):  # Kueue writes the queue's status meanwhile: 409 on a stale version
+        cq = await req("GET", f"{KUEUE_API}/clusterqueues/gpus")
+        for r in cq["spec"]["resourceGroups"][0]["flavors"][0]["resources"]:
+            if r["name"] == "nvidia.com/gpu":
+                r["nominalQuota"] = "48"
+        try:
+            await req("PUT", f"{KUEUE_API}/clusterqueues/gpus", cq)
+            break
+        except urllib.error.HTTPError as exc:
+            if exc.code != 409 or attempt == 4:
+                raise
+
+    async def for_room() -> bool:
+        [wl] = await workloads()
+        return "topology" in condition(wl, "QuotaReserved").get("message", "")
+
+    await wait_until(for_room, "Kueue to say the group waits for room", within=60)
+
+
 async def cleanup(
     core: client.CoreV1Api, apps: client.AppsV1Api, policy: client.PolicyV1Api, req: Any
 ) -> None:
@@ -425,5 +437,20 @@ async def cleanup(
     for path, obj in reversed(kueue_objects()):
         with contextlib.suppress(OSError):  # already gone (urllib's HTTPError is an OSError)
             await req("DELETE", f"{path}/{obj['metadata']['name']}")
+
+    async def queues_gone() -> bool:
+        # Kueue's finalizers keep a ClusterQueue (and its flavor) until nothing uses them: the
+        # next test creates them again under the same names
+        for path, obj in kueue_objects():
+            try:
+                await req("GET", f"{path}/{obj['metadata']['name']}")
+            except urllib.error.HTTPError as exc:
+                if exc.code == 404:
+                    continue
+                raise
+            return False
+        return True
+
+    await wait_until(queues_gone, "Kueue's objects to go", within=60)
     for n in NODES:
         await quietly(core.delete_node, n)
