@@ -49,6 +49,8 @@ SLICES = (
     "couldn't assign flavors to pod set main: topology \"cliques\" doesn't allow to fit any of 4 "
     "pod(s)"
 )
+#: two pod sets: one without room in the topology, one short of quota
+BOTH = f"{TOPOLOGY}; {QUOTA}"
 #: Kueue's scheduler, for a Workload its ClusterQueue's namespace selector leaves out
 NAMESPACE = "Workload namespace doesn't match ClusterQueue selector"
 
@@ -63,7 +65,7 @@ NAMESPACE = "Workload namespace doesn't match ClusterQueue selector"
         # any other reason: room does not admit it either
         ([("QuotaReserved", "False", NAMESPACE)], NAMESPACE),
         # two pod sets, one short of quota: room alone does not admit it
-        ([("QuotaReserved", "False", f"{TOPOLOGY}; {QUOTA}")], f"{TOPOLOGY}; {QUOTA}"[:200]),
+        ([("QuotaReserved", "False", BOTH)], BOTH[:KUEUE_MESSAGE_CHARS]),
         # admitted (quota reserved), not tried yet, or no reason given
         ([("QuotaReserved", "True", QUOTA), ("Admitted", "True", "")], ""),
         ([], ""),
