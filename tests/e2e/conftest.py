@@ -6,6 +6,7 @@ import os
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -157,6 +158,15 @@ class WaitTimeout(AssertionError):
     a task group, a BaseException makes a BaseExceptionGroup, which stops anyio's pytest runner
     task, and every async fixture's teardown then fails with `ClosedResourceError`, hiding this
     message behind it."""
+
+
+async def if_present(call: Awaitable[Any]) -> None:
+    """Awaits `call` (a delete), an object already gone (404) ignored."""
+    try:
+        await call
+    except client.ApiException as exc:
+        if exc.status != 404:
+            raise
 
 
 async def wait_until(

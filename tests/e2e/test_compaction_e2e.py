@@ -44,7 +44,7 @@ from pyctl.workflows.compactor import Compactor
 from pyctl.workflows.engine import Context, Engine
 from pyctl.workflows.gate import Gate
 from pyctl.workflows.kinds import builtin_registry
-from tests.e2e.conftest import wait_until
+from tests.e2e.conftest import if_present, wait_until
 from tests.e2e.test_placement_e2e import (
     WORKLOAD,
     create_nodes,
@@ -80,12 +80,12 @@ def evictions(ctl: Controller, result: str) -> float:
     return float(v or 0.0)
 
 
-def enforcing(
-    ctl: Controller, kube: Any, cluster: str, lease: str
-) -> tuple[LeaderElector, Compactor]:
-    """The controller's compaction in enforce mode, wired as `pyctl run` wires it (its Lease
-    `lease`, a gate with loose rate limits, the Eviction API, the workflow engine)."""
-    elector = LeaderElector(kube, LeaseConfig("default", lease, "r0", 4, 2.5, 0.5))
+def enforcing_gate(
+    ctl: Controller, kube: Any, cluster: str, lease: str, namespace: str = "default"
+) -> tuple[LeaderElector, Gate]:
+    """The enforce-mode gate as `pyctl run` wires it: its Lease `lease` (in `namespace`), loose
+    rate limits, the Kubernetes actuator."""
+    elector = LeaderElector(kube, LeaseConfig(namespace, lease, "r0", 4, 2.5, 0.5))
     loose = BucketLimit(capacity=10, per_second=10.0)
     gate = Gate(
         "enforce",
@@ -96,6 +96,20 @@ def enforcing(
         ctl.metrics,
         cluster,
     )
+    return elector, gate
+
+
+def enforcing(
+    ctl: Controller,
+    kube: Any,
+    cluster: str,
+    lease: str,
+    namespace: str = "default",
+    max_moves: int = 3,
+) -> tuple[LeaderElector, Compactor]:
+    """The controller's compaction in enforce mode, wired as `pyctl run` wires it (the gate of
+    `enforcing_gate`, the Eviction API, the workflow engine)."""
+    elector, gate = enforcing_gate(ctl, kube, cluster, lease, namespace)
     pods = ctl.cache.pods
     engine = Engine(
         MemoryWorkflowStore(),
@@ -103,7 +117,7 @@ def enforcing(
         builtin_registry(),
     )
     compactor = Compactor(
-        ctl.cache, ctl.reconciler, engine, ctl.metrics, cluster, "enforce", 0.5, max_moves=3
+        ctl.cache, ctl.reconciler, engine, ctl.metrics, cluster, "enforce", 0.5, max_moves=max_moves
     )
     return elector, compactor
 
@@ -295,16 +309,8 @@ async def test_compaction_frees_a_zone_for_the_pending_replica_respecting_the_pd
     finally:
         await local.stop()
         for name in ("small", "big"):
-            try:
-                await apps.delete_namespaced_deployment(name, "default")
-            except client.ApiException as exc:
-                if exc.status != 404:
-                    raise
-        try:
-            await policy.delete_namespaced_pod_disruption_budget("small", "default")
-        except client.ApiException as exc:
-            if exc.status != 404:
-                raise
+            await if_present(apps.delete_namespaced_deployment(name, "default"))
+        await if_present(policy.delete_namespaced_pod_disruption_budget("small", "default"))
         await core.delete_collection_namespaced_pod(
             "default", label_selector=f"app={LABEL}", grace_period_seconds=0
         )

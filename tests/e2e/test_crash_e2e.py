@@ -46,7 +46,7 @@ from pyctl.state.redis_workflows import RedisWorkflowStore
 from pyctl.workflows.engine import Workflow, WorkflowData, decode
 from pyctl.workflows.kinds import builtin_registry
 from pyctl.workflows.mig_reconfig import TAINT_KEY
-from tests.e2e.conftest import WaitTimeout, wait_until
+from tests.e2e.conftest import WaitTimeout, if_present, wait_until
 from tests.e2e.test_placement_e2e import (
     create_nodes,
     delete_nodes,
@@ -256,13 +256,9 @@ class Scenario:
                     keep = {z for n, z in zones.items() if n not in victims}
                     self.updater.hints["small-"] = [z for z in (0, 1) if z not in keep]
                     for name in victims:
-                        try:
-                            await self.core.delete_namespaced_pod(
-                                name, "default", grace_period_seconds=0
-                            )
-                        except client.ApiException as exc:
-                            if exc.status != 404:
-                                raise
+                        await if_present(
+                            self.core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+                        )
                     with anyio.move_on_after(15):
                         while not await self._victims_replaced(victims):  # noqa: ASYNC110
                             await anyio.sleep(0.1)
@@ -501,11 +497,7 @@ async def test_sigkill_at_random_points_always_converges(
         sched.stop()
         await close_client(redis)
         for name in ("small", "big"):
-            try:
-                await apps.delete_namespaced_deployment(name, "default")
-            except client.ApiException as exc:
-                if exc.status != 404:
-                    raise
+            await if_present(apps.delete_namespaced_deployment(name, "default"))
         await core.delete_collection_namespaced_pod(
             "default", label_selector=f"app={LABEL}", grace_period_seconds=0
         )

@@ -38,7 +38,7 @@ from pyctl.dev.mig_manager import (
 from pyctl.state.redis_client import RedisConfig, close_client, connect
 from pyctl.state.redis_workflows import RedisWorkflowStore
 from pyctl.workflows.mig_reconfig import TAINT_KEY, MigOptions
-from tests.e2e.conftest import wait_until
+from tests.e2e.conftest import if_present, wait_until
 from tests.e2e.test_crash_e2e import (
     CLUSTER,
     ControllerProcess,
@@ -90,11 +90,7 @@ class MigDemand:
 
     async def clear(self) -> None:
         for name in self.current:
-            try:
-                await self.core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
-            except client.ApiException as exc:
-                if exc.status != 404:
-                    raise
+            await if_present(self.core.delete_namespaced_pod(name, NS, grace_period_seconds=0))
         while await self.pods():  # noqa: ASYNC110
             await anyio.sleep(0.1)
 
@@ -227,14 +223,6 @@ async def test_sigkill_during_mig_reconfiguration_always_converges(
     finally:
         pyctl.kill()
         await close_client(redis)
-        try:
-            await core.delete_namespace(NS)
-        except client.ApiException as exc:
-            if exc.status != 404:
-                raise
-        try:
-            await core.delete_namespaced_config_map(CONFIGMAP, GPU_NS)
-        except client.ApiException as exc:
-            if exc.status != 404:
-                raise
+        await if_present(core.delete_namespace(NS))
+        await if_present(core.delete_namespaced_config_map(CONFIGMAP, GPU_NS))
         await delete_nodes(api, [spec])

@@ -29,8 +29,6 @@ from kubernetes_asyncio import client
 
 from pyctl.cluster.dra.devices import NUMA_ATTRIBUTE
 from pyctl.cluster.dra.search import allocate
-from pyctl.cluster.kube.actuator import KubeActuator
-from pyctl.cluster.kube.lease import LeaderElector, LeaseConfig
 from pyctl.cluster.kube.source import KubeClusterSource
 from pyctl.cluster.quantity import parse_quantity
 from pyctl.cluster.translate import shape_of
@@ -42,14 +40,8 @@ from pyctl.dev.gpu_nodes import GpuNodeSpec, body, node_manifest, wait_nodes_rea
 from pyctl.jsontypes import as_object
 from pyctl.model import Shape, Workload
 from pyctl.state.memory import MemoryStore
-from pyctl.state.ratelimit import BucketLimit, MemoryRateLimiter, SafetyLimits
-from pyctl.state.workflows import MemoryWorkflowStore
-from pyctl.workflows.compactor import Compactor
 from pyctl.workflows.dra_steering import DraSteering
-from pyctl.workflows.engine import Context, Engine
-from pyctl.workflows.gate import Gate
-from pyctl.workflows.kinds import builtin_registry
-from tests.e2e.conftest import wait_until
+from tests.e2e.conftest import if_present, wait_until
 from tests.e2e.dra_driver_sim import (
     GPU_CLASS,
     GROUP,
@@ -61,6 +53,7 @@ from tests.e2e.dra_driver_sim import (
     SimNode,
     slices_for,
 )
+from tests.e2e.test_compaction_e2e import enforcing, enforcing_gate
 from tests.e2e.test_placement_e2e import kube
 
 pytestmark = [pytest.mark.e2e]
@@ -191,29 +184,19 @@ class Dra:
 
     async def cleanup(self, pods: list[str], names: dict[str, list[str]]) -> None:
         for p in pods:
-            try:
-                await self.core.delete_namespaced_pod(p, NS, grace_period_seconds=0)
-            except client.ApiException as exc:
-                if exc.status != 404:
-                    raise
+            await if_present(self.core.delete_namespaced_pod(p, NS, grace_period_seconds=0))
         for plural, items in names.items():
             for n in items:
-                try:
-                    await self.custom.delete_namespaced_custom_object(GROUP, VERSION, NS, plural, n)
-                except client.ApiException as exc:
-                    if exc.status != 404:
-                        raise
+                await if_present(
+                    self.custom.delete_namespaced_custom_object(GROUP, VERSION, NS, plural, n)
+                )
 
 
 async def remove(driver: SimDraDriver, core: client.CoreV1Api, nodes: list[SimNode]) -> None:
     """A test's clean-up: the simulated driver's slices withdrawn, its nodes deleted."""
     await driver.withdraw()
     for n in nodes:
-        try:
-            await core.delete_node(n.name)
-        except client.ApiException as exc:
-            if exc.status != 404:
-                raise
+        await if_present(core.delete_node(n.name))
 
 
 def published_numa(nodes: list[SimNode]) -> dict[tuple[str, str], int]:
@@ -434,26 +417,7 @@ async def test_numa_split_claim_then_compaction_frees_a_zone_for_the_real_schedu
     )
     local = LocalExtender(control_plane, ctl.reconciler, "pyctl-dra")
     await local.start()
-    elector = LeaderElector(kube, LeaseConfig(NS, "pyctl-dra-e2e", "r0", 4, 2.5, 0.5))
-    loose = BucketLimit(capacity=10, per_second=10.0)
-    gate = Gate(
-        "enforce",
-        elector.still_leader,
-        MemoryRateLimiter(),
-        SafetyLimits(loose, loose, loose, loose, 0.0, disruptions_per_hour=None),
-        KubeActuator(kube, instance="r0"),
-        ctl.metrics,
-        "e2e-dra-cmp",
-    )
-    pods = ctl.cache.pods
-    engine = Engine(
-        MemoryWorkflowStore(),
-        Context(gate, lambda ns, n: pods.get(f"{ns}/{n}")),
-        builtin_registry(),
-    )
-    compactor = Compactor(
-        ctl.cache, ctl.reconciler, engine, ctl.metrics, "e2e-dra-cmp", "enforce", 0.5, max_moves=2
-    )
+    elector, compactor = enforcing(ctl, kube, "e2e-dra-cmp", "pyctl-dra-e2e", NS, max_moves=2)
     bare = ["dc-hold"]
 
     async def tier(name: str) -> list[Any]:
@@ -577,11 +541,7 @@ async def test_numa_split_claim_then_compaction_frees_a_zone_for_the_real_schedu
     finally:
         await local.stop()
         for name in ("small", "big", "fill-0", "fill-1"):
-            try:
-                await apps.delete_namespaced_deployment(name, NS)
-            except client.ApiException as exc:
-                if exc.status != 404:
-                    raise
+            await if_present(apps.delete_namespaced_deployment(name, NS))
         await core.delete_collection_namespaced_pod(
             NS, label_selector="app=dra-cmp", grace_period_seconds=0
         )
@@ -620,17 +580,7 @@ async def test_device_taint_rules_steer_the_real_allocator_off_stranding_placeme
         )
     )
     ctl = Controller("e2e-dra-steer", KubeClusterSource(kube), MemoryStore("s"), workload=w)
-    elector = LeaderElector(kube, LeaseConfig(NS, "pyctl-dra-steer", "r0", 4, 2.5, 0.5))
-    loose = BucketLimit(capacity=10, per_second=10.0)
-    gate = Gate(
-        "enforce",
-        elector.still_leader,
-        MemoryRateLimiter(),
-        SafetyLimits(loose, loose, loose, loose, 0.0, disruptions_per_hour=None),
-        KubeActuator(kube, instance="r0"),
-        ctl.metrics,
-        "e2e-dra-steer",
-    )
+    elector, gate = enforcing_gate(ctl, kube, "e2e-dra-steer", "pyctl-dra-steer", NS)
     steering = DraSteering(ctl.reconciler, gate, interval=0.5)
     custom = client.CustomObjectsApi(api)
 

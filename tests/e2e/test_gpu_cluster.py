@@ -26,6 +26,7 @@ from pyctl.dev.gpu_nodes import (
     mig_resource,
     wait_nodes_ready,
 )
+from tests.e2e.conftest import if_present
 
 # func_only: the session fixture's first-time build (minutes) does not count against the test.
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio, pytest.mark.timeout(300, func_only=True)]
@@ -280,9 +281,5 @@ async def test_gpu_cluster_schedule_run_and_evict_under_pdb(api: client.ApiClien
         await eventually(replaced, "evicted pod gone (kwok) and replaced (Deployment)")
         await eventually(lambda: pdb_state(1), "PDB budget back after the replacement is Ready")
     finally:
-        try:
-            await core.delete_namespace(ns)
-        except client.ApiException as exc:
-            if exc.status != 404:
-                raise
+        await if_present(core.delete_namespace(ns))
         await delete_gpu_nodes(api)

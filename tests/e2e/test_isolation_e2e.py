@@ -49,7 +49,7 @@ from pyctl.workflows.base import Workflow, WorkflowData
 from pyctl.workflows.compaction import CompactionData
 from pyctl.workflows.mig_reconfig import MigOptions
 from pyctl.workflows.rescue import RescueData
-from tests.e2e.conftest import WaitTimeout, wait_until
+from tests.e2e.conftest import WaitTimeout, if_present, wait_until
 from tests.e2e.test_placement_e2e import (
     create_nodes,
     delete_nodes,
@@ -204,11 +204,7 @@ async def fragmented_cluster(
     finally:
         await local.stop()
         for name in ("small", "big"):
-            try:
-                await apps.delete_namespaced_deployment(name, "default")
-            except client.ApiException as exc:
-                if exc.status != 404:
-                    raise
+            await if_present(apps.delete_namespaced_deployment(name, "default"))
         await core.delete_collection_namespaced_pod(
             "default", label_selector=f"app={label}", grace_period_seconds=0
         )
@@ -515,11 +511,7 @@ async def test_an_admission_policy_denying_one_eviction_abandons_that_move_only(
             adm.delete_validating_admission_policy_binding(name),
             adm.delete_validating_admission_policy(name),
         ):
-            try:
-                await call
-            except client.ApiException as exc:
-                if exc.status != 404:
-                    raise
+            await if_present(call)
 
 
 def evicted_by(wf: Workflow[WorkflowData]) -> list[str]:

@@ -39,7 +39,7 @@ from pyctl.dev.control_plane import Binaries, ControlPlane, ExtraScheduler, free
 from pyctl.dev.extender import strict_config
 from pyctl.dev.gpu_nodes import GpuNodeSpec, body, node_manifest, wait_nodes_ready
 from pyctl.dev.kueue import QUEUE_LABEL, KueueManager
-from tests.e2e.conftest import WaitTimeout, wait_until
+from tests.e2e.conftest import WaitTimeout, if_present, wait_until
 from tests.e2e.test_crash_e2e import ControllerProcess
 from tests.e2e.test_fabric_e2e import replicas_on_full_nodes, running, tier_pods
 from tests.redis_servers import RedisServer
@@ -408,18 +408,10 @@ async def cleanup(
 ) -> None:
     """Delete what the test made, the group's pods while Kueue still runs (it removes their
     finalizers)."""
-
-    async def quietly(call: Any, *args: Any) -> None:
-        try:
-            await call(*args)
-        except client.ApiException as exc:
-            if exc.status != 404:
-                raise
-
     for i in range(4):
-        await quietly(core.delete_namespaced_pod, f"{GROUP}-{i}", "default")
-    await quietly(apps.delete_namespaced_deployment, "small", "default")
-    await quietly(policy.delete_namespaced_pod_disruption_budget, "small", "default")
+        await if_present(core.delete_namespaced_pod(f"{GROUP}-{i}", "default"))
+    await if_present(apps.delete_namespaced_deployment("small", "default"))
+    await if_present(policy.delete_namespaced_pod_disruption_budget("small", "default"))
 
     async def group_gone() -> bool:
         return not await tier_pods(core, "g")
@@ -428,11 +420,10 @@ async def cleanup(
         await wait_until(group_gone, "the group's pods to go", within=30)
     except WaitTimeout:
         for p in await tier_pods(core, "g"):
-            await quietly(
-                core.patch_namespaced_pod,
-                p.metadata.name,
-                "default",
-                body({"metadata": {"finalizers": None}}),
+            await if_present(
+                core.patch_namespaced_pod(
+                    p.metadata.name, "default", body({"metadata": {"finalizers": None}})
+                )
             )
     for path, obj in reversed(kueue_objects()):
         with contextlib.suppress(OSError):  # already gone (urllib's HTTPError is an OSError)
@@ -453,4 +444,4 @@ async def cleanup(
 
     await wait_until(queues_gone, "Kueue's objects to go", within=60)
     for n in NODES:
-        await quietly(core.delete_node, n)
+        await if_present(core.delete_node(n))

@@ -79,7 +79,7 @@ from tests.deploy.tools import (
     restricted_namespace,
     token_kubeconfig,
 )
-from tests.e2e.conftest import wait_until
+from tests.e2e.conftest import if_present, wait_until
 from tests.e2e.test_placement_e2e import (
     create_nodes,
     delete_nodes,
@@ -314,11 +314,7 @@ async def test_the_controller_needs_exactly_the_charts_rbac_and_admission_confin
             "scheduling.volcano.sh", "v1beta1", PROTECTED, "podgroups",
             pod_group_manifest(PROTECTED, "lp", 2, 1),
         )  # fmt: skip
-        try:
-            await core.delete_namespaced_config_map(CONFIGMAP, GPU_NS)
-        except client.ApiException as exc:
-            if exc.status != 404:
-                raise
+        await if_present(core.delete_namespaced_config_map(CONFIGMAP, GPU_NS))
         await create_mig_node(api, mig_spec, CONFIGMAP, GPU_NS)  # + the GPU Operator's namespace
         install(admin, redis_server.url)
         config = (await core.read_namespaced_config_map("pyctl-config", NS)).data
@@ -541,11 +537,7 @@ async def test_the_controller_needs_exactly_the_charts_rbac_and_admission_confin
         if redis is not None:
             await close_client(redis)
         for name in ("small", "big"):
-            try:
-                await apps.delete_namespaced_deployment(name, "default")
-            except client.ApiException as exc:
-                if exc.status != 404:
-                    raise
+            await if_present(apps.delete_namespaced_deployment(name, "default"))
         await core.delete_collection_namespaced_pod(
             "default", label_selector=f"app={LABEL}", grace_period_seconds=0
         )
@@ -565,11 +557,7 @@ async def test_the_controller_needs_exactly_the_charts_rbac_and_admission_confin
             "--grace-period=0",
             check=False,
         )
-        try:
-            await core.delete_namespaced_config_map(CONFIGMAP, GPU_NS)
-        except client.ApiException as exc:
-            if exc.status != 404:
-                raise
+        await if_present(core.delete_namespaced_config_map(CONFIGMAP, GPU_NS))
         await delete_nodes(api, [*specs, mig_spec])
         await delete_crds(api, fabric_crds)
 

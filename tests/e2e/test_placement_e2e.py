@@ -41,7 +41,7 @@ from pyctl.dev.topology import TopologyUpdater
 from pyctl.model import Shape, Workload
 from pyctl.serve.extender import ExtenderHandler
 from pyctl.state.memory import MemoryStore
-from tests.e2e.conftest import wait_until
+from tests.e2e.conftest import if_present, wait_until
 
 pytestmark = [pytest.mark.e2e]
 
@@ -136,11 +136,7 @@ async def delete_nodes(api: client.ApiClient, specs: list[GpuNodeSpec]) -> None:
             core.delete_node(s.name),
             custom.delete_cluster_custom_object(NRT_GROUP, NRT_VERSION, NRT_PLURAL, s.name),
         ):
-            try:
-                await call
-            except client.ApiException as exc:
-                if exc.status != 404:
-                    raise
+            await if_present(call)
 
 
 async def pod_node(core: client.CoreV1Api, name: str) -> str:

@@ -36,7 +36,7 @@ from pyctl.dev.gpu_nodes import (
 from pyctl.dev.topology import TopologyUpdater
 from pyctl.model import Shape, Snapshot, Workload
 from pyctl.state.memory import MemoryStore
-from tests.e2e.conftest import wait_until
+from tests.e2e.conftest import if_present, wait_until
 from tests.e2e.test_compaction_e2e import enforcing
 from tests.e2e.test_placement_e2e import WORKLOAD as PLACEMENT_WORKLOAD
 from tests.e2e.test_placement_e2e import (
@@ -176,11 +176,7 @@ async def test_pyctl_admits_exactly_what_the_real_scheduler_binds(
             "default", label_selector=f"app={LABEL}", grace_period_seconds=0
         )
         for s in NODES:
-            try:
-                await core.delete_node(s.name)
-            except client.ApiException as exc:
-                if exc.status != 404:
-                    raise
+            await if_present(core.delete_node(s.name))
 
 
 def rdma_deployment(name: str, replicas: int, gpus: int, rdma: int) -> dict[str, Any]:
@@ -311,11 +307,7 @@ async def test_compaction_rescues_through_the_node_with_rdma_to_spare(
     finally:
         await local.stop()
         for name in ("bee", "small", "big"):
-            try:
-                await apps.delete_namespaced_deployment(name, "default")
-            except client.ApiException as exc:
-                if exc.status != 404:
-                    raise
+            await if_present(apps.delete_namespaced_deployment(name, "default"))
         await core.delete_collection_namespaced_pod(
             "default", label_selector=f"app={CMP_LABEL}", grace_period_seconds=0
         )

@@ -45,7 +45,7 @@ from pyctl.dev.gpu_nodes import (
     apply_nrt_crd,
     body,
 )
-from tests.e2e.conftest import wait_until
+from tests.e2e.conftest import if_present, wait_until
 from tests.e2e.test_placement_e2e import create_nodes, delete_nodes
 from tests.paths import REPO
 
@@ -233,9 +233,5 @@ async def test_recommend_on_the_live_cluster(
         limits = still.spec.template.spec.containers[1].resources.limits
         assert limits == {"nvidia.com/mig-1g.20gb": "1"}  # a dry run: nothing changed
     finally:
-        try:
-            await core.delete_namespace(NS)
-        except client.ApiException as exc:
-            if exc.status != 404:
-                raise
+        await if_present(core.delete_namespace(NS))
         await delete_nodes(api, specs)

@@ -27,7 +27,7 @@ from kubernetes_asyncio import client
 from pyctl.dev.control_plane import ControlPlane, ExtraScheduler, free_port
 from pyctl.dev.extender import strict_config
 from pyctl.dev.gpu_nodes import GpuNodeSpec, body, node_manifest, wait_nodes_ready
-from tests.e2e.conftest import wait_until
+from tests.e2e.conftest import if_present, wait_until
 from tests.e2e.test_crash_e2e import ControllerProcess
 from tests.e2e.test_placement_e2e import gpu_deployment
 from tests.redis_servers import RedisServer
@@ -176,19 +176,7 @@ async def test_a_rescue_of_two_moves_under_a_pdb_places_the_pending_replica(
         pyctl.kill()
         sched.stop()
         for name in ("small", "big"):
-            try:
-                await apps.delete_namespaced_deployment(name, "default")
-            except client.ApiException as exc:
-                if exc.status != 404:
-                    raise
-        try:
-            await policy.delete_namespaced_pod_disruption_budget("small", "default")
-        except client.ApiException as exc:
-            if exc.status != 404:
-                raise
+            await if_present(apps.delete_namespaced_deployment(name, "default"))
+        await if_present(policy.delete_namespaced_pod_disruption_budget("small", "default"))
         for n in NODES:
-            try:
-                await core.delete_node(n)
-            except client.ApiException as exc:
-                if exc.status != 404:
-                    raise
+            await if_present(core.delete_node(n))

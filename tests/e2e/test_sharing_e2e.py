@@ -24,7 +24,7 @@ from pyctl.controller.controller import Controller
 from pyctl.dev.control_plane import ControlPlane, ExtraScheduler
 from pyctl.dev.gpu_nodes import body, wait_nodes_ready
 from pyctl.state.memory import MemoryStore
-from tests.e2e.conftest import WaitTimeout, wait_until
+from tests.e2e.conftest import WaitTimeout, if_present, wait_until
 from tests.e2e.sharing_sim import (
     GPU,
     GPUCORES,
@@ -87,11 +87,7 @@ async def cleanup(core: client.CoreV1Api, label: str, nodes: list[str]) -> None:
         NS, label_selector=f"app={label}", grace_period_seconds=0
     )
     for n in nodes:
-        try:
-            await core.delete_node(n)
-        except client.ApiException as exc:
-            if exc.status != 404:
-                raise
+        await if_present(core.delete_node(n))
 
 
 async def bound_or_refused(core: client.CoreV1Api, name: str) -> str:

@@ -41,7 +41,7 @@ from pyctl.dev.control_plane import ControlPlane, ExtraScheduler, free_port
 from pyctl.dev.extender import strict_config
 from pyctl.dev.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body
 from pyctl.dev.topology import TopologyUpdater
-from tests.e2e.conftest import wait_until
+from tests.e2e.conftest import if_present, wait_until
 from tests.e2e.test_crash_e2e import ControllerProcess
 from tests.e2e.test_placement_e2e import (
     WORKLOAD,
@@ -305,11 +305,7 @@ async def test_status_and_explain_read_from_redis_agree_with_the_cluster(
     finally:
         controller.kill()
         sched.stop()
-        try:
-            await apps.delete_namespaced_deployment("st-frag", "default")
-        except client.ApiException as exc:
-            if exc.status != 404:
-                raise
+        await if_present(apps.delete_namespaced_deployment("st-frag", "default"))
         await core.delete_collection_namespaced_pod(
             "default", label_selector=f"app={LABEL}", grace_period_seconds=0
         )
