@@ -160,6 +160,15 @@ class WaitTimeout(AssertionError):
     message behind it."""
 
 
+def not_scheduled(pod: Any) -> Any | None:
+    """The pod's `PodScheduled=False` condition (the scheduler found no node, or a gate holds it
+    back), None while it has none."""
+    for c in pod.status.conditions or []:
+        if c.type == "PodScheduled" and c.status == "False":
+            return c
+    return None
+
+
 async def if_present(call: Awaitable[Any]) -> None:
     """Awaits `call` (a delete), an object already gone (404) ignored."""
     try:

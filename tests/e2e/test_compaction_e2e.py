@@ -44,7 +44,7 @@ from pyctl.workflows.compactor import Compactor
 from pyctl.workflows.engine import Context, Engine
 from pyctl.workflows.gate import Gate
 from pyctl.workflows.kinds import builtin_registry
-from tests.e2e.conftest import if_present, wait_until
+from tests.e2e.conftest import if_present, not_scheduled, wait_until
 from tests.e2e.test_placement_e2e import (
     WORKLOAD,
     create_nodes,
@@ -217,11 +217,7 @@ async def test_compaction_frees_a_zone_for_the_pending_replica_respecting_the_pd
             await apps.create_namespaced_deployment("default", body(deployment("big", 1, 4, "b")))
 
             async def big_unschedulable() -> bool:
-                for p in await tier_pods(core, "b"):
-                    for c in p.status.conditions or []:
-                        if c.type == "PodScheduled" and c.status == "False":
-                            return True
-                return False
+                return any(not_scheduled(p) for p in await tier_pods(core, "b"))
 
             await wait_until(big_unschedulable, "the 4-GPU replica unschedulable", within=30)
 

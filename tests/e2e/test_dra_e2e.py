@@ -41,7 +41,7 @@ from pyctl.jsontypes import as_object
 from pyctl.model import Shape, Workload
 from pyctl.state.memory import MemoryStore
 from pyctl.workflows.dra_steering import DraSteering
-from tests.e2e.conftest import if_present, wait_until
+from tests.e2e.conftest import if_present, not_scheduled, wait_until
 from tests.e2e.dra_driver_sim import (
     GPU_CLASS,
     GROUP,
@@ -491,11 +491,7 @@ async def test_numa_split_claim_then_compaction_frees_a_zone_for_the_real_schedu
             )
 
             async def big_unschedulable() -> bool:
-                for p in await tier("big"):
-                    for c in p.status.conditions or []:
-                        if c.type == "PodScheduled" and c.status == "False":
-                            return True
-                return False
+                return any(not_scheduled(p) for p in await tier("big"))
 
             await wait_until(big_unschedulable, "the 4-GPU claim's pod unschedulable", within=60)
 
@@ -808,11 +804,7 @@ async def test_shares_of_gpus_allocated_by_capacity_are_read_as_the_scheduler_wr
             )
 
             async def refused() -> bool:
-                p = await core.read_namespaced_pod("s-big-0", NS)
-                return any(
-                    c.type == "PodScheduled" and c.status == "False"
-                    for c in p.status.conditions or []
-                )
+                return not_scheduled(await core.read_namespaced_pod("s-big-0", NS)) is not None
 
             await wait_until(refused, "the real scheduler to leave s-big-0 pending", within=60)
             assert not await dra.is_allocated("s-big-0")

@@ -36,7 +36,7 @@ from pyctl.dev.gpu_nodes import (
 from pyctl.dev.topology import TopologyUpdater
 from pyctl.model import Shape, Snapshot, Workload
 from pyctl.state.memory import MemoryStore
-from tests.e2e.conftest import if_present, wait_until
+from tests.e2e.conftest import if_present, not_scheduled, wait_until
 from tests.e2e.test_compaction_e2e import enforcing
 from tests.e2e.test_placement_e2e import WORKLOAD as PLACEMENT_WORKLOAD
 from tests.e2e.test_placement_e2e import (
@@ -98,9 +98,9 @@ async def _outcome(core: client.CoreV1Api, name: str) -> str | None:
     p = await core.read_namespaced_pod(name, "default")
     if p.spec.node_name:
         return "bound"
-    for c in p.status.conditions or []:
-        if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable":
-            return f"unschedulable: {c.message}"
+    c = not_scheduled(p)
+    if c is not None and c.reason == "Unschedulable":
+        return f"unschedulable: {c.message}"
     return None
 
 
@@ -272,11 +272,7 @@ async def test_compaction_rescues_through_the_node_with_rdma_to_spare(
             )
 
             async def big_unschedulable() -> bool:
-                for p in await tier("big"):
-                    for c in p.status.conditions or []:
-                        if c.type == "PodScheduled" and c.status == "False":
-                            return True
-                return False
+                return any(not_scheduled(p) for p in await tier("big"))
 
             async def big_bound() -> bool:
                 got = await tier("big")

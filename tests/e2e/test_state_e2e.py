@@ -41,7 +41,7 @@ from pyctl.dev.control_plane import ControlPlane, ExtraScheduler, free_port
 from pyctl.dev.extender import strict_config
 from pyctl.dev.gpu_nodes import GpuNodeSpec, apply_nrt_crd, body
 from pyctl.dev.topology import TopologyUpdater
-from tests.e2e.conftest import if_present, wait_until
+from tests.e2e.conftest import if_present, not_scheduled, wait_until
 from tests.e2e.test_crash_e2e import ControllerProcess
 from tests.e2e.test_placement_e2e import (
     WORKLOAD,
@@ -95,11 +95,8 @@ def gauge(text: str, name: str, **labels: str) -> float | None:
 
 async def scheduled_message(core: client.CoreV1Api, name: str) -> str | None:
     """The PodScheduled=False condition's message (None while the pod has none)."""
-    p = await core.read_namespaced_pod(name, "default")
-    for c in p.status.conditions or []:
-        if c.type == "PodScheduled" and c.status == "False":
-            return str(c.message or "")
-    return None
+    c = not_scheduled(await core.read_namespaced_pod(name, "default"))
+    return None if c is None else str(c.message or "")
 
 
 @pytest.mark.anyio
