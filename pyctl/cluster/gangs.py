@@ -143,7 +143,8 @@ def kueue_held(conditions: Iterable[tuple[str, str, str]]) -> str:
     something room in a domain does not give ("": it does not say so): its `QuotaReserved`
     condition is False and its message names missing quota, or any reason but a topology without
     room for it (Kueue TAS: "topology ... allows to fit only ...", "... doesn't allow to fit
-    ..."), such as a namespace its ClusterQueue does not select. Quota before room: while any
+    ..."), such as a namespace its ClusterQueue does not select or a queue that admits nothing
+    ("ClusterQueue ... is inactive", "LocalQueue ... doesn't exist"). Quota before room: while any
     pod set lacks quota, room does not admit the workload. No message (not tried yet): "". The
     message, cut to `KUEUE_MESSAGE_CHARS`."""
     for kind, status, message in conditions:

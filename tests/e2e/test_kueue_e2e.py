@@ -20,7 +20,9 @@ below their budget (22 of 24).
 The same with the ClusterQueue's GPU quota first below the group's 16 GPUs: Kueue's Workload
 says it lacks quota, and pyctl, reading the Workload, makes no room (no eviction, no rescue)
 while it runs; once the quota is raised, Kueue's Workload says the topology has no room, and
-pyctl makes it as above.
+pyctl makes it as above. And the same with the ClusterQueue first inactive (its ResourceFlavor
+not created yet): Kueue's Workload says so, pyctl makes no room; once the flavor exists, as
+above.
 """
 
 from __future__ import annotations
@@ -200,13 +202,16 @@ def kueue(control_plane: ControlPlane, control_plane_binaries: Binaries) -> Iter
         manager.stop()
 
 
-QUOTA_WINDOW = 15.0  # how long pyctl runs while the group lacks quota
+HELD_WINDOW = 15.0  # how long pyctl runs while Kueue holds the group back for something else
+FLAVORS = f"{KUEUE_API}/resourceflavors"
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("quota_first", [False, True], ids=["room", "quota-then-room"])
+@pytest.mark.parametrize(
+    "held_by", ["", "quota", "inactive"], ids=["room", "quota-then-room", "inactive-then-room"]
+)
 async def test_kueue_admits_the_group_once_pyctl_has_freed_a_clique(
-    quota_first: bool,
+    held_by: str,
     control_plane: ControlPlane,
     kueue: KueueManager,
     api: client.ApiClient,
@@ -230,14 +235,26 @@ async def test_kueue_admits_the_group_once_pyctl_has_freed_a_clique(
         spec = GpuNodeSpec(n, numa_zones=1, gpus_per_zone=4, labels={**sel, CLIQUE: clique_of(n)})
         await core.create_node(body(node_manifest(spec)))
     await wait_nodes_ready(api, list(NODES))
-    for path, obj in kueue_objects(8 if quota_first else 48):
+    flavor: dict[str, Any] = {}
+    for path, obj in kueue_objects(8 if held_by == "quota" else 48):
+        if held_by == "inactive" and path == FLAVORS:
+            flavor = obj  # the ClusterQueue names a flavor that does not exist yet
+            continue
         await req("POST", path, obj)
 
     async def queue_active() -> bool:
         cq = await req("GET", f"{KUEUE_API}/clusterqueues/gpus")
         return condition(cq, "Active").get("status") == "True"
 
-    await wait_until(queue_active, "the ClusterQueue to be active", within=30)
+    if held_by == "inactive":
+
+        async def queue_inactive() -> bool:
+            cq = await req("GET", f"{KUEUE_API}/clusterqueues/gpus")
+            return condition(cq, "Active").get("status") == "False"
+
+        await wait_until(queue_inactive, "Kueue to mark the ClusterQueue inactive", within=30)
+    else:
+        await wait_until(queue_active, "the ClusterQueue to be active", within=30)
     port = free_port()
     pyctl = ControllerProcess(
         plane.kubeconfig,
@@ -291,10 +308,18 @@ async def test_kueue_admits_the_group_once_pyctl_has_freed_a_clique(
                     assert p.spec.scheduling_gates, p.metadata.name
                 await anyio.sleep(0.5)
         print(f"\n[kueue e2e] before pyctl, the Workload waits: {why}")
-        if quota_first:
-            assert "insufficient quota for nvidia.com/gpu" in why, why
-            await no_room_for_quota(core, pyctl, workloads, tmp_path)
-            await raise_quota(req, workloads)
+        if held_by:
+            if held_by == "quota":
+                assert "insufficient quota for nvidia.com/gpu" in why, why
+            else:
+                assert "ClusterQueue gpus is inactive" in why, why
+            await no_room_while_held(core, pyctl, workloads, tmp_path)
+            if held_by == "quota":
+                await raise_quota(req)
+            else:
+                await req("POST", FLAVORS, flavor)
+                await wait_until(queue_active, "the ClusterQueue to be active", within=30)
+            await wait_for_room(workloads)
             assert pyctl.kill() is None, f"pyctl exited by itself: see {tmp_path}"
         else:
             assert "topology" in why.lower(), why
@@ -356,34 +381,34 @@ async def test_kueue_admits_the_group_once_pyctl_has_freed_a_clique(
         await cleanup(core, apps, policy, req)
 
 
-async def no_room_for_quota(
+async def no_room_while_held(
     core: client.CoreV1Api, pyctl: ControllerProcess, workloads: Any, tmp_path: Path
 ) -> None:
-    """pyctl runs for `QUOTA_WINDOW` while Kueue says the group lacks quota: it makes no room
-    (every replica stays on its node, no rescue event) and the group stays out. Without the
-    Workload read, pyctl takes the gated pods with a required topology for a gang waiting for
-    room and starts freeing a clique within its first rounds (the case above)."""
+    """pyctl runs for `HELD_WINDOW` while Kueue says the group waits for something room does not
+    give (quota, an active queue): it makes no room (every replica stays on its node, no rescue
+    event) and the group stays out. Without the Workload read, pyctl takes the gated pods with a
+    required topology for a gang waiting for room and starts freeing a clique within its first
+    rounds (the case above)."""
     before = {p.metadata.name: p.spec.node_name for p in running(await tier_pods(core, "s"))}
     assert len(before) == 24
     pyctl.start("kq")
     await wait_until(pyctl.is_leader, "pyctl to lead", within=60)
-    await anyio.sleep(QUOTA_WINDOW)
+    await anyio.sleep(HELD_WINDOW)
     if pyctl.proc is None or pyctl.proc.poll() is not None:
         raise AssertionError(f"pyctl exited by itself: see {tmp_path}")
     after = {p.metadata.name: p.spec.node_name for p in running(await tier_pods(core, "s"))}
-    assert after == before, "pyctl moved replicas for a group that waits for quota"
+    assert after == before, "pyctl moved replicas for a group that Kueue holds back"
     events = await core.list_namespaced_event("default", field_selector="reason=PyctlRescue")
     group = {p.metadata.uid for p in await tier_pods(core, "g")}
     said = [e.message for e in events.items if e.involved_object.uid in group]
     assert not said, said
     [wl] = await workloads()
     assert condition(wl, "Admitted").get("status") != "True", wl.get("status")
-    print(f"[kueue e2e] pyctl ran {QUOTA_WINDOW:.0f} s beside the quota-short group: no room made")
+    print(f"[kueue e2e] pyctl ran {HELD_WINDOW:.0f} s beside the held-back group: no room made")
 
 
-async def raise_quota(req: Any, workloads: Any) -> None:
-    """The ClusterQueue's GPU quota raised to all 48 GPUs: Kueue's Workload then waits for room in
-    a clique."""
+async def raise_quota(req: Any) -> None:
+    """The ClusterQueue's GPU quota raised to all 48 GPUs."""
     for attempt in range(5):  # Kueue writes the queue's status meanwhile: 409 on a stale version
         cq = await req("GET", f"{KUEUE_API}/clusterqueues/gpus")
         for r in cq["spec"]["resourceGroups"][0]["flavors"][0]["resources"]:
@@ -395,6 +420,10 @@ async def raise_quota(req: Any, workloads: Any) -> None:
         except urllib.error.HTTPError as exc:
             if exc.code != 409 or attempt == 4:
                 raise
+
+
+async def wait_for_room(workloads: Any) -> None:
+    """Until Kueue's Workload says the group waits for room in a clique."""
 
     async def for_room() -> bool:
         [wl] = await workloads()

@@ -53,6 +53,14 @@ SLICES = (
 BOTH = f"{TOPOLOGY}; {QUOTA}"
 #: Kueue's scheduler, for a Workload its ClusterQueue's namespace selector leaves out
 NAMESPACE = "Workload namespace doesn't match ClusterQueue selector"
+#: Kueue's workload controller (reason Inadmissible), for a Workload whose queue does not admit
+#: anything: a ClusterQueue with a missing ResourceFlavor, say, or a stopped LocalQueue
+QUEUES = (
+    "ClusterQueue gpus is inactive",
+    "ClusterQueue gpus doesn't exist",
+    "LocalQueue gpus is inactive",
+    "LocalQueue gpus doesn't exist",
+)
 
 
 @pytest.mark.parametrize(
@@ -64,6 +72,7 @@ NAMESPACE = "Workload namespace doesn't match ClusterQueue selector"
         ([("QuotaReserved", "False", SLICES)], ""),
         # any other reason: room does not admit it either
         ([("QuotaReserved", "False", NAMESPACE)], NAMESPACE),
+        *[([("QuotaReserved", "False", q)], q) for q in QUEUES],
         # two pod sets, one short of quota: room alone does not admit it
         ([("QuotaReserved", "False", BOTH)], BOTH[:KUEUE_MESSAGE_CHARS]),
         # admitted (quota reserved), not tried yet, or no reason given
