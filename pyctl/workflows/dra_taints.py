@@ -7,9 +7,6 @@ where the API server serves it).
   GPU (the fragment of the node after allocating it, the core's measure) and taints the placements
   that would strand more than the best one (`NoSchedule`, key `pyctl.io/strands-mig-slices`): the
   allocator then skips them, and picks a placement that leaves the slices usable.
-- **Draining one GPU**: before a GPU's layout changes (its pods move), every device of that GPU is
-  tainted `NoSchedule` (key `pyctl.io/drain`), so nothing new is allocated there, instead of
-  cordoning the whole node.
 
 Rules are named after the device (`pyctl-<purpose>-<pool>-<device>`) and labelled
 `app.kubernetes.io/managed-by: pyctl`; `desired_rules` is the whole set, so applying it is a
@@ -30,7 +27,6 @@ from pyctl.core.fragmentation import FragmentationModel
 from pyctl.model import Node, Snapshot, Workload
 
 STEER_KEY: Final = "pyctl.io/strands-mig-slices"
-DRAIN_KEY: Final = "pyctl.io/drain"
 MANAGED_BY: Final = {"app.kubernetes.io/managed-by": "pyctl"}
 
 
@@ -134,27 +130,6 @@ def steering_rules(
                                 "free placement",
                             )
                         )
-    return out
-
-
-def drain_rules(dm: DraModel, gpu_key: str, why: str) -> list[TaintRule]:
-    """Taint every device of one GPU (before its layout changes)."""
-    out = []
-    for g in dm.gpus:
-        if g.gpu.key != gpu_key:
-            continue
-        for d in g.gpu.devices:
-            out.append(
-                TaintRule(
-                    rule_name("drain", d.id.pool, d.id.device),
-                    d.id.driver,
-                    d.id.pool,
-                    d.id.device,
-                    DRAIN_KEY,
-                    "true",
-                    why,
-                )
-            )
     return out
 
 

@@ -567,7 +567,7 @@ def test_allocate_follows_slice_order_taints_and_in_use_devices() -> None:
     # a NoSchedule taint on gpu-1 and gpu-2 (a DeviceTaintRule would put it there): skipped
     raw = slices_for(EIGHT)
     for d in raw[0]["spec"]["devices"][1:3]:
-        d["taints"] = [{"key": "pyctl.io/drain", "effect": "NoSchedule"}]
+        d["taints"] = [{"key": "example.com/maintenance", "effect": "NoSchedule"}]
     tainted = [decode_object("ResourceSlice", s) for s in raw]
     nd = node_devices("n", tainted, [held])  # type: ignore[arg-type]
     got = allocate([("c", claim("c", [gpus(2)], ALIGNED).spec)], nd, catalogue())
