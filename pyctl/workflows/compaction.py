@@ -532,8 +532,9 @@ def _pending(
     pod_groups: Mapping[str, tuple[str, int]] | None = None,
     domain_labels: Mapping[str, Mapping[str, str]] | None = None,
 ) -> tuple[list[policy.PendingPod], dict[str, str]]:
-    """The pending pods to make room for, each with where the room may be (NodeFit; for a gang
-    none of whose pods runs yet, one domain: `gang_domain`), and why that domain, by pod.
+    """The pending pods to make room for, each with where the room may be (NodeFit; for a pod
+    of a gang, one domain: where its gang's running pods are, `_running_domain`, or for a gang
+    none of whose pods runs yet the one `gang_domain` chooses), and why that domain, by pod.
 
     `holders`: the nodes rescues keep (node -> the pod they are kept for). They are no pod's
     destination, but a node kept for a pod of the same gang still counts for the gang's domain:
@@ -545,12 +546,11 @@ def _pending(
         keys = {p.key for p in all_pods}
         fresh = [p for p in pending if p.key not in keys and not p.terminated]
         gangs = gangs_of([*all_pods, *fresh], pod_groups)
-    # the gangs with a pod on a node: NodeFit confines the others to that pod's domain
-    running = (
-        {id(g) for p in all_pods if p.node and (g := gangs.get(p.key)) is not None}
-        if gangs
-        else set()
-    )
+    # the gangs with a pod on a node, and those pods' nodes: the others go to their domain
+    running: dict[int, set[str]] = {}
+    for p in all_pods if gangs else ():
+        if p.node and not p.terminated and (g := gangs.get(p.key)) is not None:
+            running.setdefault(id(g), set()).add(p.node)
     # one gang's pods share their constraints: their domain is chosen once
     chosen_domain: dict[tuple[int, frozenset[str]], tuple[frozenset[str], str]] = {}
     domains: dict[str, str] = {}
@@ -559,17 +559,60 @@ def _pending(
         if want is not None and not want.is_cpu_only and pod_shape_problem(p, want) is None:
             dest = allowed(p)
             gang = gangs.get(p.key)
-            if gang is not None and dest is not None and id(gang) not in running:
+            if gang is not None and dest is not None:
                 k = (id(gang), dest)
                 if k not in chosen_domain:
-                    kept = frozenset(n for n, q in holders.items() if gangs.get(q) is gang)
-                    d, why = gang_domain(gang, want, dest | kept, models, nodes, domain_labels)
-                    chosen_domain[k] = (d - kept, why)
+                    if id(gang) in running:
+                        chosen_domain[k] = _running_domain(
+                            gang, dest, running[id(gang)], nodes, domain_labels
+                        )
+                    else:
+                        kept = frozenset(n for n, q in holders.items() if gangs.get(q) is gang)
+                        d, why = gang_domain(gang, want, dest | kept, models, nodes, domain_labels)
+                        chosen_domain[k] = (d - kept, why)
                 dest, why = chosen_domain[k]
                 if why:
                     domains[p.key] = why
             pend.append(policy.PendingPod(p.key, want, dest))
     return pend, domains
+
+
+def _domain_of(
+    node: str,
+    key: str,
+    nodes: Mapping[str, NodeRecord],
+    domains: Mapping[str, Mapping[str, str]] | None,
+) -> str | None:
+    """A node's domain at the level `key`: its label, else its domain there in `domains` (node
+    -> level key -> domain: Volcano's HyperNode tiers); None if neither says a valid one."""
+    rec = nodes.get(node)
+    v = dict(rec.labels).get(key) if rec is not None else None
+    if v is None and domains:
+        v = domains.get(node, {}).get(key)
+    return v if v is not None and valid_domain(v) else None
+
+
+def _running_domain(
+    gang: Gang,
+    dest: frozenset[str],
+    on: set[str],
+    nodes: Mapping[str, NodeRecord],
+    domains: Mapping[str, Mapping[str, str]] | None,
+) -> tuple[frozenset[str], str]:
+    """Where a rescue makes room for a pod of `gang` while others of it run (on the nodes
+    `on`): the nodes of `dest` in their domain of the gang's level, the only place the gang's
+    scheduler puts it (NodeFit already says so for a gang of required pod affinity; a Volcano
+    PodGroup's, KAI's or Kueue's topology is not a pod constraint NodeFit reads). Nowhere, with
+    why, when the running pods are in no domain or in several (the gang is already split: no
+    eviction joins it again)."""
+    where = {_domain_of(n, gang.key, nodes, domains) for n in on}
+    what = f"gang of {gang.pods} pods in one {gang.key} domain"
+    if len(where) != 1 or None in where:
+        said = ", ".join(sorted(d or "none" for d in where))
+        return frozenset(), f"{what}: its running pods are in domains {said}; no room made"
+    [domain] = where
+    inside = frozenset(n for n in dest if _domain_of(n, gang.key, nodes, domains) == domain)
+    return inside, f"{what}, {len(on)} running in {domain}: room made there only"
 
 
 def _holds(
@@ -624,20 +667,16 @@ def gang_domain(
     for the whole gang (`pyctl.core.fabric.cheapest_domain`: the fewest GPUs to free, its
     `pods` x `want.gpus` less the domain's idle GPUs; ties to the one with the least idle GPU,
     then by name; only domains with GPUs enough for the gang). So each round frees room in the
-    same domain until the gang's first pod lands there (then NodeFit confines the others to
-    it). A node's domain is its label of the level's key, else its domain there in `domains`
-    (node -> level key -> domain: Volcano's HyperNode tiers). Returns `dest` and "" when no
-    domain of `dest` can hold the gang."""
+    same domain until the gang's first pod lands there (then `_running_domain` confines the
+    others to it). A node's domain: `_domain_of`. Returns `dest` and "" when no domain of `dest`
+    can hold the gang."""
     need = gang.pods * want.gpus
     per: dict[str, list[str]] = {}
     for n in sorted(dest):
-        rec, model = nodes.get(n), models.get(n)
-        if rec is None or model is None:
+        if n not in models or n not in nodes:
             continue
-        v = dict(rec.labels).get(gang.key)
-        if v is None and domains:
-            v = domains.get(n, {}).get(gang.key)
-        if v is not None and valid_domain(v):
+        v = _domain_of(n, gang.key, nodes, domains)
+        if v is not None:
             per.setdefault(v, []).append(n)
     gpus = {
         domain: (

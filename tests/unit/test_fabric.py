@@ -499,6 +499,103 @@ def test_a_volcano_gangs_rescue_makes_room_in_one_hypernode() -> None:
     }
 
 
+def _running_gang(running_on: tuple[str, ...], volcano: bool = True) -> CompactionPlan:
+    """Four 4-GPU nodes, n00 and n01 in domain a, n02 and n03 in b (tier-1 HyperNodes, or clique
+    labels); n01 holds two one-GPU replicas, n02 one, n03 four (none if the gang runs there). A
+    gang of pods x 4 GPUs (a Volcano PodGroup with a hard `networkTopology` at tier 1, minMember
+    2, or pods of required affinity on the clique) runs a pod on each node of `running_on` and
+    has one pending pod, g1. The cheapest node to free is n02 (one eviction), in domain b."""
+    from pyctl.cluster.records import NodeRecord
+    from pyctl.cluster.translate import models_of
+    from pyctl.core.policy import PlanLimits
+    from pyctl.workflows.compaction import plan_compaction
+
+    domain = {"n00": "a", "n01": "a", "n02": "b", "n03": "b"}
+    tier1 = "volcano.sh/hypernode-tier-1"
+    nodes = {
+        n: NodeRecord(
+            n,
+            gpu_model="H100-SXM5-80GB",
+            cpu_milli=64000,
+            memory_mib=1 << 20,
+            gpus=4,
+            labels=() if volcano else ((CLIQUE, d),),
+        )
+        for n, d in domain.items()
+    }
+    replicas = {"n01": 2, "n02": 1, "n03": 0 if "n03" in running_on else 4}
+    pods = [
+        PodRecord(
+            "ns",
+            f"r-{n}-{k}",
+            f"u-{n}-{k}",
+            node=n,
+            phase="Running",
+            cpu_milli=1000,
+            gpus=1,
+            owner_kind="ReplicaSet",
+            owner_name="web",
+        )
+        for n, c in replicas.items()
+        for k in range(c)
+    ]
+
+    def member(name: str, node: str) -> PodRecord:
+        if volcano:
+            return PodRecord("ns", name, f"u-{name}", node=node, gpus=4, pod_group="pg")
+        return msgspec.structs.replace(_pod(name, {"lws": "grp"}, node=node), uid=f"u-{name}")
+
+    group = [
+        msgspec.structs.replace(member(f"g{i}", n), phase="Running", cpu_milli=1000)
+        for i, n in enumerate(running_on, start=2)
+    ]
+    g1 = msgspec.structs.replace(
+        member("g1", ""), phase="Pending", unschedulable=True, cpu_milli=1000
+    )
+    models = models_of(nodes.values(), (), [*pods, *group])
+    return plan_compaction(
+        models, nodes, [*pods, *group, g1], (), Workload((Shape(cpu_milli=1000, gpus=4),)),
+        pending=[g1], limits=PlanLimits(max_moves=4, rescue_depth=4),
+        pod_groups={"ns/pg": (tier1, 2)} if volcano else None,
+        domain_labels={n: {tier1: f"hn-{d}"} for n, d in domain.items()} if volcano else None,
+    )  # fmt: skip
+
+
+def test_a_gangs_pending_pod_gets_room_where_its_running_pods_are() -> None:
+    """A Volcano PodGroup's topology is no pod constraint the scheduler's filters (NodeFit) read:
+    with one pod running in HyperNode hn-a, the rescue of the next frees n01 there (two
+    evictions), not n02 in hn-b (one), where Volcano would never put it."""
+    plan = _running_gang(("n00",))
+    [rescue] = plan.rescues
+    assert rescue.node == "n01"
+    assert len(rescue.moves) == 2
+    assert plan.gang_domains == {
+        "ns/g1": (
+            "gang of 2 pods in one volcano.sh/hypernode-tier-1 domain, 1 running in hn-a: room "
+            "made there only"
+        )
+    }
+    # a gang of required pod affinity: NodeFit confines it to the same domain, and so does this
+    plan = _running_gang(("n00",), volcano=False)
+    [rescue] = plan.rescues
+    assert rescue.node == "n01"
+    assert plan.gang_domains["ns/g1"].endswith("1 running in a: room made there only")
+
+
+def test_a_gang_already_split_over_domains_gets_no_room() -> None:
+    """Its running pods in two HyperNodes: no placement puts it in one domain again, so no
+    eviction is made for its pending pod, and the plan says why."""
+    plan = _running_gang(("n00", "n03"))
+    assert plan.rescues == ()
+    assert "ns/g1" in plan.unrescued
+    assert plan.gang_domains == {
+        "ns/g1": (
+            "gang of 3 pods in one volcano.sh/hypernode-tier-1 domain: its running pods are in "
+            "domains hn-a, hn-b; no room made"
+        )
+    }
+
+
 def test_without_a_gang_the_rescue_frees_the_cheapest_node() -> None:
     """The control: the same pod without the gang's affinity is rescued on n08 (one eviction)."""
     plan, _ = _gang_cluster(gang=False)
