@@ -441,6 +441,8 @@ def _explain_pending(
                 "no rescue planned: Kueue holds its Workload back for what no eviction gives: "
                 f"{kueue[p.key]}"
             )
+        elif p.key in (volcano := view.cache.volcano_held()):
+            plan_note = f"no rescue planned: {volcano[p.key]}"
         elif too_young(p, cfg.workflow.rescue_after, now):
             plan_note = (
                 f"no rescue yet: it is {now - p.created:.0f} s old, rescued from "

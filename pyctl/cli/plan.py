@@ -69,7 +69,9 @@ def add_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _json(plan: CompactionPlan, dra_lines: list[str], left_out: list[Ignored]) -> JsonObject:
+def _json(
+    plan: CompactionPlan, dra_lines: list[str], left_out: list[Ignored], held: dict[str, str]
+) -> JsonObject:
     def move(m: Any) -> JsonObject:
         return {
             "pod": m.pod,
@@ -95,6 +97,7 @@ def _json(plan: CompactionPlan, dra_lines: list[str], left_out: list[Ignored]) -
         "considered": plan.considered,
         "refused": dict(plan.refused),
         "unrescued": dict(plan.unrescued),
+        "held": dict(held),
         "gang_domains": dict(plan.gang_domains),
         "dra": list(dra_lines),
         "left_out": left_out_json(left_out),
@@ -114,8 +117,10 @@ def run(args: argparse.Namespace) -> int:
     workload = derived_workload(view, args.dump or "the cluster")
     rec = view.reconciler
     modelled = view.modelled_pods()
-    held = view.cache.kueue_held()
+    held = view.cache.held()
     pending = [p for p in modelled if not p.node and p.unschedulable and p.key not in held]
+    # the pending pods pyctl makes no room for, and why (Kueue's reason, a Volcano sub-group)
+    held = {p.key: held[p.key] for p in modelled if not p.node and p.key in held}
     dra = view.cache.dra if view.has_dra else None
     plan = plan_compaction(
         rec.models,
@@ -138,11 +143,13 @@ def run(args: argparse.Namespace) -> int:
         )
     left_out = view.left_out()
     if args.json:
-        print(json.dumps(_json(plan, dra_lines, left_out), indent=1))
+        print(json.dumps(_json(plan, dra_lines, left_out, held), indent=1))
         say_left_out(view)
         return 0
     _print(plan, len(pending))
     c = Console()
+    for pod, why in sorted(held.items()):
+        c.print(f"pending pod {pod}: no room made: {why}")
     for line in dra_lines:
         c.print(f"DRA: {line}" if not line.startswith("  ") else line)
     if left_out:

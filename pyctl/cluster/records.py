@@ -428,7 +428,9 @@ class HyperNodeRecord(msgspec.Struct, frozen=True, array_like=True, omit_default
 class PodGroupRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     """Volcano's `PodGroup` (scheduling.volcano.sh/v1beta1): `min_member` and, where its
     `networkTopology` is `hard`, the highest tier its pods may span (`tier`, or `tier_name` to be
-    found among the HyperNodes' `tierName`s; 0 and "": none)."""
+    found among the HyperNodes' `tierName`s; 0 and "": none). `sub_topologies`: how many of its
+    `subGroupPolicy` entries give their sub-groups a hard topology of their own (pyctl does not
+    model those: `ClusterCache.volcano_held`)."""
 
     namespace: str
     name: str
@@ -437,6 +439,7 @@ class PodGroupRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults
     hard: bool = False
     tier: int = 0
     tier_name: str = ""
+    sub_topologies: int = 0
 
     @property
     def key(self) -> str:
@@ -884,6 +887,7 @@ def check_record(r: Record) -> None:
         _name(where, r.namespace, r.name)
         b.check(f"{where} minMember", r.min_member, b.MAX_GANG_PODS)
         b.check(f"{where} tier", r.tier, b.MAX_LEVELS)
+        b.check(f"{where} sub-group topologies", r.sub_topologies, b.MAX_ITEMS)
     elif isinstance(r, WorkloadRecord):
         where = f"Workload {r.namespace[:63]}/{r.name[:253]}"
         _name(where, r.namespace, r.name)

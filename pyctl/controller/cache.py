@@ -260,10 +260,35 @@ class ClusterCache:
 
     def waiting_for_room(self) -> list[PodRecord]:
         """The pending pods (`pending_pods`) that wait for room: marked unschedulable (or held
-        back by Kueue for a domain, `gangs.kueue_waiting`), and not held back by Kueue for
-        something room does not give (`kueue_held`)."""
-        held = self.kueue_held()
+        back by Kueue for a domain, `gangs.kueue_waiting`), and not held back for something
+        room does not give, or that pyctl cannot make (`held`)."""
+        held = self.held()
         return [p for p in self.pending_pods() if p.unschedulable and p.key not in held]
+
+    def held(self) -> dict[str, str]:
+        """Pod (namespace/name) -> why pyctl makes no room for it: `kueue_held`, then
+        `volcano_held`."""
+        return {**self.volcano_held(), **self.kueue_held()}
+
+    def volcano_held(self) -> dict[str, str]:
+        """Pending pod (namespace/name) -> why, for the pods of a Volcano PodGroup whose
+        `subGroupPolicy` gives sub-groups a hard topology of their own (each sub-group in one
+        HyperNode of its tier, within the group's): pyctl models a PodGroup as one gang, so room
+        it made for it could be room Volcano does not use."""
+        subs = {k: g.sub_topologies for k, g in self.pod_groups.items() if g.sub_topologies}
+        if not subs:
+            return {}
+        out: dict[str, str] = {}
+        for p in self.pending_pods():
+            n = subs.get(f"{p.namespace}/{p.pod_group}") if p.pod_group else None
+            if n:
+                entries = "entry gives" if n == 1 else "entries give"
+                out[p.key] = (
+                    f"Volcano PodGroup {p.pod_group}: {n} subGroupPolicy {entries} its "
+                    "sub-groups a hard topology of their own, which pyctl does not model (it "
+                    "makes room for a PodGroup as one gang)"
+                )
+        return out
 
     def kueue_held(self) -> dict[str, str]:
         """Pod (namespace/name) -> why Kueue holds its Workload back, for the pods whose Workload

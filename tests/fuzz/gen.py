@@ -397,9 +397,11 @@ def hypernode(name: str = "rack-1", tier: int = 1) -> dict[str, Any]:
     }
 
 
-def pod_group(name: str = "llm", mode: str = "hard") -> dict[str, Any]:
-    """Volcano's PodGroup (scheduling.volcano.sh/v1beta1) with a networkTopology."""
-    return {
+def pod_group(name: str = "llm", mode: str = "hard", sub_groups: bool = False) -> dict[str, Any]:
+    """Volcano's PodGroup (scheduling.volcano.sh/v1beta1) with a networkTopology; with
+    `sub_groups`, at tier 2, and the `subGroupPolicy` Volcano's job controller writes for a task
+    with a `partitionPolicy` (partitions of 2 pods, each in one tier-1 HyperNode)."""
+    doc: dict[str, Any] = {
         "apiVersion": "scheduling.volcano.sh/v1beta1",
         "kind": "PodGroup",
         "metadata": {"name": name, "namespace": "ml", "uid": f"uid-podgroup-{name}"},
@@ -408,6 +410,19 @@ def pod_group(name: str = "llm", mode: str = "hard") -> dict[str, Any]:
             "networkTopology": {"mode": mode, "highestTierAllowed": 1},
         },
     }
+    if sub_groups:
+        doc["spec"]["networkTopology"]["highestTierAllowed"] = 2
+        doc["spec"]["subGroupPolicy"] = [
+            {
+                "name": "worker",
+                "subGroupSize": 2,
+                "minSubGroups": 2,
+                "labelSelector": {"matchLabels": {"volcano.sh/task-spec": "worker"}},
+                "matchLabelKeys": ["volcano.sh/partition-id"],
+                "networkTopology": {"mode": mode, "highestTierAllowed": 1},
+            }
+        ]
+    return doc
 
 
 def kueue_workload(name: str = "llm", quota: bool = True) -> dict[str, Any]:
@@ -479,7 +494,7 @@ TEMPLATES: dict[str, list[Any]] = {
     "KaiTopology": [topology("kai.scheduler/v1alpha1")],
     "ComputeDomainClique": [compute_domain_clique()],
     "HyperNode": [hypernode()],
-    "PodGroup": [pod_group()],
+    "PodGroup": [pod_group(), pod_group("parts", sub_groups=True)],
     "KueueWorkload": [kueue_workload(quota=False), kueue_workload()],
 }
 

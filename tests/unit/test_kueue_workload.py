@@ -16,7 +16,14 @@ from pyctl.cluster.bounds import MAX_GANG_PODS, BoundsError
 from pyctl.cluster.gangs import KUEUE_MESSAGE_CHARS, kueue_held
 from pyctl.cluster.kube.decode import decode_object
 from pyctl.cluster.kube.dump import read_dump
-from pyctl.cluster.records import Event, WorkloadRecord, check_record, record_key
+from pyctl.cluster.records import (
+    Event,
+    PodGroupRecord,
+    PodRecord,
+    WorkloadRecord,
+    check_record,
+    record_key,
+)
 from pyctl.workflows.compactor import plan_round
 from pyctl.workflows.rescue import RescueOptions
 from tests.fuzz.gen import kueue_workload
@@ -112,13 +119,15 @@ def test_a_hostile_workload_is_refused_with_its_reason() -> None:
         decode_object("KueueWorkload", json.dumps(doc).encode())
 
 
-def _considered(workload: WorkloadRecord | None) -> list[str]:
-    """The pods a compaction round makes room for with `workload` stored beside the isolation
-    tests' fragmented cluster and its pending 4-GPU pod (and `pyctl explain`'s question, asked of
-    the same cache, answered alike)."""
-    cache = cluster([replace(PENDING_FOUR, created=1000.0)])
-    if workload is not None:
-        cache.apply([Event("ADDED", workload)])
+def considered(
+    record: WorkloadRecord | PodGroupRecord | None, pod: PodRecord = PENDING_FOUR
+) -> list[str]:
+    """The pods a compaction round makes room for with `record` (a Kueue Workload, a Volcano
+    PodGroup) stored beside the isolation tests' fragmented cluster and its pending 4-GPU `pod`
+    (and `pyctl explain`'s question, asked of the same cache, answered alike)."""
+    cache = cluster([replace(pod, created=1000.0)])
+    if record is not None:
+        cache.apply([Event("ADDED", record)])
     r = reconciled(cache)
     compactor, _ = isolation.compactor(cache, r, RescueOptions(), lambda: 1001.0)
     considered = [p.key for p in compactor.pending()]
@@ -130,11 +139,11 @@ def _considered(workload: WorkloadRecord | None) -> list[str]:
 
 def test_a_pod_kueue_holds_back_for_quota_gets_no_room() -> None:
     waits = WorkloadRecord("serving", "big-wl", pods=("big",), held=QUOTA)
-    assert _considered(None) == ["serving/big"]
-    assert _considered(replace(waits, held="")) == ["serving/big"]
+    assert considered(None) == ["serving/big"]
+    assert considered(replace(waits, held="")) == ["serving/big"]
     # another namespace's pod of that name is not this one
-    assert _considered(replace(waits, namespace="other")) == ["serving/big"]
-    assert _considered(waits) == []
+    assert considered(replace(waits, namespace="other")) == ["serving/big"]
+    assert considered(waits) == []
 
 
 def test_a_pod_that_waits_for_quota_is_not_blocked_by_fragmentation() -> None:

@@ -170,6 +170,27 @@ def test_a_podgroup_decodes_hard_or_soft_with_its_tier() -> None:
     assert decode_object("PodGroup", _enc(doc)) == PodGroupRecord("ml", "d", min_member=2)
 
 
+def test_a_podgroups_sub_group_topologies_are_counted() -> None:
+    """`subGroupPolicy` entries with a hard topology of their own (as Volcano's job controller
+    writes them for a task's `partitionPolicy`); soft ones, entries without a topology and
+    entries that are no object are not counted."""
+    doc = pod_group("parts", sub_groups=True)
+    rec = decode_object("PodGroup", _enc(doc))
+    assert rec == PodGroupRecord("ml", "parts", min_member=4, hard=True, tier=2, sub_topologies=1)
+    assert decode_record("PodGroup", encode_record(rec)) == rec
+    [entry] = doc["spec"]["subGroupPolicy"]
+    del entry["networkTopology"]["mode"]  # the CRD's default: hard
+    soft = {**entry, "name": "soft", "networkTopology": {"mode": "soft", "highestTierAllowed": 1}}
+    bare = {k: v for k, v in entry.items() if k != "networkTopology"}
+    doc["spec"]["subGroupPolicy"] = [entry, soft, bare, "x", None, 3, {**entry, "name": "b"}]
+    rec = decode_object("PodGroup", _enc(doc))
+    assert isinstance(rec, PodGroupRecord)
+    assert rec.sub_topologies == 2
+    assert decode_object("PodGroup", _enc(pod_group("s", sub_groups=True, mode="soft"))) == (
+        PodGroupRecord("ml", "s", min_member=4, tier=2)
+    )
+
+
 @pytest.mark.parametrize(
     ("field", "value", "want"),
     [
@@ -368,3 +389,55 @@ def test_pyctl_score_on_a_dump_reads_hypernodes_and_only_volcanos_podgroups(
     out = json.loads(capsys.readouterr().out)
     levels = {lv["level"]: lv for lv in out["fabric"]["levels"]}
     assert levels[T1]["domains"] == 2
+
+
+def test_a_pod_of_a_podgroup_with_sub_group_topologies_gets_no_room() -> None:
+    """pyctl makes room for a PodGroup as one gang; where its `subGroupPolicy` gives sub-groups
+    a hard topology of their own (each in one HyperNode of a lower tier), that room need not be
+    any Volcano would use, so none is made (`ClusterCache.volcano_held`)."""
+    from msgspec.structs import replace
+
+    from tests.unit.test_isolation import PENDING_FOUR
+    from tests.unit.test_kueue_workload import considered
+
+    pod = replace(PENDING_FOUR, pod_group="pg")
+    group = PodGroupRecord("serving", "pg", min_member=1, hard=True, tier=1)
+    assert considered(group, pod) == ["serving/big"]
+    assert considered(replace(group, sub_topologies=1), pod) == []
+    # another namespace's PodGroup of that name is not its group
+    assert considered(replace(group, namespace="ml", sub_topologies=1), pod) == ["serving/big"]
+
+
+@pytest.mark.parametrize("sub_groups", [False, True])
+def test_pyctl_plan_says_why_it_makes_no_room_for_a_sub_grouped_podgroup(
+    sub_groups: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`pyctl plan` on a dump: a pending 4-GPU pod of a PodGroup, no node with 4 GPUs free. With
+    sub-group topologies, the pod is not considered and `held` says why."""
+    from tests.unit.test_kube_dump import node, pod
+
+    items: list[dict[str, Any]] = [node("n0", 4, {}), node("n1", 4, {})]
+    items += [pod(f"r{i}", "n0", gpus=1) for i in range(3)] + [pod("r9", "n1", gpus=1)]
+    big = pod("big", "", gpus=4)
+    big["metadata"]["annotations"] = {"scheduling.k8s.io/group-name": "parts"}
+    big["status"] = {
+        "phase": "Pending",
+        "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}],
+    }
+    pg = pod_group("parts", sub_groups=sub_groups)
+    pg["metadata"]["namespace"] = big["metadata"]["namespace"]
+    f = tmp_path / "dump.json"
+    f.write_text(json.dumps({"kind": "List", "items": [*items, big, pg]}))
+    assert main(["plan", str(f), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    key = f"{big['metadata']['namespace']}/big"
+    if sub_groups:
+        assert out["held"] == {
+            key: "Volcano PodGroup parts: 1 subGroupPolicy entry gives its sub-groups a hard "
+            "topology of their own, which pyctl does not model (it makes room for a PodGroup as "
+            "one gang)"
+        }
+        assert key not in out["unrescued"]
+    else:
+        assert out["held"] == {}
+        assert key in out["unrescued"]  # considered (the bare pods may not move)

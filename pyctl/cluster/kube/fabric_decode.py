@@ -280,18 +280,26 @@ def hypernode_record(h: wire.HyperNode) -> HyperNodeRecord:
     )
 
 
+def _hard(topo: Any) -> bool:
+    """Whether a `networkTopology` is hard: the CRD's default mode is hard (the API server
+    fills it in; a dump may omit it)."""
+    return isinstance(topo, dict) and topo.get("mode", "hard") == "hard"
+
+
 def podgroup_record(g: wire.PodGroup) -> PodGroupRecord:
     meta = g.metadata
     size = g.spec.minMember
     if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_GANG_PODS:
         size = 0
     topo = g.spec.networkTopology
-    hard = False
+    hard = _hard(topo)
     tier = 0
     tier_name = ""
+    # a sub-group's own topology (`subGroupPolicy[].networkTopology`, Volcano's partitions)
+    subs = sum(
+        1 for s in g.spec.subGroupPolicy if isinstance(s, dict) and _hard(s.get("networkTopology"))
+    )
     if isinstance(topo, dict):
-        # the CRD's default mode is hard (the API server fills it in; a dump may omit it)
-        hard = topo.get("mode", "hard") == "hard"
         high = topo.get("highestTierAllowed")
         if isinstance(high, int) and not isinstance(high, bool) and 1 <= high <= MAX_LEVELS:
             tier = high
@@ -299,7 +307,7 @@ def podgroup_record(g: wire.PodGroup) -> PodGroupRecord:
         if isinstance(named, str) and len(named) <= MAX_NAME_CHARS:
             tier_name = named
     return PodGroupRecord(
-        meta.namespace, meta.name, meta.resourceVersion, size, hard, tier, tier_name
+        meta.namespace, meta.name, meta.resourceVersion, size, hard, tier, tier_name, subs
     )
 
 

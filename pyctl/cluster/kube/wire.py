@@ -313,11 +313,13 @@ class HyperNode(msgspec.Struct):
 class PodGroupSpec(msgspec.Struct):
     minMember: Any = None
     networkTopology: Any = None
+    subGroupPolicy: Annotated[list[Any], ITEMS] = []
 
 
 class PodGroup(msgspec.Struct):
-    """Volcano's `PodGroup` (scheduling.volcano.sh/v1beta1): `spec.minMember` and
-    `spec.networkTopology{mode, highestTierAllowed, highestTierName}` (volcano-sh/apis
+    """Volcano's `PodGroup` (scheduling.volcano.sh/v1beta1): `spec.minMember`,
+    `spec.networkTopology{mode, highestTierAllowed, highestTierName}` and
+    `spec.subGroupPolicy[].networkTopology` (volcano-sh/apis
     pkg/apis/scheduling/v1beta1/types.go)."""
 
     metadata: Meta = msgspec.field(default_factory=Meta)
