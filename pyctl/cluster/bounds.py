@@ -95,6 +95,10 @@ MAX_LINK_GROUP: Final = (1 << 30) - 1
 MAX_LINK_LEVELS: Final = 16
 #: topology levels (label keys) pyctl models (also the most a Kueue or KAI `Topology` has)
 MAX_LEVELS: Final = 16
+#: `subGroupPolicy` entries read of a Volcano PodGroup, and `matchLabelKeys` of one (Volcano's
+#: job controller writes one entry per task with a `partitionPolicy`, with one key)
+MAX_SUB_GROUPS: Final = 64
+MAX_SUB_GROUP_KEYS: Final = 16
 #: nodes one `ComputeDomainClique` names (an NVLink clique: 18 nodes in an NVL72 rack; the CRD
 #: sets no bound, an object of the API server's 3 MiB could name some 30,000)
 MAX_CLIQUE_NODES: Final = 1024

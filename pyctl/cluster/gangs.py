@@ -21,7 +21,13 @@ Read from what users write on their pods:
   `hard` (the CRD's default); its pods are those whose annotation `scheduling.k8s.io/group-name`
   (or `scheduling.volcano.sh/group-name`) names it, in its namespace; the gang's size is its
   `minMember` (or the pods that exist, if more), its level the synthetic key of its
-  `highestTierAllowed` (`fabric_sources.tier_key`; a `soft` PodGroup is no gang);
+  `highestTierAllowed` (`fabric_sources.tier_key`; a `soft` PodGroup is no gang). Its
+  `subGroupPolicy` divides its pods: a pod belongs to the first entry whose `labelSelector`
+  matches it and whose `matchLabelKeys` it all carries (non-empty; an entry without keys takes
+  no pod), with the pods of the same values; where that entry's topology is hard, those pods are
+  a gang of their own (size `subGroupSize`, level its tier) inside the PodGroup's
+  (`gangs_with_outer`), as Volcano's scheduler reads it (`pkg/scheduler/api/job_info.go`,
+  `sub_job_info.go`: `getSubJobMatchValues`);
 - a required pod affinity term whose topology key
 is not the hostname and whose selector matches the pod's own labels (in its own namespace), as a
 LeaderWorkerSet group or a hand-written "all of us in one clique" deployment says: the pods that
@@ -44,10 +50,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from pyctl.cluster.bounds import MAX_GANG_PODS, MAX_KEY_CHARS, MAX_NAME_CHARS
 from pyctl.cluster.nodefit import HOSTNAME
-from pyctl.cluster.records import PodGang, PodRecord, PodTerm
+from pyctl.cluster.records import PodGang, PodRecord, PodTerm, Selector
 from pyctl.cluster.selectors import matches
 from pyctl.model import Gang
 
@@ -65,6 +72,48 @@ LWS_GROUP = "leaderworkerset.sigs.k8s.io/group-key"
 LWS_SIZE = "leaderworkerset.sigs.k8s.io/size"
 #: the annotations that name a pod's Volcano PodGroup (the first wins)
 VOLCANO_GROUP = ("scheduling.k8s.io/group-name", "scheduling.volcano.sh/group-name")
+
+
+@dataclass(frozen=True, slots=True)
+class SubGroupGang:
+    """A `subGroupPolicy` entry of a Volcano PodGroup (`SubGroupRecord`) as gangs: its pods of
+    the same values of `match_keys` are a gang of `size` pods at the level `key` ("": its
+    topology is not hard, or its tier unknown: it takes its pods, which are no gang of their
+    own)."""
+
+    name: str
+    selector: Selector | None
+    match_keys: tuple[str, ...]
+    key: str
+    size: int
+
+    def values(self, labels: Mapping[str, str]) -> tuple[str, ...]:
+        """The pod's values of `match_keys` if this entry takes it, else () (Volcano's
+        `getSubJobMatchValues`: the selector matches, no selector matches every pod; every key
+        present with a non-empty value; an entry without keys takes no pod)."""
+        if self.selector is not None and not matches(self.selector, labels):
+            return ()
+        got = tuple(labels.get(k, "") for k in self.match_keys)
+        return got if got and all(got) else ()
+
+
+@dataclass(frozen=True, slots=True)
+class VolcanoGang:
+    """A Volcano PodGroup that is a gang or holds gangs (`fabric_sources.volcano_gangs`): the
+    level of its own hard topology (`key`, "": none) and its minMember (`size`), and its
+    `subGroupPolicy` entries in order (`subs`)."""
+
+    key: str
+    size: int
+    subs: tuple[SubGroupGang, ...] = ()
+
+    def sub_of(self, labels: Mapping[str, str]) -> tuple[SubGroupGang, tuple[str, ...]] | None:
+        """The entry that takes a pod with these labels (the first), and its values."""
+        for s in self.subs:
+            values = s.values(labels)
+            if values:
+                return s, values
+        return None
 
 
 def volcano_group(annotations: Mapping[str, str]) -> str:
@@ -181,15 +230,28 @@ def _own_term(p: PodRecord) -> PodTerm | None:
 
 
 def gangs_of(
-    pods: Iterable[PodRecord], pod_groups: Mapping[str, tuple[str, int]] | None = None
+    pods: Iterable[PodRecord], pod_groups: Mapping[str, VolcanoGang] | None = None
 ) -> dict[str, Gang]:
-    """Pod key -> its gang, for every pod in a gang of at least two pods. `pod_groups`: the
-    Volcano PodGroups that are gangs, `namespace/name` -> (level key, minMember)
+    """Pod key -> its gang, for every pod in a gang of at least two pods (a Volcano sub-group's
+    pod: its sub-group's gang; `gangs_with_outer` says its PodGroup's too). `pod_groups`: the
+    Volcano PodGroups that are gangs or hold some, `namespace/name` -> `VolcanoGang`
     (`fabric_sources.volcano_gangs`)."""
+    return gangs_with_outer(pods, pod_groups)[0]
+
+
+def gangs_with_outer(
+    pods: Iterable[PodRecord], pod_groups: Mapping[str, VolcanoGang] | None
+) -> tuple[dict[str, Gang], dict[str, Gang]]:
+    """`gangs_of`, and pod key -> the gang of its whole Volcano PodGroup for the pods `gangs_of`
+    puts in a sub-group's gang while the PodGroup's own topology is hard too (the sub-group's
+    domain lies inside the PodGroup's): one gang object per gang across both, so the pods of
+    the PodGroup outside its sub-groups share that object."""
     groups: defaultdict[tuple[str, PodTerm], list[str]] = defaultdict(list)
     said: defaultdict[tuple[str, str, str], list[str]] = defaultdict(list)
     sizes: dict[tuple[str, str, str], int] = {}
     sliced: dict[str, Gang] = {}
+    # a Volcano sub-group's pod -> its PodGroup's gang (namespace, group, level key)
+    outer_of: dict[str, tuple[str, str, str]] = {}
     for p in pods:
         if p.terminated or p.deleting:
             continue
@@ -206,27 +268,42 @@ def gangs_of(
         if p.pod_group and pod_groups:
             vg = pod_groups.get(f"{p.namespace}/{p.pod_group}")
             if vg is not None:
-                named = (p.namespace, f"volcano:{p.pod_group}", vg[0])
-                said[named].append(p.key)
-                sizes[named] = vg[1]
-                continue
+                whole = (p.namespace, f"volcano:{p.pod_group}", vg.key)
+                sub = vg.sub_of(dict(p.labels)) if vg.subs else None
+                if sub is not None and sub[0].key:
+                    s, values = sub
+                    named = (p.namespace, f"{whole[1]}/{s.name}/{'/'.join(values)}", s.key)
+                    said[named].append(p.key)
+                    sizes[named] = s.size
+                    if vg.key:  # the PodGroup's gang counts its sub-groups' pods too
+                        outer_of[p.key] = whole
+                        said[whole].append(p.key)
+                        sizes[whole] = vg.size
+                    continue
+                if vg.key:
+                    said[whole].append(p.key)
+                    sizes[whole] = vg.size
+                    continue
         t = _own_term(p)
         if t is None:
             continue
         scope = "*" if t.all_namespaces else ",".join(sorted(t.namespaces or (p.namespace,)))
         groups[(scope, t)].append(p.key)
     out: dict[str, Gang] = dict(sliced)
+    made: dict[tuple[str, str, str], Gang] = {}
     for group, members in said.items():
         n = max(len(members), sizes[group])
         if n < 2:
             continue
-        g = Gang(min(n, MAX_GANG_PODS), group[2])
+        g = made[group] = Gang(min(n, MAX_GANG_PODS), group[2])
         for member in members:
-            out[member] = g
+            if outer_of.get(member) != group:
+                out[member] = g
     for (_, t), keys in groups.items():
         if len(keys) < 2:
             continue
         g = Gang(min(len(keys), MAX_GANG_PODS), t.topology_key)
         for k in keys:
             out[k] = g
-    return out
+    outer = {k: made[w] for k, w in outer_of.items() if w in made}
+    return out, outer

@@ -425,12 +425,30 @@ class HyperNodeRecord(msgspec.Struct, frozen=True, array_like=True, omit_default
     dropped: int = 0
 
 
+class SubGroupRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
+    """One entry of a Volcano PodGroup's `subGroupPolicy`: the pods its `selector` matches (None:
+    every pod), grouped by their values of `match_keys` (a pod missing one, or with none to
+    match, is in no sub-group of it), each sub-group of `size` pods (`subGroupSize`) and, where
+    its `networkTopology` is `hard`, inside one HyperNode of `tier` (or of the tier named
+    `tier_name`)."""
+
+    name: str
+    size: int = 1
+    hard: bool = False
+    tier: int = 0
+    tier_name: str = ""
+    selector: Selector | None = None
+    match_keys: tuple[str, ...] = ()
+
+
 class PodGroupRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     """Volcano's `PodGroup` (scheduling.volcano.sh/v1beta1): `min_member` and, where its
     `networkTopology` is `hard`, the highest tier its pods may span (`tier`, or `tier_name` to be
-    found among the HyperNodes' `tierName`s; 0 and "": none). `sub_topologies`: how many of its
-    `subGroupPolicy` entries give their sub-groups a hard topology of their own (pyctl does not
-    model those: `ClusterCache.volcano_held`)."""
+    found among the HyperNodes' `tierName`s; 0 and "": none). `sub_groups`: its `subGroupPolicy`
+    entries, in order (a pod belongs to the first that takes it; kept only when one gives its
+    sub-groups a hard topology); `sub_unread`: entries pyctl could not read (a selector or key it
+    cannot read, past `MAX_SUB_GROUPS`), for which it makes no room for the group's pods
+    (`ClusterCache.volcano_held`)."""
 
     namespace: str
     name: str
@@ -439,7 +457,8 @@ class PodGroupRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults
     hard: bool = False
     tier: int = 0
     tier_name: str = ""
-    sub_topologies: int = 0
+    sub_groups: tuple[SubGroupRecord, ...] = ()
+    sub_unread: int = 0
 
     @property
     def key(self) -> str:
@@ -658,6 +677,19 @@ def _constraints(where: str, c: Constraints) -> None:
             _selector(where, sp.selector)
 
 
+def _check_pod_group(where: str, r: PodGroupRecord) -> None:
+    b.check(f"{where} minMember", r.min_member, b.MAX_GANG_PODS)
+    b.check(f"{where} tier", r.tier, b.MAX_LEVELS)
+    b.check_len(f"{where} subGroupPolicy", len(r.sub_groups), b.MAX_SUB_GROUPS)
+    b.check(f"{where} subGroupPolicy unread", r.sub_unread, b.MAX_ITEMS)
+    for sg in r.sub_groups:
+        b.check(f"{where} subGroupSize", sg.size, b.MAX_GANG_PODS, low=1)
+        b.check(f"{where} sub-group tier", sg.tier, b.MAX_LEVELS)
+        b.check_len(f"{where} matchLabelKeys", len(sg.match_keys), b.MAX_SUB_GROUP_KEYS)
+        if sg.selector is not None:
+            _selector(where, sg.selector)
+
+
 def _selector(where: str, s: Selector) -> None:
     _lists(where, match_labels=s.match_labels, match_expressions=s.match_expressions)
     for r in s.match_expressions:
@@ -686,7 +718,7 @@ _TEXT_BOUNDS: dict[str, int | tuple[int, int]] = {
         ),
         _NAME,
     ),
-    **dict.fromkeys(("key", "topology_key", "levels"), _KEY),
+    **dict.fromkeys(("key", "topology_key", "levels", "match_keys"), _KEY),
     "members": (_NAME, _VALUE),
     "value": _VALUE,
     **dict.fromkeys(("labels", "match_labels", "node_selector"), (_KEY, _VALUE)),
@@ -885,9 +917,7 @@ def check_record(r: Record) -> None:
     elif isinstance(r, PodGroupRecord):
         where = f"PodGroup {r.namespace[:63]}/{r.name[:253]}"
         _name(where, r.namespace, r.name)
-        b.check(f"{where} minMember", r.min_member, b.MAX_GANG_PODS)
-        b.check(f"{where} tier", r.tier, b.MAX_LEVELS)
-        b.check(f"{where} sub-group topologies", r.sub_topologies, b.MAX_ITEMS)
+        _check_pod_group(where, r)
     elif isinstance(r, WorkloadRecord):
         where = f"Workload {r.namespace[:63]}/{r.name[:253]}"
         _name(where, r.namespace, r.name)

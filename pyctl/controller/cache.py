@@ -271,22 +271,21 @@ class ClusterCache:
         return {**self.volcano_held(), **self.kueue_held()}
 
     def volcano_held(self) -> dict[str, str]:
-        """Pending pod (namespace/name) -> why, for the pods of a Volcano PodGroup whose
-        `subGroupPolicy` gives sub-groups a hard topology of their own (each sub-group in one
-        HyperNode of its tier, within the group's): pyctl models a PodGroup as one gang, so room
-        it made for it could be room Volcano does not use."""
-        subs = {k: g.sub_topologies for k, g in self.pod_groups.items() if g.sub_topologies}
-        if not subs:
+        """Pending pod (namespace/name) -> why, for the pods of a Volcano PodGroup with
+        `subGroupPolicy` entries pyctl cannot read (`PodGroupRecord.sub_unread`): which of its
+        pods share a domain is not known, so room made for them could be room Volcano does not
+        use."""
+        unread = {k: g.sub_unread for k, g in self.pod_groups.items() if g.sub_unread}
+        if not unread:
             return {}
         out: dict[str, str] = {}
         for p in self.pending_pods():
-            n = subs.get(f"{p.namespace}/{p.pod_group}") if p.pod_group else None
+            n = unread.get(f"{p.namespace}/{p.pod_group}") if p.pod_group else None
             if n:
-                entries = "entry gives" if n == 1 else "entries give"
+                entries = "entry" if n == 1 else "entries"
                 out[p.key] = (
-                    f"Volcano PodGroup {p.pod_group}: {n} subGroupPolicy {entries} its "
-                    "sub-groups a hard topology of their own, which pyctl does not model (it "
-                    "makes room for a PodGroup as one gang)"
+                    f"Volcano PodGroup {p.pod_group}: {n} subGroupPolicy {entries} pyctl cannot "
+                    "read (which of its pods must share a domain is not known)"
                 )
         return out
 

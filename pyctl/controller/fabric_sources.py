@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from pyctl.cluster.bounds import MAX_CLIQUE_OBJECTS, MAX_HYPERNODE_PATTERNS, MAX_HYPERNODES
+from pyctl.cluster.gangs import SubGroupGang, VolcanoGang
 from pyctl.cluster.kube.fabric_decode import safe_pattern
 from pyctl.cluster.records import (
     CliqueRecord,
@@ -160,17 +161,28 @@ class HyperNodeFill:
 
 def volcano_gangs(
     pod_groups: Iterable[PodGroupRecord], fill: HyperNodeFill
-) -> dict[str, tuple[str, int]]:
-    """The Volcano PodGroups that are gangs, `namespace/name` -> (level key, minMember): those
-    whose `networkTopology` is hard, at the tier of `highestTierAllowed` (or of the HyperNodes
-    whose `tierName` is `highestTierName`). A soft one, or one whose tier is unknown, is none."""
-    out: dict[str, tuple[str, int]] = {}
+) -> dict[str, VolcanoGang]:
+    """The Volcano PodGroups that are gangs or hold some, `namespace/name` -> `VolcanoGang`:
+    those whose `networkTopology` is hard, at the tier of `highestTierAllowed` (or of the
+    HyperNodes whose `tierName` is `highestTierName`), and those with a `subGroupPolicy` entry
+    whose topology is hard at a tier known so. A soft topology, or one whose tier is unknown, is
+    none."""
+
+    def level(hard: bool, tier: int, tier_name: str) -> str:
+        t = (tier or fill.tier_names.get(tier_name, 0)) if hard else 0
+        return tier_key(t) if t else ""
+
+    out: dict[str, VolcanoGang] = {}
     for g in pod_groups:
-        if not g.hard:
-            continue
-        tier = g.tier or fill.tier_names.get(g.tier_name, 0)
-        if tier:
-            out[g.key] = (tier_key(tier), g.min_member)
+        subs = tuple(
+            SubGroupGang(
+                s.name, s.selector, s.match_keys, level(s.hard, s.tier, s.tier_name), s.size
+            )
+            for s in g.sub_groups
+        )
+        key = level(g.hard, g.tier, g.tier_name)
+        if key or any(s.key for s in subs):
+            out[g.key] = VolcanoGang(key, g.min_member, subs if any(s.key for s in subs) else ())
     return out
 
 

@@ -17,7 +17,7 @@ import msgspec
 
 from pyctl.cluster.bounds import Name, Text
 from pyctl.cluster.dra.context import DraContext
-from pyctl.cluster.gangs import gangs_of
+from pyctl.cluster.gangs import VolcanoGang, gangs_of, gangs_with_outer
 from pyctl.cluster.nodefit import Fit, grouped, node_labels
 from pyctl.cluster.records import NodeRecord, PdbRecord, PodRecord
 from pyctl.cluster.translate import (
@@ -409,7 +409,7 @@ def _keep_gangs_whole(
     pods: Sequence[PodRecord],
     chosen: dict[int, policy.MovablePod],
     refused: dict[str, str],
-    pod_groups: Mapping[str, tuple[str, int]] | None = None,
+    pod_groups: Mapping[str, VolcanoGang] | None = None,
 ) -> None:
     """Moves never break a gang's domain: a running pod that says its gang (Kueue's or KAI's
     required topology, a LeaderWorkerSet group: `PodRecord.gang`; a Volcano PodGroup that is a
@@ -442,7 +442,7 @@ def plan_compaction(
     limits: policy.PlanLimits | None = None,
     reserved: Iterable[str] | Mapping[str, str] = (),
     dra: DraContext | None = None,
-    pod_groups: Mapping[str, tuple[str, int]] | None = None,
+    pod_groups: Mapping[str, VolcanoGang] | None = None,
     domain_labels: Mapping[str, Mapping[str, str]] | None = None,
     dra_positions: Mapping[str, DraPositions] | None = None,
     round_cache: RoundCache | None = None,
@@ -466,10 +466,10 @@ def plan_compaction(
     in `refused`). A pod whose shape the core cannot model stays where it is (its usage still
     counts) and is never a pending pod to make room for.
 
-    `pod_groups`: Volcano's PodGroups that are gangs (`namespace/name` -> (level key, minMember):
-    `fabric_sources.volcano_gangs`), and `domain_labels` each node's domains at levels no node
-    label says (node -> level key -> domain: the HyperNodes' tiers), so a Volcano gang is
-    rescued in one domain and its running pods are not moved, as any gang's."""
+    `pod_groups`: Volcano's PodGroups that are gangs or hold some (`namespace/name` ->
+    `VolcanoGang`: `fabric_sources.volcano_gangs`), and `domain_labels` each node's domains at
+    levels no node label says (node -> level key -> domain: the HyperNodes' tiers), so a Volcano
+    gang is rescued in one domain and its running pods are not moved, as any gang's."""
     all_pods = [p for p in pods if not p.terminated]
     names = sorted(n for n in models if n in nodes)
     by_node: dict[str, list[PodRecord]] = {}
@@ -529,7 +529,7 @@ def _pending(
     nodes: Mapping[str, NodeRecord],
     dra: DraContext | None,
     holders: Mapping[str, str],
-    pod_groups: Mapping[str, tuple[str, int]] | None = None,
+    pod_groups: Mapping[str, VolcanoGang] | None = None,
     domain_labels: Mapping[str, Mapping[str, str]] | None = None,
 ) -> tuple[list[policy.PendingPod], dict[str, str]]:
     """The pending pods to make room for, each with where the room may be (NodeFit; for a pod
@@ -542,15 +542,17 @@ def _pending(
     keeps to the domain the earlier rounds began to free."""
     pend: list[policy.PendingPod] = []
     gangs: dict[str, Gang] = {}
+    outer: dict[str, Gang] = {}
     if pending:
         keys = {p.key for p in all_pods}
         fresh = [p for p in pending if p.key not in keys and not p.terminated]
-        gangs = gangs_of([*all_pods, *fresh], pod_groups)
+        gangs, outer = gangs_with_outer([*all_pods, *fresh], pod_groups)
     # the gangs with a pod on a node, and those pods' nodes: the others go to their domain
     running: dict[int, set[str]] = {}
     for p in all_pods if gangs else ():
-        if p.node and not p.terminated and (g := gangs.get(p.key)) is not None:
-            running.setdefault(id(g), set()).add(p.node)
+        for g in (gangs.get(p.key), outer.get(p.key)):
+            if p.node and not p.terminated and g is not None:
+                running.setdefault(id(g), set()).add(p.node)
     # one gang's pods share their constraints: their domain is chosen once
     chosen_domain: dict[tuple[int, frozenset[str]], tuple[frozenset[str], str]] = {}
     domains: dict[str, str] = {}
@@ -559,6 +561,12 @@ def _pending(
         if want is not None and not want.is_cpu_only and pod_shape_problem(p, want) is None:
             dest = allowed(p)
             gang = gangs.get(p.key)
+            said = ""
+            whole = outer.get(p.key)
+            if whole is not None and dest is not None and id(whole) in running:
+                # a Volcano sub-group's pod: inside its PodGroup's domain first
+                dest, said = _running_domain(whole, dest, running[id(whole)], nodes, domain_labels)
+                domains[p.key] = said
             if gang is not None and dest is not None:
                 k = (id(gang), dest)
                 if k not in chosen_domain:
@@ -572,7 +580,7 @@ def _pending(
                         chosen_domain[k] = (d - kept, why)
                 dest, why = chosen_domain[k]
                 if why:
-                    domains[p.key] = why
+                    domains[p.key] = f"{said}; {why}" if said else why
             pend.append(policy.PendingPod(p.key, want, dest))
     return pend, domains
 

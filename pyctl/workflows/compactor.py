@@ -14,6 +14,7 @@ from typing import TypedDict
 import anyio
 
 from pyctl.cluster.dra.context import DraContext
+from pyctl.cluster.gangs import VolcanoGang
 from pyctl.cluster.records import NodeRecord, PdbRecord, PodRecord
 from pyctl.cluster.translate import DraPositions
 from pyctl.controller.cache import ClusterCache
@@ -84,7 +85,7 @@ class RoundInputs(TypedDict):
     dra: DraContext
     dra_positions: dict[str, DraPositions]
     exclude: dict[str, str]
-    pod_groups: dict[str, tuple[str, int]]
+    pod_groups: dict[str, VolcanoGang]
     domain_labels: dict[str, dict[str, str]]
 
 
@@ -102,7 +103,7 @@ def _volcano(cache: ClusterCache, reconciler: Reconciler) -> _VolcanoInputs:
 
 
 class _VolcanoInputs(TypedDict):
-    pod_groups: dict[str, tuple[str, int]]
+    pod_groups: dict[str, VolcanoGang]
     domain_labels: dict[str, dict[str, str]]
 
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from pyctl.cli.main import main
 from pyctl.cluster.bounds import MAX_DOMAINS_PER_LEVEL
-from pyctl.cluster.gangs import gangs_of
+from pyctl.cluster.gangs import VolcanoGang, gangs_of
 from pyctl.cluster.records import (
     Constraints,
     PodGang,
@@ -464,7 +464,7 @@ def _gang_cluster(gang: bool, volcano: bool = False) -> tuple[CompactionPlan, di
     plan = plan_compaction(
         models, nodes, [*pods, *pending], (), work, pending=pending[:1],
         limits=PlanLimits(max_moves=4, rescue_depth=4),
-        pod_groups={"ns/pg": (tier1, 4)} if volcano else None,
+        pod_groups={"ns/pg": VolcanoGang(tier1, 4)} if volcano else None,
         domain_labels={n: {tier1: f"hn-{c}"} for n, c in cliques.items()} if volcano else None,
     )  # fmt: skip
     return plan, cliques
@@ -556,7 +556,7 @@ def _running_gang(running_on: tuple[str, ...], volcano: bool = True) -> Compacti
     return plan_compaction(
         models, nodes, [*pods, *group, g1], (), Workload((Shape(cpu_milli=1000, gpus=4),)),
         pending=[g1], limits=PlanLimits(max_moves=4, rescue_depth=4),
-        pod_groups={"ns/pg": (tier1, 2)} if volcano else None,
+        pod_groups={"ns/pg": VolcanoGang(tier1, 2)} if volcano else None,
         domain_labels={n: {tier1: f"hn-{d}"} for n, d in domain.items()} if volcano else None,
     )  # fmt: skip
 
@@ -594,6 +594,72 @@ def test_a_gang_already_split_over_domains_gets_no_room() -> None:
             "domains hn-a, hn-b; no room made"
         )
     }
+
+
+def _partitions(group_hard: bool) -> CompactionPlan:
+    """Eight 4-GPU nodes: racks (tier-1 HyperNodes) r1 {n00, n01}, r2 {n02, n03} in block b1
+    (tier 2), r3 {n04, n05}, r4 {n06, n07} in block b2. A Volcano PodGroup of 4 x 4-GPU workers
+    in partitions of two, each partition in one rack (`subGroupPolicy`), the whole group in one
+    block when `group_hard`: partition 0 runs on r1; partition 1's pod p1a is pending. One-GPU
+    replicas: two on each node of r2, one on n04, four on each node of r4. The rack cheapest to
+    free for a partition is r3 (one eviction), in the other block."""
+    from pyctl.cluster.gangs import SubGroupGang
+    from pyctl.cluster.records import NodeRecord
+    from pyctl.cluster.translate import models_of
+    from pyctl.core.policy import PlanLimits
+    from pyctl.workflows.compaction import plan_compaction
+
+    t1, t2 = "volcano.sh/hypernode-tier-1", "volcano.sh/hypernode-tier-2"
+    rack = {f"n{i:02}": f"r{i // 2 + 1}" for i in range(8)}
+    block = {n: "b1" if r in ("r1", "r2") else "b2" for n, r in rack.items()}
+    nodes = {
+        n: NodeRecord(n, gpu_model="H100-SXM5-80GB", cpu_milli=64000, memory_mib=1 << 20, gpus=4)
+        for n in rack
+    }
+    replicas = {"n02": 2, "n03": 2, "n04": 1, "n06": 4, "n07": 4}
+    pods = [
+        PodRecord("ns", f"r-{n}-{k}", f"u-{n}-{k}", node=n, phase="Running", cpu_milli=1000,
+                  gpus=1, owner_kind="ReplicaSet", owner_name="web")
+        for n, c in replicas.items()
+        for k in range(c)
+    ]  # fmt: skip
+    part = "volcano.sh/partition-id"
+
+    def worker(name: str, p: str, node: str = "") -> PodRecord:
+        return PodRecord("ns", name, f"u-{name}", node=node, cpu_milli=1000, gpus=4,
+                         pod_group="pg", labels=((part, p),),
+                         phase="Running" if node else "Pending",
+                         unschedulable=not node)  # fmt: skip
+
+    group = [worker("p0a", "0", "n00"), worker("p0b", "0", "n01"), worker("p1a", "1")]
+    models = models_of(nodes.values(), (), [*pods, *group[:2]])
+    sub = SubGroupGang("part", None, (part,), t1, 2)
+    return plan_compaction(
+        models, nodes, [*pods, *group], (), Workload((Shape(cpu_milli=1000, gpus=4),)),
+        pending=group[2:], limits=PlanLimits(max_moves=4, rescue_depth=4),
+        pod_groups={"ns/pg": VolcanoGang(t2 if group_hard else "", 4, (sub,))},
+        domain_labels={n: {t1: rack[n], t2: block[n]} for n in rack},
+    )  # fmt: skip
+
+
+def test_a_volcano_sub_groups_rescue_keeps_to_its_podgroups_domain() -> None:
+    """The partition's rack is chosen among the racks of the block where the PodGroup runs (r2,
+    four GPUs to free), not the cheapest anywhere (r3, in the other block), where Volcano would
+    not put the PodGroup's pod."""
+    plan = _partitions(group_hard=True)
+    [rescue] = plan.rescues
+    assert rescue.node in ("n02", "n03")
+    assert len(rescue.moves) == 2
+    why = plan.gang_domains["ns/p1a"]
+    assert why.startswith(
+        "gang of 4 pods in one volcano.sh/hypernode-tier-2 domain, 2 running in b1: room made "
+        "there only; gang of 2 x 4 GPUs in one volcano.sh/hypernode-tier-1 domain, none running "
+        "yet: room made in r2"
+    ), why
+    # the PodGroup's own topology soft: r3, where n05 holds the pod now (no eviction)
+    plan = _partitions(group_hard=False)
+    assert plan.rescues == ()
+    assert "room made in r3" in plan.gang_domains["ns/p1a"]
 
 
 def test_without_a_gang_the_rescue_frees_the_cheapest_node() -> None:
@@ -792,7 +858,7 @@ def test_a_running_pod_of_a_gang_is_not_moved(gang: str) -> None:
     ]  # fmt: skip
     models = models_of(nodes.values(), (), pods)
     work = Workload((Shape(cpu_milli=1000, gpus=4, gpu_milli=1000),))
-    groups = {"ns/tp": ("volcano.sh/hypernode-tier-1", 2)} if gang == "volcano" else None
+    groups = {"ns/tp": VolcanoGang("volcano.sh/hypernode-tier-1", 2)} if gang == "volcano" else None
     plan = plan_compaction(models, nodes, pods, (), work, pod_groups=groups)
     moved = [m.pod for m in plan.moves]
     if gang:

@@ -11,11 +11,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from pyctl.cli.main import main
-from pyctl.cluster.bounds import MAX_HYPERNODE_MEMBERS, MAX_HYPERNODE_PATTERNS
-from pyctl.cluster.gangs import gangs_of, volcano_group
+from pyctl.cluster.bounds import MAX_HYPERNODE_MEMBERS, MAX_HYPERNODE_PATTERNS, BoundsError
+from pyctl.cluster.gangs import (
+    SubGroupGang,
+    VolcanoGang,
+    gangs_of,
+    gangs_with_outer,
+    volcano_group,
+)
 from pyctl.cluster.kube.decode import DecodeError, decode_object
 from pyctl.cluster.kube.dump import read_dump
 from pyctl.cluster.kube.fabric_decode import safe_pattern
@@ -26,6 +33,7 @@ from pyctl.cluster.records import (
     PodGroupRecord,
     PodRecord,
     Selector,
+    SubGroupRecord,
     check_record,
     decode_record,
     encode_record,
@@ -170,25 +178,54 @@ def test_a_podgroup_decodes_hard_or_soft_with_its_tier() -> None:
     assert decode_object("PodGroup", _enc(doc)) == PodGroupRecord("ml", "d", min_member=2)
 
 
-def test_a_podgroups_sub_group_topologies_are_counted() -> None:
-    """`subGroupPolicy` entries with a hard topology of their own (as Volcano's job controller
-    writes them for a task's `partitionPolicy`); soft ones, entries without a topology and
-    entries that are no object are not counted."""
+TASK = "volcano.sh/task-spec"
+PARTITION = "volcano.sh/partition-id"
+WORKERS = SubGroupRecord("worker", 2, True, 1, "", Selector(((TASK, "worker"),)), (PARTITION,))
+
+
+def test_a_podgroups_sub_groups_decode_in_order() -> None:
+    """`subGroupPolicy` as Volcano's job controller writes it for a task's `partitionPolicy`
+    (partitions of 2 pods, each in one tier-1 HyperNode). Entries are kept in order (a pod
+    belongs to the first that takes it), soft and bare ones too, when one is hard; entries pyctl
+    cannot read are counted; with no hard entry none is kept."""
     doc = pod_group("parts", sub_groups=True)
     rec = decode_object("PodGroup", _enc(doc))
-    assert rec == PodGroupRecord("ml", "parts", min_member=4, hard=True, tier=2, sub_topologies=1)
+    assert rec == PodGroupRecord(
+        "ml", "parts", min_member=4, hard=True, tier=2, sub_groups=(WORKERS,)
+    )
     assert decode_record("PodGroup", encode_record(rec)) == rec
     [entry] = doc["spec"]["subGroupPolicy"]
     del entry["networkTopology"]["mode"]  # the CRD's default: hard
     soft = {**entry, "name": "soft", "networkTopology": {"mode": "soft", "highestTierAllowed": 1}}
-    bare = {k: v for k, v in entry.items() if k != "networkTopology"}
-    doc["spec"]["subGroupPolicy"] = [entry, soft, bare, "x", None, 3, {**entry, "name": "b"}]
+    bare = {k: v for k, v in entry.items() if k not in ("networkTopology", "labelSelector")}
+    bad = [
+        "x",
+        None,
+        {**entry, "labelSelector": {"matchExpressions": [{"key": "a", "operator": "Gt"}]}},
+        {**entry, "matchLabelKeys": ["not a key"]},
+        {**entry, "subGroupSize": 0},
+        {**entry, "name": 7},
+    ]
+    doc["spec"]["subGroupPolicy"] = [soft, entry, bare, *bad, {**entry, "labelSelector": {}}]
     rec = decode_object("PodGroup", _enc(doc))
     assert isinstance(rec, PodGroupRecord)
-    assert rec.sub_topologies == 2
-    assert decode_object("PodGroup", _enc(pod_group("s", sub_groups=True, mode="soft"))) == (
-        PodGroupRecord("ml", "s", min_member=4, tier=2)
+    assert rec.sub_groups == (
+        SubGroupRecord("soft", 2, False, 0, "", WORKERS.selector, (PARTITION,)),
+        WORKERS,
+        SubGroupRecord("worker", 2, match_keys=(PARTITION,)),
+        SubGroupRecord("worker", 2, True, 1, "", Selector(), (PARTITION,)),
     )
+    assert rec.sub_unread == len(bad)
+    soft_only = decode_object("PodGroup", _enc(pod_group("s", sub_groups=True, mode="soft")))
+    assert soft_only == PodGroupRecord("ml", "s", min_member=4, tier=2)
+    # a stored record out of bounds (read back from the store) is refused, naming the field
+    for bad_sub in (
+        msgspec.structs.replace(WORKERS, size=0),
+        msgspec.structs.replace(WORKERS, tier=99),
+        msgspec.structs.replace(WORKERS, match_keys=("k",) * 17),
+    ):
+        with pytest.raises(BoundsError, match=r"subGroupSize|sub-group tier|matchLabelKeys"):
+            check_record(PodGroupRecord("ml", "x", sub_groups=(bad_sub,)))
 
 
 @pytest.mark.parametrize(
@@ -299,7 +336,7 @@ def test_a_hard_podgroup_is_a_gang_at_its_tier_and_a_soft_one_is_none() -> None:
         PodGroupRecord("ml", "unknown", min_member=2, hard=True, tier_name="row"),
     ]
     vg = fs.volcano_gangs(groups, fill)
-    assert vg == {"ml/hard": (T2, 4), "ml/named": (T1, 2)}
+    assert vg == {"ml/hard": VolcanoGang(T2, 4), "ml/named": VolcanoGang(T1, 2)}
     pods = [
         _pod("h0", "hard", node="n0"),
         _pod("h1", "hard"),  # two of four exist: the gang is minMember
@@ -314,6 +351,48 @@ def test_a_hard_podgroup_is_a_gang_at_its_tier_and_a_soft_one_is_none() -> None:
     assert set(gangs) == {"ml/h0", "ml/h1", "ml/n0", "ml/n1", "ml/n2"}
     # without the PodGroups nothing is a gang (as the compaction planner reads pods today)
     assert gangs_of(pods) == {}
+
+
+def test_a_podgroups_sub_groups_are_gangs_inside_its_own() -> None:
+    """Each partition of the workers (their `volcano.sh/partition-id`) is a gang of 2 at tier 1;
+    the whole PodGroup, at tier 2, is the gang the others belong to and the sub-groups' pods'
+    outer gang. A worker without a partition label and the leader belong to no sub-group."""
+    from msgspec.structs import replace
+
+    fill = fs.HyperNodeFill(_tree())
+    group = PodGroupRecord("ml", "parts", min_member=4, hard=True, tier=2, sub_groups=(WORKERS,))
+    vg = fs.volcano_gangs([group], fill)
+    sub = SubGroupGang("worker", WORKERS.selector, (PARTITION,), T1, 2)
+    assert vg == {"ml/parts": VolcanoGang(T2, 4, (sub,))}
+
+    def member(name: str, task: str, part: str = "", node: str = "") -> PodRecord:
+        labels = ((PARTITION, part), (TASK, task)) if part else ((TASK, task),)
+        return replace(_pod(name, "parts", node=node), labels=labels)
+
+    pods = [
+        member("w0", "worker", "0", node="n0"),
+        member("w1", "worker", "0"),
+        member("w2", "worker", "1"),
+        member("w3", "worker", "1"),
+        member("x", "worker"),
+        member("leader", "leader", "0"),  # a partition label, but not a worker
+    ]
+    gangs, outer = gangs_with_outer(pods, vg)
+    assert gangs == gangs_of(pods, vg)
+    assert gangs["ml/w0"] == gangs["ml/w1"] == gangs["ml/w2"] == Gang(2, T1)
+    assert gangs["ml/w0"] is gangs["ml/w1"]
+    assert gangs["ml/w2"] is not gangs["ml/w0"]
+    assert gangs["ml/x"] == gangs["ml/leader"] == Gang(6, T2)
+    assert set(outer) == {"ml/w0", "ml/w1", "ml/w2", "ml/w3"}
+    assert outer["ml/w3"] is gangs["ml/leader"]  # one gang: the whole PodGroup
+    # the PodGroup's own topology soft: its sub-groups are gangs, nothing around them
+    vg = fs.volcano_gangs([replace(group, hard=False)], fill)
+    assert set(gangs_of(pods, vg)) == {"ml/w0", "ml/w1", "ml/w2", "ml/w3"}
+    assert gangs_with_outer(pods, vg)[1] == {}
+    # a sub-group's tier unknown: no sub-group gang; the PodGroup's is the only one
+    vg = fs.volcano_gangs([replace(group, sub_groups=(replace(WORKERS, tier=0),))], fill)
+    assert vg == {"ml/parts": VolcanoGang(T2, 4)}
+    assert gangs_of(pods, vg)["ml/w0"] == Gang(6, T2)
 
 
 # -- the controller and a dump ------------------------------------------------------------------
@@ -391,10 +470,9 @@ def test_pyctl_score_on_a_dump_reads_hypernodes_and_only_volcanos_podgroups(
     assert levels[T1]["domains"] == 2
 
 
-def test_a_pod_of_a_podgroup_with_sub_group_topologies_gets_no_room() -> None:
-    """pyctl makes room for a PodGroup as one gang; where its `subGroupPolicy` gives sub-groups
-    a hard topology of their own (each in one HyperNode of a lower tier), that room need not be
-    any Volcano would use, so none is made (`ClusterCache.volcano_held`)."""
+def test_a_pod_of_a_podgroup_with_a_sub_group_policy_pyctl_cannot_read_gets_no_room() -> None:
+    """Which of its pods must share a domain is not known: room made could be room Volcano does
+    not use, so none is made (`ClusterCache.volcano_held`)."""
     from msgspec.structs import replace
 
     from tests.unit.test_isolation import PENDING_FOUR
@@ -403,17 +481,17 @@ def test_a_pod_of_a_podgroup_with_sub_group_topologies_gets_no_room() -> None:
     pod = replace(PENDING_FOUR, pod_group="pg")
     group = PodGroupRecord("serving", "pg", min_member=1, hard=True, tier=1)
     assert considered(group, pod) == ["serving/big"]
-    assert considered(replace(group, sub_topologies=1), pod) == []
+    assert considered(replace(group, sub_unread=1), pod) == []
     # another namespace's PodGroup of that name is not its group
-    assert considered(replace(group, namespace="ml", sub_topologies=1), pod) == ["serving/big"]
+    assert considered(replace(group, namespace="ml", sub_unread=1), pod) == ["serving/big"]
 
 
-@pytest.mark.parametrize("sub_groups", [False, True])
-def test_pyctl_plan_says_why_it_makes_no_room_for_a_sub_grouped_podgroup(
-    sub_groups: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("unread", [False, True])
+def test_pyctl_plan_says_why_it_makes_no_room_for_a_podgroup_it_cannot_read(
+    unread: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`pyctl plan` on a dump: a pending 4-GPU pod of a PodGroup, no node with 4 GPUs free. With
-    sub-group topologies, the pod is not considered and `held` says why."""
+    a `subGroupPolicy` entry pyctl cannot read, the pod is not considered and `held` says why."""
     from tests.unit.test_kube_dump import node, pod
 
     items: list[dict[str, Any]] = [node("n0", 4, {}), node("n1", 4, {})]
@@ -424,18 +502,19 @@ def test_pyctl_plan_says_why_it_makes_no_room_for_a_sub_grouped_podgroup(
         "phase": "Pending",
         "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}],
     }
-    pg = pod_group("parts", sub_groups=sub_groups)
+    pg = pod_group("parts", sub_groups=True)
     pg["metadata"]["namespace"] = big["metadata"]["namespace"]
+    if unread:
+        pg["spec"]["subGroupPolicy"][0]["labelSelector"] = {"matchLabels": {"a": "not a value"}}
     f = tmp_path / "dump.json"
     f.write_text(json.dumps({"kind": "List", "items": [*items, big, pg]}))
     assert main(["plan", str(f), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     key = f"{big['metadata']['namespace']}/big"
-    if sub_groups:
+    if unread:
         assert out["held"] == {
-            key: "Volcano PodGroup parts: 1 subGroupPolicy entry gives its sub-groups a hard "
-            "topology of their own, which pyctl does not model (it makes room for a PodGroup as "
-            "one gang)"
+            key: "Volcano PodGroup parts: 1 subGroupPolicy entry pyctl cannot read (which of "
+            "its pods must share a domain is not known)"
         }
         assert key not in out["unrescued"]
     else:

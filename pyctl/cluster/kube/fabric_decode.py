@@ -28,6 +28,8 @@ from pyctl.cluster.bounds import (
     MAX_LEVELS,
     MAX_NAME_CHARS,
     MAX_PATTERN_CHARS,
+    MAX_SUB_GROUP_KEYS,
+    MAX_SUB_GROUPS,
 )
 from pyctl.cluster.gangs import kueue_held
 from pyctl.cluster.kube import wire
@@ -39,6 +41,7 @@ from pyctl.cluster.records import (
     PodGroupRecord,
     Requirement,
     Selector,
+    SubGroupRecord,
     WorkloadRecord,
 )
 from pyctl.core.fabric import valid_domain
@@ -286,28 +289,79 @@ def _hard(topo: Any) -> bool:
     return isinstance(topo, dict) and topo.get("mode", "hard") == "hard"
 
 
+def _tier(topo: dict[str, Any]) -> tuple[int, str]:
+    """A `networkTopology`'s `highestTierAllowed` (0: none or out of range) and
+    `highestTierName` ("": none or too long)."""
+    tier, tier_name = 0, ""
+    high = topo.get("highestTierAllowed")
+    if isinstance(high, int) and not isinstance(high, bool) and 1 <= high <= MAX_LEVELS:
+        tier = high
+    named = topo.get("highestTierName")
+    if isinstance(named, str) and len(named) <= MAX_NAME_CHARS:
+        tier_name = named
+    return tier, tier_name
+
+
+def _sub_group(raw: object) -> SubGroupRecord | str:
+    """One `subGroupPolicy` entry, or why pyctl cannot read it (its name, selector, keys or size
+    are not what the CRD allows)."""
+    if not isinstance(raw, dict):
+        return "not an object"
+    name = raw.get("name", "")
+    if not isinstance(name, str) or len(name) > MAX_NAME_CHARS:
+        return "a name that is no name"
+    keys = raw.get("matchLabelKeys") or []
+    if (
+        not isinstance(keys, list)
+        or len(keys) > MAX_SUB_GROUP_KEYS
+        or not all(isinstance(k, str) and valid_label_key(k) for k in keys)
+    ):
+        return "matchLabelKeys that are no label keys"
+    selector: Selector | None = None
+    if raw.get("labelSelector") is not None:
+        selector = _label_selector(raw["labelSelector"])
+        if selector is None and raw["labelSelector"] != {}:
+            return "a labelSelector pyctl cannot read"
+        selector = selector or Selector()  # an empty one selects every pod
+    size = raw.get("subGroupSize", 1)
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_GANG_PODS:
+        return "a subGroupSize out of 1..65536"
+    topo = raw.get("networkTopology")
+    hard = _hard(topo)
+    tier, tier_name = _tier(topo) if isinstance(topo, dict) and hard else (0, "")
+    return SubGroupRecord(name, size, hard, tier, tier_name, selector, tuple(keys))
+
+
 def podgroup_record(g: wire.PodGroup) -> PodGroupRecord:
+    """Its minMember, its own topology and its `subGroupPolicy` (`SubGroupRecord`s; entries
+    pyctl cannot read, or past `MAX_SUB_GROUPS`, are counted in `sub_unread`)."""
     meta = g.metadata
     size = g.spec.minMember
     if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_GANG_PODS:
         size = 0
     topo = g.spec.networkTopology
     hard = _hard(topo)
-    tier = 0
-    tier_name = ""
-    # a sub-group's own topology (`subGroupPolicy[].networkTopology`, Volcano's partitions)
-    subs = sum(
-        1 for s in g.spec.subGroupPolicy if isinstance(s, dict) and _hard(s.get("networkTopology"))
-    )
-    if isinstance(topo, dict):
-        high = topo.get("highestTierAllowed")
-        if isinstance(high, int) and not isinstance(high, bool) and 1 <= high <= MAX_LEVELS:
-            tier = high
-        named = topo.get("highestTierName")
-        if isinstance(named, str) and len(named) <= MAX_NAME_CHARS:
-            tier_name = named
+    tier, tier_name = _tier(topo) if isinstance(topo, dict) else (0, "")
+    subs: list[SubGroupRecord] = []
+    unread = max(0, len(g.spec.subGroupPolicy) - MAX_SUB_GROUPS)
+    for raw in g.spec.subGroupPolicy[:MAX_SUB_GROUPS]:
+        got = _sub_group(raw)
+        if isinstance(got, str):
+            unread += 1
+        else:
+            subs.append(got)
+    if not any(s.hard for s in subs):
+        subs = []  # no entry gives a topology: none changes what pyctl does
     return PodGroupRecord(
-        meta.namespace, meta.name, meta.resourceVersion, size, hard, tier, tier_name, subs
+        meta.namespace,
+        meta.name,
+        meta.resourceVersion,
+        size,
+        hard,
+        tier,
+        tier_name,
+        tuple(subs),
+        unread,
     )
 
 
