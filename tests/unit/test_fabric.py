@@ -17,6 +17,7 @@ from pyctl.cluster.bounds import MAX_DOMAINS_PER_LEVEL
 from pyctl.cluster.gangs import VolcanoGang, gangs_of
 from pyctl.cluster.records import (
     Constraints,
+    NodeRecord,
     PodGang,
     PodRecord,
     PodTerm,
@@ -403,6 +404,40 @@ def test_the_levels_and_the_interval_are_settings() -> None:
         load_config(env={"PYCTL_FABRIC_LEVELS": ",".join(f"k{i}" for i in range(17))})
 
 
+def _four_gpu_nodes(
+    domain: dict[str, str], replicas: dict[str, int], labelled: bool
+) -> tuple[dict[str, NodeRecord], list[PodRecord]]:
+    """4-GPU nodes (each labelled with its clique `domain[n]` when `labelled`) and `replicas[n]`
+    running one-GPU replicas of one Deployment on each."""
+    nodes = {
+        n: NodeRecord(
+            n,
+            gpu_model="H100-SXM5-80GB",
+            cpu_milli=64000,
+            memory_mib=1 << 20,
+            gpus=4,
+            labels=((CLIQUE, d),) if labelled else (),
+        )
+        for n, d in domain.items()
+    }
+    pods = [
+        PodRecord(
+            "ns",
+            f"r-{n}-{k}",
+            f"u-{n}-{k}",
+            node=n,
+            phase="Running",
+            cpu_milli=1000,
+            gpus=1,
+            owner_kind="ReplicaSet",
+            owner_name="web",
+        )
+        for n, c in replicas.items()
+        for k in range(c)
+    ]
+    return nodes, pods
+
+
 def _gang_cluster(gang: bool, volcano: bool = False) -> tuple[CompactionPlan, dict[str, str]]:
     """Twelve 4-GPU nodes in cliques a (n00-n03), b (n04-n07), c (n08-n11). Clique a: two
     one-GPU replicas on each node (8 GPUs idle, 8 to free for a gang of 4 x 4 GPUs); b: three
@@ -411,41 +446,14 @@ def _gang_cluster(gang: bool, volcano: bool = False) -> tuple[CompactionPlan, di
     (one eviction), in the clique that could hold the gang only after 12 more. With `volcano`,
     the cliques are tier-1 HyperNodes (no node label says them) and the gang a Volcano PodGroup
     with a hard `networkTopology` at tier 1."""
-    from pyctl.cluster.records import NodeRecord
     from pyctl.cluster.translate import models_of
     from pyctl.core.policy import PlanLimits
     from pyctl.workflows.compaction import plan_compaction
 
     cliques = {f"n{i:02}": "abc"[i // 4] for i in range(12)}
-    nodes = {
-        n: NodeRecord(
-            n,
-            gpu_model="H100-SXM5-80GB",
-            cpu_milli=64000,
-            memory_mib=1 << 20,
-            gpus=4,
-            labels=() if volcano else ((CLIQUE, c),),
-        )
-        for n, c in cliques.items()
-    }
     per = {"a": 2, "b": 3}
-    pods = []
-    for n, c in cliques.items():
-        count = per.get(c, 1 if n == "n08" else 4)
-        for k in range(count):
-            pods.append(
-                PodRecord(
-                    "ns",
-                    f"r-{n}-{k}",
-                    f"u-{n}-{k}",
-                    node=n,
-                    phase="Running",
-                    cpu_milli=1000,
-                    gpus=1,
-                    owner_kind="ReplicaSet",
-                    owner_name="web",
-                )
-            )
+    counts = {n: per.get(c, 1 if n == "n08" else 4) for n, c in cliques.items()}
+    nodes, pods = _four_gpu_nodes(cliques, counts, labelled=not volcano)
     if volcano:
         group = [PodRecord("ns", f"g{i}", gpus=4, pod_group="pg") for i in range(4)]
     elif gang:
@@ -505,40 +513,14 @@ def _running_gang(running_on: tuple[str, ...], volcano: bool = True) -> Compacti
     gang of pods x 4 GPUs (a Volcano PodGroup with a hard `networkTopology` at tier 1, minMember
     2, or pods of required affinity on the clique) runs a pod on each node of `running_on` and
     has one pending pod, g1. The cheapest node to free is n02 (one eviction), in domain b."""
-    from pyctl.cluster.records import NodeRecord
     from pyctl.cluster.translate import models_of
     from pyctl.core.policy import PlanLimits
     from pyctl.workflows.compaction import plan_compaction
 
     domain = {"n00": "a", "n01": "a", "n02": "b", "n03": "b"}
     tier1 = "volcano.sh/hypernode-tier-1"
-    nodes = {
-        n: NodeRecord(
-            n,
-            gpu_model="H100-SXM5-80GB",
-            cpu_milli=64000,
-            memory_mib=1 << 20,
-            gpus=4,
-            labels=() if volcano else ((CLIQUE, d),),
-        )
-        for n, d in domain.items()
-    }
     replicas = {"n01": 2, "n02": 1, "n03": 0 if "n03" in running_on else 4}
-    pods = [
-        PodRecord(
-            "ns",
-            f"r-{n}-{k}",
-            f"u-{n}-{k}",
-            node=n,
-            phase="Running",
-            cpu_milli=1000,
-            gpus=1,
-            owner_kind="ReplicaSet",
-            owner_name="web",
-        )
-        for n, c in replicas.items()
-        for k in range(c)
-    ]
+    nodes, pods = _four_gpu_nodes(domain, replicas, labelled=not volcano)
 
     def member(name: str, node: str) -> PodRecord:
         if volcano:
@@ -604,7 +586,6 @@ def _partitions(group_hard: bool) -> CompactionPlan:
     replicas: two on each node of r2, one on n04, four on each node of r4. The rack cheapest to
     free for a partition is r3 (one eviction), in the other block."""
     from pyctl.cluster.gangs import SubGroupGang
-    from pyctl.cluster.records import NodeRecord
     from pyctl.cluster.translate import models_of
     from pyctl.core.policy import PlanLimits
     from pyctl.workflows.compaction import plan_compaction
@@ -612,17 +593,8 @@ def _partitions(group_hard: bool) -> CompactionPlan:
     t1, t2 = "volcano.sh/hypernode-tier-1", "volcano.sh/hypernode-tier-2"
     rack = {f"n{i:02}": f"r{i // 2 + 1}" for i in range(8)}
     block = {n: "b1" if r in ("r1", "r2") else "b2" for n, r in rack.items()}
-    nodes = {
-        n: NodeRecord(n, gpu_model="H100-SXM5-80GB", cpu_milli=64000, memory_mib=1 << 20, gpus=4)
-        for n in rack
-    }
     replicas = {"n02": 2, "n03": 2, "n04": 1, "n06": 4, "n07": 4}
-    pods = [
-        PodRecord("ns", f"r-{n}-{k}", f"u-{n}-{k}", node=n, phase="Running", cpu_milli=1000,
-                  gpus=1, owner_kind="ReplicaSet", owner_name="web")
-        for n, c in replicas.items()
-        for k in range(c)
-    ]  # fmt: skip
+    nodes, pods = _four_gpu_nodes(rack, replicas, labelled=False)
     part = "volcano.sh/partition-id"
 
     def worker(name: str, p: str, node: str = "") -> PodRecord:
@@ -734,7 +706,6 @@ def _kueue_cluster(
     """The e2e's cluster: twelve 4-GPU nodes in three cliques (n00-n03 uuid-1.0, ...), two full
     nodes per clique (four one-GPU replicas each; none on the nodes in `evicted`), and a Kueue
     pod group of 4 x 4 GPUs, all four gated."""
-    from pyctl.cluster.records import NodeRecord
 
     nodes = {
         f"n{i:02}": NodeRecord(
@@ -834,7 +805,6 @@ def test_a_running_pod_of_a_gang_is_not_moved(gang: str) -> None:
     defragmentation moves n0's pod to n1 (frees a whole node). When n0's pod and one of n1's say
     they are a Kueue gang (or a Volcano PodGroup that is a gang), the move is refused (it could
     take a gang's pod out of its domain); without the gang, the control, it is planned."""
-    from pyctl.cluster.records import NodeRecord
     from pyctl.cluster.translate import models_of
     from pyctl.workflows.compaction import GANG_KEPT, plan_compaction
 
