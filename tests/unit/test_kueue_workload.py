@@ -160,3 +160,42 @@ def test_a_pod_that_waits_for_quota_is_not_blocked_by_fragmentation() -> None:
     assert blocked(None) == 1
     assert blocked(replace(waits, held="")) == 1
     assert blocked(waits) == 0
+
+
+@pytest.mark.parametrize("held_by", ["kueue", "volcano"])
+def test_pyctl_explain_says_why_no_room_is_made_for_a_held_pod(held_by: str) -> None:
+    """`pyctl explain` on the stored records: a pending, unschedulable 4-GPU pod on a cluster
+    with no 4 GPUs free gets no rescue, and the answer quotes why: Kueue's message, or the
+    Volcano PodGroup's subGroupPolicy pyctl cannot read."""
+    from pyctl.app.config import load_config
+    from pyctl.app.explain import explain
+    from pyctl.app.state import build_view
+    from pyctl.cluster.records import KINDS, NodeRecord
+    from pyctl.state.store import StoredKind, StoredState
+
+    pod = replace(PENDING_FOUR, pod_group="pg" if held_by == "volcano" else "")
+    replicas = [
+        replace(PENDING_FOUR, name=f"r{i}", uid=f"u-r{i}", node="n1", gpus=1, phase="Running",
+                unschedulable=False)
+        for i in range(5)
+    ]  # fmt: skip
+    records: dict[str, dict[str, Any]] = {k: {} for k in KINDS}
+    records["Node"] = {"n1": NodeRecord("n1", gpu_model="H100-SXM5-80GB", gpus=8, cpu_milli=64000)}
+    records["Pod"] = {p.key: p for p in (pod, *replicas)}
+    if held_by == "kueue":
+        records["KueueWorkload"] = {
+            "serving/big-wl": WorkloadRecord("serving", "big-wl", pods=("big",), held=QUOTA)
+        }
+        said = f"Kueue holds its Workload back for what no eviction gives: {QUOTA}"
+    else:
+        records["PodGroup"] = {
+            "serving/pg": PodGroupRecord("serving", "pg", min_member=1, hard=True, sub_unread=1)
+        }
+        said = "Volcano PodGroup pg: 1 subGroupPolicy entry pyctl cannot read"
+    kinds = {k: StoredKind(k, records[k], "1", 990.0, {}) for k in KINDS}
+    cfg = load_config(None, {}, {"cluster": "c"})
+    view = build_view(cfg, "test", StoredState("c", kinds, 1000.0), None)
+    e = explain(view, cfg, "serving/big")
+    assert e.state == "pending"
+    assert e.rescue is None
+    assert e.plan_note.startswith(f"no rescue planned: {said}"), e.plan_note
