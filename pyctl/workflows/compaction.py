@@ -563,10 +563,18 @@ def _pending(
             gang = gangs.get(p.key)
             said = ""
             whole = outer.get(p.key)
-            if whole is not None and dest is not None and id(whole) in running:
-                # a Volcano sub-group's pod: inside its PodGroup's domain first
-                dest, said = _running_domain(whole, dest, running[id(whole)], nodes, domain_labels)
-                domains[p.key] = said
+            if whole is not None and dest is not None:
+                # a Volcano sub-group's pod: inside its PodGroup's domain first (where it runs,
+                # or the one cheapest to free for the whole PodGroup)
+                if id(whole) in running:
+                    on = running[id(whole)]
+                    dest, said = _running_domain(whole, dest, on, nodes, domain_labels)
+                else:
+                    kept = frozenset(n for n, q in holders.items() if outer.get(q) is whole)
+                    d, said = gang_domain(whole, want, dest | kept, models, nodes, domain_labels)
+                    dest = d - kept if said else dest
+                if said:
+                    domains[p.key] = said
             if gang is not None and dest is not None:
                 k = (id(gang), dest)
                 if k not in chosen_domain:

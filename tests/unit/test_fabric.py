@@ -578,13 +578,18 @@ def test_a_gang_already_split_over_domains_gets_no_room() -> None:
     }
 
 
-def _partitions(group_hard: bool) -> CompactionPlan:
+def _partitions(
+    group_hard: bool,
+    replicas: dict[str, int] | None = None,
+    running: bool = True,
+) -> CompactionPlan:
     """Eight 4-GPU nodes: racks (tier-1 HyperNodes) r1 {n00, n01}, r2 {n02, n03} in block b1
     (tier 2), r3 {n04, n05}, r4 {n06, n07} in block b2. A Volcano PodGroup of 4 x 4-GPU workers
     in partitions of two, each partition in one rack (`subGroupPolicy`), the whole group in one
-    block when `group_hard`: partition 0 runs on r1; partition 1's pod p1a is pending. One-GPU
-    replicas: two on each node of r2, one on n04, four on each node of r4. The rack cheapest to
-    free for a partition is r3 (one eviction), in the other block."""
+    block when `group_hard`: partition 0 runs on r1 (if `running`, else it is pending too);
+    partition 1's pod p1a is pending. One-GPU `replicas` (by default two on each node of r2,
+    one on n04, four on each node of r4: the rack cheapest to free for a partition is r3, one
+    eviction, in the other block)."""
     from pyctl.cluster.gangs import SubGroupGang
     from pyctl.cluster.translate import models_of
     from pyctl.core.policy import PlanLimits
@@ -593,7 +598,8 @@ def _partitions(group_hard: bool) -> CompactionPlan:
     t1, t2 = "volcano.sh/hypernode-tier-1", "volcano.sh/hypernode-tier-2"
     rack = {f"n{i:02}": f"r{i // 2 + 1}" for i in range(8)}
     block = {n: "b1" if r in ("r1", "r2") else "b2" for n, r in rack.items()}
-    replicas = {"n02": 2, "n03": 2, "n04": 1, "n06": 4, "n07": 4}
+    if replicas is None:
+        replicas = {"n02": 2, "n03": 2, "n04": 1, "n06": 4, "n07": 4}
     nodes, pods = _four_gpu_nodes(rack, replicas, labelled=False)
     part = "volcano.sh/partition-id"
 
@@ -603,15 +609,39 @@ def _partitions(group_hard: bool) -> CompactionPlan:
                          phase="Running" if node else "Pending",
                          unschedulable=not node)  # fmt: skip
 
-    group = [worker("p0a", "0", "n00"), worker("p0b", "0", "n01"), worker("p1a", "1")]
-    models = models_of(nodes.values(), (), [*pods, *group[:2]])
+    on = ("n00", "n01") if running else ("", "")
+    group = [worker("p0a", "0", on[0]), worker("p0b", "0", on[1]), worker("p1a", "1")]
+    pending = [g for g in group if not g.node]
+    models = models_of(nodes.values(), (), [*pods, *(g for g in group if g.node)])
     sub = SubGroupGang("part", None, (part,), t1, 2)
     return plan_compaction(
         models, nodes, [*pods, *group], (), Workload((Shape(cpu_milli=1000, gpus=4),)),
-        pending=group[2:], limits=PlanLimits(max_moves=4, rescue_depth=4),
+        pending=pending[-1:], limits=PlanLimits(max_moves=4, rescue_depth=4),
         pod_groups={"ns/pg": VolcanoGang(t2 if group_hard else "", 4, (sub,))},
         domain_labels={n: {t1: rack[n], t2: block[n]} for n in rack},
     )  # fmt: skip
+
+
+def test_a_volcano_sub_groups_first_rescue_picks_the_block_then_the_rack() -> None:
+    """No pod of the PodGroup runs yet: the block cheapest to free for the whole PodGroup (b1,
+    six GPUs to free, against ten in b2) first, then the rack in it (r1 by name of two with
+    three to free), not the rack cheapest to free for the partition alone (r3, two to free, in
+    b2, which could hold the rest only after eight more)."""
+    replicas = {"n00": 1, "n01": 2, "n02": 1, "n03": 2, "n04": 1, "n05": 1, "n06": 4, "n07": 4}
+    plan = _partitions(group_hard=True, replicas=replicas, running=False)
+    [rescue] = plan.rescues
+    assert rescue.node == "n00"
+    why = plan.gang_domains["ns/p1a"]
+    assert why.startswith(
+        "gang of 4 x 4 GPUs in one volcano.sh/hypernode-tier-2 domain, none running yet: room "
+        "made in b1 (10 GPUs idle, 6 to free;"
+    ), why
+    inner = "gang of 2 x 4 GPUs in one volcano.sh/hypernode-tier-1 domain, none running yet: "
+    assert f"; {inner}room made in r1 (5 GPUs idle, 3 to free;" in why, why
+    # the PodGroup's own topology soft: the partition's cheapest rack, r3
+    plan = _partitions(group_hard=False, replicas=replicas, running=False)
+    [rescue] = plan.rescues
+    assert rescue.node in ("n04", "n05")
 
 
 def test_a_volcano_sub_groups_rescue_keeps_to_its_podgroups_domain() -> None:
