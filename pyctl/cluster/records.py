@@ -447,8 +447,8 @@ class PodGroupRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults
     found among the HyperNodes' `tierName`s; 0 and "": none). `sub_groups`: its `subGroupPolicy`
     entries, in order (a pod belongs to the first that takes it; kept only when one gives its
     sub-groups a hard topology); `sub_unread`: entries pyctl could not read (a selector or key it
-    cannot read, past `MAX_SUB_GROUPS`), for which it makes no room for the group's pods
-    (`ClusterCache.volcano_held`)."""
+    cannot read, past `MAX_SUB_GROUPS`; counted where some entry's topology is or may be hard),
+    for which it makes no room for the group's pods (`ClusterCache.volcano_held`)."""
 
     namespace: str
     name: str

@@ -218,6 +218,22 @@ def test_a_podgroups_sub_groups_decode_in_order() -> None:
     assert rec.sub_unread == len(bad)
     soft_only = decode_object("PodGroup", _enc(pod_group("s", sub_groups=True, mode="soft")))
     assert soft_only == PodGroupRecord("ml", "s", min_member=4, tier=2)
+    # an entry pyctl cannot read counts where it may matter: its own topology hard, or another's
+    doc = pod_group("u", sub_groups=True, mode="soft")
+    [entry] = doc["spec"]["subGroupPolicy"]
+    unreadable = {**entry, "matchLabelKeys": ["not a key"]}
+    for unread_mode, other_mode, counted in (
+        ("soft", "soft", 0),
+        ("hard", "soft", 1),
+        ("soft", "hard", 1),
+    ):
+        doc["spec"]["subGroupPolicy"] = [
+            {**unreadable, "networkTopology": {"mode": unread_mode, "highestTierAllowed": 1}},
+            {**entry, "networkTopology": {"mode": other_mode, "highestTierAllowed": 1}},
+        ]
+        rec = decode_object("PodGroup", _enc(doc))
+        assert isinstance(rec, PodGroupRecord)
+        assert rec.sub_unread == counted, (unread_mode, other_mode)
     # a stored record out of bounds (read back from the store) is refused, naming the field
     for bad_sub in (
         msgspec.structs.replace(WORKERS, size=0),

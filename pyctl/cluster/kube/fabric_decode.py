@@ -344,14 +344,18 @@ def podgroup_record(g: wire.PodGroup) -> PodGroupRecord:
     tier, tier_name = _tier(topo) if isinstance(topo, dict) else (0, "")
     subs: list[SubGroupRecord] = []
     unread = max(0, len(g.spec.subGroupPolicy) - MAX_SUB_GROUPS)
+    # whether an entry pyctl cannot read may give its sub-groups a topology
+    topology_unread = unread > 0
     for raw in g.spec.subGroupPolicy[:MAX_SUB_GROUPS]:
         got = _sub_group(raw)
         if isinstance(got, str):
             unread += 1
+            topology_unread |= not isinstance(raw, dict) or _hard(raw.get("networkTopology"))
         else:
             subs.append(got)
     if not any(s.hard for s in subs):
         subs = []  # no entry gives a topology: none changes what pyctl does
+        unread = unread if topology_unread else 0
     return PodGroupRecord(
         meta.namespace,
         meta.name,

@@ -318,8 +318,8 @@ class PodGroupSpec(msgspec.Struct):
 
 class PodGroup(msgspec.Struct):
     """Volcano's `PodGroup` (scheduling.volcano.sh/v1beta1): `spec.minMember`,
-    `spec.networkTopology{mode, highestTierAllowed, highestTierName}` and
-    `spec.subGroupPolicy[].networkTopology` (volcano-sh/apis
+    `spec.networkTopology{mode, highestTierAllowed, highestTierName}` and `spec.subGroupPolicy`
+    (each entry read by `fabric_decode.podgroup_record`; volcano-sh/apis
     pkg/apis/scheduling/v1beta1/types.go)."""
 
     metadata: Meta = msgspec.field(default_factory=Meta)
