@@ -13,6 +13,8 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pyctl.cli.main import main
 from pyctl.cluster.bounds import MAX_HYPERNODE_MEMBERS, MAX_HYPERNODE_PATTERNS, BoundsError
@@ -536,3 +538,79 @@ def test_pyctl_plan_says_why_it_makes_no_room_for_a_podgroup_it_cannot_read(
     else:
         assert out["held"] == {}
         assert key in out["unrescued"]  # considered (the bare pods may not move)
+
+
+_PARTS = st.sampled_from(["", "0", "1", "2"])
+_TASKS = st.sampled_from(["worker", "leader", ""])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    members=st.lists(st.tuples(_TASKS, _PARTS, st.booleans()), max_size=12),
+    group_key=st.sampled_from(["", T2]),
+    sub_key=st.sampled_from(["", T1]),
+    keys=st.sampled_from([(), (PARTITION,), (PARTITION, TASK)]),
+    selector=st.sampled_from([None, Selector(), Selector(((TASK, "worker"),))]),
+    size=st.integers(1, 4),
+    min_member=st.integers(0, 6),
+)
+def test_sub_group_gangs_follow_volcanos_rule(
+    members: list[tuple[str, str, bool]],
+    group_key: str,
+    sub_key: str,
+    keys: tuple[str, ...],
+    selector: Selector | None,
+    size: int,
+    min_member: int,
+) -> None:
+    """Against the rule written out: a pod is in a sub-group iff the selector matches (None:
+    every pod) and it carries every key non-empty (no keys: none); a sub-group's pods share one
+    gang at the entry's level, of the entry's size or its pods if more, when that level is known
+    and it has two pods or more; the PodGroup's other pods (and, as their outer gang, the
+    sub-groups' pods) share one gang at its level, when it has one."""
+    from msgspec.structs import replace
+
+    sub = SubGroupGang("s", selector, keys, sub_key, size)
+    vg = VolcanoGang(group_key, min_member, (sub,))
+    pods = []
+    for i, (task, part, running) in enumerate(members):
+        labels = tuple(sorted({TASK: task, PARTITION: part}.items()))
+        pods.append(replace(_pod(f"p{i}", "g", node="n0" if running else ""), labels=labels))
+    gangs, outer = gangs_with_outer(pods, {"ml/g": vg})
+
+    def values(p: PodRecord) -> tuple[str, ...]:
+        labels = dict(p.labels)
+        if selector is not None and any(labels.get(k) != v for k, v in selector.match_labels):
+            return ()
+        got = tuple(labels.get(k, "") for k in keys)
+        return got if got and all(got) else ()
+
+    subs: dict[tuple[str, ...], list[str]] = {}
+    rest: list[str] = []
+    for p in pods:
+        v = values(p)
+        if v and sub_key:
+            subs.setdefault(v, []).append(p.key)
+        else:
+            rest.append(p.key)
+    in_sub = {k for ks in subs.values() for k in ks}
+    whole = len(pods) if group_key else 0
+    for ks in subs.values():
+        want = Gang(max(len(ks), size), sub_key)
+        if want.pods >= 2:
+            assert {id(gangs[k]) for k in ks} == {id(gangs[ks[0]])}
+            assert gangs[ks[0]] == want
+        else:
+            assert not any(k in gangs for k in ks)
+    for k in rest:
+        if group_key and max(whole, min_member) >= 2:
+            assert gangs[k] == Gang(max(whole, min_member), group_key)
+        else:
+            assert k not in gangs
+    # the outer gang: the PodGroup's, for the sub-groups' pods, one object with the others'
+    if group_key and max(whole, min_member) >= 2:
+        assert set(outer) == in_sub
+        shared = {id(g) for g in outer.values()} | {id(gangs[k]) for k in rest}
+        assert len(shared) <= 1
+    else:
+        assert outer == {}
