@@ -436,13 +436,8 @@ def _explain_pending(
             plan_note = f"no rescue: {plan.unrescued[p.key]}"
         elif not p.unschedulable:
             plan_note = "no rescue planned: the scheduler has not marked it unschedulable"
-        elif p.key in (kueue := view.cache.kueue_held()):
-            plan_note = (
-                "no rescue planned: Kueue holds its Workload back for what no eviction gives: "
-                f"{kueue[p.key]}"
-            )
-        elif p.key in (volcano := view.cache.volcano_held()):
-            plan_note = f"no rescue planned: {volcano[p.key]}"
+        elif p.key in (why_held := view.cache.held()):
+            plan_note = f"no rescue planned: {why_held[p.key]}"
         elif too_young(p, cfg.workflow.rescue_after, now):
             plan_note = (
                 f"no rescue yet: it is {now - p.created:.0f} s old, rescued from "

@@ -117,10 +117,10 @@ def run(args: argparse.Namespace) -> int:
     workload = derived_workload(view, args.dump or "the cluster")
     rec = view.reconciler
     modelled = view.modelled_pods()
-    held = view.cache.held()
-    pending = [p for p in modelled if not p.node and p.unschedulable and p.key not in held]
+    why_held = view.cache.held()
+    pending = [p for p in modelled if not p.node and p.unschedulable and p.key not in why_held]
     # the pending pods pyctl makes no room for, and why (Kueue's reason, a Volcano sub-group)
-    held = {p.key: held[p.key] for p in modelled if not p.node and p.key in held}
+    held = {p.key: why_held[p.key] for p in modelled if not p.node and p.key in why_held}
     dra = view.cache.dra if view.has_dra else None
     plan = plan_compaction(
         rec.models,

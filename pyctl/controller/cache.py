@@ -266,9 +266,13 @@ class ClusterCache:
         return [p for p in self.pending_pods() if p.unschedulable and p.key not in held]
 
     def held(self) -> dict[str, str]:
-        """Pod (namespace/name) -> why pyctl makes no room for it: `kueue_held`, then
-        `volcano_held`."""
-        return {**self.volcano_held(), **self.kueue_held()}
+        """Pod (namespace/name) -> why pyctl makes no room for it, in a sentence (`pyctl plan`,
+        `pyctl explain`): `kueue_held`, else `volcano_held`."""
+        kueue = {
+            k: f"Kueue holds its Workload back for what no eviction gives: {why}"
+            for k, why in self.kueue_held().items()
+        }
+        return {**self.volcano_held(), **kueue}
 
     def volcano_held(self) -> dict[str, str]:
         """Pending pod (namespace/name) -> why, for the pods of a Volcano PodGroup with

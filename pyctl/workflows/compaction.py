@@ -553,6 +553,12 @@ def _pending(
         for g in (gangs.get(p.key), outer.get(p.key)):
             if p.node and not p.terminated and g is not None:
                 running.setdefault(id(g), set()).add(p.node)
+
+    def where(
+        g: Gang, want: Shape, dest: frozenset[str], on: set[str] | None, kept: frozenset[str]
+    ) -> tuple[frozenset[str], str]:
+        return _gang_dest(g, want, dest, on, kept, models, nodes, domain_labels)
+
     # one gang's pods share their constraints: their domain is chosen once
     chosen_domain: dict[tuple[int, frozenset[str]], tuple[frozenset[str], str]] = {}
     domains: dict[str, str] = {}
@@ -564,33 +570,41 @@ def _pending(
             said = ""
             whole = outer.get(p.key)
             if whole is not None and dest is not None:
-                # a Volcano sub-group's pod: inside its PodGroup's domain first (where it runs,
-                # or the one cheapest to free for the whole PodGroup)
-                if id(whole) in running:
-                    on = running[id(whole)]
-                    dest, said = _running_domain(whole, dest, on, nodes, domain_labels)
-                else:
-                    kept = frozenset(n for n, q in holders.items() if outer.get(q) is whole)
-                    d, said = gang_domain(whole, want, dest | kept, models, nodes, domain_labels)
-                    dest = d - kept if said else dest
+                # a Volcano sub-group's pod: inside its PodGroup's domain first
+                kept = frozenset(n for n, q in holders.items() if outer.get(q) is whole)
+                dest, said = where(whole, want, dest, running.get(id(whole)), kept)
                 if said:
                     domains[p.key] = said
             if gang is not None and dest is not None:
                 k = (id(gang), dest)
                 if k not in chosen_domain:
-                    if id(gang) in running:
-                        chosen_domain[k] = _running_domain(
-                            gang, dest, running[id(gang)], nodes, domain_labels
-                        )
-                    else:
-                        kept = frozenset(n for n, q in holders.items() if gangs.get(q) is gang)
-                        d, why = gang_domain(gang, want, dest | kept, models, nodes, domain_labels)
-                        chosen_domain[k] = (d - kept, why)
+                    kept = frozenset(n for n, q in holders.items() if gangs.get(q) is gang)
+                    chosen_domain[k] = where(gang, want, dest, running.get(id(gang)), kept)
                 dest, why = chosen_domain[k]
                 if why:
                     domains[p.key] = f"{said}; {why}" if said else why
             pend.append(policy.PendingPod(p.key, want, dest))
     return pend, domains
+
+
+def _gang_dest(
+    gang: Gang,
+    want: Shape,
+    dest: frozenset[str],
+    on: set[str] | None,
+    kept: frozenset[str],
+    models: Mapping[str, Node],
+    nodes: Mapping[str, NodeRecord],
+    domains: Mapping[str, Mapping[str, str]] | None,
+) -> tuple[frozenset[str], str]:
+    """Where a rescue makes room for a pod of `gang` among `dest`, and why: the domain of its
+    running pods (on the nodes `on`, `_running_domain`), or, none running, the one
+    `gang_domain` chooses, counting the nodes rescues keep for the gang (`kept`: no
+    destination, but part of the domain the earlier rounds began to free)."""
+    if on:
+        return _running_domain(gang, dest, on, nodes, domains)
+    d, why = gang_domain(gang, want, dest | kept, models, nodes, domains)
+    return d - kept, why
 
 
 def _domain_of(

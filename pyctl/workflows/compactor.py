@@ -129,8 +129,9 @@ def round_inputs(
     those pods out of the new rescues. The pods to make room for are the unschedulable ones in
     the workload's scope whose shape the core can model (a pod pyctl ignores never makes it
     evict); `exclude` (pod -> why: `abandoned`) are left where they are; pods younger than
-    `rescue_after` seconds at `now` wait (`too_young`); a pod Kueue holds back for something room
-    does not give (quota) is not made room for (`ClusterCache.waiting_for_room`).
+    `rescue_after` seconds at `now` wait (`too_young`); a pod held back for something room does
+    not give (Kueue's quota) or that pyctl cannot tell (a Volcano sub-group it cannot read) is not
+    made room for (`ClusterCache.waiting_for_room`).
 
     The inputs are a function of the state, not of the order events arrived in: pending pods are
     rescued oldest first (creation time, then name), and pods and budgets are offered to the

@@ -302,30 +302,31 @@ def _tier(topo: dict[str, Any]) -> tuple[int, str]:
     return tier, tier_name
 
 
-def _sub_group(raw: object) -> SubGroupRecord | str:
-    """One `subGroupPolicy` entry, or why pyctl cannot read it (its name, selector, keys or size
-    are not what the CRD allows)."""
+def _sub_group(raw: object) -> SubGroupRecord | None:
+    """One `subGroupPolicy` entry; None where pyctl cannot read it (its name, selector, keys or
+    size are not what the CRD allows)."""
     if not isinstance(raw, dict):
-        return "not an object"
+        return None
     name = raw.get("name", "")
-    if not isinstance(name, str) or len(name) > MAX_NAME_CHARS:
-        return "a name that is no name"
     keys = raw.get("matchLabelKeys") or []
+    size = raw.get("subGroupSize", 1)
     if (
-        not isinstance(keys, list)
+        not isinstance(name, str)
+        or len(name) > MAX_NAME_CHARS
+        or not isinstance(keys, list)
         or len(keys) > MAX_SUB_GROUP_KEYS
         or not all(isinstance(k, str) and valid_label_key(k) for k in keys)
+        or isinstance(size, bool)
+        or not isinstance(size, int)
+        or not 1 <= size <= MAX_GANG_PODS
     ):
-        return "matchLabelKeys that are no label keys"
+        return None
     selector: Selector | None = None
     if raw.get("labelSelector") is not None:
         selector = _label_selector(raw["labelSelector"])
         if selector is None and raw["labelSelector"] != {}:
-            return "a labelSelector pyctl cannot read"
+            return None
         selector = selector or Selector()  # an empty one selects every pod
-    size = raw.get("subGroupSize", 1)
-    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_GANG_PODS:
-        return "a subGroupSize out of 1..65536"
     topo = raw.get("networkTopology")
     hard = _hard(topo)
     tier, tier_name = _tier(topo) if isinstance(topo, dict) and hard else (0, "")
@@ -348,7 +349,7 @@ def podgroup_record(g: wire.PodGroup) -> PodGroupRecord:
     topology_unread = unread > 0
     for raw in g.spec.subGroupPolicy[:MAX_SUB_GROUPS]:
         got = _sub_group(raw)
-        if isinstance(got, str):
+        if got is None:
             unread += 1
             topology_unread |= not isinstance(raw, dict) or _hard(raw.get("networkTopology"))
         else:
