@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pyctl.cli.errors import UserError, load_json
-from pyctl.cluster.kube.dump import is_dump
+from pyctl.cluster.kube.dump import DumpError, dump_items
 from pyctl.cluster.kube.reflector import RESOURCES
 from pyctl.cluster.selectors import parse_selector
 from pyctl.jsontypes import as_object
@@ -141,10 +141,11 @@ def load_inventory(args: argparse.Namespace) -> Inventory:
         return from_objects(items, namespaces=ns, node_selector=selector)
     if not args.dump:
         raise UserError("give a kubectl dump file, or --kubeconfig PATH for a live cluster")
-    raw = load_json(args.dump)
-    if not is_dump(raw):
-        raise UserError(f"{args.dump}: expected a kubectl -o json dump (kind: List)")
-    return from_objects(raw["items"], namespaces=ns, node_selector=selector)
+    try:
+        items = dump_items(load_json(args.dump), args.dump)
+    except DumpError as e:
+        raise UserError(str(e)) from None
+    return from_objects(items, namespaces=ns, node_selector=selector)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -97,6 +97,8 @@ def test_tables_plot_patches_and_mig_parted(
         (["recommend", "DUMP", "--prometheus", "ftp://x"], "expected an http"),
         (["recommend", "DUMP", "--prometheus", "http://127.0.0.1:9"], "cannot reach Prometheus"),
         (["recommend", "NOTDUMP"], "expected a kubectl -o json dump"),
+        # a List whose items are no list (found by tests/fuzz/test_fuzz_cli.py)
+        (["recommend", "BADITEMS"], "'items' must be a list"),
         (["recommend", "DUMP", "--kubeconfig", "x"], "not both"),
     ],
 )
@@ -109,7 +111,10 @@ def test_errors_are_one_line_and_exit_2(
 ) -> None:
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"nodes": []}))
-    args = [str(dump) if a == "DUMP" else str(other) if a == "NOTDUMP" else a for a in args]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"kind": "List", "items": 1}))
+    files = {"DUMP": str(dump), "NOTDUMP": str(other), "BADITEMS": str(bad)}
+    args = [files.get(a, a) for a in args]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert message in err

@@ -138,15 +138,21 @@ def _kind(o: Mapping[str, Any]) -> Kind | None:
     return None
 
 
-def read_dump(data: Any, name: str = "kubectl dump", rdma_resource: str = "") -> Listed:
-    """The objects of a dump whose kind the controller watches, decoded as a list's items are
-    (`rdma_resource`: the reflector's); an item that does not decode is left out with its
-    reason. Items of other kinds are skipped. `DumpError` only when `data` is not a List."""
+def dump_items(data: Any, name: str = "kubectl dump") -> list[Any]:
+    """A dump's items; `DumpError` naming `name` when `data` is not a List of them."""
     if not is_dump(data):
         raise DumpError(f"{name}: expected a kubectl -o json dump (kind: List)")
     items = data["items"]
     if not isinstance(items, list):
         raise DumpError(f"{name}: 'items' must be a list")
+    return items
+
+
+def read_dump(data: Any, name: str = "kubectl dump", rdma_resource: str = "") -> Listed:
+    """The objects of a dump whose kind the controller watches, decoded as a list's items are
+    (`rdma_resource`: the reflector's); an item that does not decode is left out with its
+    reason. Items of other kinds are skipped. `DumpError` only when `data` is not a List."""
+    items = dump_items(data, name)
     listed = Listed({k: [] for k in KINDS})
     for i, o in enumerate(items):
         kind = _kind(o) if isinstance(o, Mapping) else None
